@@ -1,0 +1,96 @@
+// Command waggle is Waggle's one multi-call binary: every component of the
+// cluster is a subcommand (`waggle apiserver`, `waggle kubelet`, ...), and
+// `waggle up` runs them all on one machine.
+//
+// Each subcommand's file only parses flags into its component's config struct
+// and calls that component's Run(ctx, cfg); the logic lives in the packages.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/waggle-io/waggle/internal/version"
+)
+
+// command is one subcommand of the binary.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"up", "run a whole single-machine cluster in one process", runUp},
+		{"apiserver", "run the Kubernetes-compatible API server", runAPIServer},
+		{"scheduler", "run the scheduler", runScheduler},
+		{"controller-manager", "run the controllers", runControllerManager},
+		{"kubelet", "run the node agent", runKubelet},
+		{"proxy", "run the service proxy (eBPF, iptables or IPVS)", runProxy},
+		{"bpf", "inspect the eBPF dataplane's pinned maps and programs", runBPF},
+		{"images", "manage the node's container images (import)", runImages},
+		{"lab", "run a multi-node lab on this machine (up, status, down)", runLab},
+		{"bench", "run Waggle's benchmarks (dataplane, apiserver, ...)", runBench},
+		{"version", "print the version", runVersion},
+	}
+}
+
+// exitCoder lets a command choose its process exit code (waggle bpf does).
+type exitCoder interface{ ExitCode() int }
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func run(args []string, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		err := c.run(ctx, args[1:])
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		}
+		fmt.Fprintf(stderr, "waggle %s: %v\n", c.name, err)
+		var ec exitCoder
+		if errors.As(err, &ec) {
+			return ec.ExitCode()
+		}
+		return 1
+	}
+	fmt.Fprintf(stderr, "waggle: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: waggle COMMAND [flags]\n\nCommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-20s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'waggle COMMAND --help' for a command's flags.\n")
+}
+
+func runVersion(_ context.Context, args []string) error {
+	fmt.Println(version.String())
+	return nil
+}

@@ -1,0 +1,46 @@
+package testutil
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Cgroup2Root returns the mount point of the cgroup v2 hierarchy
+// (/sys/fs/cgroup on unified hosts, /sys/fs/cgroup/unified on hybrid ones).
+func Cgroup2Root() (string, error) {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) >= 3 && fields[2] == "cgroup2" {
+			return fields[1], nil
+		}
+	}
+	return "", errors.New("no cgroup2 mount in /proc/self/mounts")
+}
+
+// NewCgroup creates a fresh cgroup v2 directory for t and removes it when t
+// ends (processes still in it are the test's own to stop first).
+func NewCgroup(t testing.TB) string {
+	t.Helper()
+	RequiresKernelFeature(t, Cgroup2)
+	root, _ := Cgroup2Root()
+	dir := filepath.Join(root, UniqueName("waggle-test-"))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("create cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
+			t.Errorf("remove cgroup %s: %v", dir, err)
+		}
+	})
+	return dir
+}
