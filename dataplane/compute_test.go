@@ -181,7 +181,7 @@ func TestCompute(t *testing.T) {
 			})},
 			slices: []*discoveryv1.EndpointSlice{slice("web", "web-1", 8080, ready("10.0.0.1", "a"), ready("10.0.0.2", "b"))},
 			want: map[string][]string{
-				"ClusterIP 10.96.0.10:80/TCP":   {"10.0.0.1:8080", "10.0.0.2:8080"},
+				"ClusterIP 10.96.0.10:80/TCP":    {"10.0.0.1:8080", "10.0.0.2:8080"},
 				"NodePort 192.168.1.1:30080/TCP": {"10.0.0.1:8080"},
 				"NodePort 127.0.0.1:30080/TCP":   {"10.0.0.1:8080"},
 			},
@@ -194,7 +194,7 @@ func TestCompute(t *testing.T) {
 			})},
 			opts: ComputeOptions{NoLoopbackNodePorts: true},
 			want: map[string][]string{
-				"ClusterIP 10.96.0.10:80/TCP":   nil,
+				"ClusterIP 10.96.0.10:80/TCP":    nil,
 				"NodePort 192.168.1.1:30080/TCP": nil,
 			},
 		},
@@ -231,14 +231,19 @@ func TestCompute(t *testing.T) {
 			name: "headless and ExternalName services have no frontends",
 			services: []*v1.Service{
 				svc("headless", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }),
-				svc("ext", func(s *v1.Service) { s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ServiceTypeExternalName, "", nil }),
+				svc("ext", func(s *v1.Service) {
+					s.Spec.Type, s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ServiceTypeExternalName, "", nil
+				}),
 			},
 			want: map[string][]string{},
 		},
 		{
 			name: "two services on one externalIP: the first by name keeps it",
 			services: []*v1.Service{
-				svc("b", func(s *v1.Service) { s.Spec.ClusterIPs = []string{"10.96.0.11"}; s.Spec.ExternalIPs = []string{"203.0.113.5"} }),
+				svc("b", func(s *v1.Service) {
+					s.Spec.ClusterIPs = []string{"10.96.0.11"}
+					s.Spec.ExternalIPs = []string{"203.0.113.5"}
+				}),
 				svc("a", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"203.0.113.5"} }),
 			},
 			want: map[string][]string{
