@@ -2,10 +2,54 @@ package main
 
 import (
 	"context"
-	"errors"
+
+	"github.com/waggle-io/waggle/controlplane/controllers"
+	"github.com/waggle-io/waggle/internal/cliflag"
 )
 
-// runControllerManager is being built (see the issue for `waggle controller-manager`).
+// runControllerManager parses `waggle controller-manager` flags (named as
+// kube-controller-manager's) into controllers.Config and runs it.
 func runControllerManager(ctx context.Context, args []string) error {
-	return errors.New("waggle controller-manager is not built yet")
+	cfg := controllers.DefaultConfig()
+	fs := cliflag.NewFlagSet("controller-manager", "Run the controllers (ReplicaSet, Deployment, DaemonSet, EndpointSlice, garbage collector, node and namespace controllers) under leader election.")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (empty: in-cluster)")
+	fs.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "IP address to serve /healthz, /readyz and /metrics on")
+	fs.IntVar(&cfg.Port, "port", cfg.Port, "port to serve /healthz, /readyz and /metrics on (0: off)")
+	ctrls := cliflag.StringList{}
+	fs.Var(&ctrls, "controllers", "controllers to run: '*' all, 'foo' enable, '-foo' disable (default '*'); known: "+joinNames())
+	cfg.LeaderElection.AddFlags(fs, "kube-controller-manager")
+	fs.IntVar(&cfg.ConcurrentReplicaSetSyncs, "concurrent-replicaset-syncs", cfg.ConcurrentReplicaSetSyncs, "ReplicaSet workers")
+	fs.IntVar(&cfg.ConcurrentDeploymentSyncs, "concurrent-deployment-syncs", cfg.ConcurrentDeploymentSyncs, "Deployment workers")
+	fs.IntVar(&cfg.ConcurrentDaemonSetSyncs, "concurrent-daemonset-syncs", cfg.ConcurrentDaemonSetSyncs, "DaemonSet workers")
+	fs.IntVar(&cfg.ConcurrentEndpointSliceSyncs, "concurrent-service-endpoint-syncs", cfg.ConcurrentEndpointSliceSyncs, "EndpointSlice workers")
+	fs.IntVar(&cfg.ConcurrentEndpointSyncs, "concurrent-endpoint-syncs", cfg.ConcurrentEndpointSyncs, "Endpoints workers")
+	fs.IntVar(&cfg.ConcurrentGCSyncs, "concurrent-gc-syncs", cfg.ConcurrentGCSyncs, "garbage collector workers")
+	fs.IntVar(&cfg.ConcurrentNamespaceSyncs, "concurrent-namespace-syncs", cfg.ConcurrentNamespaceSyncs, "namespace workers")
+	fs.IntVar(&cfg.ConcurrentServiceAccountSyncs, "concurrent-serviceaccount-syncs", cfg.ConcurrentServiceAccountSyncs, "service account workers")
+	fs.IntVar(&cfg.MaxEndpointsPerSlice, "max-endpoints-per-slice", cfg.MaxEndpointsPerSlice, "most endpoints in one EndpointSlice")
+	fs.BoolVar(&cfg.AllocateNodeCIDRs, "allocate-node-cidrs", cfg.AllocateNodeCIDRs, "allocate a podCIDR to every node from --cluster-cidr")
+	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", cfg.ClusterCIDR, "CIDR of the cluster's pods")
+	fs.IntVar(&cfg.NodeCIDRMaskSize, "node-cidr-mask-size", cfg.NodeCIDRMaskSize, "prefix length of each node's podCIDR")
+	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may go without renewing its Lease before it is marked unhealthy")
+	fs.DurationVar(&cfg.NodeMonitorPeriod, "node-monitor-period", cfg.NodeMonitorPeriod, "how often node health is checked")
+	fs.DurationVar(&cfg.ResyncPeriod, "min-resync-period", cfg.ResyncPeriod, "informer resync period (0: none)")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	if len(ctrls) > 0 {
+		cfg.Controllers = ctrls
+	}
+	return controllers.Run(ctx, cfg)
+}
+
+func joinNames() string {
+	s := ""
+	for i, n := range controllers.KnownControllers() {
+		if i > 0 {
+			s += ", "
+		}
+		s += n
+	}
+	return s
 }

@@ -1,0 +1,316 @@
+// Package controllers is the controller-manager: `waggle controller-manager`
+// builds one client and one SharedInformerFactory, and, while it holds the
+// leader Lease, runs every enabled controller (replicaset, deployment,
+// daemonset, endpointslice, endpoints, garbagecollector, and the node and
+// namespace controllers), serving /healthz, /readyz and /metrics (work queue
+// depth and work duration per controller) on --bind-address:--port.
+//
+// The controllers' logic lives in the sub-packages; this package only wires
+// them, as kube-controller-manager does. It is not a library of controllers.
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
+	"github.com/waggle-io/waggle/internal/leaderelect"
+	"github.com/waggle-io/waggle/internal/ops"
+)
+
+// ErrInvalidConfig wraps every configuration error Run reports.
+var ErrInvalidConfig = errors.New("invalid controller-manager config")
+
+// DefaultPort is the controller-manager's health and metrics port, as
+// kube-controller-manager's.
+const DefaultPort = 10257
+
+// Config is the controller-manager's configuration; cmd/waggle fills it from
+// flags.
+type Config struct {
+	// Kubeconfig is the path of the kubeconfig to reach the API server; empty
+	// means in-cluster configuration. RestConfig, when set (tests, `waggle
+	// up`), is used instead.
+	Kubeconfig string
+	RestConfig *rest.Config
+
+	// BindAddress and Port: where /healthz, /readyz and /metrics are served.
+	// Port 0 disables serving.
+	BindAddress string
+	Port        int
+
+	// Controllers selects controllers as kube-controller-manager's
+	// --controllers does: "*" is every controller, "foo" enables foo,
+	// "-foo" disables it.
+	Controllers []string
+
+	LeaderElection leaderelect.Config
+
+	// Worker counts per controller.
+	ConcurrentReplicaSetSyncs     int
+	ConcurrentDeploymentSyncs     int
+	ConcurrentDaemonSetSyncs      int
+	ConcurrentEndpointSliceSyncs  int
+	ConcurrentEndpointSyncs       int
+	ConcurrentGCSyncs             int
+	ConcurrentNamespaceSyncs      int
+	ConcurrentServiceAccountSyncs int
+
+	// MaxEndpointsPerSlice caps the endpoints of one EndpointSlice (100).
+	MaxEndpointsPerSlice int
+
+	// Node IPAM and lifecycle (the node controllers).
+	AllocateNodeCIDRs      bool
+	ClusterCIDR            string
+	NodeCIDRMaskSize       int
+	NodeMonitorGracePeriod time.Duration
+	NodeMonitorPeriod      time.Duration
+
+	// ResyncPeriod of the shared informers (0: none).
+	ResyncPeriod time.Duration
+
+	LogLevel string
+	// Log, when set, is used instead of a logger built from LogLevel.
+	Log *slog.Logger
+}
+
+// DefaultConfig returns the defaults the flags also use.
+func DefaultConfig() Config {
+	return Config{
+		BindAddress:                   "0.0.0.0",
+		Port:                          DefaultPort,
+		Controllers:                   []string{"*"},
+		ConcurrentReplicaSetSyncs:     5,
+		ConcurrentDeploymentSyncs:     5,
+		ConcurrentDaemonSetSyncs:      2,
+		ConcurrentEndpointSliceSyncs:  5,
+		ConcurrentEndpointSyncs:       5,
+		ConcurrentGCSyncs:             20,
+		ConcurrentNamespaceSyncs:      10,
+		ConcurrentServiceAccountSyncs: 5,
+		MaxEndpointsPerSlice:          100,
+		NodeCIDRMaskSize:              24,
+		NodeMonitorGracePeriod:        40 * time.Second,
+		NodeMonitorPeriod:             5 * time.Second,
+		LogLevel:                      "info",
+		LeaderElection: leaderelect.Config{
+			Enabled: true, LeaseName: "kube-controller-manager", LeaseNamespace: leaderelect.DefaultLeaseNamespace,
+			LeaseDuration: leaderelect.DefaultLeaseDuration, RenewDeadline: leaderelect.DefaultRenewDeadline,
+			RetryPeriod: leaderelect.DefaultRetryPeriod,
+		},
+	}
+}
+
+// Deps is what a controller is started with.
+type Deps struct {
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	Factory informers.SharedInformerFactory
+	Log     *slog.Logger
+	Config  *Config
+}
+
+// starter builds one controller and returns its run function.
+type starter struct {
+	name string
+	// off: disabled unless named explicitly (as kube's "bootstrapsigner").
+	off   bool
+	build func(d Deps) (run func(ctx context.Context), err error)
+}
+
+// KnownControllers lists every controller name, in start order.
+func KnownControllers() []string {
+	var names []string
+	for _, s := range starters() {
+		names = append(names, s.name)
+	}
+	return names
+}
+
+// Enabled reports whether name is enabled by the --controllers list.
+func Enabled(list []string, name string, offByDefault bool) bool {
+	star := false
+	for _, c := range list {
+		switch {
+		case c == name:
+			return true
+		case c == "-"+name:
+			return false
+		case c == "*":
+			star = true
+		}
+	}
+	return star && !offByDefault
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	known := KnownControllers()
+	for _, n := range c.Controllers {
+		n = strings.TrimPrefix(n, "-")
+		if n != "*" && !slices.Contains(known, n) {
+			errs = append(errs, fmt.Errorf("--controllers: unknown controller %q (known: %s)", n, strings.Join(known, ", ")))
+		}
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		errs = append(errs, fmt.Errorf("--port %d is out of range", c.Port))
+	}
+	if c.Port != 0 && net.ParseIP(c.BindAddress) == nil {
+		errs = append(errs, fmt.Errorf("--bind-address %q is not an IP address", c.BindAddress))
+	}
+	if c.MaxEndpointsPerSlice < 1 || c.MaxEndpointsPerSlice > 1000 {
+		errs = append(errs, fmt.Errorf("--max-endpoints-per-slice %d must be within 1..1000", c.MaxEndpointsPerSlice))
+	}
+	if err := c.LeaderElection.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+	}
+	return nil
+}
+
+// Run runs the controller-manager until ctx ends (or it loses the lease).
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	log := cfg.Log
+	if log == nil {
+		l, err := ops.NewLogger("controller-manager", cfg.LogLevel)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		log = l
+	}
+	rc := cfg.RestConfig
+	if rc == nil {
+		var err error
+		if cfg.Kubeconfig == "" {
+			rc, err = rest.InClusterConfig()
+		} else {
+			rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		}
+		if err != nil {
+			return fmt.Errorf("client config (--kubeconfig %q): %w", cfg.Kubeconfig, err)
+		}
+	}
+	rc = rest.CopyConfig(rc)
+	if rc.QPS == 0 {
+		rc.QPS, rc.Burst = 200, 400
+	}
+	rc.UserAgent = "waggle-controller-manager"
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+
+	qm := sharedQueueMetrics()
+	health := ops.NewHealth()
+	for _, c := range qm.collectors() {
+		health.Registry.MustRegister(c)
+	}
+	var leading, synced atomic.Bool
+	health.AddReadiness(ops.Check{Name: "informers-synced", Func: func(context.Context) error {
+		if leading.Load() && !synced.Load() {
+			return errors.New("informer caches not synced yet")
+		}
+		return nil
+	}})
+	health.AddLiveness(ops.Check{Name: "ping", Func: func(context.Context) error { return nil }})
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	serveErr := make(chan error, 1)
+	if cfg.Port != 0 {
+		addr := net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.Port))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ops.Serve(ctx, log, addr, health.Handler()); err != nil {
+				serveErr <- err
+				cancel()
+			}
+		}()
+	}
+
+	leErr := leaderelect.Run(ctx, log, cs, cfg.LeaderElection, func(ctx context.Context) {
+		leading.Store(true)
+		defer leading.Store(false)
+		runControllers(ctx, Deps{Client: cs, Dynamic: dyn, Log: log, Config: &cfg}, &synced)
+	})
+	cancel()
+	wg.Wait()
+	select {
+	case err := <-serveErr:
+		return err
+	default:
+	}
+	return leErr
+}
+
+// runControllers builds the factory and every enabled controller, starts
+// them, and blocks until ctx ends and they have stopped.
+func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
+	d.Factory = informers.NewSharedInformerFactory(d.Client, d.Config.ResyncPeriod)
+	var runs []func(context.Context)
+	for _, s := range starters() {
+		if !Enabled(d.Config.Controllers, s.name, s.off) {
+			d.Log.Info("controller disabled", "controller", s.name)
+			continue
+		}
+		run, err := s.build(d)
+		if err != nil {
+			d.Log.Error("controller not started", "controller", s.name, "err", err)
+			continue
+		}
+		runs = append(runs, run)
+	}
+	d.Factory.Start(ctx.Done())
+	var wg sync.WaitGroup
+	for _, run := range runs {
+		wg.Add(1)
+		go func() { defer wg.Done(); run(ctx) }()
+	}
+	go func() {
+		for _, ok := range d.Factory.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				return
+			}
+		}
+		synced.Store(true)
+	}()
+	<-ctx.Done()
+	wg.Wait()
+	d.Factory.Shutdown()
+	synced.Store(false)
+}
+
+func starters() []starter {
+	return []starter{
+		{name: replicaset.Name, build: func(d Deps) (func(context.Context), error) {
+			c := replicaset.New(d.Client, d.Factory, d.Log, replicaset.Options{})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentReplicaSetSyncs) }, nil
+		}},
+	}
+}
