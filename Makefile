@@ -29,6 +29,11 @@ build: ## build bin/waggle and bin/waggle-cni
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle-cni ./cmd/waggle-cni
 
+images: ## build the waggle-echo workload image as an OCI archive (bin/images/waggle-echo.tar, no Docker)
+	CGO_ENABLED=0 $(GO) build -ldflags '-s -w' -o $(BIN)/waggle-echo ./cmd/waggle-echo
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
+	$(BIN)/waggle images build-echo --binary $(BIN)/waggle-echo --output $(BIN)/images/waggle-echo.tar
+
 generate: ## regenerate the eBPF objects (bpf2go, the pinned clang)
 	$(GO) generate ./...
 
