@@ -3,9 +3,55 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/waggle-io/waggle/internal/cliflag"
+	"github.com/waggle-io/waggle/lab"
 )
 
-// runLab is being built (see the issue for `waggle lab`).
 func runLab(ctx context.Context, args []string) error {
-	return errors.New("waggle lab is not built yet")
+	if len(args) == 0 {
+		return errors.New("usage: waggle lab up|status|down [flags]")
+	}
+	cfg := lab.Defaults()
+	fs := cliflag.NewFlagSet("lab "+args[0], "Run a multi-node Waggle lab on this machine: a control plane and N nodes in network namespaces.")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "where the lab keeps its state, logs and data")
+	switch args[0] {
+	case "up":
+		fs.IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "number of nodes")
+		fs.StringVar(&cfg.Bridge, "bridge", cfg.Bridge, "name of the lab bridge")
+		subnet := fs.String("subnet", cfg.Subnet.String(), "lab network (IPv4)")
+		fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "proxy mode of every node: auto, ebpf or iptables")
+		fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "how long to wait for the nodes to be Ready")
+		fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory holding the waggle CNI plugin (default: beside the waggle binary)")
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
+			return err
+		}
+		p, err := netip.ParsePrefix(*subnet)
+		if err != nil {
+			return fmt.Errorf("--subnet: %w", err)
+		}
+		cfg.Subnet = p
+		if cfg.Binary, err = os.Executable(); err != nil {
+			return err
+		}
+		if cfg.CNIBinDir == "" {
+			cfg.CNIBinDir = filepath.Join(filepath.Dir(cfg.Binary), "cni")
+		}
+		return lab.Up(ctx, cfg, os.Stdout)
+	case "status":
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
+			return err
+		}
+		return lab.Status(ctx, cfg.DataDir, os.Stdout)
+	case "down":
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
+			return err
+		}
+		return lab.Down(context.WithoutCancel(ctx), cfg.DataDir, os.Stdout)
+	}
+	return fmt.Errorf("unknown lab command %q: want up, status or down", args[0])
 }

@@ -1,0 +1,280 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/namespaces"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+func containerdSocket(dataDir string) string {
+	return filepath.Join(dataDir, "containerd", "containerd.sock")
+}
+
+// startContainerd runs the lab's own containerd (CRI plugin off: the kubelets
+// use containerd's native API), with root and state under the data dir.
+func startContainerd(ctx context.Context, cfg *Config, st *State) error {
+	dir := filepath.Join(cfg.DataDir, "containerd")
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return err
+	}
+	conf := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), containerdSocket(cfg.DataDir), containerdSocket(cfg.DataDir)+".ttrpc")
+	confPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		return err
+	}
+	p, err := startProcess(cfg, "containerd", "", "", []string{"containerd", "--config", confPath})
+	if err != nil {
+		return err
+	}
+	st.Processes = append(st.Processes, p)
+	if err := st.save(cfg.DataDir); err != nil {
+		return err
+	}
+	return waitFor(ctx, 30*time.Second, "containerd socket", func() error {
+		if !alive(p) {
+			return fmt.Errorf("containerd exited (see %s)", p.Log)
+		}
+		c, err := containerd.New(containerdSocket(cfg.DataDir), containerd.WithTimeout(time.Second))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Version(ctx)
+		return err
+	})
+}
+
+func controlPlaneDir(dataDir string) string { return filepath.Join(dataDir, "control-plane") }
+
+// startControlPlane runs `waggle up` without a node part, listening on the
+// lab bridge, and waits for its admin kubeconfig and readiness.
+func startControlPlane(ctx context.Context, cfg *Config, st *State) error {
+	dir := controlPlaneDir(cfg.DataDir)
+	args := []string{cfg.Binary, "up",
+		"--data-dir", dir,
+		"--node=false",
+		"--advertise-address", cfg.BridgeAddr().Addr().String(),
+		"--cluster-cidr", cfg.ClusterCIDR.String(),
+		"--service-cluster-ip-range", cfg.ServiceCIDR.String(),
+	}
+	p, err := startProcess(cfg, "control-plane", "", "", args)
+	if err != nil {
+		return err
+	}
+	st.Processes = append(st.Processes, p)
+	st.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
+	if err := st.save(cfg.DataDir); err != nil {
+		return err
+	}
+	return waitFor(ctx, 90*time.Second, "the API server", func() error {
+		if !alive(p) {
+			return fmt.Errorf("control plane exited (see %s)", p.Log)
+		}
+		cs, err := clientFor(st.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		_, err = cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err
+	})
+}
+
+// nodeKubeconfig copies the control plane's kubeconfig for component into the
+// node's directory, pointed at the API server's lab address.
+func nodeKubeconfig(cfg *Config, component, nodeDir string) (string, error) {
+	src := filepath.Join(controlPlaneDir(cfg.DataDir), component+".kubeconfig")
+	kc, err := clientcmd.LoadFromFile(src)
+	if err != nil {
+		return "", fmt.Errorf("%s kubeconfig: %w", component, err)
+	}
+	for _, c := range kc.Clusters {
+		c.Server = fmt.Sprintf("https://%s:6443", cfg.BridgeAddr().Addr())
+	}
+	dst := filepath.Join(nodeDir, component+".kubeconfig")
+	return dst, clientcmd.WriteToFile(*kc, dst)
+}
+
+func kubeletArgs(cfg *Config, st *State, n NodeState, nodeDir string) []string {
+	kc, err := nodeKubeconfig(cfg, "kubelet", nodeDir)
+	if err != nil {
+		kc = err.Error() // surfaces in the kubelet's log as a bad path
+	}
+	return []string{cfg.Binary, "kubelet",
+		"--kubeconfig", kc,
+		"--node-name", n.Name,
+		"--node-ip", n.Addr,
+		"--root-dir", filepath.Join(nodeDir, "kubelet"),
+		"--containerd-address", containerdSocket(cfg.DataDir),
+		"--containerd-namespace", "waggle-" + n.Name,
+		"--cgroup-root", n.CgroupDir,
+		"--cni-conf-dir", filepath.Join(nodeDir, "cni", "net.d"),
+		"--cni-bin-dir", cfg.CNIBinDir,
+		"--port", "10250",
+	}
+}
+
+func proxyArgs(cfg *Config, st *State, n NodeState) []string {
+	nodeDir := filepath.Join(cfg.DataDir, "nodes", n.Name)
+	kc, err := nodeKubeconfig(cfg, "proxy", nodeDir)
+	if err != nil {
+		kc = err.Error()
+	}
+	return []string{cfg.Binary, "proxy",
+		"--kubeconfig", kc,
+		"--node-name", n.Name,
+		"--mode", cfg.ProxyMode,
+		"--cgroup-root", n.CgroupDir,
+		"--bpf-pin-dir", n.PinDir,
+		"--cluster-cidr", cfg.ClusterCIDR.String(),
+	}
+}
+
+func clientFor(kubeconfig string) (*kubernetes.Clientset, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.Timeout = 5 * time.Second
+	return kubernetes.NewForConfig(rc)
+}
+
+func waitNodesReady(ctx context.Context, kubeconfig string, want int, timeout time.Duration, out io.Writer) error {
+	cs, err := clientFor(kubeconfig)
+	if err != nil {
+		return err
+	}
+	last := -1
+	return waitFor(ctx, timeout, fmt.Sprintf("%d Ready nodes", want), func() error {
+		nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for _, n := range nodes.Items {
+			if nodeReady(&n) {
+				ready++
+			}
+		}
+		if ready != last {
+			fmt.Fprintf(out, "      %d/%d nodes Ready\n", ready, want)
+			last = ready
+		}
+		if ready < want {
+			return fmt.Errorf("%d of %d nodes Ready", ready, want)
+		}
+		return nil
+	})
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func printNodes(ctx context.Context, kubeconfig string, out io.Writer) error {
+	cs, err := clientFor(kubeconfig)
+	if err != nil {
+		return err
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	fmt.Fprintf(out, "%-14s %-8s %s\n", "NODE", "READY", "POD CIDR")
+	for _, n := range nodes.Items {
+		fmt.Fprintf(out, "%-14s %-8v %s\n", n.Name, nodeReady(&n), n.Spec.PodCIDR)
+	}
+	return nil
+}
+
+// removeContainers kills and deletes every task and container in the lab's
+// containerd, so no shim, mount or snapshot outlives the lab.
+func removeContainers(ctx context.Context, dataDir string, st *State) error {
+	running := false
+	for _, p := range st.Processes {
+		if p.Name == "containerd" && alive(p) {
+			running = true
+		}
+	}
+	if !running {
+		return nil
+	}
+	c, err := containerd.New(containerdSocket(dataDir), containerd.WithTimeout(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("connect to the lab's containerd: %w", err)
+	}
+	defer c.Close()
+	nss, err := c.NamespaceService().List(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ns := range nss {
+		nctx := namespaces.WithNamespace(ctx, ns)
+		ctrs, err := c.Containers(nctx)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, ctr := range ctrs {
+			if task, err := ctr.Task(nctx, nil); err == nil {
+				_ = task.Kill(nctx, syscall.SIGKILL)
+				if ch, err := task.Wait(nctx); err == nil {
+					select {
+					case <-ch:
+					case <-time.After(10 * time.Second):
+					}
+				}
+				if _, err := task.Delete(nctx, containerd.WithProcessKill); err != nil && !strings.Contains(err.Error(), "not found") {
+					errs = append(errs, fmt.Errorf("delete task %s: %w", ctr.ID(), err))
+				}
+			}
+			if err := ctr.Delete(nctx, containerd.WithSnapshotCleanup); err != nil && !strings.Contains(err.Error(), "not found") {
+				errs = append(errs, fmt.Errorf("delete container %s: %w", ctr.ID(), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitFor polls check until it succeeds, ctx ends or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, what string, check func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var err error
+	for {
+		if err = check(); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}

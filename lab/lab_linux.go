@@ -1,0 +1,532 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+const bpffsRoot = "/sys/fs/bpf/waggle"
+
+// Up creates the lab and starts its processes, printing progress to out.
+// Whatever it made before a failure stays recorded for Down.
+func Up(ctx context.Context, cfg Config, out io.Writer) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the lab needs root (network namespaces, cgroups, BPF)")
+	}
+	if st, err := LoadState(cfg.DataDir); err == nil && st.Initialized {
+		return fmt.Errorf("a lab is already up under %s: run `waggle lab down` first", cfg.DataDir)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o755); err != nil {
+		return err
+	}
+	st := &State{Initialized: true}
+	if err := st.save(cfg.DataDir); err != nil {
+		return err
+	}
+	step := newProgress(out, 4+cfg.Nodes)
+
+	step.next("lab bridge %s %s", cfg.Bridge, cfg.BridgeAddr())
+	if err := ensureBridge(cfg.Bridge, cfg.BridgeAddr()); err != nil {
+		return err
+	}
+	st.Bridge, st.BridgeAddr = cfg.Bridge, cfg.BridgeAddr().String()
+	cg2, err := cgroup2Root()
+	if err != nil {
+		return err
+	}
+	st.CgroupDir = filepath.Join(cg2, cfg.CgroupParent)
+	if err := os.MkdirAll(st.CgroupDir, 0o755); err != nil {
+		return fmt.Errorf("lab cgroup: %w", err)
+	}
+	if err := st.save(cfg.DataDir); err != nil {
+		return err
+	}
+
+	step.next("containerd (state under %s)", filepath.Join(cfg.DataDir, "containerd"))
+	if err := startContainerd(ctx, &cfg, st); err != nil {
+		return err
+	}
+
+	step.next("control plane on %s:6443", cfg.BridgeAddr().Addr())
+	if err := startControlPlane(ctx, &cfg, st); err != nil {
+		return err
+	}
+
+	for i := 1; i <= cfg.Nodes; i++ {
+		step.next("node %s at %s", NodeName(i), cfg.NodeAddr(i).Addr())
+		if err := addNode(ctx, &cfg, st, i); err != nil {
+			return fmt.Errorf("node %s: %w", NodeName(i), err)
+		}
+	}
+
+	step.next("waiting for %d nodes to be Ready", cfg.Nodes)
+	if err := waitNodesReady(ctx, st.Kubeconfig, cfg.Nodes, cfg.ReadyTimeout, out); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nThe lab is up. Try:\n  kubectl --kubeconfig %s get nodes -o wide\n", st.Kubeconfig)
+	return nil
+}
+
+// Down stops every process of the lab and removes everything it made. It is
+// idempotent: a lab that is not there is not an error.
+func Down(ctx context.Context, dataDir string, out io.Writer) error {
+	st, err := LoadState(dataDir)
+	if errors.Is(err, ErrNoLab) {
+		fmt.Fprintln(out, "no lab to remove")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	// Node agents first, so nothing restarts what is being removed.
+	for _, name := range []string{"proxy", "kubelet", "control-plane"} {
+		for _, p := range st.Processes {
+			if p.Name == name {
+				fmt.Fprintf(out, "stopping %s %s (pid %d)\n", p.Node, p.Name, p.PID)
+				errs = append(errs, stopProcess(p, 15*time.Second))
+			}
+		}
+	}
+	for _, n := range st.Nodes {
+		fmt.Fprintf(out, "removing node %s\n", n.Name)
+		errs = append(errs, killCgroupTree(n.CgroupDir))
+	}
+	errs = append(errs, removeContainers(ctx, dataDir, st))
+	for _, p := range st.Processes {
+		if p.Name == "containerd" {
+			fmt.Fprintf(out, "stopping containerd (pid %d)\n", p.PID)
+			errs = append(errs, stopProcess(p, 15*time.Second))
+		}
+	}
+	for _, n := range st.Nodes {
+		errs = append(errs, os.RemoveAll(n.PinDir))
+		if n.NetNS != "" {
+			errs = append(errs, removeNetNS(n.NetNS))
+		}
+		if l, err := netlink.LinkByName(n.HostVeth); err == nil {
+			errs = append(errs, netlink.LinkDel(l))
+		}
+	}
+	if st.CgroupDir != "" {
+		errs = append(errs, removeCgroupEverywhere(st.CgroupDir))
+	}
+	if st.Bridge != "" {
+		if l, err := netlink.LinkByName(st.Bridge); err == nil {
+			errs = append(errs, netlink.LinkDel(l))
+		}
+	}
+	errs = append(errs, unmountUnder(dataDir))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("lab down left something behind (run it again): %w", err)
+	}
+	// Only now forget the lab: a failed down can be repeated.
+	if err := os.RemoveAll(dataDir); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "lab removed")
+	return nil
+}
+
+// Status describes the running lab.
+func Status(ctx context.Context, dataDir string, out io.Writer) error {
+	st, err := LoadState(dataDir)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "bridge %s %s, kubeconfig %s\n\n", st.Bridge, st.BridgeAddr, st.Kubeconfig)
+	fmt.Fprintf(out, "%-14s %-10s %-15s %-8s %s\n", "NODE", "PROCESS", "ADDRESS", "PID", "STATE")
+	for _, p := range st.Processes {
+		state := "running"
+		if !alive(p) {
+			state = "gone (see " + p.Log + ")"
+		}
+		node, addr := p.Node, ""
+		for _, n := range st.Nodes {
+			if n.Name == p.Node {
+				addr = n.Addr
+			}
+		}
+		if node == "" {
+			node, addr = "-", st.BridgeAddr
+		}
+		fmt.Fprintf(out, "%-14s %-10s %-15s %-8d %s\n", node, p.Name, addr, p.PID, state)
+	}
+	if st.Kubeconfig != "" {
+		fmt.Fprintln(out)
+		return printNodes(ctx, st.Kubeconfig, out)
+	}
+	return nil
+}
+
+type progress struct {
+	out   io.Writer
+	n, of int
+	start time.Time
+}
+
+func newProgress(out io.Writer, of int) *progress { return &progress{out: out, of: of, start: time.Now()} }
+
+func (p *progress) next(format string, args ...any) {
+	p.n++
+	fmt.Fprintf(p.out, "[%d/%d %5.1fs] %s\n", p.n, p.of, time.Since(p.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func ensureBridge(name string, addr netip.Prefix) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+		if err := netlink.LinkAdd(br); err != nil {
+			return fmt.Errorf("create bridge %s: %w", name, err)
+		}
+		if l, err = netlink.LinkByName(name); err != nil {
+			return err
+		}
+	}
+	a, _ := netlink.ParseAddr(addr.String())
+	if err := netlink.AddrReplace(l, a); err != nil {
+		return fmt.Errorf("address %s on %s: %w", addr, name, err)
+	}
+	return netlink.LinkSetUp(l)
+}
+
+func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
+	name := NodeName(i)
+	ns := "waggle-" + name
+	n := NodeState{
+		Name:      name,
+		NetNS:     ns,
+		HostVeth:  fmt.Sprintf("wl-%s", strings.TrimPrefix(name, "lab-")),
+		Addr:      cfg.NodeAddr(i).Addr().String(),
+		CgroupDir: filepath.Join(st.CgroupDir, name),
+		PinDir:    filepath.Join(bpffsRoot, name),
+	}
+	st.Nodes = append(st.Nodes, n)
+	if err := st.save(cfg.DataDir); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns add %s: %v: %s", ns, err, out)
+	}
+	if err := plugNode(cfg, n, i); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(n.CgroupDir, 0o755); err != nil {
+		return fmt.Errorf("node cgroup: %w", err)
+	}
+	nodeDir := filepath.Join(cfg.DataDir, "nodes", name)
+	if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"kubelet", kubeletArgs(cfg, st, n, nodeDir)},
+		{"proxy", proxyArgs(cfg, st, n)},
+	} {
+		p, err := startProcess(cfg, c.name, name, ns, c.args)
+		if err != nil {
+			return err
+		}
+		st.Processes = append(st.Processes, p)
+		if err := st.save(cfg.DataDir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plugNode joins the node's namespace to the lab bridge with a veth whose
+// inner end is eth0, and routes the node's traffic through the bridge.
+func plugNode(cfg *Config, n NodeState, i int) error {
+	br, err := netlink.LinkByName(cfg.Bridge)
+	if err != nil {
+		return err
+	}
+	tmpPeer := n.HostVeth + "p"
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n.HostVeth, MasterIndex: br.Attrs().Index}, PeerName: tmpPeer}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("create veth %s: %w", n.HostVeth, err)
+	}
+	host, err := netlink.LinkByName(n.HostVeth)
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return err
+	}
+	peer, err := netlink.LinkByName(tmpPeer)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Open(filepath.Join("/run/netns", n.NetNS), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := netlink.LinkSetNsFd(peer, fd); err != nil {
+		return fmt.Errorf("move veth into %s: %w", n.NetNS, err)
+	}
+	addr := cfg.NodeAddr(i)
+	cmds := [][]string{
+		{"ip", "link", "set", tmpPeer, "name", "eth0"},
+		{"ip", "addr", "add", addr.String(), "dev", "eth0"},
+		{"ip", "link", "set", "eth0", "up"},
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "route", "add", "default", "via", cfg.BridgeAddr().Addr().String()},
+		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+	}
+	for _, c := range cmds {
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", n.NetNS}, c...)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("in %s: %s: %v: %s", n.NetNS, strings.Join(c, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// startProcess starts a lab process in its own session (inside netns, when
+// given) with its output in a log file, and records it.
+func startProcess(cfg *Config, name, node, netns string, args []string) (Process, error) {
+	logName := name + ".log"
+	if node != "" {
+		logName = node + "-" + logName
+	}
+	logPath := filepath.Join(cfg.DataDir, "logs", logName)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return Process{}, err
+	}
+	defer logf.Close()
+	argv := args
+	if netns != "" {
+		argv = append([]string{"ip", "netns", "exec", netns}, args...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return Process{}, fmt.Errorf("start %s: %w", name, err)
+	}
+	st, err := procStartTime(cmd.Process.Pid)
+	if err != nil {
+		return Process{}, err
+	}
+	// The lab outlives this command: the process is not waited for here.
+	if err := cmd.Process.Release(); err != nil {
+		return Process{}, err
+	}
+	return Process{Name: name, Node: node, PID: cmd.Process.Pid, StartTime: st, Log: logPath}, nil
+}
+
+// procStartTime reads field 22 of /proc/PID/stat.
+func procStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// alive reports whether p is still the process the lab started.
+func alive(p Process) bool {
+	st, err := procStartTime(p.PID)
+	return err == nil && st == p.StartTime
+}
+
+// stopProcess sends SIGTERM, waits up to grace, then SIGKILL — only while the
+// PID is still the process the lab started.
+func stopProcess(p Process, grace time.Duration) error {
+	if !alive(p) {
+		return nil
+	}
+	_ = syscall.Kill(p.PID, syscall.SIGTERM)
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		if !alive(p) || zombie(p.PID) {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if alive(p) {
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
+	}
+	return nil
+}
+
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && len(s) > i+2 && s[i+2] == 'Z'
+}
+
+func cgroup2Root() (string, error) {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) >= 3 && fields[2] == "cgroup2" {
+			return fields[1], nil
+		}
+	}
+	return "", errors.New("no cgroup v2 hierarchy mounted")
+}
+
+// killCgroupTree kills every process in a cgroup v2 subtree (the node's pods)
+// and waits for them to go.
+func killCgroupTree(dir string) error {
+	if _, err := os.Stat(dir); err != nil {
+		return nil
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err == nil {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if b, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err == nil && strings.Contains(string(b), "populated 0") {
+				return nil
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return fmt.Errorf("processes left in %s", dir)
+	}
+	return nil
+}
+
+// removeCgroupEverywhere removes the cgroup directory with the same path
+// relative to every cgroup mount (runc on a hybrid host also makes the v1
+// controllers' directories), deepest first.
+func removeCgroupEverywhere(v2dir string) error {
+	root, err := cgroup2Root()
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(root, v2dir)
+	if err != nil {
+		return err
+	}
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		errs = append(errs, rmdirTree(filepath.Join(m, rel)))
+	}
+	return errors.Join(errs...)
+}
+
+func cgroupMounts() ([]string, error) {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) >= 3 && (fields[2] == "cgroup2" || fields[2] == "cgroup") {
+			out = append(out, fields[1])
+		}
+	}
+	return out, s.Err()
+}
+
+// rmdirTree removes a cgroup directory tree bottom-up (cgroup directories
+// are removed with rmdir, not unlink).
+func rmdirTree(dir string) error {
+	var dirs []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	for _, d := range dirs {
+		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("remove cgroup %s: %w", d, err)
+		}
+	}
+	return nil
+}
+
+func removeNetNS(name string) error {
+	if _, err := os.Stat(filepath.Join("/run/netns", name)); err != nil {
+		return nil
+	}
+	if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del %s: %v: %s", name, err, out)
+	}
+	return nil
+}
+
+// unmountUnder detaches every mount below dir (container root filesystems,
+// pod network namespace bind mounts), deepest first.
+func unmountUnder(dir string) error {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return err
+	}
+	var targets []string
+	s := bufio.NewScanner(f)
+	prefix := filepath.Clean(dir) + "/"
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) >= 2 && strings.HasPrefix(fields[1], prefix) {
+			targets = append(targets, fields[1])
+		}
+	}
+	f.Close()
+	sort.Slice(targets, func(i, j int) bool { return len(targets[i]) > len(targets[j]) })
+	var errs []error
+	for _, t := range targets {
+		if err := unix.Unmount(t, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", t, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,20 @@
+//go:build !linux
+
+package lab
+
+import (
+	"context"
+	"errors"
+	"io"
+)
+
+var errLinuxOnly = errors.New("the lab needs Linux (network namespaces, cgroup v2, BPF)")
+
+// Up is Linux-only.
+func Up(context.Context, Config, io.Writer) error { return errLinuxOnly }
+
+// Down is Linux-only.
+func Down(context.Context, string, io.Writer) error { return errLinuxOnly }
+
+// Status is Linux-only.
+func Status(context.Context, string, io.Writer) error { return errLinuxOnly }

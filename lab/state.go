@@ -1,0 +1,74 @@
+package lab
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// State records everything a lab made, written as each thing is made.
+type State struct {
+	Bridge      string      `json:"bridge,omitempty"`
+	BridgeAddr  string      `json:"bridgeAddr,omitempty"`
+	CgroupDir   string      `json:"cgroupDir,omitempty"`
+	Kubeconfig  string      `json:"kubeconfig,omitempty"`
+	Processes   []Process   `json:"processes,omitempty"`
+	Nodes       []NodeState `json:"nodes,omitempty"`
+	Initialized bool        `json:"initialized"`
+}
+
+// NodeState is what the lab made for one node.
+type NodeState struct {
+	Name      string `json:"name"`
+	NetNS     string `json:"netns"`
+	HostVeth  string `json:"hostVeth"`
+	Addr      string `json:"addr"`
+	CgroupDir string `json:"cgroupDir"`
+	PinDir    string `json:"pinDir"`
+}
+
+// Process is a process the lab started. StartTime (clock ticks since boot,
+// from /proc/PID/stat) guards against signalling a reused PID.
+type Process struct {
+	Name      string `json:"name"`
+	Node      string `json:"node,omitempty"`
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"startTime"`
+	Log       string `json:"log"`
+}
+
+func statePath(dataDir string) string { return filepath.Join(dataDir, "lab.json") }
+
+// LoadState reads the lab's state file; a missing file is ErrNoLab.
+func LoadState(dataDir string) (*State, error) {
+	b, err := os.ReadFile(statePath(dataDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNoLab
+	}
+	if err != nil {
+		return nil, err
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("lab state %s: %w", statePath(dataDir), err)
+	}
+	return &s, nil
+}
+
+// save writes the state atomically.
+func (s *State) save(dataDir string) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := statePath(dataDir) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, statePath(dataDir))
+}
+
+// ErrNoLab means there is no lab state under the data dir.
+var ErrNoLab = errors.New("no lab here (run `waggle lab up` first)")
