@@ -183,7 +183,9 @@ type progress struct {
 	start time.Time
 }
 
-func newProgress(out io.Writer, of int) *progress { return &progress{out: out, of: of, start: time.Now()} }
+func newProgress(out io.Writer, of int) *progress {
+	return &progress{out: out, of: of, start: time.Now()}
+}
 
 func (p *progress) next(format string, args ...any) {
 	p.n++
