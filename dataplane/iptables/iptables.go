@@ -1,0 +1,509 @@
+// Package iptables is Waggle's iptables proxy backend: it programs a
+// dataplane.State as kube-proxy-style NAT chains (WAGGLE-SERVICES,
+// WAGGLE-SVC-<hash>, WAGGLE-SEP-<hash>, WAGGLE-NODEPORTS, WAGGLE-MARK-MASQ,
+// WAGGLE-POSTROUTING) and filter chains that REJECT frontends without
+// endpoints, written atomically with iptables-restore --noflush.
+//
+// It touches only chains named WAGGLE-* and its own jump rules in the
+// built-in chains, so it coexists with other rules on the host. It never sets
+// route_localnet (CVE-2020-8558), so 127.0.0.1 NodePorts are not served by
+// this backend (compute the State with ComputeOptions.NoLoopbackNodePorts).
+// It is not the place where what to program is decided: that is
+// dataplane.Compute.
+package iptables
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/waggle-io/waggle/dataplane"
+)
+
+// Chain names. Every chain the backend creates starts with ChainPrefix.
+const (
+	ChainPrefix      = "WAGGLE-"
+	chainServices    = "WAGGLE-SERVICES"
+	chainNodePorts   = "WAGGLE-NODEPORTS"
+	chainMarkMasq    = "WAGGLE-MARK-MASQ"
+	chainPostrouting = "WAGGLE-POSTROUTING"
+	chainForward     = "WAGGLE-FORWARD"
+	svcPrefix        = "WAGGLE-SVC-"
+	sepPrefix        = "WAGGLE-SEP-"
+	// MasqueradeMark is the packet mark bit that asks WAGGLE-POSTROUTING to
+	// masquerade (kube-proxy's 0x4000).
+	MasqueradeMark = "0x4000"
+)
+
+// Config configures the backend.
+type Config struct {
+	// Runner runs iptables; nil means an ExecRunner in NetNSPath.
+	Runner Runner
+	// NetNSPath, when set, programs the network namespace at this path
+	// (e.g. /run/netns/x) instead of the caller's.
+	NetNSPath string
+	// FullSyncPeriod is the longest time between two full syncs (which
+	// rewrite every chain and remove stray WAGGLE- chains); other syncs only
+	// rewrite what changed. Default 1 hour.
+	FullSyncPeriod time.Duration
+	// Log receives the backend's logs (default slog.Default()).
+	Log *slog.Logger
+	// Metrics, when set, receives the backend's metrics.
+	Metrics prometheus.Registerer
+	// Now is the clock (default time.Now), for tests.
+	Now func() time.Time
+}
+
+// Backend is the iptables dataplane.Backend.
+type Backend struct {
+	cfg    Config
+	runner Runner
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// last holds, per family, the chains written by the last successful
+	// sync (name → rendered rules) for partial syncs.
+	last         map[Family]map[chainKey]string
+	lastFull     time.Time
+	forceFull    bool
+	syncs        *prometheus.CounterVec
+	restoreBytes prometheus.Histogram
+}
+
+type chainKey struct{ table, name string }
+
+// New returns an iptables backend. It checks nothing in the kernel: Supported
+// does.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.FullSyncPeriod == 0 {
+		cfg.FullSyncPeriod = time.Hour
+	}
+	r := cfg.Runner
+	if r == nil {
+		r = &ExecRunner{NetNSPath: cfg.NetNSPath}
+	}
+	b := &Backend{
+		cfg: cfg, runner: r, log: cfg.Log.With("backend", "iptables"),
+		last:      map[Family]map[chainKey]string{},
+		forceFull: true,
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "waggle_proxy_iptables_syncs_total",
+			Help: "iptables-restore runs by kind (full, partial) and result (ok, error).",
+		}, []string{"kind", "result"}),
+		restoreBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "waggle_proxy_iptables_restore_bytes",
+			Help:    "Size of the iptables-restore input per sync and family.",
+			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
+		}),
+	}
+	if cfg.Metrics != nil {
+		for _, c := range []prometheus.Collector{b.syncs, b.restoreBytes} {
+			if err := cfg.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("register iptables metrics: %w", err)
+			}
+		}
+	}
+	return b, nil
+}
+
+// Name implements dataplane.Backend.
+func (b *Backend) Name() string { return "iptables" }
+
+// RequestFullSync makes the next Sync a full one (the proxy's periodic
+// resync does this to repair drift).
+func (b *Backend) RequestFullSync() {
+	b.mu.Lock()
+	b.forceFull = true
+	b.mu.Unlock()
+}
+
+// jump is a rule in a built-in chain that leads to a Waggle chain.
+type jump struct {
+	table, chain string
+	rule         []string
+}
+
+func jumps() []jump {
+	c := func(s string) []string { return []string{"-m", "comment", "--comment", s} }
+	return []jump{
+		{"nat", "PREROUTING", append(c("waggle service portals"), "-j", chainServices)},
+		{"nat", "OUTPUT", append(c("waggle service portals"), "-j", chainServices)},
+		{"nat", "POSTROUTING", append(c("waggle postrouting rules"), "-j", chainPostrouting)},
+		{"filter", "INPUT", append(append([]string{"-m", "conntrack", "--ctstate", "NEW"}, c("waggle service portals")...), "-j", chainServices)},
+		{"filter", "FORWARD", append(append([]string{"-m", "conntrack", "--ctstate", "NEW"}, c("waggle service portals")...), "-j", chainServices)},
+		{"filter", "OUTPUT", append(append([]string{"-m", "conntrack", "--ctstate", "NEW"}, c("waggle service portals")...), "-j", chainServices)},
+		{"filter", "FORWARD", append(c("waggle forwarding rules"), "-j", chainForward)},
+	}
+}
+
+// Sync implements dataplane.Backend: one iptables-restore per family that
+// rewrites the dispatch chains and every per-service chain that changed (all
+// of them on a full sync) and deletes the chains no longer wanted.
+func (b *Backend) Sync(ctx context.Context, st *dataplane.State) error {
+	if err := st.Validate(); err != nil {
+		return fmt.Errorf("iptables sync: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	full := b.forceFull || b.cfg.Now().Sub(b.lastFull) >= b.cfg.FullSyncPeriod
+	for _, fam := range []Family{IPv4, IPv6} {
+		want := Render(st, fam)
+		if len(want.order) == 0 && b.last[fam] == nil && !full {
+			continue
+		}
+		if err := b.syncFamily(ctx, fam, want, full); err != nil {
+			b.forceFull = true
+			return err
+		}
+	}
+	if full {
+		b.lastFull = b.cfg.Now()
+		b.forceFull = false
+	}
+	return nil
+}
+
+func (b *Backend) syncFamily(ctx context.Context, fam Family, want *Ruleset, full bool) error {
+	kind := "partial"
+	var existing map[chainKey]bool
+	if full {
+		kind = "full"
+		var err error
+		existing, err = b.existingChains(ctx, fam)
+		if err != nil {
+			b.syncs.WithLabelValues(kind, "error").Inc()
+			return err
+		}
+	} else {
+		existing = map[chainKey]bool{}
+		for k := range b.last[fam] {
+			existing[k] = true
+		}
+	}
+	data := want.restoreInput(b.last[fam], existing, full)
+	b.restoreBytes.Observe(float64(len(data)))
+	if err := b.runner.Restore(ctx, fam, data); err != nil {
+		b.syncs.WithLabelValues(kind, "error").Inc()
+		return fmt.Errorf("iptables-restore (%s, %s sync): %w", fam, kind, err)
+	}
+	if full || b.last[fam] == nil {
+		for _, j := range jumps() {
+			if err := b.runner.EnsureRule(ctx, fam, j.table, j.chain, j.rule...); err != nil {
+				b.syncs.WithLabelValues(kind, "error").Inc()
+				return fmt.Errorf("ensure jump %s/%s -> %s (%s): %w", j.table, j.chain, j.rule[len(j.rule)-1], fam, err)
+			}
+		}
+	}
+	b.last[fam] = want.chains
+	b.syncs.WithLabelValues(kind, "ok").Inc()
+	b.log.Debug("iptables synced", "family", fam.String(), "kind", kind, "chains", len(want.order), "bytes", len(data))
+	return nil
+}
+
+// existingChains lists the WAGGLE- chains the kernel has in both tables.
+func (b *Backend) existingChains(ctx context.Context, fam Family) (map[chainKey]bool, error) {
+	out := map[chainKey]bool{}
+	for _, table := range []string{"filter", "nat"} {
+		data, err := b.runner.Save(ctx, fam, table)
+		if err != nil {
+			return nil, fmt.Errorf("iptables-save -t %s (%s): %w", table, fam, err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, ":"+ChainPrefix) {
+				name, _, _ := strings.Cut(line[1:], " ")
+				out[chainKey{table, name}] = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// Cleanup implements dataplane.Backend: it removes the jump rules and every
+// WAGGLE- chain of both tables and families. Running it twice is harmless.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	for _, fam := range []Family{IPv4, IPv6} {
+		if err := cleanupFamily(ctx, b.runner, fam); err != nil {
+			errs = append(errs, err)
+		}
+		delete(b.last, fam)
+	}
+	b.forceFull = true
+	if len(errs) > 0 {
+		return fmt.Errorf("iptables cleanup: %w", joinErrs(errs))
+	}
+	return nil
+}
+
+func cleanupFamily(ctx context.Context, r Runner, fam Family) error {
+	for _, j := range jumps() {
+		if err := r.DeleteRule(ctx, fam, j.table, j.chain, j.rule...); err != nil {
+			return fmt.Errorf("delete jump %s/%s (%s): %w", j.table, j.chain, fam, err)
+		}
+	}
+	var buf bytes.Buffer
+	for _, table := range []string{"filter", "nat"} {
+		data, err := r.Save(ctx, fam, table)
+		if err != nil {
+			return fmt.Errorf("iptables-save -t %s (%s): %w", table, fam, err)
+		}
+		var names []string
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, ":"+ChainPrefix) {
+				name, _, _ := strings.Cut(line[1:], " ")
+				names = append(names, name)
+			}
+		}
+		if len(names) == 0 {
+			continue
+		}
+		fmt.Fprintf(&buf, "*%s\n", table)
+		for _, n := range names {
+			fmt.Fprintf(&buf, ":%s - [0:0]\n", n) // flush first so -X sees no references
+		}
+		for _, n := range names {
+			fmt.Fprintf(&buf, "-X %s\n", n)
+		}
+		buf.WriteString("COMMIT\n")
+	}
+	if buf.Len() == 0 {
+		return nil
+	}
+	if err := r.Restore(ctx, fam, buf.Bytes()); err != nil {
+		return fmt.Errorf("remove chains (%s): %w", fam, err)
+	}
+	return nil
+}
+
+func joinErrs(errs []error) error {
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return fmt.Errorf("%w (and %d more: %s)", errs[0], len(errs)-1, strings.Join(msgs[1:], "; "))
+}
+
+// Ruleset is the rendered rules of one family: every Waggle chain and its
+// rules, in restore order.
+type Ruleset struct {
+	order  []chainKey
+	chains map[chainKey]string
+}
+
+// Render renders the chains of st's frontends of one family.
+func Render(st *dataplane.State, fam Family) *Ruleset {
+	rs := &Ruleset{chains: map[chainKey]string{}}
+	var (
+		filterSvc, filterFwd        strings.Builder
+		natSvc, natNodePorts        strings.Builder
+		natMarkMasq, natPostrouting strings.Builder
+		perService                  []chainKey
+		perServiceRules             = map[chainKey]*strings.Builder{}
+		bits                        = 32
+		proto                       = func(p dataplane.Protocol) string { return strings.ToLower(string(p)) }
+		rejectWith                  = "icmp-port-unreachable"
+		clusterCIDR                 netip.Prefix
+		newChain                    = func(name string) *strings.Builder {
+			k := chainKey{"nat", name}
+			if b, ok := perServiceRules[k]; ok {
+				return b
+			}
+			b := &strings.Builder{}
+			perServiceRules[k] = b
+			perService = append(perService, k)
+			return b
+		}
+	)
+	if fam == IPv6 {
+		bits, rejectWith = 128, "icmp6-port-unreachable"
+	}
+	for _, c := range st.ClusterCIDRs {
+		if c.Addr().Is4() == (fam == IPv4) {
+			clusterCIDR = c.Masked()
+			break
+		}
+	}
+	for _, f := range st.Frontends {
+		if f.Addr.Is4() != (fam == IPv4) {
+			continue
+		}
+		comment := fmt.Sprintf("%q", f.Service.String()+" "+kindComment(f.Kind))
+		match := fmt.Sprintf("-d %s/%d -p %s -m comment --comment %s -m %s --dport %d", f.Addr, bits, proto(f.Protocol), comment, proto(f.Protocol), f.Port)
+		if len(f.Endpoints) == 0 {
+			fmt.Fprintf(&filterSvc, "-A %s %s -j REJECT --reject-with %s\n", chainServices, strings.Replace(match, comment, fmt.Sprintf("%q", f.Service.String()+" has no endpoints"), 1), rejectWith)
+			continue
+		}
+		svcChain := svcPrefix + hash(f.Kind, f.FrontendKey.String())
+		if f.Kind == dataplane.NodePort {
+			fmt.Fprintf(&natNodePorts, "-A %s %s -j %s\n", chainNodePorts, match, svcChain)
+		} else {
+			fmt.Fprintf(&natSvc, "-A %s %s -j %s\n", chainServices, match, svcChain)
+		}
+		sb := newChain(svcChain)
+		switch {
+		case f.LocalOnly:
+		case f.Kind == dataplane.ClusterIP:
+			if clusterCIDR.IsValid() {
+				fmt.Fprintf(sb, "-A %s ! -s %s %s -j %s\n", svcChain, clusterCIDR, match, chainMarkMasq)
+			}
+		default:
+			fmt.Fprintf(sb, "-A %s -m comment --comment %q -j %s\n", svcChain, "masquerade traffic for "+f.Service.String()+" external destinations", chainMarkMasq)
+		}
+		seps := make([]string, len(f.Endpoints))
+		for i, e := range f.Endpoints {
+			seps[i] = sepPrefix + hash(f.Kind, f.FrontendKey.String(), e.AddrPort().String())
+		}
+		epComment := fmt.Sprintf("%q", f.Service.String())
+		if f.AffinityTimeout > 0 {
+			secs := int(f.AffinityTimeout / time.Second)
+			if secs < 1 {
+				secs = 1
+			}
+			for i, e := range f.Endpoints {
+				fmt.Fprintf(sb, "-A %s -m comment --comment %q -m recent --rcheck --seconds %d --reap --name %s --mask %s --rsource -j %s\n",
+					svcChain, f.Service.String()+" -> "+e.AddrPort().String(), secs, seps[i], fullMask(fam), seps[i])
+			}
+		}
+		n := len(f.Endpoints)
+		for i, e := range f.Endpoints {
+			c := fmt.Sprintf("%q", f.Service.String()+" -> "+e.AddrPort().String())
+			if i < n-1 {
+				fmt.Fprintf(sb, "-A %s -m comment --comment %s -m statistic --mode random --probability %s -j %s\n", svcChain, c, probability(n-i), seps[i])
+			} else {
+				fmt.Fprintf(sb, "-A %s -m comment --comment %s -j %s\n", svcChain, c, seps[i])
+			}
+			ep := newChain(seps[i])
+			fmt.Fprintf(ep, "-A %s -s %s/%d -m comment --comment %s -j %s\n", seps[i], e.Addr, bits, epComment, chainMarkMasq)
+			recent := ""
+			if f.AffinityTimeout > 0 {
+				recent = fmt.Sprintf(" -m recent --set --name %s --mask %s --rsource", seps[i], fullMask(fam))
+			}
+			fmt.Fprintf(ep, "-A %s -p %s -m comment --comment %s%s -m %s -j DNAT --to-destination %s\n", seps[i], proto(f.Protocol), epComment, recent, proto(f.Protocol), e.AddrPort())
+		}
+	}
+	fmt.Fprintf(&natSvc, "-A %s -m comment --comment %q -m addrtype --dst-type LOCAL -j %s\n", chainServices, "waggle service nodeports; NOTE: this must be the last rule in this chain", chainNodePorts)
+	fmt.Fprintf(&filterFwd, "-A %s -m comment --comment %q -m mark --mark %s/%s -j ACCEPT\n", chainForward, "waggle forwarding rules", MasqueradeMark, MasqueradeMark)
+	fmt.Fprintf(&filterFwd, "-A %s -m comment --comment %q -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n", chainForward, "waggle forwarding conntrack rule")
+	fmt.Fprintf(&natMarkMasq, "-A %s -j MARK --or-mark %s\n", chainMarkMasq, MasqueradeMark)
+	fmt.Fprintf(&natPostrouting, "-A %s -m mark ! --mark %s/%s -j RETURN\n", chainPostrouting, MasqueradeMark, MasqueradeMark)
+	fmt.Fprintf(&natPostrouting, "-A %s -j MARK --xor-mark %s\n", chainPostrouting, MasqueradeMark)
+	fmt.Fprintf(&natPostrouting, "-A %s -m comment --comment %q -j MASQUERADE\n", chainPostrouting, "waggle service traffic requiring SNAT")
+
+	put := func(k chainKey, rules string) {
+		rs.order = append(rs.order, k)
+		rs.chains[k] = rules
+	}
+	put(chainKey{"filter", chainServices}, filterSvc.String())
+	put(chainKey{"filter", chainForward}, filterFwd.String())
+	put(chainKey{"nat", chainServices}, natSvc.String())
+	put(chainKey{"nat", chainNodePorts}, natNodePorts.String())
+	put(chainKey{"nat", chainMarkMasq}, natMarkMasq.String())
+	put(chainKey{"nat", chainPostrouting}, natPostrouting.String())
+	for _, k := range perService {
+		put(k, perServiceRules[k].String())
+	}
+	return rs
+}
+
+// RestoreInput is the iptables-restore input of a full sync from nothing
+// (what the golden files show).
+func (rs *Ruleset) RestoreInput() []byte {
+	return rs.restoreInput(nil, map[chainKey]bool{}, true)
+}
+
+// restoreInput writes the chains that differ from last (all when full), and
+// deletes the existing Waggle chains that are no longer wanted.
+func (rs *Ruleset) restoreInput(last map[chainKey]string, existing map[chainKey]bool, full bool) []byte {
+	var buf bytes.Buffer
+	for _, table := range []string{"filter", "nat"} {
+		fmt.Fprintf(&buf, "*%s\n", table)
+		var body strings.Builder
+		for _, k := range rs.order {
+			if k.table != table {
+				continue
+			}
+			rules := rs.chains[k]
+			prev, had := last[k]
+			if !full && had && prev == rules && !isDispatch(k.name) {
+				continue // unchanged per-service chain: left as it is
+			}
+			fmt.Fprintf(&buf, ":%s - [0:0]\n", k.name)
+			body.WriteString(rules)
+		}
+		var stale []string
+		for k := range existing {
+			if k.table == table {
+				if _, ok := rs.chains[k]; !ok {
+					stale = append(stale, k.name)
+				}
+			}
+		}
+		slices.Sort(stale)
+		for _, n := range stale {
+			fmt.Fprintf(&buf, ":%s - [0:0]\n", n)
+		}
+		buf.WriteString(body.String())
+		for _, n := range stale {
+			fmt.Fprintf(&buf, "-X %s\n", n)
+		}
+		buf.WriteString("COMMIT\n")
+	}
+	return buf.Bytes()
+}
+
+func isDispatch(name string) bool {
+	return !strings.HasPrefix(name, svcPrefix) && !strings.HasPrefix(name, sepPrefix)
+}
+
+func kindComment(k dataplane.FrontendKind) string {
+	switch k {
+	case dataplane.ClusterIP:
+		return "cluster IP"
+	case dataplane.NodePort:
+		return "node port"
+	case dataplane.ExternalIP:
+		return "external IP"
+	case dataplane.LoadBalancer:
+		return "loadbalancer IP"
+	}
+	return string(k)
+}
+
+func fullMask(fam Family) string {
+	if fam == IPv6 {
+		return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+	}
+	return "255.255.255.255"
+}
+
+// probability is kube-proxy's: the chance of picking the first of n
+// remaining endpoints, with ten decimals.
+func probability(n int) string { return fmt.Sprintf("%0.10f", 1.0/float64(n)) }
+
+// hash returns 16 base32 characters of the SHA-256 of parts, as kube-proxy
+// names its chains (WAGGLE-SVC- + 16 = 27 characters, under the limit of 28).
+func hash(kind dataplane.FrontendKind, parts ...string) string {
+	h := sha256.Sum256([]byte(string(kind) + "|" + strings.Join(parts, "|")))
+	return base32.StdEncoding.EncodeToString(h[:])[:16]
+}

@@ -1,0 +1,329 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/waggle-io/waggle/dataplane"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+func fe(kind dataplane.FrontendKind, key string, proto dataplane.Protocol, svc string, eps ...string) dataplane.Frontend {
+	k := ap(key)
+	ns, name, _ := strings.Cut(svc, "/")
+	f := dataplane.Frontend{
+		FrontendKey: dataplane.FrontendKey{Addr: k.Addr(), Port: k.Port(), Protocol: proto},
+		Kind:        kind,
+		Service:     dataplane.ServicePortName{Namespace: ns, Name: name, Port: "p"},
+	}
+	for _, e := range eps {
+		a := ap(e)
+		f.Endpoints = append(f.Endpoints, dataplane.Endpoint{Addr: a.Addr(), Port: a.Port()})
+	}
+	return f
+}
+
+func sampleState() *dataplane.State {
+	aff := fe(dataplane.ClusterIP, "10.96.0.20:443", dataplane.TCP, "default/sticky", "10.244.0.5:8443", "10.244.1.5:8443")
+	aff.AffinityTimeout = 3 * time.Hour
+	local := fe(dataplane.ExternalIP, "203.0.113.9:80", dataplane.TCP, "shop/web", "10.244.0.7:8080")
+	local.LocalOnly = true
+	st := &dataplane.State{
+		NodeName:     "node-a",
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")},
+		Frontends: []dataplane.Frontend{
+			fe(dataplane.ClusterIP, "10.96.0.10:53", dataplane.UDP, "kube-system/dns", "10.244.0.2:5353", "10.244.1.2:5353", "10.244.2.2:5353"),
+			fe(dataplane.ClusterIP, "10.96.0.11:80", dataplane.TCP, "default/idle"),
+			aff,
+			fe(dataplane.NodePort, "192.168.1.10:30080", dataplane.TCP, "shop/web", "10.244.0.7:8080", "10.244.1.7:8080"),
+			local,
+			fe(dataplane.ClusterIP, "[fd00:96::10]:80", dataplane.TCP, "default/v6", "[fd00:244::3]:8080"),
+		},
+	}
+	return st
+}
+
+func newFake(t *testing.T, fr *FakeRunner) *Backend {
+	t.Helper()
+	b, err := New(Config{Runner: fr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		os.MkdirAll("testdata", 0o755)
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create)", err)
+	}
+	if got != string(want) {
+		t.Errorf("differs from %s (run with -update if intended):\n--- got\n%s--- want\n%s", path, got, want)
+	}
+}
+
+func TestRenderGolden(t *testing.T) {
+	st := sampleState()
+	golden(t, "restore-ipv4.golden", string(Render(st, IPv4).RestoreInput()))
+	golden(t, "restore-ipv6.golden", string(Render(st, IPv6).RestoreInput()))
+}
+
+func TestSyncFakeSaveGolden(t *testing.T) {
+	fr := NewFakeRunner()
+	b := newFake(t, fr)
+	if err := b.Sync(context.Background(), sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "fake-save-ipv4.golden", fr.Dump(IPv4))
+}
+
+func TestProbabilityHasKubeProxyPrecision(t *testing.T) {
+	for n, want := range map[int]string{1: "1.0000000000", 2: "0.5000000000", 3: "0.3333333333", 7: "0.1428571429"} {
+		if got := probability(n); got != want {
+			t.Errorf("probability(%d) = %s, want %s", n, got, want)
+		}
+	}
+}
+
+func TestChainNamesFitIptablesLimit(t *testing.T) {
+	for _, k := range Render(sampleState(), IPv4).order {
+		if len(k.name) > 28 {
+			t.Errorf("chain %s is %d characters, iptables allows 28", k.name, len(k.name))
+		}
+	}
+}
+
+func TestRepeatedSyncIsPartialAndChangesNothing(t *testing.T) {
+	fr := NewFakeRunner()
+	b := newFake(t, fr)
+	ctx := context.Background()
+	st := sampleState()
+	if err := b.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	before := fr.Dump(IPv4) + fr.Dump(IPv6)
+	if err := b.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if after := fr.Dump(IPv4) + fr.Dump(IPv6); after != before {
+		t.Fatalf("second sync changed the tables:\n%s\nvs\n%s", before, after)
+	}
+	r := fr.Restores()
+	last := r[len(r)-1]
+	if strings.Contains(last, ":"+svcPrefix) || strings.Contains(last, ":"+sepPrefix) {
+		t.Errorf("repeated sync rewrote per-service chains:\n%s", last)
+	}
+}
+
+func TestPartialSyncRewritesOnlyChangedService(t *testing.T) {
+	fr := NewFakeRunner()
+	b := newFake(t, fr)
+	ctx := context.Background()
+	st := sampleState()
+	if err := b.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	st.Frontends[0].Endpoints = st.Frontends[0].Endpoints[:2] // dns scales down
+	if err := b.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	r := fr.Restores()
+	last := r[len(r)-2] // IPv4 restore (IPv6 follows)
+	dnsChain := svcPrefix + hash(dataplane.ClusterIP, st.Frontends[0].FrontendKey.String())
+	stickyChain := svcPrefix + hash(dataplane.ClusterIP, st.Frontends[2].FrontendKey.String())
+	removed := sepPrefix + hash(dataplane.ClusterIP, st.Frontends[0].FrontendKey.String(), "10.244.2.2:5353")
+	if !strings.Contains(last, ":"+dnsChain) {
+		t.Errorf("changed service chain %s not rewritten:\n%s", dnsChain, last)
+	}
+	if strings.Contains(last, ":"+stickyChain) {
+		t.Errorf("unchanged service chain %s rewritten:\n%s", stickyChain, last)
+	}
+	if !strings.Contains(last, "-X "+removed) {
+		t.Errorf("removed endpoint chain %s not deleted:\n%s", removed, last)
+	}
+	if strings.Contains(fr.Dump(IPv4), "10.244.2.2") {
+		t.Error("removed endpoint still in the tables")
+	}
+}
+
+func TestFullSyncRemovesStrayChains(t *testing.T) {
+	fr := NewFakeRunner()
+	b := newFake(t, fr)
+	ctx := context.Background()
+	if err := b.Sync(ctx, sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	// Drift: someone left a Waggle chain behind (an older proxy, a crash).
+	if err := fr.Restore(ctx, IPv4, []byte("*nat\n:WAGGLE-SVC-STRAY000000000 - [0:0]\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	b.RequestFullSync()
+	if err := b.Sync(ctx, sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(fr.Dump(IPv4), "STRAY") {
+		t.Error("full sync left a stray WAGGLE- chain")
+	}
+}
+
+func TestSyncCoexistsWithOtherRules(t *testing.T) {
+	fr := NewFakeRunner()
+	ctx := context.Background()
+	foreign := "*nat\n:DOCKER - [0:0]\n-A DOCKER -d 172.17.0.2/32 -p tcp -m tcp --dport 80 -j ACCEPT\n-A OUTPUT -j DOCKER\nCOMMIT\n*filter\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n"
+	if err := fr.Restore(ctx, IPv4, []byte(foreign)); err != nil {
+		t.Fatal(err)
+	}
+	b := newFake(t, fr)
+	if err := b.Sync(ctx, sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dump := fr.Dump(IPv4)
+	for _, want := range []string{"-A DOCKER -d 172.17.0.2/32", "-A OUTPUT -j DOCKER", "--dport 22 -j ACCEPT"} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("foreign rule %q lost:\n%s", want, dump)
+		}
+	}
+	if strings.Contains(dump+fr.Dump(IPv6), "WAGGLE") {
+		t.Errorf("cleanup left Waggle rules:\n%s", dump)
+	}
+	if err := b.Cleanup(ctx); err != nil {
+		t.Errorf("second cleanup: %v", err)
+	}
+}
+
+func TestFailedRestoreForcesFullSyncNext(t *testing.T) {
+	fr := NewFakeRunner()
+	b := newFake(t, fr)
+	ctx := context.Background()
+	if err := b.Sync(ctx, sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	fr.FailRestore = errors.New("injected")
+	if err := b.Sync(ctx, sampleState()); err == nil {
+		t.Fatal("sync succeeded although iptables-restore failed")
+	}
+	fr.FailRestore = nil
+	if err := b.Sync(ctx, sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	r := fr.Restores()
+	if !strings.Contains(r[len(r)-2], ":"+svcPrefix) {
+		t.Error("sync after a failure was not a full sync")
+	}
+}
+
+func TestSyncRefusesInvalidStateAndKeepsRules(t *testing.T) {
+	fr := NewFakeRunner()
+	b := newFake(t, fr)
+	ctx := context.Background()
+	if err := b.Sync(ctx, sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	before := fr.Dump(IPv4)
+	bad := sampleState()
+	bad.Frontends[0], bad.Frontends[1] = bad.Frontends[1], bad.Frontends[0]
+	if err := b.Sync(ctx, bad); err == nil {
+		t.Fatal("unsorted state accepted")
+	}
+	if fr.Dump(IPv4) != before {
+		t.Error("a refused state changed the rules")
+	}
+}
+
+func TestTraceThroughRules(t *testing.T) {
+	fr := NewFakeRunner(netip.MustParseAddr("192.168.1.10"))
+	b := newFake(t, fr)
+	if err := b.Sync(context.Background(), sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	client := netip.MustParseAddr("192.168.1.10")
+	tests := []struct {
+		name     string
+		proto    string
+		src      netip.Addr
+		dst      string
+		want     []string // any of
+		rejected bool
+		masq     bool
+	}{
+		{"clusterIP UDP reaches an endpoint", "udp", client, "10.96.0.10:53", []string{"10.244.0.2:5353", "10.244.1.2:5353", "10.244.2.2:5353"}, false, true},
+		{"pod source to clusterIP is not masqueraded", "udp", netip.MustParseAddr("10.244.3.3"), "10.96.0.10:53", []string{"10.244.0.2:5353", "10.244.1.2:5353", "10.244.2.2:5353"}, false, false},
+		{"service without endpoints is rejected", "tcp", client, "10.96.0.11:80", nil, true, false},
+		{"nodePort on the node IP reaches an endpoint", "tcp", client, "192.168.1.10:30080", []string{"10.244.0.7:8080", "10.244.1.7:8080"}, false, true},
+		{"external IP with Local policy is not masqueraded", "tcp", netip.MustParseAddr("10.244.3.3"), "203.0.113.9:80", []string{"10.244.0.7:8080"}, false, false},
+		{"other traffic passes untouched", "tcp", client, "1.1.1.1:80", []string{"1.1.1.1:80"}, false, false},
+		{"wrong protocol passes untouched", "tcp", client, "10.96.0.10:53", []string{"10.96.0.10:53"}, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, err := fr.Connect(IPv4, tt.proto, tt.src, ap(tt.dst))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Rejected != tt.rejected || v.Masqueraded != tt.masq {
+				t.Fatalf("verdict %+v, want rejected=%v masqueraded=%v", v, tt.rejected, tt.masq)
+			}
+			if !tt.rejected {
+				ok := false
+				for _, w := range tt.want {
+					ok = ok || v.Dst == ap(w)
+				}
+				if !ok {
+					t.Errorf("destination %s, want one of %v", v.Dst, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func TestAffinitySticksAndExpires(t *testing.T) {
+	now := time.Unix(1000, 0)
+	fr := NewFakeRunner()
+	fr.Now = func() time.Time { return now }
+	b := newFake(t, fr)
+	if err := b.Sync(context.Background(), sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	client := netip.MustParseAddr("10.244.9.9")
+	first, err := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 50 {
+		v, _ := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443"))
+		if v.Dst != first.Dst {
+			t.Fatalf("affinity broken: %s then %s", first.Dst, v.Dst)
+		}
+	}
+	now = now.Add(3*time.Hour + time.Second)
+	seen := map[netip.AddrPort]bool{}
+	for range 200 {
+		now = now.Add(3*time.Hour + time.Second) // every connect after expiry
+		v, _ := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443"))
+		seen[v.Dst] = true
+	}
+	if len(seen) != 2 {
+		t.Errorf("after expiry connections went to %v, want both endpoints", seen)
+	}
+}
