@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
@@ -311,6 +312,10 @@ func starters() []starter {
 		{name: replicaset.Name, build: func(d Deps) (func(context.Context), error) {
 			c := replicaset.New(d.Client, d.Factory, d.Log, replicaset.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentReplicaSetSyncs) }, nil
+		}},
+		{name: deployment.Name, build: func(d Deps) (func(context.Context), error) {
+			c := deployment.New(d.Client, d.Factory, d.Log, deployment.Options{})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentDeploymentSyncs) }, nil
 		}},
 	}
 }
