@@ -1,0 +1,534 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// DefaultSchedulerName is the spec.schedulerName this scheduler serves
+// unless told otherwise.
+const DefaultSchedulerName = v1.DefaultSchedulerName
+
+// Options tune a Scheduler. Zero values take the defaults named on each.
+type Options struct {
+	// SchedulerName is the spec.schedulerName of the pods to schedule
+	// (default "default-scheduler"); pods naming another scheduler are left
+	// alone, so several schedulers can run side by side.
+	SchedulerName string
+	// PodInitialBackoff and PodMaxBackoff bound the exponential back-off of
+	// a pod that failed (defaults 1 s and 10 s, as Kubernetes).
+	PodInitialBackoff, PodMaxBackoff time.Duration
+	// MaxUnschedulableDuration is how long an unschedulable pod waits for a
+	// cluster change before it is retried anyway (default 5 min).
+	MaxUnschedulableDuration time.Duration
+	// Parallelism is how many goroutines filter and score nodes (default 16).
+	Parallelism int
+	// BindConcurrency caps bindings in flight (default 64).
+	BindConcurrency int
+	// Registerer receives the scheduler's metrics; nil exports none.
+	Registerer prometheus.Registerer
+}
+
+func (o *Options) setDefaults() {
+	if o.SchedulerName == "" {
+		o.SchedulerName = DefaultSchedulerName
+	}
+	if o.PodInitialBackoff <= 0 {
+		o.PodInitialBackoff = time.Second
+	}
+	if o.PodMaxBackoff <= 0 {
+		o.PodMaxBackoff = 10 * time.Second
+	}
+	if o.MaxUnschedulableDuration <= 0 {
+		o.MaxUnschedulableDuration = 5 * time.Minute
+	}
+	if o.Parallelism <= 0 {
+		o.Parallelism = 16
+	}
+	if o.BindConcurrency <= 0 {
+		o.BindConcurrency = 64
+	}
+}
+
+// Scheduler places pending pods on nodes and binds them.
+type Scheduler struct {
+	cs      kubernetes.Interface
+	factory informers.SharedInformerFactory
+	log     *slog.Logger
+	opts    Options
+
+	cache   *cache
+	queue   *queue
+	metrics *metrics
+
+	pods   corelisters.PodLister
+	synced []toolscache.InformerSynced
+	ready  atomic.Bool
+
+	broadcaster record.EventBroadcaster
+	recorder    record.EventRecorder
+
+	rr      atomic.Uint64 // round-robin among equally scored nodes
+	bindSem chan struct{}
+	wg      sync.WaitGroup
+}
+
+// New returns a scheduler that reads pods and nodes through factory's
+// informers; Run starts them.
+func New(cs kubernetes.Interface, factory informers.SharedInformerFactory, log *slog.Logger, opts Options) (*Scheduler, error) {
+	opts.setDefaults()
+	if opts.PodMaxBackoff < opts.PodInitialBackoff {
+		return nil, fmt.Errorf("pod max back-off %v is shorter than the initial back-off %v", opts.PodMaxBackoff, opts.PodInitialBackoff)
+	}
+	s := &Scheduler{
+		cs: cs, factory: factory, log: log.With("scheduler", opts.SchedulerName), opts: opts,
+		cache:   newCache(),
+		queue:   newQueue(opts.PodInitialBackoff, opts.PodMaxBackoff, opts.MaxUnschedulableDuration),
+		bindSem: make(chan struct{}, opts.BindConcurrency),
+	}
+	s.metrics = newMetrics(opts.Registerer, s.queue)
+
+	podInf := factory.Core().V1().Pods()
+	nodeInf := factory.Core().V1().Nodes()
+	s.pods = podInf.Lister()
+	if _, err := podInf.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    s.onPodAdd,
+		UpdateFunc: s.onPodUpdate,
+		DeleteFunc: s.onPodDelete,
+	}); err != nil {
+		return nil, fmt.Errorf("pod event handler: %w", err)
+	}
+	if _, err := nodeInf.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    s.onNodeAdd,
+		UpdateFunc: s.onNodeUpdate,
+		DeleteFunc: s.onNodeDelete,
+	}); err != nil {
+		return nil, fmt.Errorf("node event handler: %w", err)
+	}
+	s.synced = []toolscache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced}
+	return s, nil
+}
+
+// Ready reports whether the scheduler's caches have synced and it is
+// scheduling.
+func (s *Scheduler) Ready() bool { return s.ready.Load() }
+
+// Run starts the informers, waits for them to sync, and schedules until ctx
+// ends; it returns once in-flight bindings have finished.
+func (s *Scheduler) Run(ctx context.Context) {
+	s.broadcaster = record.NewBroadcaster(record.WithContext(ctx))
+	s.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.cs.CoreV1().Events("")})
+	s.recorder = s.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: s.opts.SchedulerName})
+	defer s.broadcaster.Shutdown()
+
+	s.factory.Start(ctx.Done())
+	if !toolscache.WaitForCacheSync(ctx.Done(), s.synced...) {
+		return
+	}
+	s.log.Info("caches synced, scheduling", "nodes", s.cache.NodeCount())
+	s.ready.Store(true)
+	defer s.ready.Store(false)
+
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				s.queue.Close()
+				return
+			case <-t.C:
+				s.queue.Flush()
+			}
+		}
+	}()
+	for s.scheduleOne(ctx) {
+	}
+	s.wg.Wait()
+}
+
+func (s *Scheduler) responsible(pod *v1.Pod) bool {
+	name := pod.Spec.SchedulerName
+	if name == "" {
+		name = DefaultSchedulerName
+	}
+	return name == s.opts.SchedulerName
+}
+
+func terminal(pod *v1.Pod) bool {
+	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
+}
+
+func (s *Scheduler) onPodAdd(obj any) {
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		return
+	}
+	switch {
+	case pod.Spec.NodeName != "":
+		s.queue.Delete(podKey(pod))
+		if !terminal(pod) {
+			s.cache.AddPod(pod)
+		}
+	case s.responsible(pod) && !terminal(pod) && !s.cache.IsAssumed(podKey(pod)):
+		s.queue.Add(pod)
+	}
+}
+
+// specChanged reports whether an update changed more than status and
+// bookkeeping (our own status writes must not retry a parked pod).
+func specChanged(old, cur *v1.Pod) bool {
+	strip := func(p *v1.Pod) *v1.Pod {
+		c := p.DeepCopy()
+		c.ResourceVersion, c.Generation, c.ManagedFields, c.Status = "", 0, nil, v1.PodStatus{}
+		return c
+	}
+	return !reflect.DeepEqual(strip(old), strip(cur))
+}
+
+func (s *Scheduler) onPodUpdate(oldObj, newObj any) {
+	old, ok1 := oldObj.(*v1.Pod)
+	pod, ok2 := newObj.(*v1.Pod)
+	if !ok1 || !ok2 {
+		return
+	}
+	switch {
+	case pod.Spec.NodeName != "":
+		s.queue.Delete(podKey(pod))
+		if terminal(pod) {
+			s.cache.RemovePod(pod)
+			s.queue.MoveAll()
+		} else {
+			s.cache.AddPod(pod)
+		}
+	case !s.responsible(pod) || terminal(pod):
+		s.queue.Delete(podKey(pod))
+	case s.cache.IsAssumed(podKey(pod)):
+	case specChanged(old, pod):
+		s.queue.Add(pod)
+	default:
+		s.queue.UpdateObject(pod)
+	}
+}
+
+func (s *Scheduler) onPodDelete(obj any) {
+	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		return
+	}
+	s.queue.Delete(podKey(pod))
+	if pod.Spec.NodeName != "" {
+		s.cache.RemovePod(pod)
+		s.queue.MoveAll()
+	}
+}
+
+func (s *Scheduler) onNodeAdd(obj any) {
+	if node, ok := obj.(*v1.Node); ok {
+		s.cache.AddNode(node)
+		s.queue.MoveAll()
+	}
+}
+
+func (s *Scheduler) onNodeUpdate(oldObj, newObj any) {
+	old, ok1 := oldObj.(*v1.Node)
+	node, ok2 := newObj.(*v1.Node)
+	if !ok1 || !ok2 {
+		return
+	}
+	s.cache.AddNode(node)
+	if old.Spec.Unschedulable != node.Spec.Unschedulable ||
+		!reflect.DeepEqual(old.Spec.Taints, node.Spec.Taints) ||
+		!reflect.DeepEqual(old.Labels, node.Labels) ||
+		!reflect.DeepEqual(old.Status.Allocatable, node.Status.Allocatable) {
+		s.queue.MoveAll()
+	}
+}
+
+func (s *Scheduler) onNodeDelete(obj any) {
+	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if node, ok := obj.(*v1.Node); ok {
+		s.cache.RemoveNode(node.Name)
+	}
+}
+
+// errUnschedulable marks a decision that found no node.
+var errUnschedulable = errors.New("unschedulable")
+
+// decision is the outcome of filtering and scoring.
+type decision struct {
+	node     string
+	feasible int
+	message  string // why no node fits
+}
+
+// decide filters and scores every node for pod and picks the best.
+func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
+	st, err := newCycleState(pod)
+	if err != nil {
+		return decision{}, err
+	}
+	c := s.cache
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	names := c.nodeNames
+	n := len(names)
+	if n == 0 {
+		return decision{message: "no nodes available to schedule pods"}, errUnschedulable
+	}
+	reasons := make([][]string, n)
+	ns := len(scores)
+	raw := make([]int64, n*ns)
+	fits := make([]bool, n)
+	workqueue.ParallelizeUntil(ctx, s.opts.Parallelism, n, func(i int) {
+		ni := c.nodes[names[i]]
+		if r := runFilters(st, ni); r != nil {
+			reasons[i] = r
+			return
+		}
+		fits[i] = true
+		for j := range scores {
+			raw[i*ns+j] = scores[j].fn(st, ni)
+		}
+	})
+	if err := ctx.Err(); err != nil {
+		return decision{}, err
+	}
+	var feasible []int
+	for i := range fits {
+		if fits[i] {
+			feasible = append(feasible, i)
+		}
+	}
+	if len(feasible) == 0 {
+		return decision{message: diagnose(n, reasons)}, errUnschedulable
+	}
+	total := make([]int64, len(feasible))
+	col := make([]int64, len(feasible))
+	for j, sc := range scores {
+		for k, i := range feasible {
+			col[k] = raw[i*ns+j]
+		}
+		if sc.normalize != nil {
+			sc.normalize(col)
+		}
+		for k := range col {
+			total[k] += sc.weight * col[k]
+		}
+	}
+	best := slices.Max(total)
+	var ties []int
+	for k, t := range total {
+		if t == best {
+			ties = append(ties, feasible[k])
+		}
+	}
+	pick := ties[int(s.rr.Add(1)-1)%len(ties)]
+	return decision{node: names[pick], feasible: len(feasible)}, nil
+}
+
+// diagnose words why no node fits as Kubernetes does: "0/5 nodes are
+// available: 2 Insufficient cpu, 3 node(s) had untolerated taint {a: b}."
+func diagnose(total int, reasons [][]string) string {
+	counts := map[string]int{}
+	for _, rs := range reasons {
+		for _, r := range rs {
+			counts[r]++
+		}
+	}
+	parts := make([]string, 0, len(counts))
+	for r, c := range counts {
+		parts = append(parts, fmt.Sprintf("%d %s", c, r))
+	}
+	sort.Strings(parts)
+	return fmt.Sprintf("0/%d nodes are available: %s.", total, strings.Join(parts, ", "))
+}
+
+// scheduleOne runs one scheduling attempt; false once the queue is closed.
+func (s *Scheduler) scheduleOne(ctx context.Context) bool {
+	it, cycle := s.queue.Pop()
+	if it == nil {
+		return false
+	}
+	pod := it.pod
+	// The queued object may be stale: skip pods deleted, being deleted or
+	// bound since.
+	cur, err := s.pods.Pods(pod.Namespace).Get(pod.Name)
+	if err != nil || cur.UID != pod.UID || cur.Spec.NodeName != "" || cur.DeletionTimestamp != nil {
+		s.queue.Done(it)
+		return true
+	}
+	pod = cur
+	start := time.Now()
+	d, err := s.decide(ctx, pod)
+	switch {
+	case errors.Is(err, errUnschedulable):
+		s.metrics.attempt(resultUnschedulable, time.Since(start))
+		s.log.Debug("pod is unschedulable", "pod", it.key, "why", d.message)
+		s.failed(ctx, pod, v1.PodReasonUnschedulable, d.message)
+		s.queue.Requeue(it, cycle, true)
+		return true
+	case err != nil:
+		if ctx.Err() != nil {
+			s.queue.Done(it)
+			return true
+		}
+		s.metrics.attempt(resultError, time.Since(start))
+		s.failed(ctx, pod, v1.PodReasonSchedulerError, err.Error())
+		s.queue.Requeue(it, cycle, false)
+		return true
+	}
+
+	assumed := pod.DeepCopy()
+	assumed.Spec.NodeName = d.node
+	if err := s.cache.Assume(assumed); err != nil {
+		s.metrics.attempt(resultError, time.Since(start))
+		s.log.Error("assume pod", "pod", it.key, "err", err)
+		s.queue.Requeue(it, cycle, false)
+		return true
+	}
+	decided := time.Since(start)
+	s.queue.Done(it)
+
+	select {
+	case s.bindSem <- struct{}{}:
+	case <-ctx.Done():
+		s.cache.Forget(assumed)
+		return true
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-s.bindSem }()
+		err := s.bind(ctx, assumed)
+		if err != nil {
+			s.cache.Forget(assumed)
+			s.metrics.attempt(resultError, decided)
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Info("binding failed, will retry", "pod", it.key, "node", d.node, "err", err)
+			s.failed(ctx, pod, v1.PodReasonSchedulerError, fmt.Sprintf("binding rejected: %v", err))
+			s.queue.Requeue(it, cycle, false)
+			return
+		}
+		s.metrics.attempt(resultScheduled, decided)
+		s.metrics.e2e.Observe(time.Since(it.added).Seconds())
+		s.recorder.Eventf(assumed, v1.EventTypeNormal, "Scheduled", "Successfully assigned %s to %s", it.key, d.node)
+		s.log.Debug("bound", "pod", it.key, "node", d.node, "feasible", d.feasible)
+	}()
+	return true
+}
+
+// bind posts the pods/binding subresource.
+func (s *Scheduler) bind(ctx context.Context, pod *v1.Pod) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	b := &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		Target:     v1.ObjectReference{Kind: "Node", Name: pod.Spec.NodeName},
+	}
+	if err := s.cs.CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("bind %s/%s to %s: %w", pod.Namespace, pod.Name, pod.Spec.NodeName, err)
+	}
+	return nil
+}
+
+// failed records a failed attempt: a FailedScheduling event and the
+// PodScheduled=False condition with the reason and message.
+func (s *Scheduler) failed(ctx context.Context, pod *v1.Pod, reason, message string) {
+	s.recorder.Event(pod, v1.EventTypeWarning, "FailedScheduling", message)
+	if hasCondition(pod, reason, message) {
+		return
+	}
+	select {
+	case s.bindSem <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-s.bindSem }()
+		if err := s.setCondition(ctx, pod, reason, message); err != nil && ctx.Err() == nil {
+			s.log.Warn("update PodScheduled condition", "pod", podKey(pod), "err", err)
+		}
+	}()
+}
+
+func hasCondition(pod *v1.Pod, reason, message string) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == v1.PodScheduled {
+			return c.Status == v1.ConditionFalse && c.Reason == reason && c.Message == message
+		}
+	}
+	return false
+}
+
+func (s *Scheduler) setCondition(ctx context.Context, pod *v1.Pod, reason, message string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pods := s.cs.CoreV1().Pods(pod.Namespace)
+	cur := pod.DeepCopy()
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		if cur == nil {
+			var err error
+			if cur, err = pods.Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
+				return err
+			}
+		}
+		if cur.UID != pod.UID || cur.Spec.NodeName != "" || hasCondition(cur, reason, message) {
+			return nil
+		}
+		cond := v1.PodCondition{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: reason, Message: message, LastTransitionTime: metav1.Now()}
+		replaced := false
+		for i := range cur.Status.Conditions {
+			if cur.Status.Conditions[i].Type == v1.PodScheduled {
+				if cur.Status.Conditions[i].Status == v1.ConditionFalse {
+					cond.LastTransitionTime = cur.Status.Conditions[i].LastTransitionTime
+				}
+				cur.Status.Conditions[i] = cond
+				replaced = true
+			}
+		}
+		if !replaced {
+			cur.Status.Conditions = append(cur.Status.Conditions, cond)
+		}
+		_, err := pods.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			cur = nil
+		}
+		return err
+	})
+}
