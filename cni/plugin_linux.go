@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"time"
@@ -306,30 +307,31 @@ func masqueradeRules(cfg *Config) []string {
 	return out
 }
 
-// ensureMasquerade writes the network's chain in Waggle's table. The
-// transaction is idempotent and atomic: the chain is flushed and refilled.
+// ensureMasquerade writes the network's chain in Waggle's table with one
+// `nft -f -` transaction: idempotent and atomic (the chain is flushed and
+// refilled in the same transaction). One exec per ADD: knftables.New would
+// add two probing execs, tripling the cost of an ADD.
 func ensureMasquerade(cfg *Config) error {
-	nft, err := knftables.New(knftables.InetFamily, MasqueradeTable)
-	if err != nil {
-		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("nftables is not usable for masquerading: %v", err),
-			"install nftables (nft 1.0.1 or later) or set \"masquerade\": false")
-	}
-	tx := nft.NewTransaction()
-	tx.Add(&knftables.Table{Comment: knftables.PtrTo("pod masquerading of waggle-cni")})
 	chain := masqChain(cfg.Name)
-	tx.Add(&knftables.Chain{
-		Name: chain, Type: knftables.PtrTo(knftables.NATType), Hook: knftables.PtrTo(knftables.PostroutingHook),
-		Priority: knftables.PtrTo(knftables.SNATPriority),
-		Comment:  knftables.PtrTo("masquerade pods of network " + cfg.Name + " leaving the cluster CIDR"),
-	})
-	tx.Flush(&knftables.Chain{Name: chain})
+	var b strings.Builder
+	fmt.Fprintf(&b, "add table inet %s { comment \"pod masquerading of waggle-cni\" ; }\n", MasqueradeTable)
+	fmt.Fprintf(&b, "add chain inet %s %s { type nat hook postrouting priority srcnat ; comment \"masquerade pods of network %s leaving the cluster CIDR\" ; }\n",
+		MasqueradeTable, chain, cfg.Name)
+	fmt.Fprintf(&b, "flush chain inet %s %s\n", MasqueradeTable, chain)
 	for _, r := range masqueradeRules(cfg) {
-		tx.Add(&knftables.Rule{Chain: chain, Rule: r})
+		fmt.Fprintf(&b, "add rule inet %s %s %s\n", MasqueradeTable, chain, r)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := nft.Run(ctx, tx); err != nil {
-		return ioError("write masquerade rules (nft table inet %s): %v", MasqueradeTable, err)
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		return types.NewError(ErrPluginNotAvailable, "nft is not installed: masquerading needs nftables 1.0.1 or later",
+			"install nftables or set \"masquerade\": false")
+	}
+	cmd := exec.CommandContext(ctx, nft, "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return ioError("write masquerade rules (nft table inet %s): %v: %s", MasqueradeTable, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
