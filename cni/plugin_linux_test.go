@@ -388,7 +388,7 @@ func TestConcurrentAddsGetDistinctAddresses(t *testing.T) {
 
 func TestCheckDetectsARemovedAddressOrRoute(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
+		name   string
 		break_ func(t *testing.T, n *node, pod *testutil.NetNS, res *current.Result)
 	}{
 		{"default route removed", func(t *testing.T, n *node, pod *testutil.NetNS, res *current.Result) {
