@@ -29,7 +29,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
+	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
@@ -322,5 +324,23 @@ func starters() []starter {
 			c := endpointslice.New(d.Client, d.Factory, d.Log, endpointslice.Options{MaxEndpointsPerSlice: d.Config.MaxEndpointsPerSlice})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentEndpointSliceSyncs) }, nil
 		}},
+		{name: garbagecollector.Name, build: func(d Deps) (func(context.Context), error) {
+			c := garbagecollector.New(d.Client, d.Factory, d.Log, garbagecollector.Options{Dynamic: d.Dynamic, Resources: gcResources()})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentGCSyncs) }, nil
+		}},
 	}
+}
+
+// gcResources lists what the garbage collector watches: every served
+// resource that can be listed, watched and deleted, except events (as
+// Kubernetes ignores them: many, short-lived, never owners).
+func gcResources() []garbagecollector.Resource {
+	var out []garbagecollector.Resource
+	for _, r := range catalog.All() {
+		if r.Resource == "events" || !slices.Contains(r.Verbs, "watch") || !slices.Contains(r.Verbs, "delete") {
+			continue
+		}
+		out = append(out, garbagecollector.Resource{GVR: r.GroupVersionResource, Kind: r.Kind, Namespaced: r.Namespaced})
+	}
+	return out
 }
