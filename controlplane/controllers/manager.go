@@ -28,8 +28,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
 	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
