@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/controllers/daemonset"
 	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
 	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
@@ -319,6 +320,10 @@ func starters() []starter {
 		{name: deployment.Name, build: func(d Deps) (func(context.Context), error) {
 			c := deployment.New(d.Client, d.Factory, d.Log, deployment.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentDeploymentSyncs) }, nil
+		}},
+		{name: daemonset.Name, build: func(d Deps) (func(context.Context), error) {
+			c := daemonset.New(d.Client, d.Factory, d.Log, daemonset.Options{})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentDaemonSetSyncs) }, nil
 		}},
 		{name: endpointslice.Name, build: func(d Deps) (func(context.Context), error) {
 			c := endpointslice.New(d.Client, d.Factory, d.Log, endpointslice.Options{MaxEndpointsPerSlice: d.Config.MaxEndpointsPerSlice})

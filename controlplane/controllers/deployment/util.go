@@ -1,9 +1,7 @@
 package deployment
 
 import (
-	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"sort"
 	"strconv"
@@ -14,9 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/dump"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/rand"
+
+	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
 )
 
 // The annotations and label Kubernetes' deployment controller and kubectl
@@ -46,17 +44,10 @@ const (
 )
 
 // ComputeHash returns the pod-template-hash of a template, exactly as
-// Kubernetes computes it (FNV-32a over the dumped object, then the collision
-// count), so Waggle's ReplicaSet names match a Kubernetes cluster's.
+// Kubernetes computes it, so Waggle's ReplicaSet names match a Kubernetes
+// cluster's.
 func ComputeHash(template *corev1.PodTemplateSpec, collisionCount *int32) string {
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%v", dump.ForHash(*template))
-	if collisionCount != nil {
-		b := make([]byte, 8)
-		binary.LittleEndian.PutUint32(b, uint32(*collisionCount))
-		h.Write(b)
-	}
-	return rand.SafeEncodeString(fmt.Sprint(h.Sum32()))
+	return ctrlutil.ComputeHash(template, collisionCount)
 }
 
 // EqualIgnoreHash compares two templates ignoring the pod-template-hash label.

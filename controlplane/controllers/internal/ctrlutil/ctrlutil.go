@@ -9,7 +9,9 @@ package ctrlutil
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"sync"
 	"time"
@@ -18,6 +20,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/dump"
+	"k8s.io/apimachinery/pkg/util/rand"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
@@ -364,4 +368,18 @@ func RecheckOwner(owner metav1.Object, get func(ctx context.Context) (metav1.Obj
 		}
 		return nil
 	}
+}
+
+// ComputeHash returns the hash Kubernetes' controllers give a pod template
+// (pod-template-hash, controller-revision-hash): FNV-32a over the dumped
+// object, then the collision count, safe-encoded.
+func ComputeHash(template *corev1.PodTemplateSpec, collisionCount *int32) string {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%v", dump.ForHash(*template))
+	if collisionCount != nil {
+		b := make([]byte, 8)
+		binary.LittleEndian.PutUint32(b, uint32(*collisionCount))
+		h.Write(b)
+	}
+	return rand.SafeEncodeString(fmt.Sprint(h.Sum32()))
 }
