@@ -1,0 +1,358 @@
+package ebpf
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/dataplane"
+)
+
+// Backend is the eBPF dataplane.Backend. It is safe for concurrent use;
+// syncs are serialized.
+type Backend struct {
+	cfg  Config
+	log  *slog.Logger
+	mu   sync.Mutex
+	objs *sockLBObjects
+	rec  *reconciler
+	m    *metrics
+	// closed is set by Close and Cleanup.
+	closed bool
+}
+
+var _ dataplane.Backend = (*Backend)(nil)
+
+// progAttach lists the programs and their attach points, in attach order.
+// The bind guards come first so no frontend can be bound while connects
+// are already translated.
+func progAttach(o *sockLBObjects) []struct {
+	name string
+	prog *ebpf.Program
+	at   ebpf.AttachType
+} {
+	p := &o.sockLBPrograms
+	return []struct {
+		name string
+		prog *ebpf.Program
+		at   ebpf.AttachType
+	}{
+		{"waggle_bind4", p.WaggleBind4, ebpf.AttachCGroupInet4Bind},
+		{"waggle_bind6", p.WaggleBind6, ebpf.AttachCGroupInet6Bind},
+		{"waggle_recvmsg4", p.WaggleRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
+		{"waggle_recvmsg6", p.WaggleRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
+		{"waggle_getpeername4", p.WaggleGetpeername4, ebpf.AttachCgroupInet4GetPeername},
+		{"waggle_getpeername6", p.WaggleGetpeername6, ebpf.AttachCgroupInet6GetPeername},
+		{"waggle_connect4", p.WaggleConnect4, ebpf.AttachCGroupInet4Connect},
+		{"waggle_connect6", p.WaggleConnect6, ebpf.AttachCGroupInet6Connect},
+		{"waggle_sendmsg4", p.WaggleSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
+		{"waggle_sendmsg6", p.WaggleSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+	}
+}
+
+// New loads the programs, opens or creates the pinned maps under
+// cfg.PinDir, attaches (or atomically replaces, when pinned links exist) the
+// programs on cfg.CgroupPath, and restores service and backend IDs from the
+// maps, so that a restarted proxy continues where the last one stopped
+// without a moment of unbalanced connects.
+func New(cfg Config) (*Backend, error) {
+	cfg = cfg.withDefaults()
+	if cfg.CgroupPath == "" {
+		root, err := cgroup2Root()
+		if err != nil {
+			return nil, fmt.Errorf("find the cgroup2 mount for --cgroup-root: %w", err)
+		}
+		cfg.CgroupPath = root
+	}
+	if err := Supported(); err != nil {
+		return nil, err
+	}
+	if err := ensureBPFFS(cfg.PinDir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.PinDir, LinkDir), 0o700); err != nil {
+		return nil, fmt.Errorf("create pin directory: %w", err)
+	}
+	if err := checkPinnedMeta(cfg.PinDir); err != nil {
+		return nil, err
+	}
+	spec, err := loadSockLB()
+	if err != nil {
+		return nil, err
+	}
+	sizes := map[string]int{
+		MapServices: cfg.MaxServices, MapRevNat: cfg.MaxServices, MapServiceNames: cfg.MaxServices,
+		MapBackends: cfg.MaxBackends, MapAffinity: cfg.MaxAffinity, MapReverseSockets: cfg.MaxReverseSockets,
+	}
+	for name, n := range sizes {
+		spec.Maps[name].MaxEntries = uint32(n)
+	}
+	objs := &sockLBObjects{}
+	err = spec.LoadAndAssign(objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}})
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return nil, fmt.Errorf("pinned maps in %s do not match the configured sizes or layout (%v): "+
+			"keep the previous map sizes, or remove the old state with the proxy's cleanup: %w",
+			cfg.PinDir, err, ErrLayoutMismatch)
+	}
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load eBPF programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("load eBPF objects: %w", err)
+	}
+	b := &Backend{cfg: cfg, log: cfg.Log, objs: objs}
+	if err := b.writeMeta(); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	b.rec = newReconciler(tables{
+		services: mapTable[sockLBLbServiceKey, sockLBLbService]{MapServices, objs.WaggleServices},
+		backends: mapTable[uint32, sockLBLbBackend]{MapBackends, objs.WaggleBackends},
+		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, objs.WaggleRevNat},
+		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, objs.WaggleSvcNames},
+		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, objs.WaggleAffinity},
+	}, cfg.MaxServices, cfg.MaxBackends)
+	if err := b.rec.restore(); err != nil {
+		objs.Close()
+		return nil, fmt.Errorf("restore from pinned maps: %w", err)
+	}
+	if err := b.attach(); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	if cfg.Metrics != nil {
+		b.m = newMetricsFor(b)
+		if err := cfg.Metrics.Register(b.m); err != nil {
+			b.Close()
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	b.log.Info("eBPF socket load balancer ready", "cgroup", cfg.CgroupPath, "pinDir", cfg.PinDir,
+		"restoredFrontends", len(b.rec.fronts), "restoredBackends", len(b.rec.beIDs))
+	return b, nil
+}
+
+// attach attaches every program to the cgroup, or swaps it into the
+// pinned link left by a previous proxy (BPF_LINK_UPDATE: atomic, no
+// window without a program).
+func (b *Backend) attach() error {
+	for _, p := range progAttach(b.objs) {
+		path := filepath.Join(b.cfg.PinDir, LinkDir, p.name)
+		l, err := link.LoadPinnedLink(path, nil)
+		if err == nil {
+			err = l.Update(p.prog)
+			l.Close()
+			if err != nil {
+				return fmt.Errorf("replace program %s in pinned link %s: %w", p.name, path, err)
+			}
+			b.log.Debug("replaced program in pinned link", "program", p.name)
+			continue
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("open pinned link %s: %w", path, err)
+		}
+		l, err = link.AttachCgroup(link.CgroupOptions{Path: b.cfg.CgroupPath, Attach: p.at, Program: p.prog})
+		if err != nil {
+			return fmt.Errorf("attach %s to cgroup %s: %w", p.name, b.cfg.CgroupPath, err)
+		}
+		err = l.Pin(path)
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("pin link %s (the kernel needs bpf_link support for cgroups, Linux 5.7+): %w", path, err)
+		}
+		b.log.Debug("attached program", "program", p.name, "cgroup", b.cfg.CgroupPath)
+	}
+	return nil
+}
+
+func (b *Backend) writeMeta() error {
+	var m sockLBLbMeta
+	if err := b.objs.WaggleMeta.Lookup(uint32(0), &m); err != nil {
+		return fmt.Errorf("read %s: %w", MapMeta, err)
+	}
+	if m.Magic == Magic {
+		return nil
+	}
+	m = sockLBLbMeta{Magic: Magic, LayoutVersion: LayoutVersion, CreatedUnix: uint64(time.Now().Unix())}
+	if err := b.objs.WaggleMeta.Update(uint32(0), &m, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write %s: %w", MapMeta, err)
+	}
+	return nil
+}
+
+// checkPinnedMeta refuses pinned state from another layout version
+// before anything is loaded over it.
+func checkPinnedMeta(dir string) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, MapMeta), &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned %s: %w", MapMeta, err)
+	}
+	defer m.Close()
+	return checkMeta(m, dir)
+}
+
+func checkMeta(m *ebpf.Map, dir string) error {
+	if m.ValueSize() != 16 {
+		return fmt.Errorf("%s: meta value size %d, want 16: %w", dir, m.ValueSize(), ErrLayoutMismatch)
+	}
+	var raw [16]byte
+	if err := m.Lookup(uint32(0), &raw); err != nil {
+		return fmt.Errorf("read pinned %s: %w", MapMeta, err)
+	}
+	magic, ver := binary.LittleEndian.Uint32(raw[0:]), binary.LittleEndian.Uint32(raw[4:])
+	if magic == 0 {
+		return nil // created but never stamped: ours, stamped on load
+	}
+	if magic != Magic || ver != LayoutVersion {
+		return fmt.Errorf("%s holds map layout %d (magic %#x); this Waggle uses layout %d: "+
+			"clean the old state up with the Waggle that wrote it: %w", dir, ver, magic, LayoutVersion, ErrLayoutMismatch)
+	}
+	return nil
+}
+
+// Name is "ebpf".
+func (b *Backend) Name() string { return "ebpf" }
+
+// Sync programs state; see the package documentation for the write order.
+// Frontends that do not fit the maps are left out and named in an error
+// wrapping dataplane.ErrMapFull; the rest is programmed.
+func (b *Backend) Sync(ctx context.Context, state *dataplane.State) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
+	start := time.Now()
+	res, err := b.rec.sync(state)
+	if b.m != nil {
+		b.m.observeSync(time.Since(start), res, len(b.rec.fronts), len(b.rec.beIDs), err)
+	}
+	if err != nil {
+		if errors.Is(err, dataplane.ErrMapFull) {
+			b.log.Error("eBPF maps full: frontends not programmed", "err", err)
+		}
+	}
+	if len(res.lost) > 0 {
+		n, derr := destroyStaleSockets(b.cfg.CgroupPath, b.objs.WaggleReverseSk, res.lost)
+		if derr != nil {
+			b.log.Warn("destroy sockets of removed backends", "err", derr)
+		}
+		if n > 0 {
+			b.log.Info("destroyed sockets connected to removed backends", "sockets", n)
+		}
+		if b.m != nil {
+			b.m.socketsDestroyed.Add(float64(n))
+		}
+	}
+	b.log.Debug("synced eBPF maps", "frontends", len(state.Frontends), "writes", res.writes,
+		"deletes", res.deletes, "took", time.Since(start))
+	return err
+}
+
+// Close releases the backend's file descriptors and leaves the programs
+// attached and the maps pinned: load balancing goes on while no proxy runs,
+// and the next New takes over.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	if b.cfg.Metrics != nil && b.m != nil {
+		b.cfg.Metrics.Unregister(b.m)
+	}
+	return b.objs.Close()
+}
+
+// Cleanup detaches the programs and removes every pinned map and link of
+// this node, then closes the backend.
+func (b *Backend) Cleanup(ctx context.Context) error {
+	b.Close()
+	return CleanupPinned(b.cfg.PinDir)
+}
+
+// CleanupPinned removes the pinned state in dir: links first (which
+// detaches the programs), then maps. A missing dir is not an error.
+func CleanupPinned(dir string) error {
+	var errs []error
+	links, _ := filepath.Glob(filepath.Join(dir, LinkDir, "*"))
+	for _, p := range links {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin link: %w", err))
+		}
+	}
+	for _, name := range []string{MapServices, MapBackends, MapRevNat, MapReverseSockets, MapAffinity,
+		MapServiceNames, MapMeta, MapStats} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin map: %w", err))
+		}
+	}
+	for _, d := range []string{filepath.Join(dir, LinkDir), dir} {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Supported reports whether this kernel can run the eBPF backend: cgroup
+// sock_addr programs with the helpers they use, a cgroup v2 hierarchy, and
+// a BPF filesystem (mounted, or mountable).
+func Supported() error {
+	if err := probeKernel(); err != nil {
+		return fmt.Errorf("eBPF socket load balancing: %w: %w", err, dataplane.ErrNotSupported)
+	}
+	return nil
+}
+
+var errNoBPFFS = errors.New("no BPF filesystem")
+
+// ensureBPFFS mounts bpffs on /sys/fs/bpf when dir lies under it and it is
+// not mounted yet (as Cilium does).
+func ensureBPFFS(dir string) error {
+	const root = "/sys/fs/bpf"
+	if isBPFFS(dir) || isBPFFS(filepath.Dir(dir)) {
+		return nil
+	}
+	if isBPFFS(root) {
+		return nil
+	}
+	rel, err := filepath.Rel(root, dir)
+	if err != nil || rel == ".." || filepath.IsAbs(rel) || len(rel) >= 2 && rel[:2] == ".." {
+		return fmt.Errorf("pin directory %s is not on a BPF filesystem: %w", dir, errNoBPFFS)
+	}
+	if err := unix.Mount("bpf", root, "bpf", 0, ""); err != nil {
+		return fmt.Errorf("mount bpffs on %s: %w", root, err)
+	}
+	return nil
+}
+
+func isBPFFS(path string) bool {
+	for p := path; ; p = filepath.Dir(p) {
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err == nil {
+			return st.Type == unix.BPF_FS_MAGIC
+		}
+		if p == "/" || p == "." {
+			return false
+		}
+	}
+}

@@ -1,0 +1,497 @@
+package ebpf
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/waggle-io/waggle/dataplane"
+)
+
+// table is one BPF map as the reconciler sees it: the real implementation
+// wraps an *ebpf.Map (batched syscalls), the fake in tests is a Go map that
+// records every operation.
+type table[K comparable, V any] interface {
+	// Put writes the entries in order.
+	Put(keys []K, vals []V) error
+	// Delete removes the keys; a missing key is not an error.
+	Delete(keys []K) error
+	// Iterate calls fn for every entry until it returns false.
+	Iterate(fn func(K, V) bool) error
+}
+
+// tables are the maps the reconciler writes.
+type tables struct {
+	services table[sockLBLbServiceKey, sockLBLbService]
+	backends table[uint32, sockLBLbBackend]
+	revNat   table[uint32, sockLBLbRevNat]
+	names    table[uint32, sockLBLbSvcName]
+	affinity table[sockLBLbAffinityKey, sockLBLbAffinity]
+}
+
+// programmed is the reconciler's mirror of one frontend in the maps.
+type programmed struct {
+	id        uint32
+	hasMaster bool
+	count     int      // the master's count
+	slots     []uint32 // backend ID per slot (index 0 is slot 1); 0: missing
+	flags     uint16
+	timeout   uint32
+	kind      dataplane.FrontendKind
+	name      string
+}
+
+// lostBackend is a backend that a frontend no longer has.
+type lostBackend struct {
+	serviceID uint32
+	frontend  dataplane.FrontendKey
+	backend   netip.AddrPort
+}
+
+// syncResult tells the caller what a sync changed.
+type syncResult struct {
+	writes, deletes int
+	// lost lists backends removed from frontends (for stale sockets).
+	lost []lostBackend
+	// rejected lists frontends that did not fit in the maps.
+	rejected []dataplane.FrontendKey
+}
+
+// reconciler keeps the maps equal to the desired state with make-before-
+// break writes, and mirrors what it wrote so a repeated Sync writes nothing.
+type reconciler struct {
+	t           tables
+	maxServices int
+	maxBackends int
+
+	fronts  map[dataplane.FrontendKey]*programmed
+	beIDs   map[backendKey]uint32
+	beByID  map[uint32]backendKey
+	nextSvc uint32
+	nextBe  uint32
+	// pending deletes found at restore: orphaned rev_nat/name entries.
+	orphanRev []uint32
+	// dirty: a write failed; re-read the maps before the next sync.
+	dirty bool
+}
+
+func newReconciler(t tables, maxServices, maxBackends int) *reconciler {
+	return &reconciler{t: t, maxServices: maxServices, maxBackends: maxBackends, dirty: true}
+}
+
+// entries returns how many services-map entries the mirror holds.
+func (r *reconciler) entries() int {
+	n := 0
+	for _, p := range r.fronts {
+		n += len(p.slots)
+		if p.hasMaster {
+			n++
+		}
+	}
+	return n
+}
+
+// restore rebuilds the mirror, and the ID allocators, from the maps.
+func (r *reconciler) restore() error {
+	r.fronts = map[dataplane.FrontendKey]*programmed{}
+	r.beIDs = map[backendKey]uint32{}
+	r.beByID = map[uint32]backendKey{}
+	r.nextSvc, r.nextBe = 1, 1
+	r.orphanRev = nil
+	get := func(k dataplane.FrontendKey) *programmed {
+		p := r.fronts[k]
+		if p == nil {
+			p = &programmed{}
+			r.fronts[k] = p
+		}
+		return p
+	}
+	err := r.t.services.Iterate(func(k sockLBLbServiceKey, v sockLBLbService) bool {
+		p := get(frontendOf(k))
+		if v.RevNatId != 0 {
+			p.id = v.RevNatId
+		}
+		if k.Slot == 0 {
+			p.hasMaster = true
+			p.count = int(v.Count)
+			p.flags = v.Flags
+			p.timeout = v.AffinityTimeout
+			return true
+		}
+		for len(p.slots) < int(k.Slot) {
+			p.slots = append(p.slots, 0)
+		}
+		p.slots[k.Slot-1] = v.BackendId
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("read %s: %w", MapServices, err)
+	}
+	ids := map[uint32]*programmed{}
+	for _, p := range r.fronts {
+		if p.id != 0 {
+			ids[p.id] = p
+			r.nextSvc = max(r.nextSvc, p.id+1)
+		}
+	}
+	err = r.t.backends.Iterate(func(id uint32, v sockLBLbBackend) bool {
+		b := backendKeyOf(v)
+		r.beIDs[b] = id
+		r.beByID[id] = b
+		r.nextBe = max(r.nextBe, id+1)
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("read %s: %w", MapBackends, err)
+	}
+	err = r.t.revNat.Iterate(func(id uint32, _ sockLBLbRevNat) bool {
+		r.nextSvc = max(r.nextSvc, id+1)
+		if ids[id] == nil {
+			r.orphanRev = append(r.orphanRev, id)
+		}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("read %s: %w", MapRevNat, err)
+	}
+	err = r.t.names.Iterate(func(id uint32, v sockLBLbSvcName) bool {
+		r.nextSvc = max(r.nextSvc, id+1)
+		if p := ids[id]; p != nil {
+			p.kind, p.name = nameOf(v)
+		} else if !slices.Contains(r.orphanRev, id) {
+			r.orphanRev = append(r.orphanRev, id)
+		}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("read %s: %w", MapServiceNames, err)
+	}
+	slices.Sort(r.orphanRev)
+	r.dirty = false
+	return nil
+}
+
+// want is one frontend of the desired state, resolved.
+type want struct {
+	key      dataplane.FrontendKey
+	backends []backendKey
+	flags    uint16
+	timeout  uint32
+	kind     dataplane.FrontendKind
+	name     string
+}
+
+func wantsOf(st *dataplane.State) []want {
+	out := make([]want, 0, len(st.Frontends))
+	for _, f := range st.Frontends {
+		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String()}
+		seen := make(map[backendKey]bool, len(f.Endpoints))
+		for _, e := range f.Endpoints {
+			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: f.Protocol}
+			if !seen[b] {
+				seen[b] = true
+				w.backends = append(w.backends, b)
+			}
+		}
+		if f.AffinityTimeout > 0 {
+			w.flags |= FlagAffinity
+			w.timeout = uint32(max(1, (f.AffinityTimeout+time.Second-1)/time.Second))
+		}
+		if f.LocalOnly {
+			w.flags |= FlagLocal
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// sync makes the maps match st. Order, per the make-before-break rule:
+// frontends gone are removed; then new backends, rev_nat and names; then
+// every changed slot; then every changed master entry (the count last);
+// then stale slots; then unreferenced backends and affinity entries.
+func (r *reconciler) sync(st *dataplane.State) (syncResult, error) {
+	var res syncResult
+	if err := st.Validate(); err != nil {
+		return res, fmt.Errorf("invalid dataplane state: %w", err)
+	}
+	if r.dirty {
+		if err := r.restore(); err != nil {
+			return res, err
+		}
+	}
+	res, err := r.apply(wantsOf(st))
+	if err != nil {
+		r.dirty = true
+	}
+	return res, err
+}
+
+func (r *reconciler) apply(wants []want) (syncResult, error) {
+	var res syncResult
+	desired := make(map[dataplane.FrontendKey]bool, len(wants))
+	for _, w := range wants {
+		desired[w.key] = true
+	}
+	lostPairs := map[[2]uint32]bool{} // service ID, backend ID
+	goneServices := map[uint32]bool{} // service IDs deleted
+
+	// 1. Frontends no longer desired: master first, so connects stop
+	// finding them, then their slots, rev_nat and name.
+	var gone []dataplane.FrontendKey
+	for k := range r.fronts {
+		if !desired[k] {
+			gone = append(gone, k)
+		}
+	}
+	slices.SortFunc(gone, dataplane.FrontendKey.Compare)
+	if len(gone) > 0 || len(r.orphanRev) > 0 {
+		var masters, slots []sockLBLbServiceKey
+		revs := slices.Clone(r.orphanRev)
+		for _, k := range gone {
+			p := r.fronts[k]
+			if p.hasMaster {
+				masters = append(masters, serviceKey(k, 0))
+			}
+			for i, id := range p.slots {
+				slots = append(slots, serviceKey(k, uint16(i+1)))
+				if id != 0 {
+					res.lost = append(res.lost, r.lost(p.id, k, id))
+				}
+			}
+			if p.id != 0 {
+				revs = append(revs, p.id)
+				goneServices[p.id] = true
+			}
+		}
+		if err := r.t.services.Delete(masters); err != nil {
+			return res, fmt.Errorf("delete removed frontends: %w", err)
+		}
+		if err := r.t.services.Delete(slots); err != nil {
+			return res, fmt.Errorf("delete removed frontends' slots: %w", err)
+		}
+		if err := r.t.revNat.Delete(revs); err != nil {
+			return res, fmt.Errorf("delete removed frontends' reverse NAT: %w", err)
+		}
+		if err := r.t.names.Delete(revs); err != nil {
+			return res, fmt.Errorf("delete removed frontends' names: %w", err)
+		}
+		res.deletes += len(masters) + len(slots) + 2*len(revs)
+		for _, k := range gone {
+			delete(r.fronts, k)
+		}
+		r.orphanRev = nil
+	}
+
+	// 2. Admission: what fits in the maps, counting the peak of the
+	// make-before-break transition (new slots are written before stale
+	// ones are deleted).
+	used := r.entries()
+	nfronts := len(r.fronts)
+	newBe := map[backendKey]uint32{}
+	var newBeOrder []backendKey
+	accepted := make([]want, 0, len(wants))
+	for _, w := range wants {
+		p := r.fronts[w.key]
+		growth := len(w.backends)
+		if p != nil {
+			growth = max(0, len(w.backends)-len(p.slots))
+			if !p.hasMaster {
+				growth++
+			}
+		} else {
+			growth++
+		}
+		var fresh []backendKey
+		for _, b := range w.backends {
+			if _, ok := r.beIDs[b]; ok {
+				continue
+			}
+			if _, ok := newBe[b]; ok {
+				continue
+			}
+			fresh = append(fresh, b)
+		}
+		if used+growth > r.maxServices || len(r.beIDs)+len(newBe)+len(fresh) > r.maxBackends ||
+			(p == nil && nfronts+1 > r.maxServices) {
+			res.rejected = append(res.rejected, w.key)
+			continue
+		}
+		used += growth
+		if p == nil {
+			nfronts++
+		}
+		for _, b := range fresh {
+			newBe[b] = r.nextBe
+			newBeOrder = append(newBeOrder, b)
+			r.nextBe++
+		}
+		accepted = append(accepted, w)
+	}
+
+	// 3. New backends, then rev_nat and names of new frontends.
+	if len(newBeOrder) > 0 {
+		ids := make([]uint32, len(newBeOrder))
+		vals := make([]sockLBLbBackend, len(newBeOrder))
+		for i, b := range newBeOrder {
+			ids[i], vals[i] = newBe[b], backendValue(b)
+		}
+		if err := r.t.backends.Put(ids, vals); err != nil {
+			return res, fmt.Errorf("write backends: %w", err)
+		}
+		for i, b := range newBeOrder {
+			r.beIDs[b], r.beByID[ids[i]] = ids[i], b
+		}
+		res.writes += len(ids)
+	}
+	beID := func(b backendKey) uint32 { return r.beIDs[b] }
+
+	var revIDs, nameIDs []uint32
+	var revVals []sockLBLbRevNat
+	var nameVals []sockLBLbSvcName
+	var slotKeys, masterKeys, staleKeys []sockLBLbServiceKey
+	var slotVals, masterVals []sockLBLbService
+	next := make(map[dataplane.FrontendKey]*programmed, len(accepted))
+	for _, w := range accepted {
+		old := r.fronts[w.key]
+		p := &programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind, name: w.name}
+		if old != nil && old.id != 0 {
+			p.id = old.id
+		} else {
+			p.id = r.nextSvc
+			r.nextSvc++
+		}
+		if old == nil || old.id != p.id {
+			revIDs = append(revIDs, p.id)
+			revVals = append(revVals, revNatValue(w.key))
+		}
+		if old == nil || old.id != p.id || old.kind != w.kind || old.name != w.name {
+			nameIDs = append(nameIDs, p.id)
+			nameVals = append(nameVals, nameValue(w.kind, w.name))
+		}
+		p.slots = make([]uint32, len(w.backends))
+		for i, b := range w.backends {
+			id := beID(b)
+			p.slots[i] = id
+			if old == nil || i >= len(old.slots) || old.slots[i] != id || old.id != p.id {
+				slotKeys = append(slotKeys, serviceKey(w.key, uint16(i+1)))
+				slotVals = append(slotVals, sockLBLbService{BackendId: id, RevNatId: p.id})
+			}
+		}
+		if old == nil || !old.hasMaster || old.count != p.count || old.flags != p.flags ||
+			old.timeout != p.timeout || old.id != p.id {
+			masterKeys = append(masterKeys, serviceKey(w.key, 0))
+			masterVals = append(masterVals, sockLBLbService{Count: uint16(p.count), Flags: p.flags,
+				RevNatId: p.id, AffinityTimeout: p.timeout})
+		}
+		if old != nil {
+			for i := len(w.backends); i < len(old.slots); i++ {
+				staleKeys = append(staleKeys, serviceKey(w.key, uint16(i+1)))
+			}
+			keep := make(map[uint32]bool, len(p.slots))
+			for _, id := range p.slots {
+				keep[id] = true
+			}
+			for _, id := range old.slots {
+				if id != 0 && !keep[id] {
+					res.lost = append(res.lost, r.lost(p.id, w.key, id))
+					lostPairs[[2]uint32{p.id, id}] = true
+				}
+			}
+		}
+		next[w.key] = p
+	}
+	if err := r.t.revNat.Put(revIDs, revVals); err != nil {
+		return res, fmt.Errorf("write reverse NAT: %w", err)
+	}
+	if err := r.t.names.Put(nameIDs, nameVals); err != nil {
+		return res, fmt.Errorf("write service names: %w", err)
+	}
+	// 4. Slots, then master entries (the count last), then stale slots.
+	if err := r.t.services.Put(slotKeys, slotVals); err != nil {
+		return res, fmt.Errorf("write backend slots: %w", err)
+	}
+	if err := r.t.services.Put(masterKeys, masterVals); err != nil {
+		return res, fmt.Errorf("write service entries: %w", err)
+	}
+	if err := r.t.services.Delete(staleKeys); err != nil {
+		return res, fmt.Errorf("delete stale slots: %w", err)
+	}
+	res.writes += len(revIDs) + len(nameIDs) + len(slotKeys) + len(masterKeys)
+	res.deletes += len(staleKeys)
+	for k, p := range next {
+		r.fronts[k] = p
+	}
+
+	// 5. Backends no frontend uses any more, and affinity entries that
+	// point at a backend their service lost.
+	inUse := make(map[uint32]bool, len(r.beIDs))
+	for _, p := range r.fronts {
+		for _, id := range p.slots {
+			inUse[id] = true
+		}
+	}
+	var unused []uint32
+	for id := range r.beByID {
+		if !inUse[id] {
+			unused = append(unused, id)
+		}
+	}
+	slices.Sort(unused)
+	if len(lostPairs) > 0 || len(goneServices) > 0 {
+		var stale []sockLBLbAffinityKey
+		err := r.t.affinity.Iterate(func(k sockLBLbAffinityKey, v sockLBLbAffinity) bool {
+			if goneServices[k.RevNatId] || lostPairs[[2]uint32{k.RevNatId, v.BackendId}] {
+				stale = append(stale, k)
+			}
+			return true
+		})
+		if err == nil {
+			err = r.t.affinity.Delete(stale)
+		}
+		if err != nil {
+			return res, fmt.Errorf("delete stale affinity entries: %w", err)
+		}
+		res.deletes += len(stale)
+	}
+	if err := r.t.backends.Delete(unused); err != nil {
+		return res, fmt.Errorf("delete unused backends: %w", err)
+	}
+	for _, id := range unused {
+		delete(r.beIDs, r.beByID[id])
+		delete(r.beByID, id)
+	}
+	res.deletes += len(unused)
+	slices.SortFunc(res.lost, func(a, b lostBackend) int {
+		return cmp.Or(a.frontend.Compare(b.frontend), a.backend.Compare(b.backend))
+	})
+	if len(res.rejected) > 0 {
+		return res, rejectedError(res.rejected)
+	}
+	return res, nil
+}
+
+func (r *reconciler) lost(svcID uint32, k dataplane.FrontendKey, beID uint32) lostBackend {
+	b := r.beByID[beID]
+	return lostBackend{serviceID: svcID, frontend: k, backend: netip.AddrPortFrom(b.addr, b.port)}
+}
+
+func rejectedError(keys []dataplane.FrontendKey) error {
+	names := make([]string, 0, min(len(keys), 5))
+	for _, k := range keys[:min(len(keys), 5)] {
+		names = append(names, k.String())
+	}
+	more := ""
+	if len(keys) > 5 {
+		more = fmt.Sprintf(" and %d more", len(keys)-5)
+	}
+	return fmt.Errorf("%d frontends not programmed (%v%s): raise --bpf-lb-map-max or --bpf-lb-backends-max: %w",
+		len(keys), names, more, dataplane.ErrMapFull)
+}
+
+// errMapFull wraps a kernel E2BIG into the dataplane's ErrMapFull.
+func errMapFull(name string, err error) error {
+	return errors.Join(fmt.Errorf("map %s: %w", name, dataplane.ErrMapFull), err)
+}

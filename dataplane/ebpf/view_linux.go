@@ -1,0 +1,358 @@
+package ebpf
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// View reads a node's pinned dataplane state, read-only, without a running
+// proxy: what `waggle bpf` prints. Open it with OpenPinned.
+type View struct {
+	dir  string
+	maps map[string]*ebpf.Map
+	// own: maps opened by OpenPinned (closed by Close).
+	own bool
+}
+
+var mapNames = []string{MapServices, MapBackends, MapRevNat, MapServiceNames, MapReverseSockets, MapAffinity, MapMeta, MapStats}
+
+// OpenPinned opens the pinned state in dir (e.g. /sys/fs/bpf/waggle/<node>).
+// It fails with ErrNoPinnedState when there is none and ErrLayoutMismatch
+// when another Waggle version wrote it.
+func OpenPinned(dir string) (*View, error) {
+	if _, err := os.Stat(filepath.Join(dir, MapMeta)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%s: %w", dir, ErrNoPinnedState)
+		}
+		return nil, fmt.Errorf("open pinned state: %w", err)
+	}
+	v := &View{dir: dir, maps: map[string]*ebpf.Map{}, own: true}
+	for _, name := range mapNames {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			v.Close()
+			return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+		}
+		v.maps[name] = m
+	}
+	if err := checkMeta(v.maps[MapMeta], dir); err != nil {
+		v.Close()
+		return nil, err
+	}
+	if err := v.checkSizes(); err != nil {
+		v.Close()
+		return nil, err
+	}
+	return v, nil
+}
+
+// checkSizes compares key and value sizes with this version's layout.
+func (v *View) checkSizes() error {
+	spec, err := loadSockLB()
+	if err != nil {
+		return err
+	}
+	for _, name := range mapNames {
+		s, m := spec.Maps[name], v.maps[name]
+		if s.KeySize != m.KeySize() || s.ValueSize != m.ValueSize() || s.Type != m.Type() {
+			return fmt.Errorf("map %s is %s %d/%d bytes, this Waggle expects %s %d/%d: %w",
+				name, m.Type(), m.KeySize(), m.ValueSize(), s.Type, s.KeySize, s.ValueSize, ErrLayoutMismatch)
+		}
+	}
+	return nil
+}
+
+// Close releases the maps.
+func (v *View) Close() error {
+	if !v.own {
+		return nil
+	}
+	for _, m := range v.maps {
+		m.Close()
+	}
+	return nil
+}
+
+// Dir is the pin directory.
+func (v *View) Dir() string { return v.dir }
+
+// Meta returns the meta record.
+func (v *View) Meta() (Meta, error) {
+	var m sockLBLbMeta
+	if err := v.maps[MapMeta].Lookup(uint32(0), &m); err != nil {
+		return Meta{}, fmt.Errorf("read %s: %w", MapMeta, err)
+	}
+	return Meta{Magic: m.Magic, LayoutVersion: m.LayoutVersion, Created: time.Unix(int64(m.CreatedUnix), 0).UTC()}, nil
+}
+
+func iterate[K, V any](m *ebpf.Map, name string, fn func(K, V)) error {
+	var k K
+	var val V
+	it := m.Iterate()
+	for it.Next(&k, &val) {
+		fn(k, val)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	return nil
+}
+
+// Backends returns the backends map, by ID.
+func (v *View) Backends() ([]BackendEntry, error) {
+	var out []BackendEntry
+	err := iterate(v.maps[MapBackends], MapBackends, func(id uint32, b sockLBLbBackend) {
+		k := backendKeyOf(b)
+		out = append(out, BackendEntry{ID: id, Backend: netip.AddrPortFrom(k.addr, k.port), Protocol: k.proto})
+	})
+	slices.SortFunc(out, func(a, b BackendEntry) int { return cmp.Compare(a.ID, b.ID) })
+	return out, err
+}
+
+// Services returns every frontend with its slots, decoded, sorted by
+// frontend. A master entry whose slots are missing shows those slots with a
+// zero BackendID; a slot whose backend is missing an invalid Backend.
+func (v *View) Services() ([]Service, error) {
+	backends := map[uint32]netip.AddrPort{}
+	bes, err := v.Backends()
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range bes {
+		backends[b.ID] = b.Backend
+	}
+	names := map[uint32]sockLBLbSvcName{}
+	if err := iterate(v.maps[MapServiceNames], MapServiceNames, func(id uint32, n sockLBLbSvcName) { names[id] = n }); err != nil {
+		return nil, err
+	}
+	byKey := map[sockLBLbServiceKey]*Service{}
+	slots := map[sockLBLbServiceKey][]Slot{}
+	err = iterate(v.maps[MapServices], MapServices, func(k sockLBLbServiceKey, s sockLBLbService) {
+		mk := k
+		mk.Slot = 0
+		if k.Slot == 0 {
+			svc := &Service{ID: s.RevNatId, Frontend: frontendOf(k), Count: int(s.Count), Flags: s.Flags,
+				AffinityTimeout: time.Duration(s.AffinityTimeout) * time.Second}
+			svc.Address = svc.Frontend.String()
+			svc.Kind, svc.Name = nameOf(names[s.RevNatId])
+			byKey[mk] = svc
+			return
+		}
+		slots[mk] = append(slots[mk], Slot{Slot: int(k.Slot), BackendID: s.BackendId, Backend: backends[s.BackendId]})
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Service, 0, len(byKey))
+	for k, svc := range byKey {
+		ss := slots[k]
+		slices.SortFunc(ss, func(a, b Slot) int { return cmp.Compare(a.Slot, b.Slot) })
+		svc.Slots = ss
+		out = append(out, *svc)
+	}
+	slices.SortFunc(out, func(a, b Service) int { return a.Frontend.Compare(b.Frontend) })
+	return out, nil
+}
+
+// Affinity returns the affinity LRU's entries.
+func (v *View) Affinity() ([]AffinityEntry, error) {
+	var out []AffinityEntry
+	err := iterate(v.maps[MapAffinity], MapAffinity, func(k sockLBLbAffinityKey, a sockLBLbAffinity) {
+		out = append(out, AffinityEntry{NetnsCookie: k.NetnsCookie, ServiceID: k.RevNatId, BackendID: a.BackendId,
+			LastUsed: time.Duration(a.LastUsedNs)})
+	})
+	slices.SortFunc(out, func(a, b AffinityEntry) int {
+		return cmp.Or(cmp.Compare(a.ServiceID, b.ServiceID), cmp.Compare(a.NetnsCookie, b.NetnsCookie))
+	})
+	return out, err
+}
+
+// ReverseSockets returns the reverse-socket LRU's entries.
+func (v *View) ReverseSockets() ([]ReverseSocketEntry, error) {
+	var out []ReverseSocketEntry
+	err := iterate(v.maps[MapReverseSockets], MapReverseSockets, func(k sockLBLbReverseSkKey, r sockLBLbReverseSk) {
+		out = append(out, ReverseSocketEntry{Cookie: k.Cookie,
+			Backend:  netip.AddrPortFrom(addrFrom16(k.Addr), fromNet16(k.Port)),
+			Frontend: netip.AddrPortFrom(addrFrom16(r.Addr), fromNet16(r.Port)), ServiceID: r.RevNatId})
+	})
+	slices.SortFunc(out, func(a, b ReverseSocketEntry) int {
+		return cmp.Or(cmp.Compare(a.Cookie, b.Cookie), a.Backend.Compare(b.Backend))
+	})
+	return out, err
+}
+
+// Counters returns the programs' event counters, summed over CPUs.
+func (v *View) Counters() (map[Stat]uint64, error) { return readCounters(v.maps[MapStats]) }
+
+func readCounters(m *ebpf.Map) (map[Stat]uint64, error) {
+	out := map[Stat]uint64{}
+	for _, s := range Stats() {
+		var per []uint64
+		if err := m.Lookup(uint32(s), &per); err != nil {
+			return nil, fmt.Errorf("read %s: %w", MapStats, err)
+		}
+		for _, n := range per {
+			out[s] += n
+		}
+	}
+	return out, nil
+}
+
+func countEntries(m *ebpf.Map) (int, error) {
+	if m.Type() == ebpf.Array || m.Type() == ebpf.PerCPUArray {
+		return int(m.MaxEntries()), nil
+	}
+	key := make([]byte, m.KeySize())
+	next := make([]byte, m.KeySize())
+	n := 0
+	var prev any // nil: first key
+	for {
+		err := m.NextKey(prev, &next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+		n++
+		copy(key, next)
+		prev = key
+	}
+}
+
+// Maps describes every pinned map with its exact entry count.
+func (v *View) Maps() ([]MapInfo, error) {
+	out := make([]MapInfo, 0, len(mapNames))
+	for _, name := range mapNames {
+		m := v.maps[name]
+		n, err := countEntries(m)
+		if err != nil {
+			return nil, fmt.Errorf("count %s: %w", name, err)
+		}
+		out = append(out, MapInfo{Name: name, Type: m.Type().String(), KeySize: int(m.KeySize()),
+			ValueSize: int(m.ValueSize()), Entries: n, MaxEntries: int(m.MaxEntries()),
+			Path: filepath.Join(v.dir, name)})
+	}
+	return out, nil
+}
+
+// RawEntries returns a map's raw keys and values (as bpftool's hex dump).
+func (v *View) RawEntries(name string) (keys, values [][]byte, err error) {
+	m := v.maps[name]
+	if m == nil {
+		return nil, nil, fmt.Errorf("no map %q (maps: %s): %w", name, strings.Join(mapNames, ", "), os.ErrNotExist)
+	}
+	if m.Type() == ebpf.PerCPUArray {
+		return nil, nil, fmt.Errorf("map %s is per-CPU: use Counters", name)
+	}
+	var k, val []byte
+	it := m.Iterate()
+	for it.Next(&k, &val) {
+		keys, values = append(keys, slices.Clone(k)), append(values, slices.Clone(val))
+	}
+	return keys, values, it.Err()
+}
+
+// Programs lists the programs attached through the pinned links, with the
+// kernel's run statistics (non-zero only while kernel.bpf_stats_enabled=1).
+func (v *View) Programs() ([]ProgramInfo, error) { return listPrograms(v.dir) }
+
+func listPrograms(dir string) ([]ProgramInfo, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, LinkDir, "*"))
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(paths)
+	var out []ProgramInfo
+	for _, p := range paths {
+		l, err := link.LoadPinnedLink(p, &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			return nil, fmt.Errorf("open pinned link %s: %w", p, err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			return nil, fmt.Errorf("link %s info: %w", p, err)
+		}
+		pi := ProgramInfo{Name: filepath.Base(p), LinkID: uint32(info.ID), ProgramID: uint32(info.Program), LinkPath: p}
+		if cg := info.Cgroup(); cg != nil {
+			pi.CgroupID = cg.CgroupId
+			pi.AttachType = ebpf.AttachType(cg.AttachType).String()
+		}
+		prog, err := ebpf.NewProgramFromID(info.Program)
+		if err == nil {
+			if pinfo, err := prog.Info(); err == nil {
+				pi.Type = pinfo.Type.String()
+				if lt, ok := pinfo.LoadTime(); ok {
+					pi.Loaded = lt
+				}
+			}
+			if st, err := prog.Stats(); err == nil {
+				pi.Runs, pi.RunTime = st.RunCount, st.Runtime
+			}
+			prog.Close()
+		}
+		out = append(out, pi)
+	}
+	return out, nil
+}
+
+// Backend side of the metrics.
+
+func (b *Backend) mapCounts() ([]MapPressure, error) {
+	b.mu.Lock()
+	fronts, entries, backends := len(b.rec.fronts), b.rec.entries(), len(b.rec.beIDs)
+	b.mu.Unlock()
+	out := []MapPressure{
+		{MapServices, entries, b.cfg.MaxServices},
+		{MapBackends, backends, b.cfg.MaxBackends},
+		{MapRevNat, fronts, b.cfg.MaxServices},
+		{MapServiceNames, fronts, b.cfg.MaxServices},
+	}
+	for _, x := range []struct {
+		name string
+		m    *ebpf.Map
+	}{{MapReverseSockets, b.objs.WaggleReverseSk}, {MapAffinity, b.objs.WaggleAffinity}} {
+		n, err := countEntries(x.m)
+		if err != nil {
+			return nil, fmt.Errorf("count %s: %w", x.name, err)
+		}
+		out = append(out, MapPressure{x.name, n, int(x.m.MaxEntries())})
+	}
+	return out, nil
+}
+
+func (b *Backend) programStats() (map[Stat]uint64, []ProgramRuns, error) {
+	c, err := readCounters(b.objs.WaggleStats)
+	if err != nil {
+		return nil, nil, err
+	}
+	var runs []ProgramRuns
+	for _, p := range progAttach(b.objs) {
+		if st, err := p.prog.Stats(); err == nil {
+			runs = append(runs, ProgramRuns{Name: p.name, Runs: st.RunCount, RunTime: st.Runtime})
+		}
+	}
+	return c, runs, nil
+}
+
+// View returns a read-only view on the backend's own maps (valid until
+// Close).
+func (b *Backend) View() *View {
+	o := b.objs
+	return &View{dir: b.cfg.PinDir, maps: map[string]*ebpf.Map{
+		MapServices: o.WaggleServices, MapBackends: o.WaggleBackends, MapRevNat: o.WaggleRevNat,
+		MapServiceNames: o.WaggleSvcNames, MapReverseSockets: o.WaggleReverseSk, MapAffinity: o.WaggleAffinity,
+		MapMeta: o.WaggleMeta, MapStats: o.WaggleStats,
+	}}
+}
