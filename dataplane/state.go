@@ -165,3 +165,51 @@ func (s *State) Validate() error {
 	}
 	return nil
 }
+
+// FrontendError is a failure to program one frontend. Backends wrap
+// per-frontend failures in it (for example a full map: Err wraps ErrMapFull)
+// so that the proxy can record an Event on the Service concerned.
+type FrontendError struct {
+	Frontend FrontendKey
+	Service  ServicePortName
+	Err      error
+}
+
+func (e *FrontendError) Error() string {
+	return fmt.Sprintf("frontend %s of Service %s: %v", e.Frontend, e.Service, e.Err)
+}
+
+func (e *FrontendError) Unwrap() error { return e.Err }
+
+// FrontendErrors returns every FrontendError in err's tree (through
+// errors.Join and %w wrapping).
+func FrontendErrors(err error) []*FrontendError {
+	var out []*FrontendError
+	var walk func(error)
+	walk = func(err error) {
+		if err == nil {
+			return
+		}
+		if fe, ok := err.(*FrontendError); ok {
+			out = append(out, fe)
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		}
+	}
+	walk(err)
+	return out
+}
+
+// FullResyncer is implemented by backends that sync partially and can be
+// told that the next Sync must rewrite everything (the proxy's periodic
+// resync does, to repair drift).
+type FullResyncer interface {
+	RequestFullSync()
+}

@@ -1,0 +1,534 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/waggle-io/waggle/internal/ops"
+)
+
+// Proxy modes.
+const (
+	ModeAuto     = "auto"
+	ModeEBPF     = "ebpf"
+	ModeIPTables = "iptables"
+	ModeIPVS     = "ipvs"
+)
+
+// ModeConfig is what every backend constructor gets.
+type ModeConfig struct {
+	NodeName string
+	// CgroupRoot is the cgroup v2 directory the eBPF programs attach to.
+	CgroupRoot string
+	// PinDir is where the eBPF backend pins its maps and links.
+	PinDir                                             string
+	MaxServices, MaxBackends, MaxAffinity, MaxRevSocks int
+	// IPVSScheduler is the IPVS scheduler (rr, wrr, lc, ...).
+	IPVSScheduler string
+	Log           *slog.Logger
+	Metrics       prometheus.Registerer
+}
+
+// Mode is one proxy backend the proxy can run. The backends live in their
+// own packages (which import this one), so the caller hands them in; see
+// dataplane/modes.
+type Mode struct {
+	Name string
+	// Supported says whether the kernel can run it (nil) or why not.
+	Supported func() error
+	// New builds the backend.
+	New func(ModeConfig) (Backend, error)
+	// Cleanup removes whatever this mode may have programmed, even where
+	// the mode is not supported; it is idempotent.
+	Cleanup func(context.Context, ModeConfig) error
+	// LoopbackNodePorts: the mode serves NodePorts on 127.0.0.1 (the socket
+	// level eBPF backend does; iptables and IPVS would need route_localnet).
+	LoopbackNodePorts bool
+	// AutoCandidate: auto may pick this mode (ebpf, then iptables).
+	AutoCandidate bool
+}
+
+// Config is `waggle proxy`'s configuration.
+type Config struct {
+	// Kubeconfig is the path of a kubeconfig; empty means in-cluster.
+	Kubeconfig string
+	// Client, when set, is used instead of Kubeconfig (waggle up, tests).
+	Client kubernetes.Interface
+	// NodeName is this node's name (--hostname-override).
+	NodeName string
+	// Mode is auto, ebpf, iptables or ipvs.
+	Mode string
+	// Modes are the backends available, in auto's order of preference.
+	Modes                                              []Mode
+	CgroupRoot                                         string
+	BPFPinDir                                          string
+	MaxServices, MaxBackends, MaxAffinity, MaxRevSocks int
+	IPVSScheduler                                      string
+	// ClusterCIDRs are the pod networks (masquerade decisions).
+	ClusterCIDRs []netip.Prefix
+	// HealthBindAddress serves /healthz, /readyz and /metrics ("" or "0"
+	// disables).
+	HealthBindAddress string
+	// Cleanup removes what every mode programmed, then returns.
+	Cleanup bool
+	// SyncPeriod is the longest time between syncs (a full resync).
+	SyncPeriod time.Duration
+	// MinSyncPeriod is the shortest time between syncs.
+	MinSyncPeriod time.Duration
+	// Log is the logger (default: a text logger at info).
+	Log *slog.Logger
+	// Health, when set, receives the checks and metrics (default: a new one
+	// served on HealthBindAddress).
+	Health *ops.Health
+}
+
+// Sentinel errors of Run.
+var (
+	// ErrBadConfig: a flag is missing or wrong.
+	ErrBadConfig = errors.New("invalid proxy configuration")
+)
+
+func (c *Config) validate() error {
+	if c.NodeName == "" {
+		return fmt.Errorf("%w: --hostname-override (node name) is required", ErrBadConfig)
+	}
+	if c.SyncPeriod <= 0 {
+		return fmt.Errorf("%w: --sync-period must be positive", ErrBadConfig)
+	}
+	if c.MinSyncPeriod < 0 || c.MinSyncPeriod > c.SyncPeriod {
+		return fmt.Errorf("%w: --min-sync-period must be between 0 and --sync-period", ErrBadConfig)
+	}
+	switch c.Mode {
+	case ModeAuto, ModeEBPF, ModeIPTables, ModeIPVS:
+	default:
+		return fmt.Errorf("%w: --mode=%q: want auto, ebpf, iptables or ipvs", ErrBadConfig, c.Mode)
+	}
+	return nil
+}
+
+func (c *Config) modeConfig(log *slog.Logger, reg prometheus.Registerer) ModeConfig {
+	return ModeConfig{
+		NodeName: c.NodeName, CgroupRoot: c.CgroupRoot, PinDir: c.BPFPinDir,
+		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, MaxAffinity: c.MaxAffinity, MaxRevSocks: c.MaxRevSocks,
+		IPVSScheduler: c.IPVSScheduler, Log: log, Metrics: reg,
+	}
+}
+
+// SelectMode picks the mode to run: the one asked for, which must be
+// supported, or for auto the first supported AutoCandidate. It returns why.
+func SelectMode(requested string, modes []Mode) (Mode, string, error) {
+	if requested != ModeAuto {
+		for _, m := range modes {
+			if m.Name != requested {
+				continue
+			}
+			if err := m.Supported(); err != nil {
+				return Mode{}, "", fmt.Errorf("--mode=%s cannot run on this machine: %w", requested, err)
+			}
+			return m, "asked for with --mode", nil
+		}
+		return Mode{}, "", fmt.Errorf("%w: --mode=%s is not built into this binary", ErrBadConfig, requested)
+	}
+	var why []string
+	for _, m := range modes {
+		if !m.AutoCandidate {
+			continue
+		}
+		err := m.Supported()
+		if err == nil {
+			reason := "auto: " + m.Name + " is supported"
+			for _, w := range why {
+				reason += "; " + w
+			}
+			return m, reason, nil
+		}
+		why = append(why, fmt.Sprintf("%s not supported: %v", m.Name, err))
+	}
+	return Mode{}, "", fmt.Errorf("auto: no mode can run here: %v", why)
+}
+
+// Run runs the proxy until ctx ends (or, with Cleanup, cleans up and
+// returns).
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Log
+	if log == nil {
+		var err error
+		if log, err = ops.NewLogger("proxy", "info"); err != nil {
+			return err
+		}
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeAuto
+	}
+	health := cfg.Health
+	if health == nil {
+		health = ops.NewHealth()
+	}
+	if cfg.Cleanup {
+		return cleanupModes(ctx, log, cfg.Modes, cfg.modeConfig(log, nil), "")
+	}
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	mode, why, err := SelectMode(cfg.Mode, cfg.Modes)
+	if err != nil {
+		return err
+	}
+	log.Info("proxy mode selected", "mode", mode.Name, "why", why)
+	mc := cfg.modeConfig(log, health.Registry)
+	// Switching modes: remove what the other modes left behind.
+	if err := cleanupModes(ctx, log, cfg.Modes, cfg.modeConfig(log, nil), mode.Name); err != nil {
+		log.Warn("removing other modes' state", "err", err)
+	}
+	backend, err := mode.New(mc)
+	if err != nil {
+		return fmt.Errorf("start %s backend: %w", mode.Name, err)
+	}
+	if c, ok := backend.(interface{ Close() error }); ok {
+		defer c.Close()
+	}
+
+	client := cfg.Client
+	if client == nil {
+		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		if err != nil {
+			return fmt.Errorf("kubeconfig %q: %w", cfg.Kubeconfig, err)
+		}
+		rc.UserAgent = "waggle-proxy/" + cfg.NodeName
+		if client, err = kubernetes.NewForConfig(rc); err != nil {
+			return fmt.Errorf("API client: %w", err)
+		}
+	}
+	p, err := newProxy(cfg, log, health, backend, mode, client)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	if cfg.Health == nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ops.Serve(ctx, log, cfg.HealthBindAddress, health.Handler()); err != nil {
+				select {
+				case errc <- err:
+				default:
+				}
+			}
+		}()
+	}
+	runErr := p.run(ctx, errc)
+	wg.Wait()
+	return runErr
+}
+
+func cleanupModes(ctx context.Context, log *slog.Logger, modes []Mode, mc ModeConfig, keep string) error {
+	var errs []error
+	for _, m := range modes {
+		if m.Name == keep || m.Cleanup == nil {
+			continue
+		}
+		if err := m.Cleanup(ctx, mc); err != nil {
+			errs = append(errs, fmt.Errorf("clean up %s: %w", m.Name, err))
+			continue
+		}
+		log.Info("cleaned up proxy mode", "mode", m.Name)
+	}
+	return errors.Join(errs...)
+}
+
+// proxy is the running `waggle proxy`: informers, the sync runner, metrics.
+type proxy struct {
+	cfg      Config
+	log      *slog.Logger
+	health   *ops.Health
+	backend  Backend
+	mode     Mode
+	client   kubernetes.Interface
+	factory  informers.SharedInformerFactory
+	nodes    informers.SharedInformerFactory
+	recorder record.EventRecorder
+	bcast    record.EventBroadcaster
+	runner   *SyncRunner
+	m        *metrics
+
+	mu          sync.Mutex
+	synced      bool // informers synced
+	programmed  time.Time
+	pending     []time.Time // endpoint change times not yet programmed
+	lastWarning map[string]string
+}
+
+type metrics struct {
+	syncDuration  *prometheus.HistogramVec
+	syncErrors    prometheus.Counter
+	changeLatency prometheus.Histogram
+	services      prometheus.Gauge
+	frontends     prometheus.Gauge
+	endpoints     prometheus.Gauge
+	lastSync      prometheus.Gauge
+	mode          *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "waggle_proxy_sync_duration_seconds", Help: "Time to compute the desired state and program it, by kind (full, partial).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"kind"}),
+		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "waggle_proxy_sync_errors_total", Help: "Syncs whose programming failed."}),
+		changeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "waggle_proxy_endpoint_change_to_programmed_seconds",
+			Help:    "From an EndpointSlice change (its endpoints.kubernetes.io/last-change-trigger-time, else when the proxy saw it) to the backend having programmed it.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		services:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "waggle_proxy_services_programmed", Help: "Services with at least one frontend programmed."}),
+		frontends: prometheus.NewGauge(prometheus.GaugeOpts{Name: "waggle_proxy_frontends_programmed", Help: "Frontends (address, port, protocol) programmed."}),
+		endpoints: prometheus.NewGauge(prometheus.GaugeOpts{Name: "waggle_proxy_endpoints_programmed", Help: "Endpoints programmed, summed over frontends."}),
+		lastSync:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "waggle_proxy_last_sync_timestamp_seconds", Help: "When the last successful sync finished."}),
+		mode:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "waggle_proxy_mode", Help: "The running proxy mode (1)."}, []string{"mode"}),
+	}
+	for _, c := range []prometheus.Collector{m.syncDuration, m.syncErrors, m.changeLatency, m.services, m.frontends, m.endpoints, m.lastSync, m.mode} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register proxy metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func newProxy(cfg Config, log *slog.Logger, health *ops.Health, backend Backend, mode Mode, client kubernetes.Interface) (*proxy, error) {
+	m, err := newMetrics(health.Registry)
+	if err != nil {
+		return nil, err
+	}
+	m.mode.WithLabelValues(mode.Name).Set(1)
+	p := &proxy{
+		cfg: cfg, log: log, health: health, backend: backend, mode: mode, client: client, m: m,
+		factory: informers.NewSharedInformerFactory(client, 0),
+		nodes: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
+		})),
+		lastWarning: map[string]string{},
+	}
+	p.bcast = record.NewBroadcaster()
+	p.recorder = p.bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "waggle-proxy", Host: cfg.NodeName})
+	p.runner = NewSyncRunner(cfg.MinSyncPeriod, cfg.SyncPeriod, p.sync)
+
+	health.AddReadiness(ops.Check{Name: "informers-synced", Func: func(context.Context) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.synced {
+			return errors.New("initial lists of Services, EndpointSlices and Nodes not synced yet")
+		}
+		return nil
+	}})
+	health.AddReadiness(ops.Check{Name: "programmed", Func: func(context.Context) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.programmed.IsZero() {
+			return errors.New("the dataplane has not been programmed yet")
+		}
+		return nil
+	}})
+	health.AddLiveness(ops.Check{Name: "sync", Func: func(context.Context) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		// As kube-proxy's healthz: unhealthy when programming is overdue.
+		if p.synced && !p.programmed.IsZero() && time.Since(p.programmed) > 2*cfg.SyncPeriod+time.Minute {
+			return fmt.Errorf("last successful sync was at %s", p.programmed.Format(time.RFC3339))
+		}
+		return nil
+	}})
+	return p, nil
+}
+
+func (p *proxy) run(ctx context.Context, errc chan error) error {
+	p.bcast.StartStructuredLogging(0)
+	p.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: p.client.CoreV1().Events("")})
+	defer p.bcast.Shutdown()
+
+	trigger := func(any) { p.runner.Trigger() }
+	handler := cache.ResourceEventHandlerFuncs{AddFunc: trigger, UpdateFunc: func(_, n any) { p.runner.Trigger() }, DeleteFunc: trigger}
+	sliceChanged := func(obj any) {
+		p.noteEndpointChange(obj)
+		p.runner.Trigger()
+	}
+	if _, err := p.factory.Core().V1().Services().Informer().AddEventHandler(handler); err != nil {
+		return err
+	}
+	if _, err := p.factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: sliceChanged, UpdateFunc: func(_, n any) { sliceChanged(n) }, DeleteFunc: sliceChanged,
+	}); err != nil {
+		return err
+	}
+	if _, err := p.nodes.Core().V1().Nodes().Informer().AddEventHandler(handler); err != nil {
+		return err
+	}
+	p.factory.Start(ctx.Done())
+	p.nodes.Start(ctx.Done())
+	defer p.factory.Shutdown()
+	defer p.nodes.Shutdown()
+
+	p.log.Info("waiting for the initial lists of Services, EndpointSlices and Nodes")
+	for typ, ok := range p.factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
+		}
+	}
+	for typ, ok := range p.nodes.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
+		}
+	}
+	p.mu.Lock()
+	p.synced = true
+	p.mu.Unlock()
+	p.log.Info("informers synced; programming the dataplane", "mode", p.mode.Name)
+	p.runner.Trigger()
+	done := make(chan struct{})
+	go func() { p.runner.Loop(ctx); close(done) }()
+	select {
+	case <-ctx.Done():
+		<-done
+		return nil
+	case err := <-errc:
+		<-done
+		return err
+	}
+}
+
+// noteEndpointChange records when an EndpointSlice change happened, for the
+// change-to-programmed latency.
+func (p *proxy) noteEndpointChange(obj any) {
+	t := time.Now()
+	if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
+		if s := es.Annotations[v1.EndpointsLastChangeTriggerTime]; s != "" {
+			if parsed, err := time.Parse(time.RFC3339Nano, s); err == nil && !parsed.After(t) {
+				t = parsed
+			}
+		}
+	}
+	p.mu.Lock()
+	p.pending = append(p.pending, t)
+	p.mu.Unlock()
+}
+
+// sync is one run: list, compute, program.
+func (p *proxy) sync(ctx context.Context, full bool) error {
+	start := time.Now()
+	p.mu.Lock()
+	pending := p.pending
+	p.pending = nil
+	p.mu.Unlock()
+
+	services, err := p.factory.Core().V1().Services().Lister().List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	slices, err := p.factory.Discovery().V1().EndpointSlices().Lister().List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	nodes, err := p.nodes.Core().V1().Nodes().Lister().List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	byRef := map[ServiceRef]*v1.Service{}
+	for _, s := range services {
+		byRef[ServiceRef{s.Namespace, s.Name}] = s
+	}
+	st := Compute(p.cfg.NodeName, services, slices, nodes, ComputeOptions{
+		ClusterCIDRs:        p.cfg.ClusterCIDRs,
+		NoLoopbackNodePorts: !p.mode.LoopbackNodePorts,
+		Warn: func(w Warning) {
+			p.warn(byRef[w.Service], w.Service.String(), w.Reason, w.Message)
+		},
+	})
+	if full {
+		if fr, ok := p.backend.(FullResyncer); ok {
+			fr.RequestFullSync()
+		}
+	}
+	kind := "partial"
+	if full {
+		kind = "full"
+	}
+	err = p.backend.Sync(ctx, st)
+	p.m.syncDuration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	if err != nil {
+		p.m.syncErrors.Inc()
+		for _, fe := range FrontendErrors(err) {
+			reason := "SyncFailed"
+			if errors.Is(fe.Err, ErrMapFull) {
+				reason = ReasonMapFull
+			}
+			ref := ServiceRef{fe.Service.Namespace, fe.Service.Name}
+			p.warn(byRef[ref], ref.String(), reason, fmt.Sprintf("%s %s was not programmed by the %s backend: %v", fe.Service, fe.Frontend, p.backend.Name(), fe.Err))
+		}
+		p.mu.Lock()
+		p.pending = append(pending, p.pending...)
+		p.mu.Unlock()
+		p.log.Error("sync failed; retrying", "mode", p.backend.Name(), "err", err)
+		return err
+	}
+	now := time.Now()
+	for _, t := range pending {
+		p.m.changeLatency.Observe(now.Sub(t).Seconds())
+	}
+	svcs := map[ServicePortName]bool{}
+	eps := 0
+	for _, f := range st.Frontends {
+		svcs[ServicePortName{Namespace: f.Service.Namespace, Name: f.Service.Name}] = true
+		eps += len(f.Endpoints)
+	}
+	p.m.services.Set(float64(len(svcs)))
+	p.m.frontends.Set(float64(len(st.Frontends)))
+	p.m.endpoints.Set(float64(eps))
+	p.m.lastSync.Set(float64(now.Unix()))
+	p.mu.Lock()
+	first := p.programmed.IsZero()
+	p.programmed = now
+	p.mu.Unlock()
+	lvl := slog.LevelDebug
+	if first || full {
+		lvl = slog.LevelInfo
+	}
+	p.log.Log(ctx, lvl, "dataplane programmed", "mode", p.backend.Name(), "kind", kind, "services", len(svcs), "frontends", len(st.Frontends), "endpoints", eps, "took", time.Since(start))
+	return nil
+}
+
+// warn logs a Service's problem and records an Event on it, once per
+// distinct message.
+func (p *proxy) warn(svc *v1.Service, name, reason, msg string) {
+	key := name + "/" + reason
+	p.mu.Lock()
+	seen := p.lastWarning[key] == msg
+	p.lastWarning[key] = msg
+	p.mu.Unlock()
+	if seen {
+		return
+	}
+	p.log.Warn("service problem", "service", name, "reason", reason, "msg", msg)
+	if svc != nil {
+		p.recorder.Event(svc, v1.EventTypeWarning, reason, msg)
+	}
+}
