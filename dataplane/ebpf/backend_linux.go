@@ -65,7 +65,7 @@ func progAttach(o *sockLBObjects) []struct {
 // programs on cfg.CgroupPath, and restores service and backend IDs from the
 // maps, so that a restarted proxy continues where the last one stopped
 // without a moment of unbalanced connects.
-func New(cfg Config) (*Backend, error) {
+func New(cfg Config) (b *Backend, err error) {
 	cfg = cfg.withDefaults()
 	if cfg.CgroupPath == "" {
 		root, err := cgroup2Root()
@@ -83,6 +83,12 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.PinDir, LinkDir), 0o700); err != nil {
 		return nil, fmt.Errorf("create pin directory: %w", err)
 	}
+	defer func() {
+		if err != nil { // leave no empty directories behind
+			os.Remove(filepath.Join(cfg.PinDir, LinkDir))
+			os.Remove(cfg.PinDir)
+		}
+	}()
 	if err := checkPinnedMeta(cfg.PinDir); err != nil {
 		return nil, err
 	}
@@ -111,7 +117,7 @@ func New(cfg Config) (*Backend, error) {
 		}
 		return nil, fmt.Errorf("load eBPF objects: %w", err)
 	}
-	b := &Backend{cfg: cfg, log: cfg.Log, objs: objs}
+	b = &Backend{cfg: cfg, log: cfg.Log, objs: objs}
 	if err := b.writeMeta(); err != nil {
 		objs.Close()
 		return nil, err
@@ -295,6 +301,14 @@ func CleanupPinned(dir string) error {
 	var errs []error
 	links, _ := filepath.Glob(filepath.Join(dir, LinkDir, "*"))
 	for _, p := range links {
+		// Detach first (synchronous); unpinning alone lets the kernel
+		// release the link only after an RCU grace period.
+		if l, err := link.LoadPinnedLink(p, nil); err == nil {
+			if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+				errs = append(errs, fmt.Errorf("detach %s: %w", filepath.Base(p), err))
+			}
+			l.Close()
+		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpin link: %w", err))
 		}

@@ -1,19 +1,35 @@
 package ebpf
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/waggle-io/waggle/dataplane"
 )
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
-// frontend builds a frontend with backends at the given addresses.
+// frontend builds a ClusterIP frontend with backends at the given addresses.
 func frontend(vip string, proto dataplane.Protocol, backends ...string) dataplane.Frontend {
 	a := ap(vip)
 	f := dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: a.Addr(), Port: a.Port(), Protocol: proto},
-		Kind: dataplane.ClusterIP, Service: dataplane.ServicePortName{Namespace: "default", Name: "svc"}}
+		Kind: dataplane.ClusterIP, Service: dataplane.ServicePortName{Namespace: "default", Name: "svc-" + a.Addr().String()}}
 	for _, b := range backends {
 		x := ap(b)
 		f.Endpoints = append(f.Endpoints, dataplane.Endpoint{Addr: x.Addr(), Port: x.Port()})
@@ -21,13 +37,552 @@ func frontend(vip string, proto dataplane.Protocol, backends ...string) dataplan
 	return f
 }
 
-func TestSmokeTCPThroughVIP(t *testing.T) {
+func state(fs ...dataplane.Frontend) *dataplane.State {
+	st := &dataplane.State{NodeName: "node", Frontends: fs}
+	sortFrontends(st)
+	return st
+}
+
+func sortFrontends(st *dataplane.State) {
+	fs := st.Frontends
+	for i := 1; i < len(fs); i++ {
+		for j := i; j > 0 && fs[j-1].FrontendKey.Compare(fs[j].FrontendKey) > 0; j-- {
+			fs[j-1], fs[j] = fs[j], fs[j-1]
+		}
+	}
+}
+
+// backends starts n TCP and UDP servers on 10.1.0.1..n:port (or the IPv6
+// fd00:1::1..n) and returns their addresses.
+func (e *env) backends(n int, port uint16, v6 bool) []string {
+	var out []string
+	for i := 1; i <= n; i++ {
+		a := netip.AddrFrom4([4]byte{10, 1, 0, byte(i)})
+		if v6 {
+			a = netip.MustParseAddr(fmt.Sprintf("fd00:1::%x", i))
+		}
+		e.addAddrs(a)
+		x := netip.AddrPortFrom(a, port)
+		e.serveTCP(x)
+		e.serveUDP(x)
+		out = append(out, x.String())
+	}
+	return out
+}
+
+// chiSquareFair fails t unless counts look like a uniform spread over
+// backends: Pearson's chi-square below the critical value for p = 0.001.
+func chiSquareFair(t *testing.T, what string, counts map[string]int, backends []string, n int) {
+	t.Helper()
+	// Critical values of chi-square at p = 0.001 by degrees of freedom.
+	critical := map[int]float64{1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 7: 24.32}
+	exp := float64(n) / float64(len(backends))
+	chi := 0.0
+	for _, b := range backends {
+		d := float64(counts[b]) - exp
+		chi += d * d / exp
+	}
+	for k := range counts {
+		if !contains(backends, k) {
+			t.Fatalf("%s: reached %q, which is not a backend (%v)", what, k, counts)
+		}
+	}
+	if chi > critical[len(backends)-1] {
+		t.Fatalf("%s: spread %v is not fair: chi-square %.2f > %.2f", what, counts, chi, critical[len(backends)-1])
+	}
+	t.Logf("%s: %v chi-square %.2f", what, counts, chi)
+}
+
+func contains(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestTCPAndUDPThroughVIPReachEveryBackendFairly(t *testing.T) {
 	e := newEnv(t)
-	e.addAddrs(netip.MustParseAddr("10.1.0.1"))
-	e.serveTCP(ap("10.1.0.1:8080"))
-	e.sync(&dataplane.State{Frontends: []dataplane.Frontend{frontend("10.96.0.10:80", dataplane.TCP, "10.1.0.1:8080")}})
-	who, err := e.whoTCP(ap("10.96.0.10:80"))
-	if err != nil || who != "10.1.0.1:8080" {
-		t.Fatalf("got %q, %v", who, err)
+	bes := e.backends(4, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...), frontend("10.96.0.10:53", dataplane.UDP, bes...)))
+	const n = 400
+	cases := []struct {
+		name string
+		who  func() (string, error)
+	}{
+		{"TCP connect", func() (string, error) { return e.whoTCP(ap("10.96.0.10:80")) }},
+		{"connected UDP", func() (string, error) { w, _, err := e.whoUDP(ap("10.96.0.10:53"), true); return w, err }},
+		{"unconnected UDP", func() (string, error) { w, _, err := e.whoUDP(ap("10.96.0.10:53"), false); return w, err }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			counts := map[string]int{}
+			for range n {
+				who, err := c.who()
+				if err != nil {
+					t.Fatalf("%s: %v", c.name, err)
+				}
+				counts[who]++
+			}
+			chiSquareFair(t, c.name, counts, bes, n)
+		})
+	}
+}
+
+func TestUnconnectedUDPSocketKeepsItsBackend(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(4, 8080, false)
+	e.sync(state(frontend("10.96.0.10:53", dataplane.UDP, bes...)))
+	var c *net.UDPConn
+	if err := e.in(func() (err error) { c, err = net.ListenUDP("udp", nil); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seen := map[string]bool{}
+	buf := make([]byte, 100)
+	for range 20 {
+		if _, err := c.WriteToUDPAddrPort([]byte("x"), ap("10.96.0.10:53")); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, _, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[string(buf[:n])] = true
+	}
+	if len(seen) != 1 {
+		t.Fatalf("one unconnected socket reached %d backends (%v), want 1", len(seen), seen)
+	}
+}
+
+func TestUDPRepliesComeFromTheVIP(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(2, 8080, false)
+	e.sync(state(frontend("10.96.0.10:53", dataplane.UDP, bes...)))
+	for _, connected := range []bool{true, false} {
+		who, from, err := e.whoUDP(ap("10.96.0.10:53"), connected)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from != ap("10.96.0.10:53") {
+			t.Errorf("connected=%v: reply from %s (backend %s), want the VIP 10.96.0.10:53", connected, from, who)
+		}
+	}
+}
+
+func TestGetpeernameReturnsTheVIP(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(2, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...), frontend("10.96.0.10:53", dataplane.UDP, bes...)))
+	for _, network := range []string{"tcp", "udp"} {
+		vip := ap("10.96.0.10:80")
+		if network == "udp" {
+			vip = ap("10.96.0.10:53")
+		}
+		var c net.Conn
+		if err := e.in(func() (err error) { c, err = net.Dial(network, vip.String()); return }); err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := c.(syscall.Conn).SyscallConn()
+		var sa syscall.Sockaddr
+		var gerr error
+		raw.Control(func(fd uintptr) { sa, gerr = syscall.Getpeername(int(fd)) })
+		c.Close()
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		sa4, ok := sa.(*syscall.SockaddrInet4)
+		if !ok {
+			t.Fatalf("%s: getpeername gave %T", network, sa)
+		}
+		if got := netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(sa4.Port)); got != vip {
+			t.Errorf("%s: getpeername = %s, want the VIP %s", network, got, vip)
+		}
+	}
+}
+
+func TestAffinitySticksAndExpires(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(4, 8080, false)
+	f := frontend("10.96.0.10:80", dataplane.TCP, bes...)
+	f.AffinityTimeout = time.Second
+	e.sync(state(f))
+	first, err := e.whoTCP(ap("10.96.0.10:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		who, err := e.whoTCP(ap("10.96.0.10:80"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if who != first {
+			t.Fatalf("connect %d under affinity reached %s, want %s", i, who, first)
+		}
+	}
+	aff, err := e.b.View().Affinity()
+	if err != nil || len(aff) != 1 {
+		t.Fatalf("affinity entries %v, %v; want one", aff, err)
+	}
+	// After the timeout a new choice is made: with 4 backends a different
+	// one shows up within a few expiries (false failure chance 4^-10).
+	for range 10 {
+		time.Sleep(1100 * time.Millisecond)
+		who, err := e.whoTCP(ap("10.96.0.10:80"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if who != first {
+			return
+		}
+	}
+	t.Fatalf("affinity to %s never expired", first)
+}
+
+func TestRemovedBackendGetsNoNewConnectsAndItsUDPSocketsAreDestroyed(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(4, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...), frontend("10.96.0.10:53", dataplane.UDP, bes...)))
+	h := e.startHelper()
+	lines := h.do(t, "dial 10.96.0.10:53 40")
+	onRemoved := map[string]bool{}
+	for _, l := range lines {
+		var i int
+		var who string
+		if _, err := fmt.Sscanf(l, "ok %d %s", &i, &who); err != nil {
+			t.Fatalf("helper: %q", l)
+		}
+		if who == bes[0] {
+			onRemoved[fmt.Sprint(i)] = true
+		}
+	}
+	if len(onRemoved) == 0 {
+		t.Fatalf("no UDP socket of 40 reached %s: %v", bes[0], lines)
+	}
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes[1:]...), frontend("10.96.0.10:53", dataplane.UDP, bes[1:]...)))
+	for i := range 200 {
+		who, err := e.whoTCP(ap("10.96.0.10:80"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if who == bes[0] {
+			t.Fatalf("connect %d after removal reached the removed backend %s", i, who)
+		}
+	}
+	for _, l := range h.do(t, "poll") {
+		f := strings.Fields(l)
+		switch {
+		case onRemoved[f[1]] && f[0] != "err":
+			t.Errorf("socket %s of the removed backend still works: %q", f[1], l)
+		case onRemoved[f[1]] && f[2] != fmt.Sprintf("errno=%d", int(syscall.ECONNABORTED)):
+			t.Errorf("socket %s of the removed backend: %q, want ECONNABORTED", f[1], l)
+		case !onRemoved[f[1]] && f[0] != "ok":
+			t.Errorf("socket %s of a kept backend broke: %q", f[1], l)
+		}
+	}
+}
+
+func TestServiceWithoutBackendsRefuses(t *testing.T) {
+	e := newEnv(t)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP), frontend("10.96.0.10:53", dataplane.UDP)))
+	_, err := e.whoTCP(ap("10.96.0.10:80"))
+	if errno(err) != syscall.ECONNREFUSED {
+		t.Errorf("TCP connect: %v, want ECONNREFUSED", err)
+	}
+	_, _, err = e.whoUDP(ap("10.96.0.10:53"), true)
+	if errno(err) != syscall.ECONNREFUSED {
+		t.Errorf("UDP connect: %v, want ECONNREFUSED", err)
+	}
+	_, _, err = e.whoUDP(ap("10.96.0.10:53"), false)
+	if errno(err) != syscall.ECONNREFUSED {
+		t.Errorf("UDP sendto: %v, want ECONNREFUSED", err)
+	}
+}
+
+func TestBindOntoAFrontendIsRefused(t *testing.T) {
+	e := newEnv(t)
+	e.addAddrs(netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10"))
+	bes := e.backends(1, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...), frontend("[fd00:96::10]:80", dataplane.TCP),
+		frontend("10.96.0.10:53", dataplane.UDP, bes...)))
+	cases := []struct {
+		network, addr string
+		want          syscall.Errno
+	}{
+		{"tcp", "10.96.0.10:80", syscall.EADDRINUSE},
+		{"tcp", "[fd00:96::10]:80", syscall.EADDRINUSE},
+		{"udp", "10.96.0.10:53", syscall.EADDRINUSE},
+		{"tcp", "10.96.0.10:81", 0},  // another port of the same address
+		{"udp", "10.96.0.10:80", 0},  // the TCP frontend's port, over UDP
+		{"tcp", "10.96.0.10:53", 0},  // the UDP frontend's port, over TCP
+		{"tcp", "[fd00:96::10]:8443", 0},
+	}
+	for _, c := range cases {
+		var err error
+		e.in(func() error {
+			var cl io.Closer
+			if c.network == "tcp" {
+				cl, err = net.Listen("tcp", c.addr)
+			} else {
+				cl, err = net.ListenPacket("udp", c.addr)
+			}
+			if err == nil {
+				cl.Close()
+			}
+			return nil
+		})
+		if errno(err) != c.want {
+			t.Errorf("bind %s %s: %v, want errno %d", c.network, c.addr, err, c.want)
+		}
+	}
+}
+
+func TestIPv6(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(3, 8080, true)
+	e.sync(state(frontend("[fd00:96::10]:80", dataplane.TCP, bes...), frontend("[fd00:96::10]:53", dataplane.UDP, bes...)))
+	counts := map[string]int{}
+	for range 150 {
+		who, err := e.whoTCP(ap("[fd00:96::10]:80"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[who]++
+	}
+	chiSquareFair(t, "IPv6 TCP", counts, bes, 150)
+	for _, connected := range []bool{true, false} {
+		who, from, err := e.whoUDP(ap("[fd00:96::10]:53"), connected)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !contains(bes, who) || from != ap("[fd00:96::10]:53") {
+			t.Errorf("IPv6 UDP connected=%v: backend %q, reply from %s", connected, who, from)
+		}
+	}
+}
+
+// manyServices returns n TCP frontends 10.100.x.y:80 over the backends.
+func manyServices(n int, bes []string, perService int) *dataplane.State {
+	st := &dataplane.State{NodeName: "node"}
+	for i := range n {
+		vip := netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)})
+		f := frontend(netip.AddrPortFrom(vip, 80).String(), dataplane.TCP)
+		for j := range perService {
+			b := ap(bes[(i+j)%len(bes)])
+			f.Endpoints = append(f.Endpoints, dataplane.Endpoint{Addr: b.Addr(), Port: b.Port()})
+		}
+		st.Frontends = append(st.Frontends, f)
+	}
+	sortFrontends(st)
+	return st
+}
+
+func TestTenThousandServicesLoadAndResolve(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(4, 8080, false)
+	st := manyServices(10000, bes, 2)
+	e.sync(st)
+	svcs, err := e.b.View().Services()
+	if err != nil || len(svcs) != 10000 {
+		t.Fatalf("view: %d services, %v", len(svcs), err)
+	}
+	for i := 0; i < 10000; i += 97 {
+		f := st.Frontends[i]
+		who, err := e.whoTCP(netip.AddrPortFrom(f.Addr, f.Port))
+		if err != nil {
+			t.Fatalf("frontend %s: %v", f.FrontendKey, err)
+		}
+		if who != f.Endpoints[0].AddrPort().String() && who != f.Endpoints[1].AddrPort().String() {
+			t.Fatalf("frontend %s reached %s, not one of its backends", f.FrontendKey, who)
+		}
+	}
+}
+
+func TestRestartKeepsLongLivedStreamAndNewConnects(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(2, 8080, false)
+	st := state(frontend("10.96.0.10:80", dataplane.TCP, bes...))
+	e.sync(st)
+	stream, _, err := e.dialTCP(ap("10.96.0.10:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var echoed, connects atomic.Int64
+	errs := make(chan error, 2)
+	wg.Add(2)
+	go func() { // the long-lived stream: echo round trips without a pause
+		defer wg.Done()
+		buf := make([]byte, 64)
+		msg := []byte(strings.Repeat("w", 64))
+		for ctx.Err() == nil {
+			stream.SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := stream.Write(msg); err != nil {
+				errs <- fmt.Errorf("stream write: %w", err)
+				return
+			}
+			if _, err := io.ReadFull(stream, buf); err != nil {
+				errs <- fmt.Errorf("stream read: %w", err)
+				return
+			}
+			echoed.Add(1)
+		}
+	}()
+	go func() { // new connects, back to back
+		defer wg.Done()
+		for ctx.Err() == nil {
+			who, err := e.whoTCP(ap("10.96.0.10:80"))
+			if err != nil || !contains(bes, who) {
+				errs <- fmt.Errorf("new connect during restart: %q, %v", who, err)
+				return
+			}
+			connects.Add(1)
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	for i := range 3 { // restart the proxy three times
+		if err := e.b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := New(e.cfg)
+		if err != nil {
+			t.Fatalf("restart %d: %v", i, err)
+		}
+		e.b = b
+		if len(b.rec.fronts) != 1 || len(b.rec.beIDs) != 2 {
+			t.Errorf("restart %d restored %d frontends and %d backends, want 1 and 2", i, len(b.rec.fronts), len(b.rec.beIDs))
+		}
+		res, err := b.rec.sync(st)
+		if err != nil || res.writes+res.deletes != 0 {
+			t.Errorf("first sync after restart %d: %d writes, %d deletes, %v; want none", i, res.writes, res.deletes, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Cleanup(func() { e.b.Close() })
+	cancel()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if echoed.Load() == 0 || connects.Load() == 0 {
+		t.Fatalf("nothing measured: %d echoes, %d connects", echoed.Load(), connects.Load())
+	}
+	t.Logf("%d stream round trips and %d new connects across 3 restarts", echoed.Load(), connects.Load())
+}
+
+func TestMapFullNamesTheFrontendsLeftOut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxServices = 8 })
+	bes := e.backends(2, 8080, false)
+	// Each frontend needs 3 entries: 2 fit, the third does not.
+	st := state(frontend("10.96.0.1:80", dataplane.TCP, bes...), frontend("10.96.0.2:80", dataplane.TCP, bes...),
+		frontend("10.96.0.3:80", dataplane.TCP, bes...))
+	err := e.b.Sync(context.Background(), st)
+	if !errors.Is(err, dataplane.ErrMapFull) || !strings.Contains(err.Error(), "10.96.0.3:80/TCP") {
+		t.Fatalf("Sync: %v, want ErrMapFull naming 10.96.0.3:80/TCP", err)
+	}
+	for _, vip := range []string{"10.96.0.1:80", "10.96.0.2:80"} {
+		if _, err := e.whoTCP(ap(vip)); err != nil {
+			t.Errorf("%s (fits) does not work: %v", vip, err)
+		}
+	}
+}
+
+func TestMetricsCountMapEntriesExactly(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, func(c *Config) { c.Metrics = reg })
+	bes := e.backends(3, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...), frontend("10.96.0.11:80", dataplane.TCP, bes[:1]...)))
+	if _, err := e.whoTCP(ap("10.96.0.10:80")); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{MapServices: 4 + 2, MapBackends: 3, MapRevNat: 2, MapServiceNames: 2, MapReverseSockets: 1, MapAffinity: 0}
+	for name, n := range want {
+		got := testutil.ToFloat64(gaugeFor(t, reg, "waggle_ebpf_map_entries", name))
+		if got != n {
+			t.Errorf("waggle_ebpf_map_entries{map=%q} = %v, want %v", name, got, n)
+		}
+	}
+	maps, err := e.b.View().Maps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range maps {
+		if n, ok := want[m.Name]; ok && float64(m.Entries) != n {
+			t.Errorf("View.Maps %s: %d entries, metrics say %v", m.Name, m.Entries, n)
+		}
+	}
+	if n, _ := testutil.GatherAndCount(reg, "waggle_ebpf_events_total"); n != int(statMax) {
+		t.Errorf("%d event counters, want %d", n, statMax)
+	}
+}
+
+// gaugeFor returns a collector with only the labelled sample of name.
+func gaugeFor(t *testing.T, reg *prometheus.Registry, name, mapName string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "map" && l.GetValue() == mapName {
+					g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "x"})
+					g.Set(m.GetGauge().GetValue())
+					return g
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{map=%q}", name, mapName)
+	return nil
+}
+
+func TestPinnedStateFromAnotherLayoutIsRefused(t *testing.T) {
+	e := newEnv(t)
+	e.b.Close()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.cfg.PinDir, MapMeta), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Update(uint32(0), sockLBLbMeta{Magic: Magic, LayoutVersion: LayoutVersion + 1}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(e.cfg); !errors.Is(err, ErrLayoutMismatch) {
+		t.Errorf("New over another layout: %v, want ErrLayoutMismatch", err)
+	}
+	if _, err := OpenPinned(e.cfg.PinDir); !errors.Is(err, ErrLayoutMismatch) {
+		t.Errorf("OpenPinned over another layout: %v, want ErrLayoutMismatch", err)
+	}
+	if _, err := OpenPinned(filepath.Join(testPinRoot, "nonexistent")); !errors.Is(err, ErrNoPinnedState) {
+		t.Errorf("OpenPinned of nothing: %v, want ErrNoPinnedState", err)
+	}
+}
+
+func TestCleanupDetachesAndUnpinsEverything(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(1, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...)))
+	if err := e.b.Cleanup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(e.cfg.PinDir); !os.IsNotExist(err) {
+		t.Errorf("pin dir after Cleanup: %v", err)
+	}
+	// Untranslated, the VIP is unreachable from the namespace.
+	if who, err := e.whoTCP(ap("10.96.0.10:80")); err == nil {
+		t.Errorf("connect after Cleanup still reached %s", who)
+	}
+	if err := e.b.Sync(context.Background(), state()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Sync after Cleanup: %v, want ErrClosed", err)
 	}
 }

@@ -50,16 +50,16 @@ func newEnv(t *testing.T, tweak ...func(*Config)) *env {
 	for _, f := range tweak {
 		f(&cfg)
 	}
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
 	t.Cleanup(func() {
 		if err := CleanupPinned(cfg.PinDir); err != nil {
 			t.Errorf("cleanup pinned state: %v", err)
 		}
 		os.Remove(testPinRoot)
 	})
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
 	t.Cleanup(func() { b.Close() })
 	enterCgroup(t, cg)
 	return &env{t: t, ns: n, cgroup: cg, cfg: cfg, b: b}
@@ -309,7 +309,7 @@ func runHelper() {
 	sc := bufio.NewScanner(os.Stdin)
 	ping := func(i int, c *net.UDPConn) {
 		if _, err := c.Write([]byte("ping")); err != nil {
-			fmt.Printf("err %d %s\n", i, errno(err))
+			fmt.Printf("err %d %s\n", i, errnoName(err))
 			return
 		}
 		c.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -337,7 +337,14 @@ func runHelper() {
 				ping(len(conns)-1, conns[len(conns)-1])
 			}
 		case len(f) == 1 && f[0] == "poll":
+			// A destroyed socket reports its error on the next receive;
+			// a live one has nothing to read and then answers a ping.
 			for i, c := range conns {
+				c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+				if _, err := c.Read(make([]byte, 16)); err != nil && errnoName(err) != "timeout" {
+					fmt.Printf("err %d %s\n", i, errnoName(err))
+					continue
+				}
 				ping(i, c)
 			}
 		}
