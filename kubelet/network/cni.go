@@ -1,0 +1,216 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/containernetworking/cni/libcni"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	wcni "github.com/waggle-io/waggle/cni"
+)
+
+// CNIOptions configure the CNI network manager.
+type CNIOptions struct {
+	// ConfDir holds *.conflist / *.conf (the first in name order is used).
+	ConfDir string
+	// BinDirs are searched for plugin executables.
+	BinDirs []string
+	// CacheDir is libcni's result cache (default /var/lib/cni).
+	CacheDir string
+	// NetNSDir is where pod namespaces are bind-mounted (default /run/netns).
+	NetNSDir string
+	// NetNSPrefix starts every namespace's name (default "waggle-").
+	NetNSPrefix string
+	Log         *slog.Logger
+}
+
+// CNI is the Manager that runs the node's CNI plugin.
+type CNI struct {
+	opts CNIOptions
+	cni  *libcni.CNIConfig
+	mu   sync.Mutex
+}
+
+var _ Manager = (*CNI)(nil)
+
+// NewCNI returns a CNI manager.
+func NewCNI(opts CNIOptions) *CNI {
+	if opts.CacheDir == "" {
+		opts.CacheDir = "/var/lib/cni"
+	}
+	if opts.NetNSDir == "" {
+		opts.NetNSDir = "/run/netns"
+	}
+	if opts.NetNSPrefix == "" {
+		opts.NetNSPrefix = "waggle-"
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &CNI{opts: opts, cni: libcni.NewCNIConfigWithCacheDir(opts.BinDirs, opts.CacheDir, nil)}
+}
+
+// confFiles lists the config dir's network configurations in name order.
+func confFiles(dir string) ([]string, error) {
+	files, err := libcni.ConfFiles(dir, []string{".conf", ".conflist", ".json"})
+	if err != nil {
+		return nil, fmt.Errorf("read CNI config dir %s: %w", dir, err)
+	}
+	sort.Strings(files)
+	return files, nil
+}
+
+func (c *CNI) loadConf() (*libcni.NetworkConfigList, error) {
+	files, err := confFiles(c.opts.ConfDir)
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("%w in %s", ErrNoConfig, c.opts.ConfDir)
+	}
+	f := files[0]
+	if strings.HasSuffix(f, ".conflist") {
+		l, err := libcni.ConfListFromFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("CNI config %s: %w", f, err)
+		}
+		return l, nil
+	}
+	one, err := libcni.ConfFromFile(f)
+	if err != nil {
+		return nil, fmt.Errorf("CNI config %s: %w", f, err)
+	}
+	l, err := libcni.ConfListFromConf(one)
+	if err != nil {
+		return nil, fmt.Errorf("CNI config %s: %w", f, err)
+	}
+	return l, nil
+}
+
+// Ready implements Manager.
+func (c *CNI) Ready() error {
+	_, err := c.loadConf()
+	return err
+}
+
+func (c *CNI) runtimeConf(pod Pod, sb Sandbox) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{
+		ContainerID: sb.ContainerID,
+		NetNS:       sb.NetNS,
+		IfName:      "eth0",
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", pod.Namespace},
+			{"K8S_POD_NAME", pod.Name},
+			{"K8S_POD_INFRA_CONTAINER_ID", sb.ContainerID},
+			{"K8S_POD_UID", pod.UID},
+		},
+	}
+}
+
+// SetUp implements Manager.
+func (c *CNI) SetUp(ctx context.Context, pod Pod) (Sandbox, error) {
+	conf, err := c.loadConf()
+	if err != nil {
+		return Sandbox{}, err
+	}
+	name := c.opts.NetNSPrefix + pod.UID
+	sb := Sandbox{Name: name, NetNS: filepath.Join(c.opts.NetNSDir, name), ContainerID: "waggle-" + pod.UID}
+	if err := createNetNS(sb.NetNS); err != nil {
+		return Sandbox{}, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	res, err := c.cni.AddNetworkList(ctx, conf, c.runtimeConf(pod, sb))
+	if err != nil {
+		// Undo: DEL releases whatever ADD allocated before failing.
+		c.cni.DelNetworkList(context.WithoutCancel(ctx), conf, c.runtimeConf(pod, sb))
+		removeNetNS(sb.NetNS)
+		return Sandbox{}, fmt.Errorf("CNI ADD for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	r, err := types100.NewResultFromResult(res)
+	if err != nil {
+		c.cni.DelNetworkList(context.WithoutCancel(ctx), conf, c.runtimeConf(pod, sb))
+		removeNetNS(sb.NetNS)
+		return Sandbox{}, fmt.Errorf("CNI result for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	var v4, v6 []string
+	for _, ip := range r.IPs {
+		if ip.Address.IP.To4() != nil {
+			v4 = append(v4, ip.Address.IP.String())
+		} else {
+			v6 = append(v6, ip.Address.IP.String())
+		}
+	}
+	sb.IPs = append(v4, v6...)
+	if len(sb.IPs) == 0 {
+		c.cni.DelNetworkList(context.WithoutCancel(ctx), conf, c.runtimeConf(pod, sb))
+		removeNetNS(sb.NetNS)
+		return Sandbox{}, fmt.Errorf("CNI ADD for pod %s/%s returned no address", pod.Namespace, pod.Name)
+	}
+	return sb, nil
+}
+
+// TearDown implements Manager.
+func (c *CNI) TearDown(ctx context.Context, pod Pod, sb Sandbox) error {
+	var errs []error
+	if sb.ContainerID != "" {
+		conf, err := c.loadConf()
+		if err == nil {
+			// DEL with a namespace that may be gone is still required to
+			// release the address (the spec says plugins must accept it).
+			rc := c.runtimeConf(pod, sb)
+			if _, serr := os.Stat(sb.NetNS); serr != nil {
+				rc.NetNS = ""
+			}
+			if err := c.cni.DelNetworkList(ctx, conf, rc); err != nil {
+				errs = append(errs, fmt.Errorf("CNI DEL for pod %s/%s: %w", pod.Namespace, pod.Name, err))
+			}
+		} else if !errors.Is(err, ErrNoConfig) {
+			errs = append(errs, err)
+		}
+	}
+	if sb.NetNS != "" {
+		if err := removeNetNS(sb.NetNS); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WriteConfig writes the waggle CNI configuration list for podCIDR into dir
+// (as 10-waggle.conflist) unless dir already holds a configuration. It
+// reports whether it wrote one.
+func WriteConfig(dir string, podCIDR, clusterCIDR netip.Prefix, opts ...wcni.ConfListOption) (bool, error) {
+	files, err := confFiles(dir)
+	if err != nil && !os.IsNotExist(errors.Unwrap(err)) {
+		if _, serr := os.Stat(dir); serr == nil {
+			return false, err
+		}
+	}
+	if len(files) > 0 {
+		return false, nil
+	}
+	data, err := wcni.ConfList(podCIDR, clusterCIDR, opts...)
+	if err != nil {
+		return false, fmt.Errorf("render CNI config for %s: %w", podCIDR, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, fmt.Errorf("CNI config dir: %w", err)
+	}
+	tmp := filepath.Join(dir, ".10-waggle.conflist.tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return false, fmt.Errorf("write CNI config: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "10-waggle.conflist")); err != nil {
+		return false, fmt.Errorf("write CNI config: %w", err)
+	}
+	return true, nil
+}

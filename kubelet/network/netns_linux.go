@@ -1,0 +1,73 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// createNetNS creates a network namespace bind-mounted at path, with its
+// loopback up. An existing namespace at path is kept.
+func createNetNS(path string) error {
+	if _, err := ns.GetNS(path); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("netns dir: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil && !os.IsExist(err) {
+		return fmt.Errorf("netns file %s: %w", path, err)
+	}
+	if f != nil {
+		f.Close()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// This thread switches namespace and is never returned to the
+		// scheduler: the goroutine exits with it locked, so it dies.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare netns: %w", err)
+			return
+		}
+		src := fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
+		if err := unix.Mount(src, path, "none", unix.MS_BIND, ""); err != nil {
+			errc <- fmt.Errorf("bind-mount netns at %s: %w", path, err)
+			return
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		if err != nil {
+			errc <- fmt.Errorf("loopback up in %s: %w", path, err)
+			return
+		}
+		errc <- nil
+	}()
+	if err := <-errc; err != nil {
+		unix.Unmount(path, unix.MNT_DETACH)
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// removeNetNS unmounts and removes the namespace at path; a missing one is
+// not an error.
+func removeNetNS(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove netns %s: %w", path, err)
+	}
+	return nil
+}

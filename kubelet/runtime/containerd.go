@@ -1,0 +1,711 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	cg1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
+	cg2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/containerd/containerd/oci"
+	"github.com/containerd/containerd/remotes/docker"
+	"github.com/containerd/typeurl/v2"
+	"github.com/distribution/reference"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sync/singleflight"
+)
+
+// Labels the kubelet keeps on its containerd containers: everything it needs
+// to rebuild pod status after a restart of itself or of containerd.
+const (
+	LabelPodUID       = "waggle.io/pod-uid"
+	LabelPodName      = "waggle.io/pod-name"
+	LabelPodNamespace = "waggle.io/pod-namespace"
+	LabelContainer    = "waggle.io/container"
+	LabelAttempt      = "waggle.io/attempt"
+	LabelInit         = "waggle.io/init"
+	LabelImage        = "waggle.io/image"
+	LabelLogPath      = "waggle.io/log-path"
+	LabelStartedAt    = "waggle.io/started-at"
+	LabelFinishedAt   = "waggle.io/finished-at"
+	LabelExitCode     = "waggle.io/exit-code"
+	LabelReason       = "waggle.io/reason"
+	LabelCgroup       = "waggle.io/cgroup"
+)
+
+// ContainerdOptions configure the containerd runtime.
+type ContainerdOptions struct {
+	// Address of containerd's socket.
+	Address string
+	// Namespace is the containerd namespace of all the kubelet's images and
+	// containers (per node in a lab, so nodes never see each other's).
+	Namespace string
+	// Snapshotter (default overlayfs).
+	Snapshotter string
+	// RuntimeName (default io.containerd.runc.v2).
+	RuntimeName string
+	// Cgroup2Root and Cgroup1Root are where the cgroup hierarchies are
+	// mounted, for OOM detection (defaults from /proc/self/mounts).
+	Cgroup2Root, Cgroup1MemoryRoot string
+	Log                            *slog.Logger
+}
+
+// Containerd is the Runtime on containerd with runc.
+type Containerd struct {
+	opts   ContainerdOptions
+	client *containerd.Client
+	log    *slog.Logger
+	pulls  singleflight.Group
+	execMu sync.Mutex
+}
+
+var _ Runtime = (*Containerd)(nil)
+
+// NewContainerd connects to containerd.
+func NewContainerd(opts ContainerdOptions) (*Containerd, error) {
+	if opts.Namespace == "" {
+		opts.Namespace = "waggle"
+	}
+	if opts.Snapshotter == "" {
+		opts.Snapshotter = "overlayfs"
+	}
+	if opts.RuntimeName == "" {
+		opts.RuntimeName = "io.containerd.runc.v2"
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Cgroup2Root == "" || opts.Cgroup1MemoryRoot == "" {
+		v2, v1mem := cgroupMounts()
+		if opts.Cgroup2Root == "" {
+			opts.Cgroup2Root = v2
+		}
+		if opts.Cgroup1MemoryRoot == "" {
+			opts.Cgroup1MemoryRoot = v1mem
+		}
+	}
+	client, err := containerd.New(opts.Address,
+		containerd.WithDefaultNamespace(opts.Namespace),
+		containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd at %s: %w", opts.Address, err)
+	}
+	return &Containerd{opts: opts, client: client, log: opts.Log}, nil
+}
+
+// Client returns the containerd client (for image import at start).
+func (c *Containerd) Client() *containerd.Client { return c.client }
+
+// Namespace returns the containerd namespace in use.
+func (c *Containerd) Namespace() string { return c.opts.Namespace }
+
+func (c *Containerd) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, c.opts.Namespace)
+}
+
+// Close closes the client connection; containers keep running.
+func (c *Containerd) Close() error { return c.client.Close() }
+
+// Version implements Runtime.
+func (c *Containerd) Version(ctx context.Context) (string, string, error) {
+	v, err := c.client.Version(c.ctx(ctx))
+	if err != nil {
+		return "", "", fmt.Errorf("containerd version: %w", err)
+	}
+	return "containerd", v.Version, nil
+}
+
+// NormalizeImage turns "nginx" into "docker.io/library/nginx:latest", as
+// containerd's image store names images.
+func NormalizeImage(image string) (string, error) {
+	n, err := reference.ParseDockerRef(image)
+	if err != nil {
+		return "", fmt.Errorf("image reference %q: %w", image, err)
+	}
+	return n.String(), nil
+}
+
+// EnsureImage implements Runtime.
+func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullPolicy) (string, error) {
+	ctx = c.ctx(ctx)
+	ref, err := NormalizeImage(image)
+	if err != nil {
+		return "", err
+	}
+	if policy != PullAlways {
+		img, err := c.client.GetImage(ctx, ref)
+		if err == nil {
+			if ok, _ := img.IsUnpacked(ctx, c.opts.Snapshotter); !ok {
+				if err := img.Unpack(ctx, c.opts.Snapshotter); err != nil {
+					return "", fmt.Errorf("unpack image %s: %w", ref, err)
+				}
+			}
+			return img.Target().Digest.String(), nil
+		}
+		if !errdefs.IsNotFound(err) {
+			return "", fmt.Errorf("look up image %s: %w", ref, err)
+		}
+		if policy == PullNever {
+			return "", fmt.Errorf("%w: %s (imagePullPolicy is Never)", ErrImageNotFound, ref)
+		}
+	}
+	v, err, _ := c.pulls.Do(ref, func() (any, error) {
+		start := time.Now()
+		resolver := docker.NewResolver(docker.ResolverOptions{
+			Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchLocalhost)),
+		})
+		img, err := c.client.Pull(ctx, ref,
+			containerd.WithPullUnpack,
+			containerd.WithPullSnapshotter(c.opts.Snapshotter),
+			containerd.WithResolver(resolver))
+		if err != nil {
+			return "", fmt.Errorf("pull image %s: %w", ref, err)
+		}
+		c.log.Info("pulled image", "image", ref, "took", time.Since(start).Round(time.Millisecond))
+		return img.Target().Digest.String(), nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return v.(string), nil
+}
+
+func newID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// StartContainer implements Runtime.
+func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (string, error) {
+	ctx = c.ctx(ctx)
+	ref, err := NormalizeImage(cfg.Image)
+	if err != nil {
+		return "", err
+	}
+	image, err := c.client.GetImage(ctx, ref)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return "", fmt.Errorf("%w: %s", ErrImageNotFound, ref)
+		}
+		return "", fmt.Errorf("image %s: %w", ref, err)
+	}
+	id := newID()
+	cgroup := ""
+	if cfg.CgroupParent != "" {
+		cgroup = filepath.Join(cfg.CgroupParent, id)
+	}
+	opts := []oci.SpecOpts{oci.WithImageConfig(image)}
+	switch {
+	case len(cfg.Command) > 0:
+		opts = append(opts, oci.WithProcessArgs(append(append([]string{}, cfg.Command...), cfg.Args...)...))
+	case len(cfg.Args) > 0:
+		opts = append(opts, oci.WithImageConfigArgs(image, cfg.Args))
+	}
+	if cfg.WorkingDir != "" {
+		opts = append(opts, oci.WithProcessCwd(cfg.WorkingDir))
+	}
+	if len(cfg.Env) > 0 {
+		opts = append(opts, oci.WithEnv(cfg.Env))
+	}
+	if cfg.Hostname != "" {
+		opts = append(opts, oci.WithHostname(cfg.Hostname))
+	}
+	if cfg.NetNSPath != "" {
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: cfg.NetNSPath}))
+	} else {
+		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace))
+	}
+	if cgroup != "" {
+		opts = append(opts, oci.WithCgroup(cgroup))
+	}
+	if len(cfg.Mounts) > 0 {
+		var ms []specs.Mount
+		for _, m := range cfg.Mounts {
+			o := []string{"rbind", "rw"}
+			if m.ReadOnly {
+				o = []string{"rbind", "ro"}
+			}
+			ms = append(ms, specs.Mount{Destination: m.ContainerPath, Type: "bind", Source: m.HostPath, Options: o})
+		}
+		opts = append(opts, oci.WithMounts(ms))
+	}
+	if cfg.MemoryLimit > 0 {
+		opts = append(opts, oci.WithMemoryLimit(uint64(cfg.MemoryLimit)))
+	}
+	if cfg.CPUShares > 0 {
+		opts = append(opts, oci.WithCPUShares(cfg.CPUShares))
+	}
+	if cfg.CPUQuota > 0 {
+		period := cfg.CPUPeriod
+		if period == 0 {
+			period = 100000
+		}
+		opts = append(opts, oci.WithCPUCFS(cfg.CPUQuota, period))
+	}
+	labels := map[string]string{
+		LabelPodUID:       cfg.PodUID,
+		LabelPodName:      cfg.PodName,
+		LabelPodNamespace: cfg.PodNamespace,
+		LabelContainer:    cfg.Name,
+		LabelAttempt:      strconv.Itoa(cfg.Attempt),
+		LabelImage:        cfg.Image,
+		LabelLogPath:      cfg.LogPath,
+		LabelCgroup:       cgroup,
+	}
+	if cfg.Init {
+		labels[LabelInit] = "true"
+	}
+	ctr, err := c.client.NewContainer(ctx, id,
+		containerd.WithImage(image),
+		containerd.WithSnapshotter(c.opts.Snapshotter),
+		containerd.WithNewSnapshot(id, image),
+		containerd.WithRuntime(c.opts.RuntimeName, nil),
+		containerd.WithNewSpec(opts...),
+		containerd.WithContainerLabels(labels))
+	if err != nil {
+		return "", fmt.Errorf("create container %s: %w", cfg.Name, err)
+	}
+	fail := func(err error) (string, error) {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		ctr.Delete(dctx, containerd.WithSnapshotCleanup)
+		return "", err
+	}
+	creator := cio.NullIO
+	if cfg.LogPath != "" {
+		if err := os.MkdirAll(filepath.Dir(cfg.LogPath), 0o755); err != nil {
+			return fail(fmt.Errorf("log dir: %w", err))
+		}
+		creator = cio.LogFile(cfg.LogPath)
+	}
+	task, err := ctr.NewTask(ctx, creator)
+	if err != nil {
+		return fail(fmt.Errorf("create task of %s: %w", cfg.Name, err))
+	}
+	if err := task.Start(ctx); err != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		task.Delete(dctx, containerd.WithProcessKill)
+		cancel()
+		return fail(fmt.Errorf("start %s: %w", cfg.Name, err))
+	}
+	if _, err := ctr.SetLabels(ctx, map[string]string{LabelStartedAt: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
+		c.log.Warn("record start time", "container", id, "err", err)
+	}
+	return id, nil
+}
+
+// StopContainer implements Runtime.
+func (c *Containerd) StopContainer(ctx context.Context, id string, grace time.Duration) error {
+	ctx = c.ctx(ctx)
+	ctr, err := c.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load container %s: %w", id, err)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("task of %s: %w", id, err)
+	}
+	st, err := task.Status(ctx)
+	if err == nil && st.Status == containerd.Stopped {
+		return nil
+	}
+	waitCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	exited, err := task.Wait(waitCtx)
+	if err != nil {
+		return fmt.Errorf("wait for %s: %w", id, err)
+	}
+	if grace > 0 {
+		if err := task.Kill(ctx, syscall.SIGTERM); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("SIGTERM %s: %w", id, err)
+		}
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-exited:
+			return nil
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	if err := task.Kill(context.WithoutCancel(ctx), syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("SIGKILL %s: %w", id, err)
+	}
+	select {
+	case <-exited:
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("container %s did not exit 30 s after SIGKILL", id)
+	}
+}
+
+// RemoveContainer implements Runtime.
+func (c *Containerd) RemoveContainer(ctx context.Context, id string) error {
+	ctx = c.ctx(ctx)
+	ctr, err := c.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load container %s: %w", id, err)
+	}
+	if task, err := ctr.Task(ctx, nil); err == nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("delete task of %s: %w", id, err)
+		}
+	}
+	if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete container %s: %w", id, err)
+	}
+	return nil
+}
+
+// ListContainers implements Runtime. An exited container's task is deleted
+// once its exit is recorded in the container's labels (so its shim goes
+// away), and its OOM kill is read from its cgroup before that.
+func (c *Containerd) ListContainers(ctx context.Context) ([]Container, error) {
+	ctx = c.ctx(ctx)
+	ctrs, err := c.client.Containers(ctx, fmt.Sprintf("labels.%q", LabelPodUID))
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	out := make([]Container, 0, len(ctrs))
+	for _, ctr := range ctrs {
+		info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
+		if err != nil {
+			if errdefs.IsNotFound(err) {
+				continue
+			}
+			return nil, fmt.Errorf("container %s: %w", ctr.ID(), err)
+		}
+		rc := fromLabels(info)
+		c.fillState(ctx, ctr, &info, &rc)
+		out = append(out, rc)
+	}
+	return out, nil
+}
+
+func fromLabels(info containers.Container) Container {
+	l := info.Labels
+	attempt, _ := strconv.Atoi(l[LabelAttempt])
+	rc := Container{
+		ID: info.ID, PodUID: l[LabelPodUID], PodName: l[LabelPodName], PodNamespace: l[LabelPodNamespace],
+		Name: l[LabelContainer], Attempt: attempt, Init: l[LabelInit] == "true",
+		Image: l[LabelImage], LogPath: l[LabelLogPath], CreatedAt: info.CreatedAt,
+	}
+	rc.StartedAt, _ = time.Parse(time.RFC3339Nano, l[LabelStartedAt])
+	return rc
+}
+
+func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, info *containers.Container, rc *Container) {
+	l := info.Labels
+	if code, ok := l[LabelExitCode]; ok {
+		n, _ := strconv.Atoi(code)
+		rc.State, rc.ExitCode, rc.Reason = StateExited, int32(n), l[LabelReason]
+		rc.FinishedAt, _ = time.Parse(time.RFC3339Nano, l[LabelFinishedAt])
+		return
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			// Created but never started (a start that failed half-way).
+			rc.State = StateUnknown
+			return
+		}
+		rc.State = StateUnknown
+		return
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		rc.State = StateUnknown
+		return
+	}
+	rc.PID = task.Pid()
+	switch st.Status {
+	case containerd.Running, containerd.Paused, containerd.Pausing:
+		rc.State = StateRunning
+	case containerd.Created:
+		rc.State = StateCreated
+	case containerd.Stopped:
+		rc.State = StateExited
+		rc.ExitCode = int32(st.ExitStatus)
+		rc.FinishedAt = st.ExitTime
+		rc.Reason = "Completed"
+		if rc.ExitCode != 0 {
+			rc.Reason = "Error"
+		}
+		if c.oomKilled(l[LabelCgroup]) {
+			rc.Reason = "OOMKilled"
+		}
+		labels := map[string]string{
+			LabelExitCode:   strconv.Itoa(int(rc.ExitCode)),
+			LabelFinishedAt: rc.FinishedAt.UTC().Format(time.RFC3339Nano),
+			LabelReason:     rc.Reason,
+		}
+		if _, err := ctr.SetLabels(ctx, labels); err != nil {
+			c.log.Warn("record container exit", "container", rc.ID, "err", err)
+			return
+		}
+		if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+			c.log.Warn("delete exited task", "container", rc.ID, "err", err)
+		}
+	default:
+		rc.State = StateUnknown
+	}
+}
+
+// oomKilled reads the OOM-kill counter of a (stopped, not yet deleted)
+// container's cgroup, in whichever hierarchy holds the memory controller.
+func (c *Containerd) oomKilled(cgroup string) bool {
+	if cgroup == "" {
+		return false
+	}
+	for _, f := range []string{
+		filepath.Join(c.opts.Cgroup2Root, cgroup, "memory.events"),
+		filepath.Join(c.opts.Cgroup1MemoryRoot, cgroup, "memory.oom_control"),
+	} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" && f[1] != "0" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// cgroupMounts returns the cgroup2 mount and the cgroup v1 memory
+// controller's mount (either may be "").
+func cgroupMounts() (v2, v1mem string) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return "", ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		switch {
+		case f[2] == "cgroup2" && v2 == "":
+			v2 = f[1]
+		case f[2] == "cgroup" && strings.Contains(","+f[3]+",", ",memory,"):
+			v1mem = f[1]
+		}
+	}
+	return v2, v1mem
+}
+
+// stdinCloser tells the process its stdin ended once the reader does.
+type stdinCloser struct {
+	r      interface{ Read([]byte) (int, error) }
+	closed func()
+	once   sync.Once
+}
+
+func (s *stdinCloser) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil {
+		s.once.Do(s.closed)
+	}
+	return n, err
+}
+
+// Exec implements Runtime.
+func (c *Containerd) Exec(ctx context.Context, id string, cmd []string, o ExecOptions) (int, error) {
+	ctx = c.ctx(ctx)
+	if len(cmd) == 0 {
+		return -1, errors.New("exec: empty command")
+	}
+	ctr, err := c.client.LoadContainer(ctx, id)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return -1, fmt.Errorf("%w: container %s", ErrNotFound, id)
+		}
+		return -1, err
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return -1, fmt.Errorf("container %s is not running: %w", id, err)
+	}
+	spec, err := ctr.Spec(ctx)
+	if err != nil {
+		return -1, fmt.Errorf("spec of %s: %w", id, err)
+	}
+	pspec := *spec.Process
+	pspec.Args = cmd
+	pspec.Terminal = o.TTY
+	var proc containerd.Process
+	var procMu sync.Mutex
+	var ioOpts []cio.Opt
+	var stdin interface{ Read([]byte) (int, error) }
+	if o.Stdin != nil {
+		stdin = &stdinCloser{r: o.Stdin, closed: func() {
+			procMu.Lock()
+			p := proc
+			procMu.Unlock()
+			if p != nil {
+				p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser)
+			}
+		}}
+	}
+	stdout, stderr := o.Stdout, o.Stderr
+	if stdout == nil {
+		stdout = discard{}
+	}
+	if stderr == nil {
+		stderr = discard{}
+	}
+	if stdin != nil {
+		ioOpts = append(ioOpts, cio.WithStreams(stdin, stdout, stderr))
+	} else {
+		ioOpts = append(ioOpts, cio.WithStreams(nil, stdout, stderr))
+	}
+	if o.TTY {
+		ioOpts = append(ioOpts, cio.WithTerminal)
+	}
+	execID := "exec-" + newID()[:12]
+	p, err := task.Exec(ctx, execID, &pspec, cio.NewCreator(ioOpts...))
+	if err != nil {
+		return -1, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	defer p.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
+	statusC, err := p.Wait(ctx)
+	if err != nil {
+		return -1, fmt.Errorf("wait for exec: %w", err)
+	}
+	if err := p.Start(ctx); err != nil {
+		return -1, fmt.Errorf("start exec in %s: %w", id, err)
+	}
+	procMu.Lock()
+	proc = p
+	procMu.Unlock()
+	if o.Resize != nil {
+		go func() {
+			for sz := range o.Resize {
+				p.Resize(ctx, uint32(sz.Width), uint32(sz.Height))
+			}
+		}()
+	}
+	select {
+	case st := <-statusC:
+		p.IO().Wait()
+		code, _, err := st.Result()
+		if err != nil {
+			return -1, err
+		}
+		return int(code), nil
+	case <-ctx.Done():
+		p.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
+		return -1, ctx.Err()
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// Stats implements Runtime.
+func (c *Containerd) Stats(ctx context.Context, id string) (*ContainerStats, error) {
+	ctx = c.ctx(ctx)
+	ctr, err := c.client.LoadContainer(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: container %s", ErrNotFound, id)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: task of %s", ErrNotFound, id)
+	}
+	m, err := task.Metrics(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("metrics of %s: %w", id, err)
+	}
+	data, err := typeurl.UnmarshalAny(m.Data)
+	if err != nil {
+		return nil, fmt.Errorf("decode metrics of %s: %w", id, err)
+	}
+	s := &ContainerStats{Time: time.Now()}
+	switch v := data.(type) {
+	case *cg1stats.Metrics:
+		if v.CPU != nil && v.CPU.Usage != nil {
+			s.CPUUsageNanos = v.CPU.Usage.Total
+		}
+		if v.Memory != nil && v.Memory.Usage != nil {
+			s.MemoryUsage = v.Memory.Usage.Usage
+			s.MemoryLimit = v.Memory.Usage.Limit
+			s.MemoryRSS = v.Memory.RSS
+			ws := v.Memory.Usage.Usage
+			if v.Memory.TotalInactiveFile < ws {
+				ws -= v.Memory.TotalInactiveFile
+			} else {
+				ws = 0
+			}
+			s.MemoryWorkingSet = ws
+		}
+	case *cg2stats.Metrics:
+		if v.CPU != nil {
+			s.CPUUsageNanos = v.CPU.UsageUsec * 1000
+		}
+		if v.Memory != nil {
+			s.MemoryUsage = v.Memory.Usage
+			s.MemoryLimit = v.Memory.UsageLimit
+			s.MemoryRSS = v.Memory.Anon
+			ws := v.Memory.Usage
+			if v.Memory.InactiveFile < ws {
+				ws -= v.Memory.InactiveFile
+			} else {
+				ws = 0
+			}
+			s.MemoryWorkingSet = ws
+		}
+	default:
+		return nil, fmt.Errorf("metrics of %s: unknown type %T", id, data)
+	}
+	readNetDev(task.Pid(), s)
+	return s, nil
+}
+
+// readNetDev fills the network counters from /proc/PID/net/dev (eth0).
+func readNetDev(pid uint32, s *ContainerStats) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", pid))
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || name != "eth0" {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) < 11 {
+			return
+		}
+		n := func(i int) uint64 { v, _ := strconv.ParseUint(f[i], 10, 64); return v }
+		s.RxBytes, s.RxErrors, s.TxBytes, s.TxErrors = n(0), n(2), n(8), n(10)
+	}
+}

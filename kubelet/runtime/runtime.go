@@ -1,0 +1,151 @@
+// Package runtime is the kubelet's container runtime edge: a small interface
+// (images, containers, exec, stats) with the real implementation on
+// containerd (runc, its own containerd namespace, logs in files, every fact
+// the kubelet needs after a restart kept in container labels) and an
+// in-memory fake used by unit tests and by the hollow node (--runtime=fake).
+//
+// It is not the pod logic: sandboxes (network namespaces, CNI, cgroups) and
+// restart policies belong to the kubelet's pod workers.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+)
+
+// Errors of the runtime, by category.
+var (
+	ErrNotFound      = errors.New("not found")
+	ErrImageNotFound = errors.New("image not present")
+	ErrNotSupported  = errors.New("not supported by this runtime")
+)
+
+// PullPolicy is Kubernetes' imagePullPolicy.
+type PullPolicy string
+
+// Pull policies.
+const (
+	PullAlways       PullPolicy = "Always"
+	PullIfNotPresent PullPolicy = "IfNotPresent"
+	PullNever        PullPolicy = "Never"
+)
+
+// Mount is a bind mount into a container.
+type Mount struct {
+	HostPath      string
+	ContainerPath string
+	ReadOnly      bool
+}
+
+// ContainerConfig is what the kubelet asks the runtime to run.
+type ContainerConfig struct {
+	PodUID, PodNamespace, PodName string
+	// Name is the container's name in the pod spec.
+	Name string
+	// Attempt is the container's restart count when started.
+	Attempt int
+	// Init marks an init container.
+	Init  bool
+	Image string
+	// Command replaces the image's entrypoint and Args its cmd, as in
+	// Kubernetes.
+	Command, Args []string
+	Env           []string
+	WorkingDir    string
+	Mounts        []Mount
+	// NetNSPath is the pod's network namespace ("" keeps the host's).
+	NetNSPath string
+	Hostname  string
+	// CgroupParent is the pod's cgroup path (relative to the hierarchy
+	// roots, e.g. /waggle/node1/pod<uid>); the container gets a child.
+	CgroupParent string
+	// CPUShares, CPUQuota/CPUPeriod (µs) and MemoryLimit (bytes); zero means
+	// unset.
+	CPUShares   uint64
+	CPUQuota    int64
+	CPUPeriod   uint64
+	MemoryLimit int64
+	// LogPath receives the container's stdout and stderr.
+	LogPath string
+}
+
+// State of a container.
+type State string
+
+// Container states.
+const (
+	StateCreated State = "created"
+	StateRunning State = "running"
+	StateExited  State = "exited"
+	StateUnknown State = "unknown"
+)
+
+// Container is one container as the runtime knows it.
+type Container struct {
+	ID                            string
+	PodUID, PodNamespace, PodName string
+	Name                          string
+	Attempt                       int
+	Init                          bool
+	Image, ImageID                string
+	State                         State
+	PID                           uint32
+	CreatedAt, StartedAt          time.Time
+	FinishedAt                    time.Time
+	ExitCode                      int32
+	// Reason is set when exited: Completed, Error or OOMKilled.
+	Reason  string
+	LogPath string
+}
+
+// TermSize is a terminal size for exec with a TTY.
+type TermSize struct{ Width, Height uint16 }
+
+// ExecOptions are an exec's streams; nil streams are not attached.
+type ExecOptions struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	TTY            bool
+	Resize         <-chan TermSize
+}
+
+// ContainerStats are a container's resource usage, as cgroups report it.
+type ContainerStats struct {
+	Time time.Time
+	// CPUUsageNanos is cumulative CPU time.
+	CPUUsageNanos uint64
+	// Memory figures in bytes.
+	MemoryUsage, MemoryWorkingSet, MemoryRSS uint64
+	MemoryLimit                              uint64
+	// Network counters of the container's network namespace (eth0).
+	RxBytes, TxBytes, RxErrors, TxErrors uint64
+}
+
+// Runtime is the container runtime the kubelet drives.
+type Runtime interface {
+	// Version returns the runtime's name and version (for NodeInfo).
+	Version(ctx context.Context) (name, version string, err error)
+	// EnsureImage makes image present according to policy and returns its
+	// ID (the config digest). With PullNever a missing image is
+	// ErrImageNotFound.
+	EnsureImage(ctx context.Context, image string, policy PullPolicy) (string, error)
+	// StartContainer creates and starts a container and returns its ID.
+	StartContainer(ctx context.Context, cfg ContainerConfig) (string, error)
+	// StopContainer sends SIGTERM, waits up to grace, then SIGKILLs and
+	// waits for the exit. Stopping an exited container is a no-op.
+	StopContainer(ctx context.Context, id string, grace time.Duration) error
+	// RemoveContainer removes an exited container and its writable layer.
+	// Removing a missing container succeeds.
+	RemoveContainer(ctx context.Context, id string) error
+	// ListContainers returns every container the kubelet created (in its
+	// namespace), running or exited.
+	ListContainers(ctx context.Context) ([]Container, error)
+	// Exec runs cmd in a running container and returns its exit code.
+	Exec(ctx context.Context, id string, cmd []string, opts ExecOptions) (int, error)
+	// Stats returns a running container's usage.
+	Stats(ctx context.Context, id string) (*ContainerStats, error)
+	// Close releases the runtime's connections (containers keep running).
+	Close() error
+}
