@@ -110,7 +110,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		},
 		UpdateFunc: func(old, cur any) {
 			o, n := old.(*corev1.Pod), cur.(*corev1.Pod)
-			if o.ResourceVersion == n.ResourceVersion {
+			if ctrlutil.SameVersion(o, n) {
 				return
 			}
 			k := c.owner(n)

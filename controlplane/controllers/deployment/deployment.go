@@ -77,7 +77,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		AddFunc: func(obj any) { c.rsChanged(obj.(*appsv1.ReplicaSet)) },
 		UpdateFunc: func(old, cur any) {
 			o, n := old.(*appsv1.ReplicaSet), cur.(*appsv1.ReplicaSet)
-			if o.ResourceVersion == n.ResourceVersion {
+			if ctrlutil.SameVersion(o, n) {
 				return
 			}
 			if !apiequality.Semantic.DeepEqual(metav1.GetControllerOf(o), metav1.GetControllerOf(n)) ||

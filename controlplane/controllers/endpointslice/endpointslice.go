@@ -115,7 +115,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		AddFunc: func(obj any) { c.podChanged(obj.(*corev1.Pod), nil) },
 		UpdateFunc: func(old, cur any) {
 			o, n := old.(*corev1.Pod), cur.(*corev1.Pod)
-			if o.ResourceVersion != n.ResourceVersion {
+			if !ctrlutil.SameVersion(o, n) {
 				c.podChanged(n, o)
 			}
 		},

@@ -110,7 +110,7 @@ func (c *Controller) watch(rsInf appsinformers.ReplicaSetInformer, podInf cache.
 		},
 		UpdateFunc: func(old, cur any) {
 			op, np := old.(*corev1.Pod), cur.(*corev1.Pod)
-			if op.ResourceVersion == np.ResourceVersion {
+			if ctrlutil.SameVersion(op, np) {
 				return
 			}
 			if np.DeletionTimestamp != nil && op.DeletionTimestamp == nil {

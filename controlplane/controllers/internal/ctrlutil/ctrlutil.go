@@ -383,3 +383,9 @@ func ComputeHash(template *corev1.PodTemplateSpec, collisionCount *int32) string
 	}
 	return rand.SafeEncodeString(fmt.Sprint(h.Sum32()))
 }
+
+// SameVersion reports whether an update notification carries no change (a
+// resync): both copies have the same, non-empty resourceVersion.
+func SameVersion(old, cur metav1.Object) bool {
+	return old.GetResourceVersion() != "" && old.GetResourceVersion() == cur.GetResourceVersion()
+}

@@ -1,0 +1,91 @@
+// Package ctrltest helps the controllers' unit tests: a client-go fake
+// clientset that honours generateName (the real API server does; client-go's
+// fake does not), informers started for the test's lifetime, and polling
+// helpers. It is for unit tests only; integration tests use a real API
+// server.
+package ctrltest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// NewClient returns a fake clientset seeded with objs whose creates fill in
+// name from generateName and a UID, as the API server does.
+func NewClient(objs ...runtime.Object) *fake.Clientset {
+	cs := fake.NewSimpleClientset(objs...)
+	var n atomic.Int64
+	cs.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		ca, ok := a.(k8stesting.CreateAction)
+		if !ok {
+			return false, nil, nil
+		}
+		m, err := meta.Accessor(ca.GetObject())
+		if err != nil {
+			return false, nil, nil
+		}
+		i := n.Add(1)
+		if m.GetName() == "" && m.GetGenerateName() != "" {
+			m.SetName(fmt.Sprintf("%s%05d", m.GetGenerateName(), i))
+		}
+		if m.GetUID() == "" {
+			m.SetUID(types.UID(fmt.Sprintf("uid-%d", i)))
+		}
+		return false, nil, nil
+	})
+	return cs
+}
+
+// Start starts the factory for the test's lifetime and waits for its caches.
+func Start(t testing.TB, f informers.SharedInformerFactory) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); f.Shutdown() })
+	f.Start(ctx.Done())
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			t.Fatalf("cache for %v did not sync", typ)
+		}
+	}
+	return ctx
+}
+
+// Log is a logger that writes to the test log only when verbose.
+func Log(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// Eventually polls cond until it returns nil or timeout passes, then fails
+// with cond's last error.
+func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = cond(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
