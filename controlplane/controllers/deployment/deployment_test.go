@@ -56,7 +56,7 @@ func rsWith(name string, spec, available int32, created int64) *appsv1.ReplicaSe
 
 func TestNewRSNewReplicasRespectsMaxSurge(t *testing.T) {
 	d := &appsv1.Deployment{Spec: appsv1.DeploymentSpec{Replicas: ptr(int32(4)), Strategy: appsv1.DeploymentStrategy{
-		Type: appsv1.RollingUpdateDeploymentStrategyType,
+		Type:          appsv1.RollingUpdateDeploymentStrategyType,
 		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: ptr(intstr.FromInt32(1)), MaxUnavailable: ptr(intstr.FromInt32(0))}}}}
 	tests := []struct {
 		name     string
@@ -130,7 +130,7 @@ func TestProportionalScalingSplitsByCurrentSize(t *testing.T) {
 	// A rollout in progress (old 6, new 4; maxSurge 0) scaled from 10 to 20:
 	// both ReplicaSets grow in proportion, as Kubernetes does.
 	d := &appsv1.Deployment{Spec: appsv1.DeploymentSpec{Replicas: ptr(int32(20)), Strategy: appsv1.DeploymentStrategy{
-		Type: appsv1.RollingUpdateDeploymentStrategyType,
+		Type:          appsv1.RollingUpdateDeploymentStrategyType,
 		RollingUpdate: &appsv1.RollingUpdateDeployment{MaxSurge: ptr(intstr.FromInt32(0)), MaxUnavailable: ptr(intstr.FromInt32(1))}}},
 		Status: appsv1.DeploymentStatus{Replicas: 10}}
 	old, nw := rsWith("old", 6, 6, 1), rsWith("new", 4, 4, 2)

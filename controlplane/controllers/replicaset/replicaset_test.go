@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 
-	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrltest"
+	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
 )
 
 func newRS(name string, replicas int32) *appsv1.ReplicaSet {
