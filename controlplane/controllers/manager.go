@@ -34,6 +34,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
 	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
+	"github.com/waggle-io/waggle/controlplane/controllers/serviceaccount"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
 )
@@ -328,6 +329,10 @@ func starters() []starter {
 		{name: endpointslice.Name, build: func(d Deps) (func(context.Context), error) {
 			c := endpointslice.New(d.Client, d.Factory, d.Log, endpointslice.Options{MaxEndpointsPerSlice: d.Config.MaxEndpointsPerSlice})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentEndpointSliceSyncs) }, nil
+		}},
+		{name: serviceaccount.Name, build: func(d Deps) (func(context.Context), error) {
+			c := serviceaccount.New(d.Client, d.Factory, d.Log, serviceaccount.Options{})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentServiceAccountSyncs) }, nil
 		}},
 		{name: garbagecollector.Name, build: func(d Deps) (func(context.Context), error) {
 			c := garbagecollector.New(d.Client, d.Factory, d.Log, garbagecollector.Options{Dynamic: d.Dynamic, Resources: gcResources()})
