@@ -2,10 +2,32 @@ package main
 
 import (
 	"context"
-	"errors"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver"
+	"github.com/waggle-io/waggle/internal/cliflag"
 )
 
-// runAPIServer is being built (see the issue for `waggle apiserver`).
+// runAPIServer parses `waggle apiserver` flags into apiserver.Config and runs
+// the API server.
 func runAPIServer(ctx context.Context, args []string) error {
-	return errors.New("waggle apiserver is not built yet")
+	var cfg apiserver.Config
+	var etcd cliflag.StringList
+	fs := cliflag.NewFlagSet("apiserver", "Run the Kubernetes-compatible API server (HTTPS, etcd storage).")
+	fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/waggle", "directory for the PKI, kubeconfigs and the embedded etcd's data")
+	fs.Var(&etcd, "etcd-servers", "external etcd client URLs, comma-separated (default: an embedded etcd on 127.0.0.1)")
+	fs.StringVar(&cfg.BindAddress, "bind-address", "0.0.0.0", "address to serve HTTPS on")
+	fs.IntVar(&cfg.SecurePort, "secure-port", 6443, "HTTPS port (0 picks a free port, logged and written to <data-dir>/apiserver.addr)")
+	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "address other components reach this server at (default 127.0.0.1)")
+	fs.StringVar(&cfg.ServiceClusterIPRange, "service-cluster-ip-range", "10.96.0.0/12", "CIDR of Service cluster IPs")
+	fs.StringVar(&cfg.ServiceNodePortRange, "service-node-port-range", "30000-32767", "range of Service node ports")
+	fs.StringVar(&cfg.TokenAuthFile, "token-auth-file", "", "static bearer tokens (CSV: token,user,uid,\"group1,group2\")")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "serving certificate (default: generated under <data-dir>/pki)")
+	fs.StringVar(&cfg.TLSPrivateKeyFile, "tls-private-key-file", "", "serving certificate's key")
+	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA bundle that client certificates are verified against")
+	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	cfg.EtcdServers = etcd
+	return apiserver.Run(ctx, cfg)
 }

@@ -1,0 +1,251 @@
+package apiserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/apiserver/decode"
+	"github.com/waggle-io/waggle/controlplane/storage"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"sigs.k8s.io/yaml"
+)
+
+// Size limits of the issue: bodies are refused before decoding, objects
+// before anything is written.
+const (
+	MaxBodyBytes   = 3 << 20
+	MaxObjectBytes = 3 << 19 // 1.5 MiB
+	// maxYAMLDepth bounds the nesting of YAML bodies before conversion.
+	maxJSONDepth = 200
+)
+
+// errBadBody marks decoding failures (400).
+var errBadBody = errors.New("bad request body")
+
+// toJSON converts a body of the given content type to JSON, bounded: YAML
+// is converted by sigs.k8s.io/yaml (whose parser limits alias expansion),
+// and nesting is checked before any typed decoding.
+func toJSON(body []byte, contentType string) ([]byte, error) {
+	switch contentType {
+	case "application/yaml", "application/x-yaml", "text/yaml", "application/apply-patch+yaml":
+		j, err := yaml.YAMLToJSON(body)
+		if err != nil {
+			return nil, fmt.Errorf("%w: invalid YAML: %v", errBadBody, err)
+		}
+		body = j
+	}
+	if err := checkDepth(body); err != nil {
+		return nil, err
+	}
+	if !json.Valid(body) {
+		// Let the decoder produce a precise message.
+		var v any
+		err := json.Unmarshal(body, &v)
+		if err == nil {
+			err = errors.New("not valid JSON")
+		}
+		return nil, fmt.Errorf("%w: %v", errBadBody, err)
+	}
+	return body, nil
+}
+
+// checkDepth refuses JSON nested deeper than maxJSONDepth, scanning bytes
+// without allocating (strings are skipped).
+func checkDepth(b []byte) error {
+	depth := 0
+	inStr, esc := false, false
+	for _, c := range b {
+		if inStr {
+			switch {
+			case esc:
+				esc = false
+			case c == '\\':
+				esc = true
+			case c == '"':
+				inStr = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inStr = true
+		case '{', '[':
+			depth++
+			if depth > maxJSONDepth {
+				return fmt.Errorf("%w: nesting deeper than %d levels", errBadBody, maxJSONDepth)
+			}
+		case '}', ']':
+			depth--
+		}
+	}
+	return nil
+}
+
+// decodeObject decodes a body (JSON or YAML, already size-limited) into a
+// new object of the resource's type under the fieldValidation directive,
+// returning warnings for the Warning header.
+func decodeObject(res *catalog.Resource, body []byte, contentType, directive string) (runtime.Object, []string, error) {
+	obj := res.New()
+	warnings, err := decodeInto(body, obj, contentType, directive)
+	if err != nil {
+		return nil, nil, err
+	}
+	gvk := res.GroupVersionKind()
+	got := obj.GetObjectKind().GroupVersionKind()
+	if (got.Kind != "" && got.Kind != gvk.Kind) || (got.Version != "" && got.GroupVersion() != gvk.GroupVersion()) {
+		return nil, nil, apierrors.NewBadRequest(fmt.Sprintf("the body is a %s %s, %s expected", got.GroupVersion(), got.Kind, gvk))
+	}
+	obj.GetObjectKind().SetGroupVersionKind(gvk)
+	return obj, warnings, nil
+}
+
+// protobufCodec decodes client-go's default protobuf bodies.
+var protobufCodec = protobuf.NewSerializer(catalog.Scheme, catalog.Scheme)
+
+const protobufType = "application/vnd.kubernetes.protobuf"
+
+// decodeInto decodes a body of the given content type (JSON, YAML or
+// Kubernetes protobuf) into into.
+func decodeInto(body []byte, into runtime.Object, contentType, directive string) ([]string, error) {
+	if mediaType(contentType) == protobufType {
+		out, _, err := protobufCodec.Decode(body, nil, into)
+		if err != nil {
+			return nil, apierrors.NewBadRequest("invalid protobuf body: " + err.Error())
+		}
+		if out != into {
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("unexpected object type %T in the body", out))
+		}
+		return nil, nil
+	}
+	if decode.IsJSON(body) {
+		if err := checkDepth(body); err != nil {
+			return nil, apierrors.NewBadRequest(err.Error())
+		}
+	}
+	warnings, err := decode.Decode(body, into, directive)
+	if err != nil {
+		if errors.Is(err, decode.ErrDirective) || errors.Is(err, decode.ErrMalformed) || errors.Is(err, decode.ErrStrict) {
+			return nil, apierrors.NewBadRequest(err.Error())
+		}
+		return nil, fmt.Errorf("%w: %v", errBadBody, err)
+	}
+	return warnings, nil
+}
+
+// encodeForStorage marshals obj without its resourceVersion (the revision is
+// the version) and with apiVersion and kind set.
+func encodeForStorage(res *catalog.Resource, obj runtime.Object) ([]byte, error) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return nil, err
+	}
+	rv := m.GetResourceVersion()
+	m.SetResourceVersion("")
+	obj.GetObjectKind().SetGroupVersionKind(res.GroupVersionKind())
+	b, err := json.Marshal(obj)
+	m.SetResourceVersion(rv)
+	return b, err
+}
+
+// storageCodec decodes stored values of one resource for the watch cache and
+// for direct reads.
+type storageCodec struct {
+	res    *catalog.Resource
+	fields func(runtime.Object) fields.Set
+}
+
+var metadataOpen = []byte(`"metadata":{`)
+
+// withResourceVersion inserts "resourceVersion" into stored JSON without
+// re-encoding: stored objects begin with kind and apiVersion, so the first
+// `"metadata":{` is the object's own.
+func withResourceVersion(stored []byte, rev int64) []byte {
+	i := bytes.Index(stored, metadataOpen)
+	if i < 0 {
+		return nil
+	}
+	i += len(metadataOpen)
+	rv := `"resourceVersion":"` + strconv.FormatInt(rev, 10) + `"`
+	out := make([]byte, 0, len(stored)+len(rv)+1)
+	out = append(out, stored[:i]...)
+	out = append(out, rv...)
+	if i < len(stored) && stored[i] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, stored[i:]...)
+}
+
+func (c *storageCodec) Decode(key string, value []byte, rev int64) (*storage.Object, error) {
+	obj := c.res.New()
+	if err := json.Unmarshal(value, obj); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", key, err)
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return nil, err
+	}
+	m.SetResourceVersion(strconv.FormatInt(rev, 10))
+	obj.GetObjectKind().SetGroupVersionKind(c.res.GroupVersionKind())
+	enc := withResourceVersion(value, rev)
+	if enc == nil || !bytes.HasPrefix(bytes.TrimSpace(value), []byte(`{"kind":`)) {
+		if enc, err = json.Marshal(obj); err != nil {
+			return nil, err
+		}
+	}
+	return &storage.Object{Key: key, Rev: rev, Obj: obj, JSON: enc, Labels: labels.Set(m.GetLabels()), Fields: c.fields(obj)}, nil
+}
+
+// listJSON builds a list document from already-encoded items without
+// re-encoding them.
+func listJSON(res *catalog.Resource, items [][]byte, rv int64, cont string, remaining *int64) []byte {
+	var b bytes.Buffer
+	n := 128
+	for _, it := range items {
+		n += len(it) + 1
+	}
+	b.Grow(n)
+	b.WriteString(`{"kind":"`)
+	b.WriteString(res.ListKind)
+	b.WriteString(`","apiVersion":"`)
+	b.WriteString(res.GroupVersion().String())
+	b.WriteString(`","metadata":{"resourceVersion":"`)
+	b.WriteString(strconv.FormatInt(rv, 10))
+	b.WriteByte('"')
+	if cont != "" {
+		b.WriteString(`,"continue":"`)
+		b.WriteString(cont)
+		b.WriteByte('"')
+	}
+	if remaining != nil {
+		b.WriteString(`,"remainingItemCount":`)
+		b.WriteString(strconv.FormatInt(*remaining, 10))
+	}
+	b.WriteString(`},"items":[`)
+	for i, it := range items {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(it)
+	}
+	b.WriteString("]}")
+	return b.Bytes()
+}
+
+// objectMeta returns the metadata of any served object.
+func objectMeta(obj runtime.Object) metav1.Object {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		panic(fmt.Sprintf("served type %T has no metadata: %v", obj, err))
+	}
+	return m
+}

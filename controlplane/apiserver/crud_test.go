@@ -1,0 +1,142 @@
+package apiserver_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
+	"github.com/waggle-io/waggle/internal/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+)
+
+func newClient(t *testing.T) (*kubernetes.Clientset, *apiservertest.Server) {
+	t.Helper()
+	testutil.Privileged(t)
+	s := apiservertest.Start(t, apiservertest.Options{})
+	cs, err := kubernetes.NewForConfig(s.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs, s
+}
+
+func pod(name string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1.36"}}},
+	}
+}
+
+func TestPodCreateGetUpdateDeleteRoundTrip(t *testing.T) {
+	cs, _ := newClient(t)
+	ctx := context.Background()
+	p, err := cs.CoreV1().Pods("default").Create(ctx, pod("a", map[string]string{"app": "x"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.UID == "" || p.CreationTimestamp.IsZero() || p.ResourceVersion == "" {
+		t.Fatalf("server fields not set: %+v", p.ObjectMeta)
+	}
+	if p.Spec.RestartPolicy != corev1.RestartPolicyAlways || p.Spec.Containers[0].ImagePullPolicy != corev1.PullIfNotPresent ||
+		*p.Spec.TerminationGracePeriodSeconds != 30 || p.Status.Phase != corev1.PodPending {
+		t.Fatalf("defaults not applied: %+v", p.Spec)
+	}
+	if len(p.Spec.Tolerations) != 2 {
+		t.Fatalf("DefaultTolerationSeconds: tolerations = %+v", p.Spec.Tolerations)
+	}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("a", nil), metav1.CreateOptions{}); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("second create: want AlreadyExists, got %v", err)
+	}
+	got, err := cs.CoreV1().Pods("default").Get(ctx, "a", metav1.GetOptions{})
+	if err != nil || got.UID != p.UID {
+		t.Fatalf("get: %v %v", got, err)
+	}
+	got.Labels["app"] = "y"
+	upd, err := cs.CoreV1().Pods("default").Update(ctx, got, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if upd.ResourceVersion == got.ResourceVersion {
+		t.Fatal("resourceVersion did not change on update")
+	}
+	// A stale resourceVersion is a conflict and changes nothing.
+	got.Labels["app"] = "z"
+	if _, err := cs.CoreV1().Pods("default").Update(ctx, got, metav1.UpdateOptions{}); !apierrors.IsConflict(err) {
+		t.Fatalf("stale update: want Conflict, got %v", err)
+	}
+	now, _ := cs.CoreV1().Pods("default").Get(ctx, "a", metav1.GetOptions{})
+	if now.Labels["app"] != "y" {
+		t.Fatalf("stale update was written: %v", now.Labels)
+	}
+	if err := cs.CoreV1().Pods("default").Delete(ctx, "a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods("default").Get(ctx, "a", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("after delete: want NotFound, got %v", err)
+	}
+}
+
+func TestWatchSeesAddedModifiedDeletedAndSelectorMoves(t *testing.T) {
+	cs, _ := newClient(t)
+	ctx := context.Background()
+	pods := cs.CoreV1().Pods("default")
+	if _, err := pods.Create(ctx, pod("w1", map[string]string{"app": "x"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := pods.Watch(ctx, metav1.ListOptions{LabelSelector: "app=x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	next := func() watch.Event {
+		t.Helper()
+		select {
+		case e, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("watch closed")
+			}
+			return e
+		case <-time.After(10 * time.Second):
+			t.Fatal("no event")
+		}
+		return watch.Event{}
+	}
+	if e := next(); e.Type != watch.Added || e.Object.(*corev1.Pod).Name != "w1" {
+		t.Fatalf("initial: %v", e)
+	}
+	p, _ := pods.Get(ctx, "w1", metav1.GetOptions{})
+	p.Labels["app"] = "other"
+	if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.Type != watch.Deleted {
+		t.Fatalf("label moved out: want DELETED, got %v", e.Type)
+	}
+	p, _ = pods.Get(ctx, "w1", metav1.GetOptions{})
+	p.Labels["app"] = "x"
+	if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.Type != watch.Added {
+		t.Fatalf("label moved in: want ADDED, got %v", e.Type)
+	}
+	p, _ = pods.Get(ctx, "w1", metav1.GetOptions{})
+	p.Annotations = map[string]string{"k": "v"}
+	if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.Type != watch.Modified {
+		t.Fatalf("want MODIFIED, got %v", e.Type)
+	}
+	if err := pods.Delete(ctx, "w1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.Type != watch.Deleted {
+		t.Fatalf("want DELETED, got %v", e.Type)
+	}
+}

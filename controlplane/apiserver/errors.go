@@ -1,0 +1,64 @@
+package apiserver
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/waggle-io/waggle/controlplane/storage"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// statusFor maps any error to a Kubernetes Status.
+func statusFor(err error, gr schema.GroupResource, name string) *apierrors.StatusError {
+	var se *apierrors.StatusError
+	if errors.As(err, &se) {
+		return se
+	}
+	var ce *storage.CompactedError
+	switch {
+	case errors.As(err, &ce):
+		return apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", ce.Requested, ce.Compacted))
+	case errors.Is(err, storage.ErrCompacted):
+		return apierrors.NewResourceExpired("too old resource version")
+	case errors.Is(err, storage.ErrNotFound):
+		return apierrors.NewNotFound(gr, name)
+	case errors.Is(err, storage.ErrExists):
+		return apierrors.NewAlreadyExists(gr, name)
+	case errors.Is(err, storage.ErrConflict):
+		return apierrors.NewConflict(gr, name, errors.New("the object has been modified; please apply your changes to the latest version and try again"))
+	case errors.Is(err, storage.ErrTooLarge):
+		return apierrors.NewRequestEntityTooLargeError("object is too large for storage")
+	case errors.Is(err, storage.ErrUnavailable):
+		return apierrors.NewServiceUnavailable(err.Error())
+	case errors.Is(err, errBadBody):
+		return apierrors.NewBadRequest(err.Error())
+	}
+	return apierrors.NewInternalError(err)
+}
+
+// writeStatus writes err as a Status object with its HTTP code.
+func writeStatus(w http.ResponseWriter, err error, gr schema.GroupResource, name string) {
+	st := statusFor(err, gr, name).ErrStatus
+	st.Kind, st.APIVersion = "Status", "v1"
+	if st.Status == "" {
+		st.Status = metav1.StatusFailure
+	}
+	code := int(st.Code)
+	if code == 0 {
+		code = http.StatusInternalServerError
+		st.Code = int32(code)
+	}
+	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", strconv.Itoa(1))
+	}
+	b, _ := json.Marshal(&st)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	w.Write(b)
+}

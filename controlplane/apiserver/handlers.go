@@ -1,0 +1,634 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/authz"
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/apiserver/decode"
+	"github.com/waggle-io/waggle/controlplane/storage"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// request is one parsed resource request.
+type request struct {
+	reg       *registry
+	verb      string
+	ns, name  string
+	sub       string
+	proxyPath string
+}
+
+func (s *Server) resourceHandler() http.Handler {
+	return http.HandlerFunc(s.serveResource)
+}
+
+func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
+	a := authz.AttributesFrom(r, nil)
+	reg := s.byGVR[a.APIGroup+"/"+a.APIVersion+"/"+a.Resource]
+	if reg == nil || !a.ResourceRequest {
+		writeStatus(w, apierrors.NewNotFound(schema.GroupResource{Group: a.APIGroup, Resource: a.Resource}, ""), notFoundGR, "")
+		return
+	}
+	req := &request{reg: reg, verb: a.Verb, ns: a.Namespace, name: a.Name, sub: a.Subresource}
+	if !reg.res.Namespaced {
+		if a.Namespace != "" && reg.res.Resource != "namespaces" {
+			writeStatus(w, apierrors.NewNotFound(reg.gr, ""), notFoundGR, "")
+			return
+		}
+		req.ns = ""
+	}
+	// A list narrowed by metadata.name has Name set by AttributesFrom; the
+	// URL decides whether this is a collection request.
+	if a.Verb == "list" || a.Verb == "watch" || a.Verb == "deletecollection" {
+		req.name = urlName(r.URL.Path, reg.res.Resource)
+	}
+	if req.sub != "" {
+		if _, ok := reg.res.Sub(req.sub); !ok {
+			writeStatus(w, apierrors.NewNotFound(reg.gr, req.name), reg.gr, req.name)
+			return
+		}
+		if req.sub == "proxy" {
+			if i := strings.Index(r.URL.Path, "/"+req.name+"/proxy"); i >= 0 {
+				req.proxyPath = strings.TrimPrefix(r.URL.Path[i+len("/"+req.name+"/proxy"):], "/")
+			}
+		}
+	}
+	if reg.res.Namespaced && req.ns == "" && (a.Verb == "create" || req.name != "") {
+		writeStatus(w, apierrors.NewBadRequest("a namespace is required for "+reg.res.Resource), reg.gr, req.name)
+		return
+	}
+	ctx := r.Context()
+	var err error
+	switch {
+	case req.sub == "scale":
+		err = s.serveScale(ctx, w, r, req)
+	case req.sub == "binding" && r.Method == http.MethodPost:
+		err = s.serveBinding(ctx, w, r, req)
+	case req.sub == "eviction" && r.Method == http.MethodPost:
+		err = s.serveEviction(ctx, w, r, req)
+	case req.sub == "log" || req.sub == "exec" || req.sub == "proxy" || req.sub == "attach" || req.sub == "portforward":
+		err = s.serveConnect(ctx, w, r, req)
+	case req.sub == "finalize" && r.Method == http.MethodPut:
+		err = s.serveUpdate(ctx, w, r, req)
+	case req.sub != "" && req.sub != "status":
+		err = apierrors.NewMethodNotSupported(reg.gr, r.Method)
+	case a.Verb == "get":
+		err = s.serveGet(ctx, w, r, req)
+	case a.Verb == "list":
+		err = s.serveList(ctx, w, r, req)
+	case a.Verb == "watch":
+		err = s.serveWatch(ctx, w, r, req)
+	case a.Verb == "create" && req.sub == "" && req.name == "":
+		err = s.serveCreate(ctx, w, r, req)
+	case a.Verb == "update" && req.name != "":
+		err = s.serveUpdate(ctx, w, r, req)
+	case a.Verb == "patch" && req.name != "":
+		err = s.servePatch(ctx, w, r, req)
+	case a.Verb == "delete" && req.sub == "":
+		err = s.serveDelete(ctx, w, r, req)
+	case a.Verb == "deletecollection":
+		if !contains(reg.res.Verbs, "deletecollection") {
+			err = apierrors.NewMethodNotSupported(reg.gr, "deletecollection")
+		} else {
+			err = s.serveDeleteCollection(ctx, w, r, req)
+		}
+	default:
+		err = apierrors.NewMethodNotSupported(reg.gr, r.Method)
+	}
+	if err != nil {
+		writeStatus(w, err, reg.gr, req.name)
+	}
+}
+
+func contains(list []string, v string) bool {
+	for _, x := range list {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// urlName returns the object name in a resource URL, if any.
+func urlName(path, resource string) string {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	for i := len(parts) - 2; i >= 0; i-- {
+		if parts[i] == resource {
+			if resource == "namespaces" && i+2 < len(parts) {
+				continue
+			}
+			return parts[i+1]
+		}
+	}
+	return ""
+}
+
+// readBody reads a request body (already capped by limitBody).
+func readBody(r *http.Request) ([]byte, error) {
+	if r.Body == nil {
+		return nil, apierrors.NewBadRequest("the request has no body")
+	}
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("limit is %d", MaxBodyBytes))
+		}
+		return nil, apierrors.NewBadRequest("reading the request body: " + err.Error())
+	}
+	return b, nil
+}
+
+func parseWriteOpts(r *http.Request) (writeOpts, string, error) {
+	q := r.URL.Query()
+	wo := writeOpts{}
+	for _, v := range q["dryRun"] {
+		if v != metav1.DryRunAll {
+			return wo, "", apierrors.NewBadRequest(fmt.Sprintf("unsupported dryRun value %q (only %q)", v, metav1.DryRunAll))
+		}
+		wo.dryRun = true
+	}
+	fv := q.Get("fieldValidation")
+	switch fv {
+	case "", decode.Strict, decode.Warn, decode.Ignore:
+	default:
+		return wo, "", apierrors.NewBadRequest(fmt.Sprintf("fieldValidation must be one of Strict, Warn, Ignore, not %q", fv))
+	}
+	return wo, fv, nil
+}
+
+func warn(w http.ResponseWriter, warnings []string) {
+	for _, m := range warnings {
+		w.Header().Add("Warning", `299 - "`+strings.ReplaceAll(m, `"`, `'`)+`"`)
+	}
+}
+
+// writeJSON writes raw JSON with a code.
+func writeJSON(w http.ResponseWriter, code int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(b)
+}
+
+// writeObject writes obj (with apiVersion and kind) or, when the client
+// asked for it, its Table.
+func (s *Server) writeObject(w http.ResponseWriter, r *http.Request, reg *registry, code int, obj runtime.Object) error {
+	if wantsTable(r) {
+		if t, err := tableFor(r, obj, false); err == nil {
+			b, err := json.Marshal(t)
+			if err != nil {
+				return err
+			}
+			writeJSON(w, code, b)
+			return nil
+		} else if !errors.Is(err, errNoTable) {
+			return err
+		}
+	}
+	if reg != nil {
+		obj.GetObjectKind().SetGroupVersionKind(reg.res.GroupVersionKind())
+	}
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, code, b)
+	return nil
+}
+
+func (s *Server) serveGet(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	rv := r.URL.Query().Get("resourceVersion")
+	o, err := req.reg.get(ctx, req.ns, req.name, rv)
+	if err != nil {
+		return err
+	}
+	if wantsTable(r) {
+		return s.writeObject(w, r, req.reg, http.StatusOK, o.Obj.DeepCopyObject())
+	}
+	writeJSON(w, http.StatusOK, o.JSON)
+	return nil
+}
+
+func listOptions(r *http.Request, reg *registry) (*metav1.ListOptions, error) {
+	opts := &metav1.ListOptions{}
+	if err := catalog.ParameterCodec.DecodeParameters(r.URL.Query(), reg.res.GroupVersion(), opts); err != nil {
+		return nil, apierrors.NewBadRequest("invalid list options: " + err.Error())
+	}
+	return opts, nil
+}
+
+func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	opts, err := listOptions(r, req.reg)
+	if err != nil {
+		return err
+	}
+	res, err := req.reg.list(ctx, req.ns, opts)
+	if err != nil {
+		return err
+	}
+	if wantsTable(r) {
+		list := req.reg.res.NewList()
+		objs := make([]runtime.Object, len(res.items))
+		for i, o := range res.items {
+			objs[i] = o.Obj
+		}
+		if err := setListItems(list, objs); err != nil {
+			return err
+		}
+		lm := list.(metav1.ListInterface)
+		lm.SetResourceVersion(strconv.FormatInt(res.rev, 10))
+		lm.SetContinue(res.cont)
+		return s.writeObject(w, r, req.reg, http.StatusOK, list)
+	}
+	items := make([][]byte, len(res.items))
+	for i, o := range res.items {
+		items[i] = o.JSON
+	}
+	writeJSON(w, http.StatusOK, listJSON(req.reg.res, items, res.rev, res.cont, res.remain))
+	return nil
+}
+
+func (s *Server) serveCreate(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	wo, fv, err := parseWriteOpts(r)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	obj, warnings, err := decodeObject(req.reg.res, body, r.Header.Get("Content-Type"), fv)
+	if err != nil {
+		return err
+	}
+	out, err := req.reg.create(ctx, req.ns, obj, wo)
+	if err != nil {
+		return err
+	}
+	warn(w, warnings)
+	return s.writeObject(w, r, req.reg, http.StatusCreated, out)
+}
+
+func (s *Server) serveUpdate(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	wo, fv, err := parseWriteOpts(r)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	obj, warnings, err := decodeObject(req.reg.res, body, r.Header.Get("Content-Type"), fv)
+	if err != nil {
+		return err
+	}
+	out, err := req.reg.guaranteedUpdate(ctx, req.ns, req.name, req.sub, wo, func(runtime.Object) (runtime.Object, error) {
+		return obj.DeepCopyObject(), nil
+	})
+	if err != nil {
+		return err
+	}
+	warn(w, warnings)
+	return s.writeObject(w, r, req.reg, http.StatusOK, out)
+}
+
+func deleteOptions(r *http.Request, reg *registry) (*metav1.DeleteOptions, writeOpts, error) {
+	opts := &metav1.DeleteOptions{}
+	wo, _, err := parseWriteOpts(r)
+	if err != nil {
+		return nil, wo, err
+	}
+	body, err := readBody(r)
+	if err != nil && r.Body != nil {
+		return nil, wo, err
+	}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		if _, err := decodeInto(body, opts, r.Header.Get("Content-Type"), decode.Ignore); err != nil {
+			return nil, wo, err
+		}
+	}
+	q := r.URL.Query()
+	if v := q.Get("gracePeriodSeconds"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, wo, apierrors.NewBadRequest("invalid gracePeriodSeconds")
+		}
+		opts.GracePeriodSeconds = &n
+	}
+	if v := q.Get("propagationPolicy"); v != "" {
+		p := metav1.DeletionPropagation(v)
+		opts.PropagationPolicy = &p
+	}
+	if v := q.Get("orphanDependents"); v != "" {
+		b := v == "true"
+		opts.OrphanDependents = &b
+	}
+	for _, d := range opts.DryRun {
+		if d != metav1.DryRunAll {
+			return nil, wo, apierrors.NewBadRequest(fmt.Sprintf("unsupported dryRun value %q", d))
+		}
+		wo.dryRun = true
+	}
+	if p := opts.PropagationPolicy; p != nil {
+		switch *p {
+		case metav1.DeletePropagationBackground, metav1.DeletePropagationForeground, metav1.DeletePropagationOrphan:
+		default:
+			return nil, wo, apierrors.NewBadRequest(fmt.Sprintf("propagationPolicy must be Orphan, Background or Foreground, not %q", *p))
+		}
+	}
+	if opts.GracePeriodSeconds != nil && *opts.GracePeriodSeconds < 0 {
+		return nil, wo, apierrors.NewBadRequest("gracePeriodSeconds must be >= 0")
+	}
+	return opts, wo, nil
+}
+
+func (s *Server) serveDelete(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	opts, wo, err := deleteOptions(r, req.reg)
+	if err != nil {
+		return err
+	}
+	obj, gone, err := req.reg.deleteObject(ctx, req.ns, req.name, opts, wo)
+	if err != nil {
+		return err
+	}
+	code := http.StatusOK
+	if !gone {
+		code = http.StatusAccepted
+	}
+	return s.writeObject(w, r, req.reg, code, obj)
+}
+
+func (s *Server) serveDeleteCollection(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	opts, wo, err := deleteOptions(r, req.reg)
+	if err != nil {
+		return err
+	}
+	lopts, err := listOptions(r, req.reg)
+	if err != nil {
+		return err
+	}
+	lopts.ResourceVersion, lopts.Limit, lopts.Continue = "", 0, ""
+	res, err := req.reg.list(ctx, req.ns, lopts)
+	if err != nil {
+		return err
+	}
+	var deleted []runtime.Object
+	for _, o := range res.items {
+		m := objectMeta(o.Obj)
+		obj, _, err := req.reg.deleteObject(ctx, m.GetNamespace(), m.GetName(), opts, wo)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		deleted = append(deleted, obj)
+	}
+	list := req.reg.res.NewList()
+	if err := setListItems(list, deleted); err != nil {
+		return err
+	}
+	list.GetObjectKind().SetGroupVersionKind(req.reg.res.GroupVersion().WithKind(req.reg.res.ListKind))
+	return s.writeObject(w, r, nil, http.StatusOK, list)
+}
+
+// setListItems fills a typed list's Items.
+func setListItems(list runtime.Object, objs []runtime.Object) error {
+	return metaSetList(list, objs)
+}
+
+func successStatus(code int) *metav1.Status {
+	return &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusSuccess, Code: int32(code)}
+}
+
+func writeSuccess(w http.ResponseWriter, code int) {
+	b, _ := json.Marshal(successStatus(code))
+	writeJSON(w, code, b)
+}
+
+// serveBinding assigns a pod to a node (pods/binding), as the scheduler
+// does: once only, and never for a pod being deleted.
+func (s *Server) serveBinding(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	wo, _, err := parseWriteOpts(r)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var b corev1.Binding
+	if _, err := decodeInto(body, &b, r.Header.Get("Content-Type"), decode.Ignore); err != nil {
+		return err
+	}
+	if b.Target.Name == "" {
+		return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Binding").GroupKind(), req.name, fieldRequired("target", "name"))
+	}
+	if b.Name != "" && b.Name != req.name {
+		return apierrors.NewBadRequest("the name of the binding does not match the pod's")
+	}
+	_, err = req.reg.guaranteedUpdate(ctx, req.ns, req.name, "binding", wo, func(cur runtime.Object) (runtime.Object, error) {
+		pod := cur.(*corev1.Pod)
+		if pod.DeletionTimestamp != nil {
+			return nil, apierrors.NewConflict(req.reg.gr, req.name, errors.New("pod is being deleted, cannot be assigned to a host"))
+		}
+		if pod.Spec.NodeName != "" {
+			return nil, apierrors.NewConflict(req.reg.gr, req.name, fmt.Errorf("pod %s is already assigned to node %q", req.name, pod.Spec.NodeName))
+		}
+		if b.UID != "" && b.UID != pod.UID {
+			return nil, apierrors.NewConflict(req.reg.gr, req.name, errors.New("precondition failed: UID does not match"))
+		}
+		pod.Spec.NodeName = b.Target.Name
+		for k, v := range b.Annotations {
+			if pod.Annotations == nil {
+				pod.Annotations = map[string]string{}
+			}
+			pod.Annotations[k] = v
+		}
+		setPodCondition(pod, corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()})
+		pod.ResourceVersion = ""
+		return pod, nil
+	})
+	if err != nil {
+		return err
+	}
+	writeSuccess(w, http.StatusCreated)
+	return nil
+}
+
+func setPodCondition(p *corev1.Pod, c corev1.PodCondition) {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == c.Type {
+			p.Status.Conditions[i] = c
+			return
+		}
+	}
+	p.Status.Conditions = append(p.Status.Conditions, c)
+}
+
+// serveEviction deletes a pod through pods/eviction (no disruption
+// budgets are served, so every eviction is allowed).
+func (s *Server) serveEviction(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	wo, _, err := parseWriteOpts(r)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var ev policyv1.Eviction
+	if _, err := decodeInto(body, &ev, r.Header.Get("Content-Type"), decode.Ignore); err != nil {
+		return err
+	}
+	opts := ev.DeleteOptions
+	if opts == nil {
+		opts = &metav1.DeleteOptions{}
+	}
+	if _, _, err := req.reg.deleteObject(ctx, req.ns, req.name, opts, wo); err != nil {
+		return err
+	}
+	writeSuccess(w, http.StatusCreated)
+	return nil
+}
+
+// scaleOf builds the autoscaling/v1 Scale of a Deployment or ReplicaSet.
+func scaleOf(obj runtime.Object) (*autoscalingv1.Scale, error) {
+	var spec int32
+	var status int32
+	var sel *metav1.LabelSelector
+	switch o := obj.(type) {
+	case *appsv1.Deployment:
+		if o.Spec.Replicas != nil {
+			spec = *o.Spec.Replicas
+		}
+		status, sel = o.Status.Replicas, o.Spec.Selector
+	case *appsv1.ReplicaSet:
+		if o.Spec.Replicas != nil {
+			spec = *o.Spec.Replicas
+		}
+		status, sel = o.Status.Replicas, o.Spec.Selector
+	default:
+		return nil, fmt.Errorf("%T has no scale subresource", obj)
+	}
+	m := objectMeta(obj)
+	selector := ""
+	if sel != nil {
+		if s, err := metav1.LabelSelectorAsSelector(sel); err == nil {
+			selector = s.String()
+		}
+	}
+	return &autoscalingv1.Scale{
+		TypeMeta: metav1.TypeMeta{Kind: "Scale", APIVersion: "autoscaling/v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: m.GetName(), Namespace: m.GetNamespace(), UID: m.GetUID(),
+			ResourceVersion: m.GetResourceVersion(), CreationTimestamp: m.GetCreationTimestamp()},
+		Spec:   autoscalingv1.ScaleSpec{Replicas: spec},
+		Status: autoscalingv1.ScaleStatus{Replicas: status, Selector: selector},
+	}, nil
+}
+
+func setReplicas(obj runtime.Object, n int32) {
+	switch o := obj.(type) {
+	case *appsv1.Deployment:
+		o.Spec.Replicas = &n
+	case *appsv1.ReplicaSet:
+		o.Spec.Replicas = &n
+	}
+}
+
+func (s *Server) serveScale(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	switch r.Method {
+	case http.MethodGet:
+		o, err := req.reg.get(ctx, req.ns, req.name, "")
+		if err != nil {
+			return err
+		}
+		sc, err := scaleOf(o.Obj)
+		if err != nil {
+			return err
+		}
+		return s.writeObject(w, r, nil, http.StatusOK, sc)
+	case http.MethodPut, http.MethodPatch:
+	default:
+		return apierrors.NewMethodNotSupported(req.reg.gr, r.Method)
+	}
+	wo, fv, err := parseWriteOpts(r)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var patchType string
+	if r.Method == http.MethodPatch {
+		patchType = mediaType(r.Header.Get("Content-Type"))
+	}
+	var result *autoscalingv1.Scale
+	_, err = req.reg.guaranteedUpdate(ctx, req.ns, req.name, "", wo, func(cur runtime.Object) (runtime.Object, error) {
+		sc, err := scaleOf(cur)
+		if err != nil {
+			return nil, err
+		}
+		var want autoscalingv1.Scale
+		if patchType != "" {
+			cj, _ := json.Marshal(sc)
+			pj, err := applyPatch(patchType, cj, body, &autoscalingv1.Scale{})
+			if err != nil {
+				return nil, err
+			}
+			if _, err := decode.Decode(pj, &want, decode.Ignore); err != nil {
+				return nil, apierrors.NewBadRequest(err.Error())
+			}
+		} else {
+			if _, err := decodeInto(body, &want, r.Header.Get("Content-Type"), fv); err != nil {
+				return nil, err
+			}
+			if want.ResourceVersion != "" && want.ResourceVersion != sc.ResourceVersion {
+				return nil, apierrors.NewConflict(autoscalingv1.Resource("scale"), req.name, errors.New("the object has been modified; please apply your changes to the latest version and try again"))
+			}
+		}
+		if want.Spec.Replicas < 0 {
+			return nil, apierrors.NewInvalid(autoscalingv1.SchemeGroupVersion.WithKind("Scale").GroupKind(), req.name, fieldInvalid(want.Spec.Replicas, "must be greater than or equal to 0", "spec", "replicas"))
+		}
+		setReplicas(cur, want.Spec.Replicas)
+		objectMeta(cur).SetResourceVersion("")
+		return cur, nil
+	})
+	if err != nil {
+		return err
+	}
+	o, err := req.reg.get(ctx, req.ns, req.name, "")
+	if err != nil {
+		return err
+	}
+	if result, err = scaleOf(o.Obj); err != nil {
+		return err
+	}
+	return s.writeObject(w, r, nil, http.StatusOK, result)
+}
+
+// serveConnect handles the subresources that reach the node (log, exec,
+// proxy) through the connector, when one is configured.
+func (s *Server) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	return s.connect(ctx, w, r, req)
+}
+
+var _ = time.Second
+var _ = storage.ErrNotFound

@@ -1,0 +1,426 @@
+// Package apiserver is Waggle's Kubernetes-compatible API server: HTTPS on
+// 6443, requests flowing authn ▶ authz ▶ admission ▶ registry (defaulting,
+// validation, strategies) ▶ storage (etcd through package storage, reads
+// and watches through its watch cache), speaking the wire protocol kubectl
+// and client-go expect (discovery, CRUD, patch, watch, subresources, tables,
+// Status errors).
+//
+// It is not a general aggregation layer: the served resources are the fixed
+// list of package catalog; there are no CRDs, no protobuf encoding (clients
+// asking for protobuf get JSON, which client-go accepts) and no server-side
+// apply. README.md in this folder describes the data flow.
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/waggle-io/waggle/controlplane/apiserver/authn"
+	"github.com/waggle-io/waggle/controlplane/apiserver/authz"
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/apiserver/discovery"
+	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
+	"github.com/waggle-io/waggle/controlplane/storage"
+	"github.com/waggle-io/waggle/internal/ops"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Config is `waggle apiserver`'s configuration.
+type Config struct {
+	// DataDir holds the PKI, the kubeconfigs and the embedded etcd.
+	DataDir string
+	// EtcdServers are external etcd client URLs; empty starts an embedded
+	// etcd under DataDir on 127.0.0.1.
+	EtcdServers []string
+	// BindAddress and SecurePort are where HTTPS is served (port 0 picks a
+	// free port; Addr reports it, and it is written to DataDir/apiserver.addr).
+	BindAddress string
+	SecurePort  int
+	// AdvertiseAddress is the address other components reach the server at
+	// (default: 127.0.0.1); it goes into the kubeconfigs and the serving
+	// certificate.
+	AdvertiseAddress string
+	// ServiceClusterIPRange and ServiceNodePortRange are the allocators'
+	// ranges (defaults 10.96.0.0/12 and 30000-32767).
+	ServiceClusterIPRange string
+	ServiceNodePortRange  string
+	// TokenAuthFile is kube-apiserver's static token CSV (optional).
+	TokenAuthFile string
+	// TLSCertFile, TLSPrivateKeyFile and ClientCAFile replace the generated
+	// PKI when given.
+	TLSCertFile, TLSPrivateKeyFile, ClientCAFile string
+	LogLevel                                     string
+
+	// In-process options (tests, `waggle up`).
+
+	// Listener, if set, is served instead of listening on BindAddress.
+	Listener net.Listener
+	// Log overrides the logger made from LogLevel.
+	Log *slog.Logger
+	// Authorizer defaults to allowing every authenticated user.
+	Authorizer authz.Authorizer
+	// EtcdUnsafeNoFsync turns off fsync in the embedded etcd (tests only).
+	EtcdUnsafeNoFsync bool
+	// RepairInterval is the period of the allocators' repair loop
+	// (default 3 minutes).
+	RepairInterval time.Duration
+	// BookmarkInterval is how often watchers asking for bookmarks get one
+	// (default 5 s).
+	BookmarkInterval time.Duration
+	// ShutdownTimeout bounds the graceful shutdown (default 10 s).
+	ShutdownTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.BindAddress == "" {
+		c.BindAddress = "0.0.0.0"
+	}
+	if c.ServiceClusterIPRange == "" {
+		c.ServiceClusterIPRange = "10.96.0.0/12"
+	}
+	if c.ServiceNodePortRange == "" {
+		c.ServiceNodePortRange = "30000-32767"
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.RepairInterval == 0 {
+		c.RepairInterval = 3 * time.Minute
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+}
+
+// Kubeconfigs written at start: file name (under DataDir) → identity.
+var Kubeconfigs = []struct {
+	File, CommonName string
+	Orgs             []string
+}{
+	{"admin.kubeconfig", "admin", []string{"system:masters"}},
+	{"scheduler.kubeconfig", "system:kube-scheduler", nil},
+	{"controller-manager.kubeconfig", "system:kube-controller-manager", nil},
+	{"kubelet.kubeconfig", "system:node:waggle", []string{"system:nodes"}},
+	{"proxy.kubeconfig", "system:kube-proxy", nil},
+}
+
+// Server is a running API server.
+type Server struct {
+	cfg        Config
+	log        *slog.Logger
+	store      *storage.Store
+	health     *ops.Health
+	bundle     *pki.Bundle
+	authn      authn.Authenticator
+	authz      authz.Authorizer
+	admission  []Admitter
+	registries map[string]*registry // by plural resource name (unique in the catalog)
+	byGVR      map[string]*registry // "group/version/resource"
+	ipAlloc    *allocator
+	portAlloc  *allocator
+	metrics    *metrics
+	ln         net.Listener
+	url        string
+
+	// watchStop ends every watch at shutdown.
+	watchStop chan struct{}
+	bg        sync.WaitGroup
+	bgCancel  context.CancelFunc
+}
+
+// Run serves until ctx ends, then shuts down gracefully.
+func Run(ctx context.Context, cfg Config) error {
+	s, err := New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
+
+// New prepares a server: PKI, storage, watch caches, allocators, the
+// initial namespaces and the kubeconfigs. Serve then serves it; Close
+// releases it if Serve is never called.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	cfg.setDefaults()
+	if cfg.DataDir == "" {
+		return nil, errors.New("apiserver: --data-dir is required")
+	}
+	log := cfg.Log
+	if log == nil {
+		l, err := ops.NewLogger("apiserver", cfg.LogLevel)
+		if err != nil {
+			return nil, err
+		}
+		log = l
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("apiserver: data dir: %w", err)
+	}
+	s := &Server{cfg: cfg, log: log, health: ops.NewHealth(), registries: map[string]*registry{}, byGVR: map[string]*registry{}, watchStop: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			s.Close()
+		}
+	}()
+
+	// Listener first: the serving certificate and kubeconfigs need the port.
+	s.ln = cfg.Listener
+	if s.ln == nil {
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.SecurePort)))
+		if err != nil {
+			return nil, fmt.Errorf("apiserver: listen on %s:%d: %w", cfg.BindAddress, cfg.SecurePort, err)
+		}
+		s.ln = ln
+	}
+	port := s.ln.Addr().(*net.TCPAddr).Port
+	adv := cfg.AdvertiseAddress
+	if adv == "" {
+		adv = "127.0.0.1"
+	}
+	s.url = "https://" + net.JoinHostPort(adv, strconv.Itoa(port))
+
+	ipAlloc, err := newIPAllocator(cfg.ServiceClusterIPRange, nil, log)
+	if err != nil {
+		return nil, err
+	}
+	portAlloc, err := newPortAllocator(cfg.ServiceNodePortRange, nil, log)
+	if err != nil {
+		return nil, err
+	}
+	hosts := []string{adv}
+	if h, err := os.Hostname(); err == nil {
+		hosts = append(hosts, h)
+	}
+	hosts = append(hosts, ipAlloc.value(1)) // the kubernetes Service's ClusterIP
+	if cfg.TLSCertFile != "" || cfg.TLSPrivateKeyFile != "" {
+		if cfg.TLSCertFile == "" || cfg.TLSPrivateKeyFile == "" {
+			return nil, errors.New("apiserver: --tls-cert-file and --tls-private-key-file go together")
+		}
+		s.bundle, err = pki.Load(cfg.TLSCertFile, cfg.TLSPrivateKeyFile, cfg.ClientCAFile)
+	} else {
+		s.bundle, err = pki.Ensure(filepath.Join(cfg.DataDir, "pki"), hosts)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("apiserver: %w", err)
+	}
+	auths := []authn.Authenticator{}
+	if pool := s.bundle.CAPool(); pool != nil {
+		auths = append(auths, authn.NewX509(pool))
+	}
+	if cfg.TokenAuthFile != "" {
+		ta, err := authn.NewTokenFile(cfg.TokenAuthFile)
+		if err != nil {
+			return nil, fmt.Errorf("apiserver: %w", err)
+		}
+		auths = append(auths, ta)
+	}
+	s.authn = authn.Union(auths...)
+	s.authz = cfg.Authorizer
+	if s.authz == nil {
+		s.authz = authz.AlwaysAllow{}
+	}
+
+	s.store, err = storage.Open(ctx, storage.Config{
+		Servers: cfg.EtcdServers, DataDir: cfg.DataDir, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync,
+		Log: log.With("subsystem", "storage"), Registerer: s.health.Registry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("apiserver: %w", err)
+	}
+	ipAlloc.store, portAlloc.store = s.store, s.store
+	s.ipAlloc, s.portAlloc = ipAlloc, portAlloc
+	s.metrics = newMetrics(s.health.Registry, s)
+
+	bgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.bgCancel = cancel
+	for _, r := range catalog.All() {
+		res := r
+		st := strategyFor(&res)
+		codec := &storageCodec{res: &res, fields: st.fieldSet}
+		cache := storage.NewCacher(s.store, storage.CacherConfig{
+			Resource: res.Resource, Prefix: res.EtcdPrefix(), Codec: codec,
+			BookmarkInterval: cfg.BookmarkInterval, Log: log,
+		})
+		reg := &registry{res: &res, gr: res.GroupResource(), store: s.store, cache: cache, codec: codec, st: st, srv: s}
+		s.registries[res.Resource] = reg
+		s.byGVR[res.Group+"/"+res.Version+"/"+res.Resource] = reg
+		s.bg.Add(1)
+		go func() { defer s.bg.Done(); cache.Run(bgCtx) }()
+	}
+	s.admission = []Admitter{namespaceLifecycle{s}, defaultTolerationSeconds{seconds: 300}}
+
+	if err := s.bootstrap(ctx); err != nil {
+		return nil, err
+	}
+	s.bg.Add(1)
+	go func() { defer s.bg.Done(); s.repairLoop(bgCtx) }()
+
+	for _, k := range Kubeconfigs {
+		if !s.bundle.HasCAKey() {
+			break
+		}
+		if err := s.bundle.WriteKubeconfig(filepath.Join(cfg.DataDir, k.File), s.url, k.CommonName, k.Orgs); err != nil {
+			return nil, fmt.Errorf("apiserver: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cfg.DataDir, "apiserver.addr"), []byte(s.ln.Addr().String()+"\n"), 0o644); err != nil {
+		return nil, fmt.Errorf("apiserver: %w", err)
+	}
+	s.health.AddReadiness(ops.Check{Name: "etcd", Func: func(ctx context.Context) error {
+		_, err := s.store.Revision(ctx)
+		return err
+	}})
+	s.health.AddReadiness(ops.Check{Name: "watch-cache", Func: func(ctx context.Context) error {
+		for name, r := range s.registries {
+			cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			_, _, err := r.cache.List(cctx, 0, storage.Predicate{KeyPrefix: "\x00"})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
+		return nil
+	}})
+	ok = true
+	return s, nil
+}
+
+// bootstrap creates the initial namespaces (idempotently).
+func (s *Server) bootstrap(ctx context.Context) error {
+	nsReg := s.registries["namespaces"]
+	for _, name := range initialNamespaces {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		_, err := nsReg.create(ctx, "", ns, writeOpts{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("apiserver: create namespace %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (s *Server) repairLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.RepairInterval)
+	defer t.Stop()
+	for {
+		if err := s.repairAllocations(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("allocation repair failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// URL is the server's https URL as written into the kubeconfigs.
+func (s *Server) URL() string { return s.url }
+
+// Bundle is the server's PKI.
+func (s *Server) Bundle() *pki.Bundle { return s.bundle }
+
+// Store is the server's storage (for tests: compaction).
+func (s *Server) Store() *storage.Store { return s.store }
+
+// Registry is the server's Prometheus registry.
+func (s *Server) Registry() *prometheus.Registry { return s.health.Registry }
+
+// Serve serves HTTPS until ctx ends, then shuts down gracefully: new
+// connections are refused, watches end cleanly, in-flight requests finish
+// (bounded by ShutdownTimeout), then storage closes.
+func (s *Server) Serve(ctx context.Context) error {
+	defer s.Close()
+	tlsCfg, err := s.bundle.ServerTLSConfig()
+	if err != nil {
+		return fmt.Errorf("apiserver: %w", err)
+	}
+	tlsCfg.NextProtos = []string{"h2", "http/1.1"}
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		TLSConfig:         tlsCfg,
+		ReadHeaderTimeout: 30 * time.Second,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(s.ln, "", "") }()
+	s.log.Info("serving", "addr", s.ln.Addr().String(), "url", s.url)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("apiserver: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("shutting down")
+	close(s.watchStop)
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		srv.Close()
+		return fmt.Errorf("apiserver: shutdown: %w", err)
+	}
+	return nil
+}
+
+// Close stops background work and storage. Serve calls it.
+func (s *Server) Close() {
+	if s.bgCancel != nil {
+		s.bgCancel()
+		s.bg.Wait()
+		s.bgCancel = nil
+	}
+	if s.store != nil {
+		s.store.Close()
+		s.store = nil
+	}
+	if s.ln != nil && s.cfg.Listener == nil {
+		s.ln.Close()
+	}
+}
+
+// Handler is the whole HTTP surface: open health endpoints, then
+// authentication and authorization in front of discovery, OpenAPI,
+// /metrics and the resources.
+func (s *Server) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.Use(s.recoverer, s.instrument, limitBody)
+	health := s.health.Handler()
+	disc := discovery.Handler(catalog.All(), catalog.Groups())
+	for _, p := range []string{"/healthz", "/livez", "/readyz"} {
+		r.Handle(p, health)
+	}
+	r.Get("/version", disc.ServeHTTP)
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate)
+		r.Handle("/metrics", health)
+		for _, p := range []string{"/api", "/api/v1", "/apis", "/apis/{group}", "/apis/{group}/{version}"} {
+			r.Get(p, disc.ServeHTTP)
+		}
+		mountOpenAPI(r)
+		r.Handle("/api/v1/*", s.resourceHandler())
+		r.Handle("/apis/{group}/{version}/*", s.resourceHandler())
+	})
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
+		writeStatus(w, apierrors.NewNotFound(notFoundGR, req.URL.Path), notFoundGR, "")
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		writeStatus(w, apierrors.NewMethodNotSupported(notFoundGR, req.Method), notFoundGR, "")
+	})
+	return r
+}

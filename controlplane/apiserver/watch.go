@@ -1,0 +1,160 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/waggle-io/waggle/controlplane/storage"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// serveWatch streams watch events as newline-separated JSON frames
+// ({"type":..., "object":...}). Objects come pre-encoded from the watch
+// cache: a frame is the event type around bytes shared by every watcher.
+func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	opts, err := listOptions(r, req.reg)
+	if err != nil {
+		return err
+	}
+	pred, err := req.reg.predicate(req.ns, opts)
+	if err != nil {
+		return err
+	}
+	var from int64
+	switch opts.ResourceVersion {
+	case "", "0":
+	default:
+		if from, err = strconv.ParseInt(opts.ResourceVersion, 10, 64); err != nil || from < 0 {
+			return apierrors.NewBadRequest("invalid resourceVersion " + strconv.Quote(opts.ResourceVersion))
+		}
+	}
+	timeout := time.Duration(30+rand.IntN(30)) * time.Minute
+	if opts.TimeoutSeconds != nil {
+		timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	if opts.ResourceVersion == "" {
+		// Unset: the current state as of now, consistently.
+		if rev, err := s.store.Revision(wctx); err == nil {
+			_, _, err = req.reg.cache.List(wctx, rev, storage.Predicate{KeyPrefix: "\x00"})
+		}
+	}
+	watcher, err := req.reg.cache.Watch(wctx, from, pred)
+	wcancel()
+
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-cache")
+	var ce *storage.CompactedError
+	if errors.As(err, &ce) {
+		// As kube-apiserver: the stream opens and carries a 410 ERROR event.
+		w.WriteHeader(http.StatusOK)
+		writeErrorEvent(w, statusFor(err, req.reg.gr, ""))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer watcher.Stop()
+	rc := http.NewResponseController(w)
+	w.WriteHeader(http.StatusOK)
+	if err := rc.Flush(); err != nil {
+		return nil
+	}
+
+	table := wantsTable(r)
+	bookmarks := opts.AllowWatchBookmarks
+	bookmarkPrefix := []byte(`{"type":"BOOKMARK","object":{"kind":"` + req.reg.res.Kind + `","apiVersion":"` + req.reg.res.GroupVersion().String() + `","metadata":{"resourceVersion":"`)
+	buf := make([]byte, 0, 64<<10)
+	headers := true
+	go func() {
+		select {
+		case <-s.watchStop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		e, t, err := watcher.Next(ctx, len(buf) == 0)
+		if err != nil {
+			if len(buf) > 0 {
+				w.Write(buf)
+				rc.Flush()
+			}
+			return nil // timeout, shutdown, client gone or closed as slow: end cleanly
+		}
+		if e == nil {
+			// Nothing more queued: send what we have.
+			if _, err := w.Write(buf); err != nil {
+				return nil
+			}
+			if err := rc.Flush(); err != nil {
+				return nil
+			}
+			buf = buf[:0]
+			continue
+		}
+		switch {
+		case t == watch.Bookmark:
+			if !bookmarks {
+				continue
+			}
+			buf = append(buf, bookmarkPrefix...)
+			buf = strconv.AppendInt(buf, e.Rev, 10)
+			buf = append(buf, "\"}}}\n"...)
+		case table:
+			tbl, err := tableFor(r, e.Obj.Obj, !headers)
+			if errors.Is(err, errNoTable) {
+				buf = appendFrame(buf, t, e.Obj.JSON)
+				break
+			}
+			if err != nil {
+				writeErrorEvent(w, apierrors.NewInternalError(err))
+				return nil
+			}
+			headers = false
+			tbl.ResourceVersion = strconv.FormatInt(e.Rev, 10)
+			tbl.Kind, tbl.APIVersion = "Table", "meta.k8s.io/v1"
+			tj, err := json.Marshal(tbl)
+			if err != nil {
+				return nil
+			}
+			buf = appendFrame(buf, t, tj)
+		default:
+			buf = appendFrame(buf, t, e.Obj.JSON)
+		}
+		if len(buf) > 256<<10 {
+			if _, err := w.Write(buf); err != nil {
+				return nil
+			}
+			buf = buf[:0]
+		}
+	}
+}
+
+func appendFrame(buf []byte, t watch.EventType, obj []byte) []byte {
+	buf = append(buf, `{"type":"`...)
+	buf = append(buf, t...)
+	buf = append(buf, `","object":`...)
+	buf = append(buf, obj...)
+	return append(buf, "}\n"...)
+}
+
+func writeErrorEvent(w http.ResponseWriter, se *apierrors.StatusError) {
+	st := se.ErrStatus
+	st.Kind, st.APIVersion = "Status", "v1"
+	if st.Status == "" {
+		st.Status = metav1.StatusFailure
+	}
+	b, _ := json.Marshal(&st)
+	w.Write(appendFrame(nil, watch.Error, b))
+	http.NewResponseController(w).Flush()
+}

@@ -1,0 +1,552 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// Object is one decoded stored object, shared read-only by the cache and
+// every watcher: it is decoded and encoded once per change.
+type Object struct {
+	Key string
+	// Rev is the object's resourceVersion (its modification revision, or
+	// the deletion revision for the last state of a deleted object).
+	Rev int64
+	// Obj is the decoded object with resourceVersion set. Never mutate it:
+	// deep-copy first.
+	Obj runtime.Object
+	// JSON is Obj encoded (with apiVersion, kind and resourceVersion).
+	JSON []byte
+	// Labels and Fields are what selectors match against.
+	Labels labels.Set
+	Fields fields.Set
+}
+
+// Codec turns stored values into Objects for the cache.
+type Codec interface {
+	// Decode decodes the value stored at key as of revision rev.
+	Decode(key string, value []byte, rev int64) (*Object, error)
+}
+
+// Event is one change seen by the cache. Bookmark events carry only Rev.
+type Event struct {
+	Type watch.EventType
+	Rev  int64
+	// Obj is the new state (for Deleted: the last state, at the deletion
+	// revision). Prev is the state before (nil for Added).
+	Obj  *Object
+	Prev *Object
+}
+
+// Predicate selects objects by key prefix (a namespace), labels and fields.
+// The zero value selects everything.
+type Predicate struct {
+	KeyPrefix string
+	Label     labels.Selector
+	Field     fields.Selector
+}
+
+// Matches reports whether o is selected.
+func (p Predicate) Matches(o *Object) bool {
+	if o == nil {
+		return false
+	}
+	if p.KeyPrefix != "" && !strings.HasPrefix(o.Key, p.KeyPrefix) {
+		return false
+	}
+	if p.Label != nil && !p.Label.Empty() && !p.Label.Matches(o.Labels) {
+		return false
+	}
+	if p.Field != nil && !p.Field.Empty() && !p.Field.Matches(o.Fields) {
+		return false
+	}
+	return true
+}
+
+// Filter maps a cache event to what a watcher with this predicate sees: a
+// label change moves an object in (Added) or out (Deleted) of the selection.
+// ok is false when the watcher should not see the event.
+func (p Predicate) Filter(e *Event) (watch.EventType, *Object, bool) {
+	switch e.Type {
+	case watch.Bookmark:
+		return watch.Bookmark, nil, true
+	case watch.Added:
+		return watch.Added, e.Obj, p.Matches(e.Obj)
+	case watch.Deleted:
+		return watch.Deleted, e.Obj, p.Matches(e.Obj)
+	}
+	cur, prev := p.Matches(e.Obj), p.Matches(e.Prev)
+	switch {
+	case cur && prev:
+		return watch.Modified, e.Obj, true
+	case cur:
+		return watch.Added, e.Obj, true
+	case prev:
+		return watch.Deleted, e.Obj, true
+	}
+	return "", nil, false
+}
+
+// CacherConfig tunes a Cacher.
+type CacherConfig struct {
+	// Resource names the cache in logs and metrics ("pods").
+	Resource string
+	// Prefix is the etcd key prefix watched ("/registry/pods/").
+	Prefix string
+	Codec  Codec
+	// History is how many recent events are kept for resuming watches
+	// (default 10000).
+	History int
+	// WatcherBuffer is each watcher's queue length; a watcher whose queue
+	// fills is closed (default 1000).
+	WatcherBuffer int
+	// BookmarkInterval is how often watchers get a BOOKMARK with the current
+	// revision (default 5s).
+	BookmarkInterval time.Duration
+	Log              *slog.Logger
+}
+
+// Cacher is the watch cache of one resource: a full copy of its objects kept
+// current by a single etcd watch, a window of recent events, and the set of
+// watchers every event is fanned out to.
+type Cacher struct {
+	cfg   CacherConfig
+	store *Store
+	log   *slog.Logger
+
+	mu      sync.RWMutex
+	changed *sync.Cond // broadcast when rev advances or readiness changes
+	ready   bool
+	items   map[string]*Object
+	rev     int64
+	// history is a ring of the latest events; oldest is the revision from
+	// which resuming is possible (events with Rev > oldest are all kept).
+	history []*Event
+	hstart  int
+	hlen    int
+	oldest  int64
+
+	nextID     int
+	watchers   map[int]*Watcher
+	closedSlow int64
+}
+
+// NewCacher returns a cache; Run fills and maintains it.
+func NewCacher(store *Store, cfg CacherConfig) *Cacher {
+	if cfg.History <= 0 {
+		cfg.History = 10000
+	}
+	if cfg.WatcherBuffer <= 0 {
+		cfg.WatcherBuffer = 1000
+	}
+	if cfg.BookmarkInterval <= 0 {
+		cfg.BookmarkInterval = 5 * time.Second
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &Cacher{cfg: cfg, store: store, log: log.With("cache", cfg.Resource), watchers: map[int]*Watcher{}}
+	c.changed = sync.NewCond(&c.mu)
+	return c
+}
+
+// Run lists and watches until ctx ends, relisting after any watch failure.
+// Every watcher is closed when Run returns.
+func (c *Cacher) Run(ctx context.Context) {
+	defer func() {
+		c.mu.Lock()
+		c.ready = false
+		c.closeAllLocked()
+		c.changed.Broadcast()
+		c.mu.Unlock()
+	}()
+	stop := context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.changed.Broadcast()
+		c.mu.Unlock()
+	})
+	defer stop()
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := c.listAndWatch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		c.log.Warn("watch cache restarting", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		if backoff < 5*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+func (c *Cacher) listAndWatch(ctx context.Context) error {
+	items := map[string]*Object{}
+	var rev int64
+	after := ""
+	for {
+		res, err := c.store.List(ctx, c.cfg.Prefix, ListOptions{Revision: rev, Limit: 10000, After: after})
+		if err != nil {
+			return err
+		}
+		rev = res.Revision
+		for _, kv := range res.KVs {
+			o, err := c.cfg.Codec.Decode(kv.Key, kv.Value, kv.ModRevision)
+			if err != nil {
+				c.log.Error("undecodable stored object skipped", "key", kv.Key, "err", err)
+				continue
+			}
+			items[kv.Key] = o
+		}
+		if !res.More || len(res.KVs) == 0 {
+			break
+		}
+		after = res.KVs[len(res.KVs)-1].Key
+	}
+	c.mu.Lock()
+	c.closeAllLocked() // watchers of a previous incarnation resume from their revision
+	c.items = items
+	c.rev = rev
+	c.history = make([]*Event, c.cfg.History)
+	c.hstart, c.hlen = 0, 0
+	c.oldest = rev
+	c.ready = true
+	c.changed.Broadcast()
+	c.mu.Unlock()
+	c.log.Debug("watch cache listed", "objects", len(items), "rev", rev)
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches, werr := c.store.Watch(wctx, c.cfg.Prefix, rev+1)
+	ticker := time.NewTicker(c.cfg.BookmarkInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case b, ok := <-batches:
+			if !ok {
+				c.mu.Lock()
+				c.ready = false
+				c.mu.Unlock()
+				return werr()
+			}
+			c.apply(b)
+		case <-ticker.C:
+			// Ask etcd for a progress notification so the revision moves
+			// even when this resource is quiet, then bookmark.
+			_ = c.store.Client().RequestProgress(wctx)
+			c.bookmark()
+		}
+	}
+}
+
+func (c *Cacher) apply(b WatchBatch) {
+	// Decode outside the lock (the expensive part, done once per change),
+	// then apply and fan out atomically so that a watcher starting now sees
+	// each change exactly once: either in its snapshot or as an event.
+	type decoded struct {
+		re  RawEvent
+		obj *Object
+	}
+	ds := make([]decoded, 0, len(b.Events))
+	for _, re := range b.Events {
+		var o *Object
+		var err error
+		switch {
+		case !re.Delete:
+			o, err = c.cfg.Codec.Decode(re.KV.Key, re.KV.Value, re.KV.ModRevision)
+		case re.PrevKV != nil:
+			o, err = c.cfg.Codec.Decode(re.KV.Key, re.PrevKV.Value, re.KV.ModRevision)
+		}
+		if err != nil {
+			c.log.Error("undecodable stored object skipped", "key", re.KV.Key, "err", err)
+			continue
+		}
+		ds = append(ds, decoded{re, o})
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, d := range ds {
+		key := d.re.KV.Key
+		prev := c.items[key]
+		var e *Event
+		if d.re.Delete {
+			if prev == nil {
+				continue
+			}
+			last := d.obj
+			if last == nil {
+				last = prev // history compacted under us: the cached state is the best we have
+			}
+			e = &Event{Type: watch.Deleted, Rev: d.re.KV.ModRevision, Obj: last, Prev: prev}
+			delete(c.items, key)
+		} else {
+			t := watch.Modified
+			if prev == nil {
+				t = watch.Added
+			}
+			e = &Event{Type: t, Rev: d.re.KV.ModRevision, Obj: d.obj, Prev: prev}
+			c.items[key] = d.obj
+		}
+		c.push(e)
+		if e.Rev > c.rev {
+			c.rev = e.Rev
+		}
+		c.fanOutLocked(e, false)
+	}
+	// A response without events is a progress notification: every change
+	// up to its revision has been delivered.
+	if len(b.Events) == 0 && b.Revision > c.rev {
+		c.rev = b.Revision
+	}
+	c.changed.Broadcast()
+}
+
+func (c *Cacher) push(e *Event) {
+	n := len(c.history)
+	if c.hlen == n {
+		// Evict the oldest: resuming before it is no longer possible.
+		c.oldest = c.history[c.hstart].Rev
+		c.history[c.hstart] = nil
+		c.hstart = (c.hstart + 1) % n
+		c.hlen--
+	}
+	c.history[(c.hstart+c.hlen)%n] = e
+	c.hlen++
+}
+
+func (c *Cacher) bookmark() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fanOutLocked(&Event{Type: watch.Bookmark, Rev: c.rev}, true)
+}
+
+// fanOutLocked offers e to every watcher without blocking. A watcher whose
+// queue is full is closed (it resumes from its last revision) unless the
+// event is only a bookmark, which it may miss.
+func (c *Cacher) fanOutLocked(e *Event, optional bool) {
+	for id, w := range c.watchers {
+		select {
+		case w.ch <- e:
+		default:
+			if optional {
+				continue
+			}
+			c.closedSlow++
+			c.log.Debug("closing slow watcher", "id", id)
+			w.terminate(ErrWatchClosed)
+			delete(c.watchers, id)
+		}
+	}
+}
+
+func (c *Cacher) closeAllLocked() {
+	for id, w := range c.watchers {
+		w.terminate(ErrWatchClosed)
+		delete(c.watchers, id)
+	}
+}
+
+// waitLocked waits, with c.mu held, until the cache is ready and has reached
+// rev (0: just ready), or ctx ends.
+func (c *Cacher) waitLocked(ctx context.Context, rev int64) error {
+	if c.ready && c.rev >= rev {
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.changed.Broadcast()
+		c.mu.Unlock()
+	})
+	defer stop()
+	for !c.ready || c.rev < rev {
+		if err := ctx.Err(); err != nil {
+			if !c.ready {
+				return fmt.Errorf("watch cache of %s not ready: %w", c.cfg.Resource, ErrUnavailable)
+			}
+			return fmt.Errorf("watch cache of %s at %d, waiting for %d: %w", c.cfg.Resource, c.rev, rev, ErrUnavailable)
+		}
+		c.changed.Wait()
+	}
+	return nil
+}
+
+// Revision returns the revision the cache reflects.
+func (c *Cacher) Revision() int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.rev
+}
+
+// List returns the selected objects in key order and the cache revision,
+// after waiting (bounded by ctx) until the cache has reached minRev.
+func (c *Cacher) List(ctx context.Context, minRev int64, p Predicate) ([]*Object, int64, error) {
+	c.mu.Lock()
+	if err := c.waitLocked(ctx, minRev); err != nil {
+		c.mu.Unlock()
+		return nil, 0, err
+	}
+	out := make([]*Object, 0, len(c.items))
+	for _, o := range c.items {
+		if p.Matches(o) {
+			out = append(out, o)
+		}
+	}
+	rev := c.rev
+	c.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, rev, nil
+}
+
+// Get returns the cached object at key, after the cache reached minRev.
+func (c *Cacher) Get(ctx context.Context, minRev int64, key string) (*Object, int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.waitLocked(ctx, minRev); err != nil {
+		return nil, 0, err
+	}
+	o := c.items[key]
+	if o == nil {
+		return nil, c.rev, fmt.Errorf("get %s: %w", key, ErrNotFound)
+	}
+	return o, c.rev, nil
+}
+
+// Watchers returns the number of open watchers.
+func (c *Cacher) Watchers() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.watchers)
+}
+
+// SlowClosed returns how many watchers were closed for falling behind.
+func (c *Cacher) SlowClosed() int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.closedSlow
+}
+
+// Watch starts a watcher. from is the resourceVersion to resume after; with
+// from == 0 the watcher first gets the current selected state as Added
+// events. A from older than the cache's window gives *CompactedError (410);
+// a from ahead of the cache waits (bounded by ctx) for the cache to reach it.
+func (c *Cacher) Watch(ctx context.Context, from int64, p Predicate) (*Watcher, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.waitLocked(ctx, from); err != nil {
+		return nil, err
+	}
+	w := &Watcher{ch: make(chan *Event, c.cfg.WatcherBuffer), done: make(chan struct{}), pred: p, c: c}
+	if from == 0 {
+		keys := make([]string, 0, len(c.items))
+		for k, o := range c.items {
+			if p.Matches(o) {
+				keys = append(keys, k)
+			}
+		}
+		sort.Strings(keys)
+		w.initial = make([]*Event, len(keys))
+		for i, k := range keys {
+			o := c.items[k]
+			w.initial[i] = &Event{Type: watch.Added, Rev: o.Rev, Obj: o}
+		}
+	} else {
+		if from < c.oldest {
+			return nil, &CompactedError{Requested: from, Compacted: c.oldest}
+		}
+		n := len(c.history)
+		for i := 0; i < c.hlen; i++ {
+			e := c.history[(c.hstart+i)%n]
+			if e.Rev > from {
+				w.initial = append(w.initial, e)
+			}
+		}
+	}
+	w.id = c.nextID
+	c.nextID++
+	c.watchers[w.id] = w
+	return w, nil
+}
+
+// Watcher receives the events of one watch. Call Stop when done.
+type Watcher struct {
+	id      int
+	c       *Cacher
+	pred    Predicate
+	initial []*Event
+	ch      chan *Event
+	once    sync.Once
+	done    chan struct{}
+	err     error
+}
+
+func (w *Watcher) terminate(err error) {
+	w.once.Do(func() { w.err = err; close(w.done) })
+}
+
+// Stop unregisters the watcher.
+func (w *Watcher) Stop() {
+	w.c.mu.Lock()
+	delete(w.c.watchers, w.id)
+	w.c.mu.Unlock()
+	w.terminate(nil)
+}
+
+// Next returns the next event the watcher's predicate lets through (with the
+// event type as this watcher sees it), blocking until one arrives. It
+// returns an error when the watcher was closed (ErrWatchClosed: too slow or
+// cache restart), stopped, or ctx ended. wait=false returns (nil, nil)
+// instead of blocking when nothing is queued.
+func (w *Watcher) Next(ctx context.Context, wait bool) (*Event, watch.EventType, error) {
+	for {
+		var e *Event
+		if len(w.initial) > 0 {
+			e, w.initial = w.initial[0], w.initial[1:]
+		} else {
+			select {
+			case e = <-w.ch:
+			default:
+				if !wait {
+					return nil, "", nil
+				}
+				select {
+				case e = <-w.ch:
+				case <-w.done:
+					// Deliver what was queued before the close.
+					select {
+					case e = <-w.ch:
+					default:
+						if w.err != nil {
+							return nil, "", w.err
+						}
+						return nil, "", errors.New("watch stopped")
+					}
+				case <-ctx.Done():
+					return nil, "", ctx.Err()
+				}
+			}
+		}
+		t, _, ok := w.pred.Filter(e)
+		if ok {
+			return e, t, nil
+		}
+	}
+}
+
+// Done is closed when the watcher is closed or stopped.
+func (w *Watcher) Done() <-chan struct{} { return w.done }

@@ -1,0 +1,383 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/kubernetes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultTimeout bounds every storage call that has no tighter deadline.
+const DefaultTimeout = 10 * time.Second
+
+// Config selects and tunes the etcd behind a Store.
+type Config struct {
+	// Servers are external etcd client URLs. Empty means: start an embedded
+	// etcd with its data under DataDir, listening on 127.0.0.1 only.
+	Servers []string
+	// DataDir holds the embedded etcd's data (DataDir/etcd).
+	DataDir string
+	// Timeout bounds each call (DefaultTimeout when zero).
+	Timeout time.Duration
+	// UnsafeNoFsync turns off fsync in the embedded etcd (tests only: a
+	// crash loses writes).
+	UnsafeNoFsync bool
+	// Log receives storage logs; Registerer the etcd latency metrics (both
+	// optional).
+	Log        *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Store is the one long-lived etcd client of the API server, with the
+// Kubernetes-style operations on top. It is safe for concurrent use.
+type Store struct {
+	kc       *kubernetes.Client
+	timeout  time.Duration
+	embedded *Embedded
+	log      *slog.Logger
+	latency  *prometheus.HistogramVec
+}
+
+// Open connects to the configured etcd, starting the embedded one first when
+// no servers are given.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	timeout := cfg.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	s := &Store{timeout: timeout, log: log}
+	endpoints := cfg.Servers
+	if len(endpoints) == 0 {
+		if cfg.DataDir == "" {
+			return nil, errors.New("storage: either etcd servers or a data dir for the embedded etcd is needed")
+		}
+		e, err := StartEmbedded(ctx, EmbeddedConfig{DataDir: cfg.DataDir, UnsafeNoFsync: cfg.UnsafeNoFsync, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		s.embedded = e
+		endpoints = []string{e.ClientURL}
+	}
+	kc, err := kubernetes.New(clientv3.Config{
+		Endpoints:          endpoints,
+		DialTimeout:        timeout,
+		MaxCallSendMsgSize: 8 << 20,
+		MaxCallRecvMsgSize: 0, // unlimited: LIST of many objects
+		Logger:             quietZap(),
+	})
+	if err != nil {
+		s.closeEmbedded()
+		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
+	}
+	s.kc = kc
+	// Prove the connection now rather than on the first request.
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := kc.Get(cctx, "/registry/health", kubernetes.GetOptions{}); err != nil {
+		kc.Close()
+		s.closeEmbedded()
+		return nil, fmt.Errorf("etcd at %v: %w", endpoints, mapErr(err))
+	}
+	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "etcd_request_duration_seconds",
+		Help:    "Latency of the API server's etcd requests by operation and resource.",
+		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+	}, []string{"operation", "type"})
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(s.latency); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				s.latency = are.ExistingCollector.(*prometheus.HistogramVec)
+			} else {
+				return nil, fmt.Errorf("register etcd metrics: %w", err)
+			}
+		}
+	}
+	log.Info("storage ready", "endpoints", endpoints, "embedded", s.embedded != nil)
+	return s, nil
+}
+
+func (s *Store) closeEmbedded() {
+	if s.embedded != nil {
+		s.embedded.Close()
+	}
+}
+
+// Close closes the client and stops the embedded etcd, if any.
+func (s *Store) Close() error {
+	err := s.kc.Close()
+	s.closeEmbedded()
+	return err
+}
+
+// Client exposes the raw etcd client (for compaction and tests).
+func (s *Store) Client() *clientv3.Client { return s.kc.Client }
+
+// Endpoints are the etcd client URLs in use.
+func (s *Store) Endpoints() []string { return s.kc.Endpoints() }
+
+// resourceOf names the resource of a key for metrics: /registry/pods/ns/n → pods.
+func resourceOf(key string) string {
+	const p = "/registry/"
+	if len(key) <= len(p) || key[:len(p)] != p {
+		return "other"
+	}
+	rest := key[len(p):]
+	for i := 0; i < len(rest); i++ {
+		if rest[i] == '/' {
+			return rest[:i]
+		}
+	}
+	return rest
+}
+
+func (s *Store) call(ctx context.Context, op, key string) (context.Context, func()) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	return ctx, func() {
+		cancel()
+		s.latency.WithLabelValues(op, resourceOf(key)).Observe(time.Since(start).Seconds())
+	}
+}
+
+func toKV(kv *mvccpb.KeyValue) *KV {
+	if kv == nil {
+		return nil
+	}
+	return &KV{Key: string(kv.Key), Value: kv.Value, ModRevision: kv.ModRevision, CreateRevision: kv.CreateRevision}
+}
+
+// mapErr turns etcd errors into the package's sentinels.
+func mapErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	switch {
+	case errors.Is(err, rpctypes.ErrCompacted), errors.Is(err, rpctypes.ErrGRPCCompacted):
+		return fmt.Errorf("%w: %v", ErrCompacted, err)
+	case errors.Is(err, rpctypes.ErrRequestTooLarge), errors.Is(err, rpctypes.ErrGRPCRequestTooLarge):
+		return fmt.Errorf("%w: %v", ErrTooLarge, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if st, ok := status.FromError(err); ok {
+		switch st.Code() {
+		case codes.Unavailable, codes.DeadlineExceeded:
+			return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		case codes.ResourceExhausted:
+			return fmt.Errorf("%w: %v", ErrTooLarge, err)
+		case codes.OutOfRange:
+			if st.Message() == rpctypes.ErrGRPCCompacted.Error() || st.Message() == "etcdserver: mvcc: required revision has been compacted" {
+				return fmt.Errorf("%w: %v", ErrCompacted, err)
+			}
+		}
+	}
+	return err
+}
+
+// Get returns the key's current value (ErrNotFound if absent) and the store's
+// revision.
+func (s *Store) Get(ctx context.Context, key string) (*KV, int64, error) {
+	ctx, done := s.call(ctx, "get", key)
+	defer done()
+	resp, err := s.kc.Get(ctx, key, kubernetes.GetOptions{})
+	if err != nil {
+		return nil, 0, fmt.Errorf("get %s: %w", key, mapErr(err))
+	}
+	if resp.KV == nil {
+		return nil, resp.Revision, fmt.Errorf("get %s: %w", key, ErrNotFound)
+	}
+	return toKV(resp.KV), resp.Revision, nil
+}
+
+// ListOptions page and pin a List.
+type ListOptions struct {
+	// Revision reads at that revision (0: latest).
+	Revision int64
+	// Limit bounds the number of pairs (0: all).
+	Limit int64
+	// After starts the listing right after this key (exclusive).
+	After string
+}
+
+// ListResult is one page of a List.
+type ListResult struct {
+	KVs []*KV
+	// Revision the page was read at; pass it back to read the next page at
+	// the same point in time.
+	Revision int64
+	// More is true when pairs remain after the last one returned.
+	More bool
+}
+
+// List returns the pairs under prefix in key order.
+func (s *Store) List(ctx context.Context, prefix string, opts ListOptions) (ListResult, error) {
+	ctx, done := s.call(ctx, "list", prefix)
+	defer done()
+	ko := kubernetes.ListOptions{Revision: opts.Revision, Limit: opts.Limit}
+	if opts.After != "" {
+		ko.Continue = opts.After + "\x00"
+	}
+	resp, err := s.kc.List(ctx, prefix, ko)
+	if err != nil {
+		if errors.Is(mapErr(err), ErrCompacted) {
+			return ListResult{}, fmt.Errorf("list %s: %w", prefix, &CompactedError{Requested: opts.Revision})
+		}
+		return ListResult{}, fmt.Errorf("list %s: %w", prefix, mapErr(err))
+	}
+	out := ListResult{Revision: resp.Revision, KVs: make([]*KV, len(resp.Kvs))}
+	for i, kv := range resp.Kvs {
+		out.KVs[i] = toKV(kv)
+	}
+	out.More = resp.Count > int64(len(resp.Kvs))
+	return out, nil
+}
+
+// Count returns the number of keys under prefix.
+func (s *Store) Count(ctx context.Context, prefix string) (int64, error) {
+	ctx, done := s.call(ctx, "count", prefix)
+	defer done()
+	n, err := s.kc.Count(ctx, prefix, kubernetes.CountOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("count %s: %w", prefix, mapErr(err))
+	}
+	return n, nil
+}
+
+// Create writes key only if it does not exist (ErrExists otherwise) and
+// returns the new revision.
+func (s *Store) Create(ctx context.Context, key string, value []byte) (int64, error) {
+	ctx, done := s.call(ctx, "create", key)
+	defer done()
+	resp, err := s.kc.OptimisticPut(ctx, key, value, 0, kubernetes.PutOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("create %s: %w", key, mapErr(err))
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("create %s: %w", key, ErrExists)
+	}
+	return resp.Revision, nil
+}
+
+// OptimisticPut replaces key only if its modification revision is still
+// expected. A key that vanished meanwhile gives ErrNotFound, one modified
+// since gives ErrConflict (with the current pair).
+func (s *Store) OptimisticPut(ctx context.Context, key string, value []byte, expected int64) (int64, *KV, error) {
+	ctx, done := s.call(ctx, "update", key)
+	defer done()
+	resp, err := s.kc.OptimisticPut(ctx, key, value, expected, kubernetes.PutOptions{GetOnFailure: true})
+	if err != nil {
+		return 0, nil, fmt.Errorf("update %s: %w", key, mapErr(err))
+	}
+	if !resp.Succeeded {
+		if resp.KV == nil {
+			return 0, nil, fmt.Errorf("update %s: %w", key, ErrNotFound)
+		}
+		return 0, toKV(resp.KV), fmt.Errorf("update %s: %w", key, ErrConflict)
+	}
+	return resp.Revision, nil, nil
+}
+
+// OptimisticDelete deletes key only if its modification revision is still
+// expected (ErrConflict with the current pair otherwise; ErrNotFound if gone).
+func (s *Store) OptimisticDelete(ctx context.Context, key string, expected int64) (int64, *KV, error) {
+	ctx, done := s.call(ctx, "delete", key)
+	defer done()
+	resp, err := s.kc.OptimisticDelete(ctx, key, expected, kubernetes.DeleteOptions{GetOnFailure: true})
+	if err != nil {
+		return 0, nil, fmt.Errorf("delete %s: %w", key, mapErr(err))
+	}
+	if !resp.Succeeded {
+		if resp.KV == nil {
+			return 0, nil, fmt.Errorf("delete %s: %w", key, ErrNotFound)
+		}
+		return 0, toKV(resp.KV), fmt.Errorf("delete %s: %w", key, ErrConflict)
+	}
+	return resp.Revision, toKV(resp.KV), nil
+}
+
+// Compact discards history before rev.
+func (s *Store) Compact(ctx context.Context, rev int64) error {
+	ctx, done := s.call(ctx, "compact", "/registry/")
+	defer done()
+	if _, err := s.kc.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
+		return fmt.Errorf("compact to %d: %w", rev, mapErr(err))
+	}
+	return nil
+}
+
+// Revision returns the store's current revision.
+func (s *Store) Revision(ctx context.Context) (int64, error) {
+	_, rev, err := s.Get(ctx, "/registry/health")
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return 0, err
+	}
+	return rev, nil
+}
+
+// RawEvent is one change under a watched prefix.
+type RawEvent struct {
+	// Delete is true for deletions (KV holds the key; PrevKV the last value).
+	Delete bool
+	KV     *KV
+	PrevKV *KV
+}
+
+// WatchBatch is one etcd watch response: its events and the revision the
+// store had reached (for progress when there are no events).
+type WatchBatch struct {
+	Events   []RawEvent
+	Revision int64
+}
+
+// Watch streams changes under prefix starting at revision from (inclusive).
+// The returned channel closes when ctx ends or the watch fails; err then
+// reports why (ErrCompacted as *CompactedError when from is too old).
+func (s *Store) Watch(ctx context.Context, prefix string, from int64) (<-chan WatchBatch, func() error) {
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wc := s.kc.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV(), clientv3.WithProgressNotify())
+	out := make(chan WatchBatch, 64)
+	var werr error
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		defer close(out)
+		defer cancel()
+		for resp := range wc {
+			if resp.CompactRevision != 0 {
+				werr = &CompactedError{Requested: from, Compacted: resp.CompactRevision}
+				return
+			}
+			if err := resp.Err(); err != nil {
+				werr = fmt.Errorf("watch %s: %w", prefix, mapErr(err))
+				return
+			}
+			b := WatchBatch{Revision: resp.Header.Revision, Events: make([]RawEvent, 0, len(resp.Events))}
+			for _, ev := range resp.Events {
+				b.Events = append(b.Events, RawEvent{Delete: ev.Type == clientv3.EventTypeDelete, KV: toKV(ev.Kv), PrevKV: toKV(ev.PrevKv)})
+			}
+			select {
+			case out <- b:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if werr == nil && ctx.Err() == nil {
+			werr = fmt.Errorf("watch %s: %w", prefix, ErrUnavailable)
+		}
+	}()
+	return out, func() error { <-finished; return werr }
+}
