@@ -43,7 +43,15 @@ const (
 	// MasqueradeMark is the packet mark bit that asks WAGGLE-POSTROUTING to
 	// masquerade (kube-proxy's 0x4000).
 	MasqueradeMark = "0x4000"
+	// ipvsPrefix names the IPVS backend's own chains, which this backend
+	// leaves alone.
+	ipvsPrefix = "WAGGLE-IPVS-"
 )
+
+// ownsChain reports whether chain is this backend's.
+func ownsChain(name string) bool {
+	return strings.HasPrefix(name, ChainPrefix) && !strings.HasPrefix(name, ipvsPrefix)
+}
 
 // Config configures the backend.
 type Config struct {
@@ -225,9 +233,10 @@ func (b *Backend) existingChains(ctx context.Context, fam Family) (map[chainKey]
 			return nil, fmt.Errorf("iptables-save -t %s (%s): %w", table, fam, err)
 		}
 		for _, line := range strings.Split(string(data), "\n") {
-			if strings.HasPrefix(line, ":"+ChainPrefix) {
-				name, _, _ := strings.Cut(line[1:], " ")
-				out[chainKey{table, name}] = true
+			if strings.HasPrefix(line, ":") {
+				if name, _, _ := strings.Cut(line[1:], " "); ownsChain(name) {
+					out[chainKey{table, name}] = true
+				}
 			}
 		}
 	}
@@ -259,6 +268,13 @@ func cleanupFamily(ctx context.Context, r Runner, fam Family) error {
 			return fmt.Errorf("delete jump %s/%s (%s): %w", j.table, j.chain, fam, err)
 		}
 	}
+	return RemoveChains(ctx, r, fam, ownsChain)
+}
+
+// RemoveChains flushes and deletes, in one iptables-restore per family, every
+// chain of the filter and nat tables for which owns is true. The jumps to
+// them must be gone already.
+func RemoveChains(ctx context.Context, r Runner, fam Family, owns func(chain string) bool) error {
 	var buf bytes.Buffer
 	for _, table := range []string{"filter", "nat"} {
 		data, err := r.Save(ctx, fam, table)
@@ -267,9 +283,10 @@ func cleanupFamily(ctx context.Context, r Runner, fam Family) error {
 		}
 		var names []string
 		for _, line := range strings.Split(string(data), "\n") {
-			if strings.HasPrefix(line, ":"+ChainPrefix) {
-				name, _, _ := strings.Cut(line[1:], " ")
-				names = append(names, name)
+			if strings.HasPrefix(line, ":") {
+				if name, _, _ := strings.Cut(line[1:], " "); owns(name) {
+					names = append(names, name)
+				}
 			}
 		}
 		if len(names) == 0 {
