@@ -11,12 +11,18 @@ import (
 
 // BenchmarkAddDel measures ADD and DEL latency through the plugin's functions
 // in process (the binary adds ~2 ms of process start), on a node netns with
-// masquerading on, one pod netns reused, and reports p50/p99 of each. It
+// masquerading on and off (one nft exec per ADD), one pod netns reused, and reports p50/p99 of each. It
 // checks that the cycles leave nothing behind. Run the 1,000-cycle form with
 //
 //	go test -run '^$' -bench AddDel -benchtime 1000x ./cni/
 func BenchmarkAddDel(b *testing.B) {
-	n := newNode(b, "10.90.0.0/22", "10.90.0.0/16", nil)
+	for _, masq := range []bool{true, false} {
+		b.Run(fmt.Sprintf("masquerade=%v", masq), func(b *testing.B) { benchAddDel(b, masq) })
+	}
+}
+
+func benchAddDel(b *testing.B, masq bool) {
+	n := newNode(b, "10.90.0.0/22", "10.90.0.0/16", map[string]any{"masquerade": masq})
 	pod := testutil.NewNetNS(b)
 	adds := make([]time.Duration, 0, b.N)
 	dels := make([]time.Duration, 0, b.N)
