@@ -140,3 +140,6 @@ func TestWatchSeesAddedModifiedDeletedAndSelectorMoves(t *testing.T) {
 		t.Fatalf("want DELETED, got %v", e.Type)
 	}
 }
+
+func isExists(err error) bool   { return apierrors.IsAlreadyExists(err) }
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

@@ -26,6 +26,9 @@ type Options struct {
 	// DataDir reuses a directory (to restart a server on the same data);
 	// empty makes a fresh temporary one.
 	DataDir string
+	// Addr is the address to listen on (default 127.0.0.1:0); a restarted
+	// server passes the previous one's address so clients keep working.
+	Addr string
 	// LogLevel of the server's logs on stderr ("error" unless set).
 	LogLevel string
 	// Configure may change the configuration before the server starts.
@@ -70,7 +73,18 @@ func Start(t testing.TB, o Options) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := o.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	var ln net.Listener
+	for i := 0; ; i++ {
+		// A port just released may take a moment to be free again.
+		if ln, err = net.Listen("tcp", addr); err == nil || i == 50 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("apiservertest: listen: %v", err)
 	}
