@@ -7,6 +7,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/waggle-io/waggle/controlplane/apiserver/openapi"
+	"github.com/waggle-io/waggle/controlplane/apiserver/printers"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -34,9 +36,12 @@ func tableFor(r *http.Request, obj runtime.Object, noHeaders bool) (*metav1.Tabl
 	return printTable(obj, noHeaders, includeObjectPolicy(r))
 }
 
-// printTable is the table printer; set by printers wiring.
-var printTable = func(obj runtime.Object, noHeaders bool, include metav1.IncludeObjectPolicy) (*metav1.Table, error) {
-	return nil, errNoTable
+func printTable(obj runtime.Object, noHeaders bool, include metav1.IncludeObjectPolicy) (*metav1.Table, error) {
+	t, err := printers.Table(obj, printers.Options{NoHeaders: noHeaders, IncludeObject: include})
+	if err != nil {
+		return nil, apierrors.NewInternalError(err)
+	}
+	return t, nil
 }
 
 func mountOpenAPI(r chi.Router) {
