@@ -52,6 +52,7 @@ func TestParseConfigRejectsBadInputWithTheSpecCode(t *testing.T) {
 		{"wrong JSON type", `{"name":"w","podCIDR":5}`, types.ErrDecodingFailure, "decode"},
 		{"missing name", `{"type":"waggle","podCIDR":"10.0.0.0/24"}`, types.ErrInvalidNetworkConfig, "no name"},
 		{"name with a path separator", `{"name":"../w","type":"waggle","podCIDR":"10.0.0.0/24"}`, types.ErrInvalidNetworkConfig, "invalid characters"},
+		{"plugin type with a path separator", `{"name":"w","type":"../waggle","podCIDR":"10.0.0.0/24"}`, types.ErrInvalidNetworkConfig, "type"},
 		{"other plugin type", `{"name":"w","type":"bridge","podCIDR":"10.0.0.0/24"}`, types.ErrInvalidNetworkConfig, "type"},
 		{"missing podCIDR", `{"name":"w","type":"waggle"}`, types.ErrInvalidNetworkConfig, "no podCIDR"},
 		{"podCIDR not a CIDR", `{"name":"w","type":"waggle","podCIDR":"10.0.0.0"}`, types.ErrInvalidNetworkConfig, "not a CIDR"},

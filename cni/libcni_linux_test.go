@@ -2,6 +2,7 @@ package cni
 
 import (
 	"context"
+	"encoding/json"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -179,4 +180,60 @@ func TestCnitoolDrivesTheBuiltPlugin(t *testing.T) {
 		t.Fatalf("cnitool del: %v\n%s", err, out)
 	}
 	assertNothingLeft(t, &node{ns: nodeNS, dataDir: dataDir, name: netName}, pod)
+}
+
+// TestPluginExecutableReportsErrorsAsCNIJSON runs the plugin as a runtime
+// does (environment + stdin) with bad input and checks the spec's error
+// object on stdout, its exit status, and that nothing was created.
+func TestPluginExecutableReportsErrorsAsCNIJSON(t *testing.T) {
+	nodeNS := testutil.NewNetNS(t)
+	pod := testutil.NewNetNS(t)
+	plugin := filepath.Join(testPluginDir(t), PluginType)
+	dataDir := t.TempDir()
+	good := `{"cniVersion":"1.0.0","name":"exe-test","type":"waggle","podCIDR":"10.94.1.0/24","dataDir":"` + dataDir + `"}`
+	for _, tc := range []struct {
+		name, cmd, ifname, conf string
+		code                    uint
+	}{
+		{"interface name with a path separator", "ADD", "../eth0", good, types.ErrInvalidEnvironmentVariables},
+		{"malformed config", "ADD", "eth0", `{"cniVersion":"1.0.0","name":`, types.ErrDecodingFailure},
+		{"missing podCIDR", "ADD", "eth0", `{"cniVersion":"1.0.0","name":"exe-test","type":"waggle"}`, types.ErrInvalidNetworkConfig},
+		{"invalid podCIDR", "ADD", "eth0", `{"cniVersion":"1.0.0","name":"exe-test","type":"waggle","podCIDR":"10.94.1.0/40"}`, types.ErrInvalidNetworkConfig},
+		{"network name with a path separator", "ADD", "eth0", `{"cniVersion":"1.0.0","name":"a/b","type":"waggle","podCIDR":"10.94.1.0/24"}`, types.ErrInvalidNetworkConfig},
+		{"unsupported version", "ADD", "eth0", `{"cniVersion":"0.2.0","name":"exe-test","type":"waggle","podCIDR":"10.94.1.0/24"}`, types.ErrIncompatibleCNIVersion},
+		{"GC on a 1.0.0 config", "GC", "eth0", good, types.ErrIncompatibleCNIVersion},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := exec.Command("ip", "netns", "exec", nodeNS.Name, plugin)
+			c.Env = append(os.Environ(), "CNI_COMMAND="+tc.cmd, "CNI_CONTAINERID=exe1", "CNI_NETNS="+pod.Path(),
+				"CNI_IFNAME="+tc.ifname, "CNI_PATH="+filepath.Dir(plugin))
+			c.Stdin = strings.NewReader(tc.conf)
+			out, err := c.Output()
+			if err == nil {
+				t.Fatalf("plugin exited 0 on bad input:\n%s", out)
+			}
+			var e types.Error
+			if jerr := json.Unmarshal(out, &e); jerr != nil || e.Code != tc.code || e.Msg == "" {
+				t.Fatalf("stdout %q: want a CNI error object with code %d and a message (%v)", out, tc.code, jerr)
+			}
+		})
+	}
+	if ls := links(t, nodeNS); len(ls) != 1 {
+		t.Fatalf("bad input created links on the node: %v", ls)
+	}
+	if ls := links(t, pod); len(ls) != 1 {
+		t.Fatalf("bad input created links in the pod: %v", ls)
+	}
+	if ents, _ := os.ReadDir(dataDir); len(ents) != 0 {
+		t.Fatalf("bad input created IPAM state: %v", ents)
+	}
+
+	// VERSION needs no config and lists the spec versions.
+	c := exec.Command(plugin)
+	c.Env = append(os.Environ(), "CNI_COMMAND=VERSION")
+	c.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
+	out, err := c.Output()
+	if err != nil || !strings.Contains(string(out), `"supportedVersions":["0.4.0","1.0.0","1.1.0"]`) {
+		t.Fatalf("VERSION: %v\n%s", err, out)
+	}
 }
