@@ -2,10 +2,59 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/dataplane/ebpf"
+	"github.com/waggle-io/waggle/dataplane/modes"
+	"github.com/waggle-io/waggle/internal/cliflag"
+	"github.com/waggle-io/waggle/internal/ops"
 )
 
-// runProxy is being built (see the issue for `waggle proxy`).
+// runProxy runs `waggle proxy`, the service proxy (dataplane.Run).
 func runProxy(ctx context.Context, args []string) error {
-	return errors.New("waggle proxy is not built yet")
+	fs := cliflag.NewFlagSet("proxy", "Run the service proxy: Services and EndpointSlices become eBPF maps, iptables chains or IPVS virtual servers on this node.")
+	var cfg dataplane.Config
+	var nodeName string
+	var cidrs cliflag.StringList
+	var logLevel string
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path of the kubeconfig to reach the API server (empty: in-cluster)")
+	fs.StringVar(&cfg.NodeName, "hostname-override", "", "this node's name (required)")
+	fs.StringVar(&nodeName, "node-name", "", "alias of --hostname-override")
+	fs.StringVar(&cfg.Mode, "mode", dataplane.ModeAuto, "proxy mode: auto (ebpf where the kernel allows, else iptables), ebpf, iptables or ipvs")
+	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 directory the eBPF programs attach to (default: the cgroup2 mount's root)")
+	fs.StringVar(&cfg.BPFPinDir, "bpf-pin-dir", "", "where eBPF maps and links are pinned (default: "+ebpf.DefaultPinRoot+"/<node>)")
+	fs.IntVar(&cfg.MaxServices, "bpf-lb-map-max", ebpf.DefaultMaxServices, "size of the eBPF services map (frontends plus backend slots)")
+	fs.IntVar(&cfg.MaxBackends, "bpf-lb-backends-max", ebpf.DefaultMaxBackends, "size of the eBPF backends map")
+	fs.IntVar(&cfg.MaxAffinity, "bpf-lb-affinity-max", ebpf.DefaultMaxAffinity, "size of the eBPF session-affinity map")
+	fs.IntVar(&cfg.MaxRevSocks, "bpf-lb-sock-rev-max", ebpf.DefaultMaxReverseSockets, "size of the eBPF reverse-socket map")
+	fs.StringVar(&cfg.IPVSScheduler, "ipvs-scheduler", "rr", "IPVS scheduler (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh)")
+	fs.Var(&cidrs, "cluster-cidr", "pod network CIDR(s), comma-separated; traffic from outside them to ClusterIPs is masqueraded (iptables, ipvs)")
+	fs.StringVar(&cfg.HealthBindAddress, "health-bind-address", ":10256", "address of /healthz, /readyz and /metrics (0 disables)")
+	fs.BoolVar(&cfg.Cleanup, "cleanup", false, "remove everything every proxy mode programmed on this node, then exit")
+	fs.DurationVar(&cfg.SyncPeriod, "sync-period", 30*time.Second, "longest time between syncs (a full resync that repairs drift)")
+	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", time.Second, "shortest time between syncs (changes in between are batched)")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	if cfg.NodeName == "" {
+		cfg.NodeName = nodeName
+	}
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("--cluster-cidr %q: %w", c, err)
+		}
+		cfg.ClusterCIDRs = append(cfg.ClusterCIDRs, p.Masked())
+	}
+	log, err := ops.NewLogger("proxy", logLevel)
+	if err != nil {
+		return err
+	}
+	cfg.Log = log
+	cfg.Modes = modes.All()
+	return dataplane.Run(ctx, cfg)
 }

@@ -251,6 +251,11 @@ func (f *FakeRunner) DeleteRule(_ context.Context, fam Family, table, chain stri
 		return err
 	}
 	spec := quoteArgs(rule)
+	if tgt := jumpTarget(spec); tgt != "" && !standardTargets[tgt] {
+		if _, ok := t.rules[tgt]; !ok {
+			return fmt.Errorf("iptables: chain %s does not exist", tgt) // as iptables -D (exit 2)
+		}
+	}
 	t.rules[chain] = slices.DeleteFunc(t.rules[chain], func(s string) bool { return s == spec })
 	return nil
 }

@@ -141,11 +141,14 @@ func (b *Backend) RequestFullSync() {
 	b.mu.Unlock()
 }
 
-// jump is a rule in a built-in chain that leads to a Waggle chain.
-type jump struct {
-	table, chain string
-	rule         []string
+// Jump is a rule in a built-in chain that leads to a Waggle chain (its
+// rule ends with "-j <chain>").
+type Jump struct {
+	Table, Chain string
+	Rule         []string
 }
+
+type jump = Jump
 
 func jumps() []jump {
 	c := func(s string) []string { return []string{"-m", "comment", "--comment", s} }
@@ -212,9 +215,9 @@ func (b *Backend) syncFamily(ctx context.Context, fam Family, want *Ruleset, ful
 	}
 	if full || b.last[fam] == nil {
 		for _, j := range jumps() {
-			if err := b.runner.EnsureRule(ctx, fam, j.table, j.chain, j.rule...); err != nil {
+			if err := b.runner.EnsureRule(ctx, fam, j.Table, j.Chain, j.Rule...); err != nil {
 				b.syncs.WithLabelValues(kind, "error").Inc()
-				return fmt.Errorf("ensure jump %s/%s -> %s (%s): %w", j.table, j.chain, j.rule[len(j.rule)-1], fam, err)
+				return fmt.Errorf("ensure jump %s/%s -> %s (%s): %w", j.Table, j.Chain, j.Rule[len(j.Rule)-1], fam, err)
 			}
 		}
 	}
@@ -263,32 +266,41 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 }
 
 func cleanupFamily(ctx context.Context, r Runner, fam Family) error {
-	for _, j := range jumps() {
-		if err := r.DeleteRule(ctx, fam, j.table, j.chain, j.rule...); err != nil {
-			return fmt.Errorf("delete jump %s/%s (%s): %w", j.table, j.chain, fam, err)
-		}
-	}
-	return RemoveChains(ctx, r, fam, ownsChain)
+	return RemoveChains(ctx, r, fam, ownsChain, jumps())
 }
 
-// RemoveChains flushes and deletes, in one iptables-restore per family, every
-// chain of the filter and nat tables for which owns is true. The jumps to
-// them must be gone already.
-func RemoveChains(ctx context.Context, r Runner, fam Family, owns func(chain string) bool) error {
+// RemoveChains deletes the jumps whose target chain exists, then flushes and
+// deletes, in one iptables-restore, every chain of the filter and nat tables
+// for which owns is true. Nothing there is success.
+func RemoveChains(ctx context.Context, r Runner, fam Family, owns func(chain string) bool, jumps []Jump) error {
 	var buf bytes.Buffer
+	exists := map[chainKey]bool{}
+	owned := map[string][]string{}
 	for _, table := range []string{"filter", "nat"} {
 		data, err := r.Save(ctx, fam, table)
 		if err != nil {
 			return fmt.Errorf("iptables-save -t %s (%s): %w", table, fam, err)
 		}
-		var names []string
 		for _, line := range strings.Split(string(data), "\n") {
 			if strings.HasPrefix(line, ":") {
-				if name, _, _ := strings.Cut(line[1:], " "); owns(name) {
-					names = append(names, name)
+				name, _, _ := strings.Cut(line[1:], " ")
+				exists[chainKey{table, name}] = true
+				if owns(name) {
+					owned[table] = append(owned[table], name)
 				}
 			}
 		}
+	}
+	for _, j := range jumps {
+		if !exists[chainKey{j.Table, j.Rule[len(j.Rule)-1]}] {
+			continue // its target is gone, so is the jump
+		}
+		if err := r.DeleteRule(ctx, fam, j.Table, j.Chain, j.Rule...); err != nil {
+			return fmt.Errorf("delete jump %s/%s (%s): %w", j.Table, j.Chain, fam, err)
+		}
+	}
+	for _, table := range []string{"filter", "nat"} {
+		names := owned[table]
 		if len(names) == 0 {
 			continue
 		}

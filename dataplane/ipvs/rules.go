@@ -22,21 +22,18 @@ const (
 	masqMark         = iptables.MasqueradeMark
 )
 
-type jump struct {
-	table, chain string
-	rule         []string
-}
+type jump = iptables.Jump
 
 func jumps() []jump {
 	c := func(s string) []string { return []string{"-m", "comment", "--comment", s} }
 	newConn := []string{"-m", "conntrack", "--ctstate", "NEW"}
 	return []jump{
-		{"nat", "PREROUTING", append(c("waggle ipvs service portals"), "-j", chainServices)},
-		{"nat", "OUTPUT", append(c("waggle ipvs service portals"), "-j", chainServices)},
-		{"nat", "POSTROUTING", append(c("waggle ipvs postrouting rules"), "-j", chainPostrouting)},
-		{"filter", "INPUT", append(append(newConn, c("waggle ipvs services without endpoints")...), "-j", chainFilter)},
-		{"filter", "OUTPUT", append(append(newConn, c("waggle ipvs services without endpoints")...), "-j", chainFilter)},
-		{"filter", "FORWARD", append(append(newConn, c("waggle ipvs services without endpoints")...), "-j", chainFilter)},
+		{Table: "nat", Chain: "PREROUTING", Rule: append(c("waggle ipvs service portals"), "-j", chainServices)},
+		{Table: "nat", Chain: "OUTPUT", Rule: append(c("waggle ipvs service portals"), "-j", chainServices)},
+		{Table: "nat", Chain: "POSTROUTING", Rule: append(c("waggle ipvs postrouting rules"), "-j", chainPostrouting)},
+		{Table: "filter", Chain: "INPUT", Rule: append(append(newConn, c("waggle ipvs services without endpoints")...), "-j", chainFilter)},
+		{Table: "filter", Chain: "OUTPUT", Rule: append(append(newConn, c("waggle ipvs services without endpoints")...), "-j", chainFilter)},
+		{Table: "filter", Chain: "FORWARD", Rule: append(append(newConn, c("waggle ipvs services without endpoints")...), "-j", chainFilter)},
 	}
 }
 
@@ -94,8 +91,8 @@ func (b *Backend) syncRules(ctx context.Context, st *dataplane.State) error {
 			continue
 		}
 		for _, j := range jumps() {
-			if err := b.runner.EnsureRule(ctx, fam, j.table, j.chain, j.rule...); err != nil {
-				return fmt.Errorf("ensure jump %s/%s (%s): %w", j.table, j.chain, fam, err)
+			if err := b.runner.EnsureRule(ctx, fam, j.Table, j.Chain, j.Rule...); err != nil {
+				return fmt.Errorf("ensure jump %s/%s (%s): %w", j.Table, j.Chain, fam, err)
 			}
 		}
 	}
@@ -106,12 +103,7 @@ func (b *Backend) syncRules(ctx context.Context, st *dataplane.State) error {
 // CleanupRules removes the IPVS backend's jumps and chains.
 func CleanupRules(ctx context.Context, r iptables.Runner) error {
 	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		for _, j := range jumps() {
-			if err := r.DeleteRule(ctx, fam, j.table, j.chain, j.rule...); err != nil {
-				return fmt.Errorf("delete jump %s/%s (%s): %w", j.table, j.chain, fam, err)
-			}
-		}
-		if err := iptables.RemoveChains(ctx, r, fam, func(c string) bool { return strings.HasPrefix(c, chainPrefix) }); err != nil {
+		if err := iptables.RemoveChains(ctx, r, fam, func(c string) bool { return strings.HasPrefix(c, chainPrefix) }, jumps()); err != nil {
 			return err
 		}
 	}
