@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -476,7 +477,18 @@ func (p *proxy) sync(ctx context.Context, full bool) error {
 	p.m.syncDuration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
 	if err != nil {
 		p.m.syncErrors.Inc()
-		for _, fe := range FrontendErrors(err) {
+		fes := FrontendErrors(err)
+		if len(fes) == 0 && errors.Is(err, ErrMapFull) {
+			// A backend that names the frontends left out only in its
+			// message: find them there.
+			msg := err.Error()
+			for _, f := range st.Frontends {
+				if strings.Contains(msg, f.FrontendKey.String()) {
+					fes = append(fes, &FrontendError{Frontend: f.FrontendKey, Service: f.Service, Err: ErrMapFull})
+				}
+			}
+		}
+		for _, fe := range fes {
 			reason := "SyncFailed"
 			if errors.Is(fe.Err, ErrMapFull) {
 				reason = ReasonMapFull

@@ -329,6 +329,15 @@ func TestRunRecordsEventForFullMap(t *testing.T) {
 	}
 }
 
+func TestRunRecordsEventForFullMapNamedInMessage(t *testing.T) {
+	b := newRecordingBackend()
+	b.fail = fmt.Errorf("2 frontends left out (10.96.0.10:80/TCP, 10.96.0.11:80/TCP): %w", ErrMapFull)
+	h := startProxy(t, b, withService(svc("big")))
+	if ev := h.waitEvent(ReasonMapFull); ev.InvolvedObject.Name != "big" {
+		t.Errorf("event on %+v", ev.InvolvedObject)
+	}
+}
+
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 func mustCounter(t *testing.T, h *proxyHarness) prometheus.Collector {
