@@ -25,9 +25,10 @@ deps: ## install the Debian packages the build and tests need (apt, only what is
 	fi
 	@mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 
-build: ## build bin/waggle and bin/waggle-cni
+build: ## build bin/waggle and the CNI plugin (bin/waggle-cni, installed for CNI as bin/cni/waggle)
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle-cni ./cmd/waggle-cni
+	@mkdir -p $(BIN)/cni && ln -f $(BIN)/waggle-cni $(BIN)/cni/waggle
 
 images: ## build the waggle-echo workload image as an OCI archive (bin/images/waggle-echo.tar, no Docker)
 	CGO_ENABLED=0 $(GO) build -ldflags '-s -w' -o $(BIN)/waggle-echo ./cmd/waggle-echo
@@ -50,10 +51,10 @@ lint: ## gofmt and go vet
 bench: deps build ## run the benchmarks and print their tables
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./controlplane/...
 
-up: deps build ## run a single-machine cluster (waggle up)
-	$(BIN)/waggle up --data-dir $${WAGGLE_DATA_DIR:-/var/lib/waggle}
+up: deps build images ## run a single-machine cluster (waggle up); Ctrl-C stops it, running it again resumes it
+	$(BIN)/waggle up --data-dir $${WAGGLE_DATA_DIR:-/var/lib/waggle} --image-dir $(BIN)/images
 
-lab: deps build ## run a multi-node lab on this machine (waggle lab up)
+lab: deps build images ## run a multi-node lab on this machine (waggle lab up; waggle lab down removes it)
 	$(BIN)/waggle lab up --nodes $${NODES:-3}
 
 clean: ## remove build outputs

@@ -2,10 +2,32 @@ package main
 
 import (
 	"context"
-	"errors"
+
+	"github.com/waggle-io/waggle/cluster"
+	"github.com/waggle-io/waggle/internal/cliflag"
 )
 
-// runUp is being built (see the issue for `waggle up`).
+// runUp runs `waggle up`: the whole single-machine cluster in one process.
 func runUp(ctx context.Context, args []string) error {
-	return errors.New("waggle up is not built yet")
+	cfg := cluster.Defaults()
+	fs := cliflag.NewFlagSet("up", "Run a whole Waggle cluster on this machine: etcd, API server, scheduler, controller-manager, kubelet and proxy.")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "cluster state (etcd, PKI, kubeconfigs, kubelet, containerd); the same dir resumes the same cluster")
+	fs.BoolVar(&cfg.Node, "node", cfg.Node, "also run this machine's kubelet and proxy (false: control plane only)")
+	fs.StringVar(&cfg.NodeName, "node-name", "", "this node's name (default: the hostname)")
+	fs.StringVar(&cfg.NodeIP, "node-ip", "", "this node's InternalIP (default: the default route's address)")
+	fs.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "address the API server listens on")
+	fs.IntVar(&cfg.SecurePort, "secure-port", cfg.SecurePort, "API server HTTPS port")
+	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "address the components and kubeconfigs use to reach the API server (default 127.0.0.1)")
+	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", cfg.ClusterCIDR, "pod network; each node gets a /24 of it")
+	fs.StringVar(&cfg.ServiceClusterIPRange, "service-cluster-ip-range", cfg.ServiceClusterIPRange, "Service ClusterIP range")
+	fs.StringVar(&cfg.ServiceNodePortRange, "service-node-port-range", cfg.ServiceNodePortRange, "Service NodePort range")
+	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", "", "containerd socket (default: the system's if it runs, else a supervised one under the data dir)")
+	fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")
+	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory of the waggle CNI plugin (default: cni/ beside this binary)")
+	fs.StringVar(&cfg.ImageDir, "image-dir", "", "OCI image archives imported at start (e.g. bin/images from make images)")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	return cluster.Run(ctx, cfg)
 }

@@ -1,0 +1,271 @@
+// Package cluster runs a whole Waggle cluster in one process for a single
+// machine — `waggle up`: embedded etcd and the API server, the scheduler, the
+// controller-manager and, unless told otherwise, this machine's node (a
+// kubelet on containerd, supervising its own containerd when none runs, and
+// the service proxy).
+//
+// Each component runs exactly as its own `waggle <component>` would, with its
+// own kubeconfig identity; this package only wires their configs together. It
+// is not a multi-node lab (see package lab).
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver"
+	"github.com/waggle-io/waggle/controlplane/controllers"
+	"github.com/waggle-io/waggle/controlplane/scheduler"
+	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/dataplane/ebpf"
+	"github.com/waggle-io/waggle/dataplane/modes"
+	"github.com/waggle-io/waggle/internal/leaderelect"
+	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/kubelet"
+	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
+)
+
+// Config is `waggle up`'s configuration.
+type Config struct {
+	// DataDir holds etcd, the PKI, the kubeconfigs, the kubelet's state and
+	// (when supervised) containerd. Running again with the same DataDir
+	// resumes the same cluster.
+	DataDir string
+	// Node runs this machine's kubelet and proxy too; off, only the control
+	// plane runs (the lab's nodes are separate processes).
+	Node bool
+	// NodeName and NodeIP default to the hostname and the default route's
+	// address.
+	NodeName, NodeIP string
+	// BindAddress, SecurePort and AdvertiseAddress are the API server's.
+	BindAddress      string
+	SecurePort       int
+	AdvertiseAddress string
+	// ClusterCIDR is the pod network (nodes get /24s of it);
+	// ServiceClusterIPRange and ServiceNodePortRange the Services'.
+	ClusterCIDR           string
+	ServiceClusterIPRange string
+	ServiceNodePortRange  string
+	// ContainerdAddress is the containerd socket; empty uses the system's
+	// (/run/containerd/containerd.sock) when it serves, else starts one
+	// under DataDir.
+	ContainerdAddress string
+	// ProxyMode is auto, ebpf, iptables or ipvs.
+	ProxyMode string
+	// CNIBinDir holds the waggle CNI plugin; ImageDir OCI archives imported
+	// at start.
+	CNIBinDir, ImageDir string
+	LogLevel            string
+	// Out receives the human-facing lines (where the kubeconfig is).
+	Out io.Writer
+}
+
+// Defaults returns the configuration of a plain `waggle up`.
+func Defaults() Config {
+	return Config{
+		DataDir:               "/var/lib/waggle",
+		Node:                  true,
+		BindAddress:           "0.0.0.0",
+		SecurePort:            6443,
+		ClusterCIDR:           "10.244.0.0/16",
+		ServiceClusterIPRange: "10.96.0.0/12",
+		ServiceNodePortRange:  "30000-32767",
+		ProxyMode:             "auto",
+		LogLevel:              "info",
+		Out:                   os.Stdout,
+	}
+}
+
+const systemContainerd = "/run/containerd/containerd.sock"
+
+// Run runs the cluster until ctx ends, then stops every component.
+func Run(ctx context.Context, cfg Config) error {
+	log, err := ops.NewLogger("up", cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	if cfg.DataDir == "" {
+		return errors.New("--data-dir is required")
+	}
+	if _, err := netip.ParsePrefix(cfg.ClusterCIDR); err != nil {
+		return fmt.Errorf("--cluster-cidr: %w", err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	srv, err := apiserver.New(ctx, apiserver.Config{
+		DataDir:               cfg.DataDir,
+		BindAddress:           cfg.BindAddress,
+		SecurePort:            cfg.SecurePort,
+		AdvertiseAddress:      cfg.AdvertiseAddress,
+		ServiceClusterIPRange: cfg.ServiceClusterIPRange,
+		ServiceNodePortRange:  cfg.ServiceNodePortRange,
+		LogLevel:              cfg.LogLevel,
+		Log:                   log.With("component", "apiserver"),
+	})
+	if err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	// The API server stops last: every other component's shutdown still
+	// reaches it.
+	apiCtx, stopAPI := context.WithCancel(context.WithoutCancel(ctx))
+	apiDone := make(chan error, 1)
+	go func() { apiDone <- srv.Serve(apiCtx) }()
+	defer func() {
+		stopAPI()
+		if err := <-apiDone; err != nil {
+			log.Error("api server shutdown", "err", err)
+		}
+	}()
+	kc := func(name string) string { return filepath.Join(cfg.DataDir, name+".kubeconfig") }
+	fmt.Fprintf(cfg.Out, "Waggle is starting: API server at %s\n  export KUBECONFIG=%s\n  kubectl get nodes\n", srv.URL(), kc("admin"))
+
+	g.Go(func() error {
+		return scheduler.Run(gctx, scheduler.Config{
+			Kubeconfig:        kc("scheduler"),
+			SchedulerName:     scheduler.DefaultSchedulerName,
+			HealthAddr:        "127.0.0.1:10259",
+			LogLevel:          cfg.LogLevel,
+			QPS:               200,
+			Burst:             400,
+			Parallelism:       16,
+			PodInitialBackoff: time.Second,
+			PodMaxBackoff:     10 * time.Second,
+			LeaderElection:    leaderElection("kube-scheduler"),
+		})
+	})
+	g.Go(func() error {
+		cm := controllers.DefaultConfig()
+		cm.Kubeconfig = kc("controller-manager")
+		cm.BindAddress = "127.0.0.1"
+		cm.AllocateNodeCIDRs = true
+		cm.ClusterCIDR = cfg.ClusterCIDR
+		cm.LogLevel = cfg.LogLevel
+		cm.Log = log.With("component", "controller-manager")
+		cm.LeaderElection = leaderElection("kube-controller-manager")
+		return controllers.Run(gctx, cm)
+	})
+	if cfg.Node {
+		if err := runNode(gctx, g, cfg, log, kc); err != nil {
+			cancel()
+			_ = g.Wait()
+			return err
+		}
+	}
+	err = g.Wait()
+	if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+		log.Info("stopped")
+		return nil
+	}
+	return err
+}
+
+func leaderElection(name string) leaderelect.Config {
+	// One instance per process here, but the Lease still shows who leads,
+	// and a second `waggle scheduler` may join.
+	return leaderelect.Config{
+		Enabled: true, LeaseName: name, LeaseNamespace: leaderelect.DefaultLeaseNamespace,
+		LeaseDuration: leaderelect.DefaultLeaseDuration, RenewDeadline: leaderelect.DefaultRenewDeadline,
+		RetryPeriod: leaderelect.DefaultRetryPeriod,
+	}
+}
+
+// runNode starts containerd (when needed), the kubelet and the proxy.
+func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logger, kc func(string) string) error {
+	addr := cfg.ContainerdAddress
+	if addr == "" && serves(systemContainerd) {
+		addr = systemContainerd
+	}
+	if addr == "" {
+		d, err := ctrdsup.Start(ctx, ctrdsup.Options{Dir: filepath.Join(cfg.DataDir, "containerd"), Log: log.With("component", "containerd")})
+		if err != nil {
+			return fmt.Errorf("start containerd: %w", err)
+		}
+		log.Info("supervising containerd", "pid", d.PID(), "address", d.Address())
+		addr = d.Address()
+		g.Go(func() error {
+			select {
+			case <-ctx.Done():
+				return d.Stop(context.WithoutCancel(ctx))
+			case <-d.Done():
+				return fmt.Errorf("containerd exited; see %s", d.Log())
+			}
+		})
+	}
+	cniBin := cfg.CNIBinDir
+	if cniBin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cniBin = filepath.Join(filepath.Dir(exe), "cni")
+	}
+	kcfg := kubelet.Config{
+		NodeName:            cfg.NodeName,
+		NodeIP:              cfg.NodeIP,
+		Kubeconfig:          kc("kubelet"),
+		ContainerdAddress:   addr,
+		ContainerdNamespace: "waggle",
+		CNIConfDir:          filepath.Join(cfg.DataDir, "cni", "net.d"),
+		CNIBinDirs:          []string{cniBin},
+		ClusterCIDR:         cfg.ClusterCIDR,
+		CgroupRoot:          "/waggle",
+		RootDir:             filepath.Join(cfg.DataDir, "kubelet"),
+		ImageDir:            cfg.ImageDir,
+		Port:                10250,
+		ClientCAFile:        filepath.Join(cfg.DataDir, "pki", "ca.crt"),
+		Log:                 log.With("component", "kubelet"),
+	}
+	g.Go(func() error { return kubelet.Run(ctx, kcfg) })
+	nodeName := cfg.NodeName
+	if nodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return err
+		}
+		nodeName = h
+	}
+	cidr, _ := netip.ParsePrefix(cfg.ClusterCIDR)
+	g.Go(func() error {
+		return dataplane.Run(ctx, dataplane.Config{
+			Kubeconfig:        kc("proxy"),
+			NodeName:          nodeName,
+			Mode:              cfg.ProxyMode,
+			Modes:             modes.All(),
+			MaxServices:       ebpf.DefaultMaxServices,
+			MaxBackends:       ebpf.DefaultMaxBackends,
+			MaxAffinity:       ebpf.DefaultMaxAffinity,
+			MaxRevSocks:       ebpf.DefaultMaxReverseSockets,
+			IPVSScheduler:     "rr",
+			ClusterCIDRs:      []netip.Prefix{cidr.Masked()},
+			HealthBindAddress: "127.0.0.1:10256",
+			SyncPeriod:        30 * time.Second,
+			MinSyncPeriod:     time.Second,
+			Log:               log.With("component", "proxy"),
+		})
+	})
+	return nil
+}
+
+func serves(sock string) bool {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
