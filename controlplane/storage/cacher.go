@@ -81,10 +81,11 @@ func (p Predicate) Filter(e *Event) (watch.EventType, *Object, bool) {
 	switch e.Type {
 	case watch.Bookmark:
 		return watch.Bookmark, nil, true
-	case watch.Added:
-		return watch.Added, e.Obj, p.Matches(e.Obj)
-	case watch.Deleted:
-		return watch.Deleted, e.Obj, p.Matches(e.Obj)
+	case watch.Added, watch.Deleted:
+		if p.Matches(e.Obj) {
+			return e.Type, e.Obj, true
+		}
+		return "", nil, false
 	}
 	cur, prev := p.Matches(e.Obj), p.Matches(e.Prev)
 	switch {
