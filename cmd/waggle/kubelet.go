@@ -2,10 +2,58 @@ package main
 
 import (
 	"context"
-	"errors"
+	"time"
+
+	"github.com/waggle-io/waggle/internal/cliflag"
+	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/kubelet"
 )
 
-// runKubelet is being built (see the issue for `waggle kubelet`).
+// runKubelet parses `waggle kubelet` flags into kubelet.Config and runs it.
 func runKubelet(ctx context.Context, args []string) error {
-	return errors.New("waggle kubelet is not built yet")
+	fs := cliflag.NewFlagSet("kubelet", "Run the node agent: register the node, run its pods on containerd, serve the kubelet API.")
+	var cfg kubelet.Config
+	var labels, taints, cniBin cliflag.StringList
+	logLevel := fs.String("log-level", "info", "log level (debug, info, warn, error)")
+	fs.StringVar(&cfg.NodeName, "hostname-override", "", "node name (default: the hostname)")
+	fs.StringVar(&cfg.NodeName, "node-name", "", "node name (alias of --hostname-override)")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server")
+	fs.StringVar(&cfg.NodeIP, "node-ip", "", "the node's InternalIP (default: the default route's source address)")
+	fs.Var(&labels, "node-labels", "extra node labels, key=value[,key=value...]")
+	fs.Var(&taints, "register-with-taints", "taints set at registration, key=value:Effect[,...]")
+	fs.IntVar(&cfg.MaxPods, "max-pods", 110, "pods capacity")
+	fs.StringVar(&cfg.Runtime, "runtime", "containerd", "container runtime: containerd, or fake (hollow node for scale tests)")
+	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", "/run/containerd/containerd.sock", "containerd socket")
+	fs.StringVar(&cfg.ContainerdNamespace, "containerd-namespace", "waggle", "containerd namespace of this node's images and containers")
+	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI network configuration dir (written from the node's pod CIDR when empty)")
+	fs.Var(&cniBin, "cni-bin-dir", "CNI plugin dirs (default /opt/cni/bin,/usr/lib/cni)")
+	fs.StringVar(&cfg.CNICacheDir, "cni-cache-dir", "", "libcni result cache (default <root-dir>/cni-cache)")
+	fs.StringVar(&cfg.PodCIDR, "pod-cidr", "", "pod CIDR when the Node has no spec.podCIDR (standalone)")
+	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", "", "cluster pod CIDR, not masqueraded (goes into the CNI config)")
+	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup under which pods' cgroups are made (default /waggle/<node>)")
+	fs.StringVar(&cfg.RootDir, "root-dir", "", "kubelet state dir (default /var/lib/waggle/kubelet/<node>)")
+	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "static pod manifests dir")
+	fs.StringVar(&cfg.ImageDir, "image-dir", "", "dir of OCI/Docker image archives imported at start")
+	fs.StringVar(&cfg.Address, "address", "0.0.0.0", "kubelet API address")
+	fs.IntVar(&cfg.Port, "port", 10250, "kubelet API port (0 picks a free port)")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "kubelet API serving cert (default: self-signed under the root dir)")
+	fs.StringVar(&cfg.TLSPrivateKeyFile, "tls-private-key-file", "", "kubelet API serving key")
+	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA that signs the clients (the API server) of the kubelet API")
+	fs.StringVar(&cfg.HealthAddress, "healthz-address", "127.0.0.1:10248", "plain-HTTP /healthz, /readyz, /metrics (0 disables)")
+	fs.DurationVar(&cfg.NodeStatusUpdateFrequency, "node-status-update-frequency", 10*time.Second, "node status update period")
+	fs.DurationVar(&cfg.SyncFrequency, "sync-frequency", time.Second, "pod resync and runtime relist period")
+	fs.BoolVar(&cfg.DisableRouteController, "disable-route-controller", false, "do not run the cross-node pod route controller")
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.NodeLabels, err = kubelet.ParseLabels(labels); err != nil {
+		return err
+	}
+	cfg.RegisterWithTaints = taints
+	cfg.CNIBinDirs = cniBin
+	if cfg.Log, err = ops.NewLogger("kubelet", *logLevel); err != nil {
+		return err
+	}
+	return kubelet.Run(ctx, cfg)
 }

@@ -54,7 +54,6 @@ func (f *Fake) EnsureImage(_ context.Context, image string, policy PullPolicy) (
 	return "sha256:fake-" + image, nil
 }
 
-
 // StartContainer implements Runtime.
 func (f *Fake) StartContainer(_ context.Context, cfg ContainerConfig) (string, error) {
 	f.mu.Lock()

@@ -1,0 +1,184 @@
+// Package kubelet is Waggle's node agent: it registers its Node (capacity,
+// labels, taints), renews its Lease and NodeStatus, watches the pods bound to
+// it (and static pods from a manifest dir, mirrored into the API), and runs
+// them on containerd: a network namespace and CNI per pod, a cgroup under the
+// node's cgroup root, init and app containers with restart policies and
+// back-off, probes, graceful termination, and status written through
+// pods/status. It serves the kubelet API on 10250 (kubelet/server).
+//
+// Config and Run let `waggle kubelet`, `waggle up` and the lab run it, as a
+// process or in-process. It is not the container runtime (kubelet/runtime),
+// the pod network (kubelet/network, the CNI plugin in cni/) or the scheduler:
+// it runs what is bound to it.
+package kubelet
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// ErrInvalidConfig marks a configuration the kubelet cannot run with.
+var ErrInvalidConfig = errors.New("invalid kubelet config")
+
+// Config is everything the kubelet runs with.
+type Config struct {
+	// NodeName is the Node's name (default: the hostname).
+	NodeName string
+	// Kubeconfig is the path of the API client config; RestConfig, when set,
+	// is used instead (in-process).
+	Kubeconfig string
+	RestConfig *rest.Config
+	// NodeIP is the node's InternalIP (default: the address of the default
+	// route's interface).
+	NodeIP string
+	// NodeLabels are extra labels; RegisterWithTaints are taints set at
+	// registration ("key=value:Effect").
+	NodeLabels         map[string]string
+	RegisterWithTaints []string
+	// MaxPods is the pods capacity (default 110).
+	MaxPods int
+	// Runtime is "containerd" (default) or "fake" (hollow node).
+	Runtime string
+	// ContainerdAddress and ContainerdNamespace select containerd and the
+	// namespace of this node's images and containers.
+	ContainerdAddress   string
+	ContainerdNamespace string
+	// CNIConfDir and CNIBinDirs are the CNI plugin's config and binaries;
+	// CNICacheDir libcni's cache (default under RootDir).
+	CNIConfDir  string
+	CNIBinDirs  []string
+	CNICacheDir string
+	// PodCIDR is used to write the CNI config when the Node has no
+	// spec.podCIDR; ClusterCIDR goes into that config (no masquerade inside).
+	PodCIDR     string
+	ClusterCIDR string
+	// CgroupRoot is the cgroup path (relative to the hierarchy roots, or
+	// an absolute path under the cgroup2 mount) under which pod cgroups are
+	// made, e.g. /waggle/node1.
+	CgroupRoot string
+	// RootDir holds the kubelet's state: pods' volumes, logs and sandboxes
+	// (default /var/lib/waggle/kubelet/<node>).
+	RootDir string
+	// NetNSDir is where pod network namespaces are bind-mounted.
+	NetNSDir string
+	// PodManifestPath is the static pods' directory ("" disables).
+	PodManifestPath string
+	// ImageDir is imported into containerd at start ("" disables).
+	ImageDir string
+	// Address and Port of the kubelet API (Port 0 picks a free port).
+	Address string
+	Port    int
+	// TLSCertFile/TLSPrivateKeyFile serve the API (generated self-signed
+	// under RootDir when empty); ClientCAFile authenticates clients (no
+	// file: every request is refused except /healthz).
+	TLSCertFile, TLSPrivateKeyFile, ClientCAFile string
+	// HealthAddress serves /healthz, /readyz, /metrics over plain HTTP
+	// ("" or "0" disables).
+	HealthAddress string
+	// NodeStatusUpdateFrequency and LeaseDuration (defaults 10 s and 40 s);
+	// the Lease is renewed every LeaseDuration/4.
+	NodeStatusUpdateFrequency time.Duration
+	LeaseDuration             time.Duration
+	// SyncFrequency is how often every pod is resynced (default 1 s, the
+	// relist of the runtime).
+	SyncFrequency time.Duration
+	// BackoffBase and BackoffMax bound CrashLoopBackOff (10 s and 5 min).
+	BackoffBase, BackoffMax time.Duration
+	// StartNetwork starts the cross-node route controller (default true
+	// with the containerd runtime).
+	DisableRouteController bool
+	// Log is the logger (default: a discard logger).
+	Log *slog.Logger
+	// Ready, when set, receives the bound API port once serving (tests).
+	Ready func(apiPort int)
+}
+
+// WithDefaults returns c with every unset field defaulted.
+func (c Config) WithDefaults() Config {
+	if c.MaxPods == 0 {
+		c.MaxPods = 110
+	}
+	if c.Runtime == "" {
+		c.Runtime = "containerd"
+	}
+	if c.ContainerdAddress == "" {
+		c.ContainerdAddress = "/run/containerd/containerd.sock"
+	}
+	if c.ContainerdNamespace == "" {
+		c.ContainerdNamespace = "waggle"
+	}
+	if c.CNIConfDir == "" {
+		c.CNIConfDir = "/etc/cni/net.d"
+	}
+	if len(c.CNIBinDirs) == 0 {
+		c.CNIBinDirs = []string{"/opt/cni/bin", "/usr/lib/cni"}
+	}
+	if c.CgroupRoot == "" {
+		c.CgroupRoot = "/waggle/" + c.NodeName
+	}
+	if c.RootDir == "" {
+		c.RootDir = "/var/lib/waggle/kubelet/" + c.NodeName
+	}
+	if c.CNICacheDir == "" {
+		c.CNICacheDir = c.RootDir + "/cni-cache"
+	}
+	if c.NetNSDir == "" {
+		c.NetNSDir = "/run/netns"
+	}
+	if c.NodeStatusUpdateFrequency == 0 {
+		c.NodeStatusUpdateFrequency = 10 * time.Second
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = 40 * time.Second
+	}
+	if c.SyncFrequency == 0 {
+		c.SyncFrequency = time.Second
+	}
+	if c.BackoffBase == 0 {
+		c.BackoffBase = 10 * time.Second
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = 5 * time.Minute
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports the first problem of a defaulted config.
+func (c Config) Validate() error {
+	if c.NodeName == "" {
+		return fmt.Errorf("%w: node name is empty", ErrInvalidConfig)
+	}
+	if c.Kubeconfig == "" && c.RestConfig == nil {
+		return fmt.Errorf("%w: no kubeconfig given (--kubeconfig)", ErrInvalidConfig)
+	}
+	if c.Runtime != "containerd" && c.Runtime != "fake" {
+		return fmt.Errorf("%w: --runtime=%q (want containerd or fake)", ErrInvalidConfig, c.Runtime)
+	}
+	for _, p := range []struct{ name, v string }{{"--pod-cidr", c.PodCIDR}, {"--cluster-cidr", c.ClusterCIDR}} {
+		if p.v != "" {
+			if _, err := netip.ParsePrefix(p.v); err != nil {
+				return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, p.name, err)
+			}
+		}
+	}
+	if c.NodeIP != "" {
+		if _, err := netip.ParseAddr(c.NodeIP); err != nil {
+			return fmt.Errorf("%w: --node-ip: %v", ErrInvalidConfig, err)
+		}
+	}
+	if _, err := ParseTaints(c.RegisterWithTaints); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		return fmt.Errorf("%w: --port %d", ErrInvalidConfig, c.Port)
+	}
+	return nil
+}

@@ -1,0 +1,659 @@
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/waggle-io/waggle/kubelet/network"
+	"github.com/waggle-io/waggle/kubelet/runtime"
+)
+
+// Annotations of static and mirror pods, as Kubernetes spells them.
+const (
+	AnnotationConfigMirror = "kubernetes.io/config.mirror"
+	AnnotationConfigSource = "kubernetes.io/config.source"
+	AnnotationConfigHash   = "kubernetes.io/config.hash"
+)
+
+func isMirror(p *v1.Pod) bool { _, ok := p.Annotations[AnnotationConfigMirror]; return ok }
+
+// podFromAPI receives an added or updated pod bound to this node.
+func (k *Kubelet) podFromAPI(p *v1.Pod) {
+	if isMirror(p) {
+		if k.static != nil {
+			k.static.mirrorSeen(p)
+		}
+		return
+	}
+	k.upsertWorker(p, false)
+}
+
+// podGoneFromAPI receives a pod deleted from the API (or unbound).
+func (k *Kubelet) podGoneFromAPI(p *v1.Pod) {
+	if isMirror(p) {
+		if k.static != nil {
+			k.static.mirrorGone(p)
+		}
+		return
+	}
+	k.mu.Lock()
+	w := k.workers[p.UID]
+	k.mu.Unlock()
+	if w != nil {
+		w.markGone()
+	}
+}
+
+func (k *Kubelet) upsertWorker(p *v1.Pod, static bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if w, ok := k.workers[p.UID]; ok {
+		w.update(p)
+		return
+	}
+	if k.ctx == nil || k.ctx.Err() != nil {
+		return
+	}
+	w := &podWorker{k: k, uid: p.UID, pod: p.DeepCopy(), static: static,
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
+		waiting: map[string]waitReason{}, pending: map[string]runtime.Container{}, removed: map[string]bool{}}
+	k.workers[p.UID] = w
+	go w.run(k.ctx)
+}
+
+func (k *Kubelet) removeWorker(w *podWorker) {
+	k.mu.Lock()
+	if k.workers[w.uid] == w {
+		delete(k.workers, w.uid)
+	}
+	k.mu.Unlock()
+}
+
+// worker returns the worker of a pod by namespace and name.
+func (k *Kubelet) workerByName(ns, name string) *podWorker {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, w := range k.workers {
+		w.mu.Lock()
+		match := w.pod.Namespace == ns && w.pod.Name == name
+		w.mu.Unlock()
+		if match {
+			return w
+		}
+	}
+	return nil
+}
+
+type waitReason struct{ reason, message string }
+
+// podWorker drives one pod towards its spec.
+type podWorker struct {
+	k      *Kubelet
+	uid    types.UID
+	static bool
+	kick   chan struct{}
+	done   chan struct{}
+
+	mu   sync.Mutex
+	pod  *v1.Pod
+	gone bool
+
+	// Owned by the run goroutine.
+	sb         *sandboxState
+	waiting    map[string]waitReason
+	pending    map[string]runtime.Container // started, not yet relisted
+	removed    map[string]bool              // removed, maybe still relisted
+	lastStatus *v1.PodStatus
+	terminal   bool
+	firstSync  time.Time
+	reported   bool
+	volumesAt  time.Time
+	// statusReset asks the run goroutine to rewrite the status.
+	statusReset atomic.Bool
+}
+
+func (w *podWorker) update(p *v1.Pod) {
+	w.mu.Lock()
+	w.pod = p.DeepCopy()
+	w.mu.Unlock()
+	w.poke()
+}
+
+func (w *podWorker) markGone() {
+	w.mu.Lock()
+	w.gone = true
+	w.mu.Unlock()
+	w.poke()
+}
+
+func (w *podWorker) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (w *podWorker) snapshot() (*v1.Pod, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pod.DeepCopy(), w.gone
+}
+
+func (w *podWorker) run(ctx context.Context) {
+	defer close(w.done)
+	t := time.NewTicker(w.k.cfg.SyncFrequency)
+	defer t.Stop()
+	for {
+		done, err := w.sync(ctx)
+		w.k.metrics.syncs.Inc()
+		if err != nil && ctx.Err() == nil {
+			w.k.metrics.syncErrors.Inc()
+			pod, _ := w.snapshot()
+			w.k.log.Warn("sync pod", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+		}
+		if done {
+			w.k.removeWorker(w)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// containers returns the pod's containers: the last relist, plus what this
+// worker started since, minus what it removed.
+func (w *podWorker) containers() []runtime.Container {
+	w.k.mu.Lock()
+	listed := append([]runtime.Container(nil), w.k.snapshot[w.uid]...)
+	w.k.mu.Unlock()
+	seen := map[string]bool{}
+	out := listed[:0]
+	for _, c := range listed {
+		seen[c.ID] = true
+		if w.removed[c.ID] {
+			continue
+		}
+		if p, ok := w.pending[c.ID]; ok && p.State == runtime.StateExited && c.State == runtime.StateRunning {
+			c = p // stopped by us, not yet relisted as exited
+		} else {
+			delete(w.pending, c.ID)
+		}
+		out = append(out, c)
+	}
+	for id := range w.removed {
+		if !seen[id] {
+			delete(w.removed, id)
+		}
+	}
+	for id, c := range w.pending {
+		if !seen[id] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// byName groups containers by name, newest attempt first.
+func byName(cs []runtime.Container) map[string][]runtime.Container {
+	m := map[string][]runtime.Container{}
+	for _, c := range cs {
+		m[c.Name] = append(m[c.Name], c)
+	}
+	for _, l := range m {
+		sort.Slice(l, func(i, j int) bool {
+			if l[i].Attempt != l[j].Attempt {
+				return l[i].Attempt > l[j].Attempt
+			}
+			return l[i].CreatedAt.After(l[j].CreatedAt)
+		})
+	}
+	return m
+}
+
+func gracePeriod(p *v1.Pod) time.Duration {
+	if p.DeletionGracePeriodSeconds != nil {
+		return time.Duration(*p.DeletionGracePeriodSeconds) * time.Second
+	}
+	if p.Spec.TerminationGracePeriodSeconds != nil {
+		return time.Duration(*p.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	return 30 * time.Second
+}
+
+func isTerminalPhase(p v1.PodPhase) bool { return p == v1.PodSucceeded || p == v1.PodFailed }
+
+// sync does one round of work for the pod; done means the worker ends.
+func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
+	k := w.k
+	pod, gone := w.snapshot()
+	if w.firstSync.IsZero() {
+		w.firstSync = time.Now()
+	}
+	if p := k.runtimeErr.Load(); p != nil && *p != nil {
+		// Without a fresh relist the worker could start duplicates.
+		return false, fmt.Errorf("runtime unavailable: %w", *p)
+	}
+	ctrs := w.containers()
+	if w.statusReset.Swap(false) {
+		w.lastStatus = nil
+	}
+
+	if gone || pod.DeletionTimestamp != nil {
+		if err := w.terminate(ctx, pod, ctrs, gracePeriod(pod)); err != nil {
+			return false, err
+		}
+		if err := w.cleanup(ctx, pod); err != nil {
+			return false, err
+		}
+		if !gone && !w.static {
+			// Final status, then the kubelet's delete that removes the pod
+			// from the API, as Kubernetes' status manager does.
+			st := w.computeStatus(pod, nil, true)
+			w.writeStatus(ctx, pod, st)
+			err := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+				GracePeriodSeconds: new(int64),
+				Preconditions:      metav1.NewUIDPreconditions(string(pod.UID)),
+			})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return false, fmt.Errorf("final delete: %w", err)
+			}
+		}
+		k.log.Info("pod terminated", "pod", pod.Namespace+"/"+pod.Name)
+		return true, nil
+	}
+
+	if w.sb == nil {
+		if sb, err := k.loadSandbox(pod.UID); err == nil {
+			w.sb = sb
+		}
+	}
+	// A pod the API already reports terminal is never started again (a
+	// restarted kubelet must not rerun a completed pod).
+	if (isTerminalPhase(pod.Status.Phase) && !w.static) || w.terminal {
+		w.terminal = true
+		if err := w.terminate(ctx, pod, ctrs, gracePeriod(pod)); err != nil {
+			return false, err
+		}
+		w.tearDownNetwork(ctx, pod)
+		if w.lastStatus == nil && isTerminalPhase(pod.Status.Phase) {
+			return false, nil
+		}
+		st := w.computeStatus(pod, w.containers(), false)
+		return false, w.writeStatus(ctx, pod, st)
+	}
+
+	if err := w.ensureSandbox(ctx, pod); err != nil {
+		w.setAllWaiting(pod, "ContainerCreating", err.Error())
+		w.writeStatus(ctx, pod, w.computeStatus(pod, ctrs, false))
+		return false, err
+	}
+	if err := w.ensureVolumes(ctx, pod); err != nil {
+		w.setAllWaiting(pod, "ContainerCreating", err.Error())
+		w.writeStatus(ctx, pod, w.computeStatus(pod, ctrs, false))
+		return false, err
+	}
+	syncErr := w.syncContainers(ctx, pod, ctrs)
+	ctrs = w.containers()
+	st := w.computeStatus(pod, ctrs, false)
+	if isTerminalPhase(st.Phase) {
+		w.terminal = true
+		w.tearDownNetwork(ctx, pod)
+	}
+	if !w.reported && st.Phase == v1.PodRunning {
+		w.reported = true
+		k.metrics.startupSecs.Observe(time.Since(w.firstSync).Seconds())
+	}
+	if err := w.writeStatus(ctx, pod, st); err != nil {
+		return false, errors.Join(syncErr, err)
+	}
+	return false, syncErr
+}
+
+func (w *podWorker) setAllWaiting(pod *v1.Pod, reason, msg string) {
+	for _, c := range append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		w.waiting[c.Name] = waitReason{reason, msg}
+	}
+}
+
+// ensureSandbox gives the pod its cgroup path and network (once).
+func (w *podWorker) ensureSandbox(ctx context.Context, pod *v1.Pod) error {
+	k := w.k
+	if w.sb != nil && !w.sb.Torn {
+		return nil
+	}
+	sb := &sandboxState{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name,
+		Cgroup: podCgroup(k.cfg.CgroupRoot, pod.UID), StartTime: time.Now().UTC()}
+	if pod.Status.StartTime != nil {
+		sb.StartTime = pod.Status.StartTime.Time
+	}
+	if !pod.Spec.HostNetwork {
+		net, err := k.net.SetUp(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name})
+		if err != nil {
+			return fmt.Errorf("set up pod network: %w", err)
+		}
+		sb.Sandbox = net
+	}
+	if err := k.saveSandbox(sb); err != nil {
+		k.net.TearDown(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, sb.Sandbox)
+		return fmt.Errorf("save sandbox: %w", err)
+	}
+	w.sb = sb
+	return nil
+}
+
+func (w *podWorker) tearDownNetwork(ctx context.Context, pod *v1.Pod) {
+	if w.sb == nil || w.sb.Torn {
+		return
+	}
+	if err := w.k.net.TearDown(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, w.sb.Sandbox); err != nil {
+		w.k.log.Warn("tear down pod network", "pod", pod.Name, "err", err)
+		return
+	}
+	w.sb.Torn = true
+	w.k.saveSandbox(w.sb)
+}
+
+// terminate stops every running container of the pod within grace,
+// running preStop hooks first.
+func (w *podWorker) terminate(ctx context.Context, pod *v1.Pod, ctrs []runtime.Container, grace time.Duration) error {
+	k := w.k
+	specs := map[string]*v1.Container{}
+	for i := range pod.Spec.Containers {
+		specs[pod.Spec.Containers[i].Name] = &pod.Spec.Containers[i]
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	deadline := time.Now().Add(grace)
+	for _, c := range ctrs {
+		if c.State != runtime.StateRunning && c.State != runtime.StateCreated {
+			continue
+		}
+		wg.Add(1)
+		go func(c runtime.Container) {
+			defer wg.Done()
+			if s := specs[c.Name]; s != nil && s.Lifecycle != nil && s.Lifecycle.PreStop != nil && grace > 0 {
+				hctx, cancel := context.WithDeadline(ctx, deadline)
+				if err := k.runHandler(hctx, pod, c, s, s.Lifecycle.PreStop); err != nil {
+					k.log.Info("preStop hook failed", "pod", pod.Name, "container", c.Name, "err", err)
+				}
+				cancel()
+			}
+			left := time.Until(deadline)
+			if left < 0 || grace == 0 {
+				left = 0
+			} else if left < 2*time.Second {
+				left = 2 * time.Second // Kubernetes' minimum after a hook
+			}
+			if err := k.rt.StopContainer(ctx, c.ID, left); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				return
+			}
+			k.probes.stopContainer(c.ID)
+		}(c)
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if len(ctrs) > 0 {
+		k.relist(ctx)
+	}
+	return nil
+}
+
+// cleanup removes everything of a pod that is gone: containers, network,
+// cgroup, volumes and state.
+func (w *podWorker) cleanup(ctx context.Context, pod *v1.Pod) error {
+	k := w.k
+	var errs []error
+	for _, c := range w.containers() {
+		if err := k.rt.RemoveContainer(ctx, c.ID); err != nil {
+			errs = append(errs, err)
+		}
+		w.removed[c.ID] = true
+	}
+	if err := k.cleanupSandbox(ctx, pod.UID, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}); err != nil {
+		errs = append(errs, err)
+	}
+	k.probes.stopPod(pod.UID)
+	for _, c := range append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		k.backoff.Reset(backoffKey(pod.UID, c.Name))
+	}
+	return errors.Join(errs...)
+}
+
+// cleanupSandbox tears down a pod's network and removes its cgroup and dir.
+func (k *Kubelet) cleanupSandbox(ctx context.Context, uid types.UID, p network.Pod) error {
+	sb, err := k.loadSandbox(uid)
+	if err == nil {
+		if !sb.Torn {
+			if err := k.net.TearDown(ctx, network.Pod{UID: string(uid), Namespace: sb.Namespace, Name: sb.Name}, sb.Sandbox); err != nil {
+				return fmt.Errorf("tear down network of pod %s: %w", uid, err)
+			}
+		}
+		removeCgroup(sb.Cgroup)
+	} else if !os.IsNotExist(err) {
+		k.log.Warn("unreadable sandbox state; removing it", "pod", uid, "err", err)
+	}
+	if err := os.RemoveAll(k.podDir(uid)); err != nil {
+		return fmt.Errorf("remove pod dir: %w", err)
+	}
+	return nil
+}
+
+func backoffKey(uid types.UID, name string) string { return string(uid) + "/" + name }
+
+func shouldRestart(policy v1.RestartPolicy, code int32) bool {
+	switch policy {
+	case v1.RestartPolicyNever:
+		return false
+	case v1.RestartPolicyOnFailure:
+		return code != 0
+	}
+	return true
+}
+
+// syncContainers runs init containers in order, then the app containers,
+// restarting per policy with back-off.
+func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runtime.Container) error {
+	k := w.k
+	named := byName(ctrs)
+	// Drop all but the two newest of each name (current and previous).
+	for _, l := range named {
+		for _, old := range l[min(2, len(l)):] {
+			if old.State != runtime.StateRunning {
+				if err := k.rt.RemoveContainer(ctx, old.ID); err == nil {
+					w.removed[old.ID] = true
+				}
+			}
+		}
+	}
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		l := named[c.Name]
+		if len(l) == 0 {
+			return w.start(ctx, pod, c, 0, true)
+		}
+		cur := l[0]
+		switch cur.State {
+		case runtime.StateRunning, runtime.StateCreated:
+			return nil // wait for it
+		}
+		if cur.State == runtime.StateExited && cur.ExitCode == 0 {
+			continue
+		}
+		if pod.Spec.RestartPolicy == v1.RestartPolicyNever {
+			return nil // pod fails (computeStatus)
+		}
+		return w.restart(ctx, pod, c, cur, true)
+	}
+	var errs []error
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		l := named[c.Name]
+		if len(l) == 0 {
+			if err := w.start(ctx, pod, c, 0, false); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		cur := l[0]
+		switch cur.State {
+		case runtime.StateRunning:
+			k.probes.ensure(pod, c, cur)
+			if why := k.probes.mustRestart(cur.ID); why != "" {
+				k.log.Info("restarting container", "pod", pod.Name, "container", c.Name, "why", why)
+				if err := w.terminate(ctx, pod, []runtime.Container{cur}, gracePeriod(pod)); err != nil {
+					errs = append(errs, err)
+				}
+				exited := cur
+				exited.State, exited.ExitCode, exited.Reason, exited.FinishedAt = runtime.StateExited, 137, "Error", time.Now()
+				w.pending[cur.ID] = exited
+			}
+			continue
+		case runtime.StateCreated:
+			continue
+		}
+		if !shouldRestart(pod.Spec.RestartPolicy, cur.ExitCode) && cur.State == runtime.StateExited {
+			continue
+		}
+		if err := w.restart(ctx, pod, c, cur, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// restart starts the next attempt of an exited container unless it is in
+// back-off (CrashLoopBackOff).
+func (w *podWorker) restart(ctx context.Context, pod *v1.Pod, c *v1.Container, cur runtime.Container, init bool) error {
+	k := w.k
+	key := backoffKey(pod.UID, c.Name)
+	finished := cur.FinishedAt
+	if finished.IsZero() {
+		finished = time.Now()
+	}
+	if k.backoff.IsInBackOffSince(key, finished) {
+		d := k.backoff.Get(key)
+		w.waiting[c.Name] = waitReason{"CrashLoopBackOff", fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, c.Name, pod.Name, pod.Namespace, pod.UID)}
+		// Come back when the back-off ends.
+		time.AfterFunc(time.Until(finished.Add(d))+10*time.Millisecond, w.poke)
+		return nil
+	}
+	k.backoff.Next(key, time.Now())
+	if cur.State == runtime.StateUnknown {
+		k.rt.RemoveContainer(ctx, cur.ID)
+		w.removed[cur.ID] = true
+	}
+	return w.start(ctx, pod, c, cur.Attempt+1, init)
+}
+
+func pullPolicy(c *v1.Container) runtime.PullPolicy {
+	switch c.ImagePullPolicy {
+	case v1.PullAlways:
+		return runtime.PullAlways
+	case v1.PullNever:
+		return runtime.PullNever
+	case v1.PullIfNotPresent:
+		return runtime.PullIfNotPresent
+	}
+	// Kubernetes' default: Always for :latest or untagged, else IfNotPresent.
+	if n, err := runtime.NormalizeImage(c.Image); err == nil && len(n) > 7 && n[len(n)-7:] == ":latest" {
+		return runtime.PullAlways
+	}
+	return runtime.PullIfNotPresent
+}
+
+// start starts one attempt of a container.
+func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, attempt int, init bool) error {
+	k := w.k
+	imageID, err := k.rt.EnsureImage(ctx, c.Image, pullPolicy(c))
+	if err != nil {
+		reason := "ErrImagePull"
+		if errors.Is(err, runtime.ErrImageNotFound) {
+			reason = "ErrImageNeverPull"
+		}
+		w.waiting[c.Name] = waitReason{reason, err.Error()}
+		return err
+	}
+	env, err := k.makeEnv(ctx, pod, c, w.sb)
+	if err != nil {
+		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
+		return err
+	}
+	mounts, err := k.makeMounts(pod, c)
+	if err != nil {
+		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
+		return err
+	}
+	cfg := runtime.ContainerConfig{
+		PodUID: string(pod.UID), PodNamespace: pod.Namespace, PodName: pod.Name,
+		Name: c.Name, Attempt: attempt, Init: init, Image: c.Image,
+		Command: c.Command, Args: c.Args, Env: env, WorkingDir: c.WorkingDir, Mounts: mounts,
+		NetNSPath: w.sb.NetNS, Hostname: podHostname(pod), CgroupParent: w.sb.Cgroup,
+		LogPath: filepath.Join(k.podDir(pod.UID), "logs", c.Name, strconv.Itoa(attempt)+".log"),
+	}
+	applyResources(&cfg, c.Resources)
+	id, err := k.rt.StartContainer(ctx, cfg)
+	if err != nil {
+		w.waiting[c.Name] = waitReason{"RunContainerError", err.Error()}
+		return err
+	}
+	delete(w.waiting, c.Name)
+	k.metrics.podStarts.Inc()
+	now := time.Now()
+	rc := runtime.Container{ID: id, PodUID: cfg.PodUID, PodName: pod.Name, PodNamespace: pod.Namespace,
+		Name: c.Name, Attempt: attempt, Init: init, Image: c.Image, ImageID: imageID,
+		State: runtime.StateRunning, CreatedAt: now, StartedAt: now, LogPath: cfg.LogPath}
+	w.pending[id] = rc
+	if c.Lifecycle != nil && c.Lifecycle.PostStart != nil {
+		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := k.runHandler(hctx, pod, rc, c, c.Lifecycle.PostStart)
+		cancel()
+		if err != nil {
+			k.log.Info("postStart hook failed; killing container", "pod", pod.Name, "container", c.Name, "err", err)
+			k.rt.StopContainer(ctx, id, 0)
+		}
+	}
+	if !init {
+		k.probes.ensure(pod, c, rc)
+	}
+	return nil
+}
+
+func podHostname(p *v1.Pod) string {
+	h := p.Name
+	if p.Spec.Hostname != "" {
+		h = p.Spec.Hostname
+	}
+	if len(h) > 63 {
+		h = h[:63]
+	}
+	return h
+}
+
+// resetStatus forgets the last written status, so the next sync writes it.
+func (w *podWorker) resetStatus() {
+	w.statusReset.Store(true)
+	w.poke()
+}

@@ -1,0 +1,259 @@
+package kubelet
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/namespaces"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+
+	"github.com/waggle-io/waggle/cni/routes"
+	"github.com/waggle-io/waggle/kubelet/images"
+	"github.com/waggle-io/waggle/kubelet/runtime"
+	"github.com/waggle-io/waggle/kubelet/server"
+)
+
+func insecureTLS() *tls.Config { return &tls.Config{InsecureSkipVerify: true} } //nolint:gosec // probes, as Kubernetes
+
+// servingCert loads the configured serving cert or makes a self-signed one
+// under RootDir/pki, as the kubelet does without --tls-cert-file.
+func (k *Kubelet) servingCert() (tls.Certificate, error) {
+	if k.cfg.TLSCertFile != "" {
+		c, err := tls.LoadX509KeyPair(k.cfg.TLSCertFile, k.cfg.TLSPrivateKeyFile)
+		if err != nil {
+			return c, fmt.Errorf("kubelet serving cert: %w", err)
+		}
+		return c, nil
+	}
+	dir := filepath.Join(k.cfg.RootDir, "pki")
+	certPath, keyPath := filepath.Join(dir, "kubelet.crt"), filepath.Join(dir, "kubelet.key")
+	if c, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil {
+		return c, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: k.cfg.NodeName + "@" + fmt.Sprint(time.Now().Unix())},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().AddDate(1, 0, 0),
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     []string{k.cfg.NodeName, "localhost"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	if ip := net.ParseIP(k.nodeIP); ip != nil {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	kb, _ := x509.MarshalECPrivateKey(key)
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+	if err := os.MkdirAll(dir, 0o700); err == nil {
+		os.WriteFile(certPath, certPEM, 0o644)
+		os.WriteFile(keyPath, keyPEM, 0o600)
+	}
+	return tls.X509KeyPair(certPEM, keyPEM)
+}
+
+func (k *Kubelet) startServer(ctx context.Context) (*server.Server, error) {
+	cert, err := k.servingCert()
+	if err != nil {
+		return nil, err
+	}
+	var pool *x509.CertPool
+	if k.cfg.ClientCAFile != "" {
+		b, err := os.ReadFile(k.cfg.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("client CA: %w", err)
+		}
+		pool = x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("client CA %s holds no PEM certificate", k.cfg.ClientCAFile)
+		}
+	} else {
+		k.log.Warn("no --client-ca-file: the kubelet API refuses every authenticated request")
+	}
+	srv, err := server.Start(server.Config{Address: k.cfg.Address, Port: k.cfg.Port, Cert: cert, ClientCAs: pool, Log: k.log}, (*provider)(k))
+	if err != nil {
+		return nil, err
+	}
+	k.apiPortV.Store(int32(srv.Port()))
+	if k.cfg.Ready != nil {
+		k.cfg.Ready(srv.Port())
+	}
+	return srv, nil
+}
+
+// provider is the Kubelet seen by the API server.
+type provider Kubelet
+
+func (p *provider) Runtime() runtime.Runtime { return p.rt }
+
+func (p *provider) Metrics() http.Handler {
+	return promhttp.HandlerFor(p.health.Registry, promhttp.HandlerOpts{})
+}
+
+func (p *provider) Healthy(ctx context.Context) error {
+	_, _, err := p.rt.Version(ctx)
+	return err
+}
+
+func (p *provider) Pods() []*v1.Pod {
+	k := (*Kubelet)(p)
+	k.mu.Lock()
+	ws := make([]*podWorker, 0, len(k.workers))
+	for _, w := range k.workers {
+		ws = append(ws, w)
+	}
+	k.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(ws))
+	for _, w := range ws {
+		pod, _ := w.snapshot()
+		out = append(out, pod)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name })
+	return out
+}
+
+func (p *provider) Container(ns, pod, container string, previous bool) (runtime.Container, types.UID, error) {
+	k := (*Kubelet)(p)
+	w := k.workerByName(ns, pod)
+	if w == nil {
+		return runtime.Container{}, "", fmt.Errorf("%w: pod %s/%s on node %s", server.ErrNotFound, ns, pod, k.cfg.NodeName)
+	}
+	k.mu.Lock()
+	list := append([]runtime.Container(nil), k.snapshot[w.uid]...)
+	k.mu.Unlock()
+	l := byName(list)[container]
+	if container == "" {
+		podObj, _ := w.snapshot()
+		if len(podObj.Spec.Containers) > 0 {
+			l = byName(list)[podObj.Spec.Containers[0].Name]
+		}
+	}
+	idx := 0
+	if previous {
+		idx = 1
+	}
+	if len(l) <= idx {
+		what := "container"
+		if previous {
+			what = "previous terminated container"
+		}
+		return runtime.Container{}, "", fmt.Errorf("%w: %s %q in pod %s/%s", server.ErrNotFound, what, container, ns, pod)
+	}
+	return l[idx], w.uid, nil
+}
+
+// Summary implements the /stats/summary data from the runtime's cgroup
+// statistics.
+func (p *provider) Summary(ctx context.Context) (*statsapi.Summary, error) {
+	k := (*Kubelet)(p)
+	now := metav1.Now()
+	sum := &statsapi.Summary{Node: statsapi.NodeStats{NodeName: k.cfg.NodeName, StartTime: now}}
+	k.mu.Lock()
+	snap := map[types.UID][]runtime.Container{}
+	for uid, l := range k.snapshot {
+		snap[uid] = append([]runtime.Container(nil), l...)
+	}
+	k.mu.Unlock()
+	var nodeCPU, nodeMem uint64
+	for uid, list := range snap {
+		var ps statsapi.PodStats
+		var podCPU, podMem, podWS uint64
+		for _, c := range list {
+			if c.State != runtime.StateRunning {
+				continue
+			}
+			ps.PodRef = statsapi.PodReference{Name: c.PodName, Namespace: c.PodNamespace, UID: string(uid)}
+			st, err := k.rt.Stats(ctx, c.ID)
+			if err != nil {
+				continue
+			}
+			t := metav1.NewTime(st.Time)
+			cpu, mem, ws, rss := st.CPUUsageNanos, st.MemoryUsage, st.MemoryWorkingSet, st.MemoryRSS
+			cs := statsapi.ContainerStats{
+				Name:      c.Name,
+				StartTime: metav1.NewTime(c.StartedAt),
+				CPU:       &statsapi.CPUStats{Time: t, UsageCoreNanoSeconds: &cpu},
+				Memory:    &statsapi.MemoryStats{Time: t, UsageBytes: &mem, WorkingSetBytes: &ws, RSSBytes: &rss},
+			}
+			ps.Containers = append(ps.Containers, cs)
+			podCPU += cpu
+			podMem += mem
+			podWS += ws
+			if ps.Network == nil && (st.RxBytes > 0 || st.TxBytes > 0) {
+				rx, tx, rxe, txe := st.RxBytes, st.TxBytes, st.RxErrors, st.TxErrors
+				ps.Network = &statsapi.NetworkStats{Time: t, InterfaceStats: statsapi.InterfaceStats{
+					Name: "eth0", RxBytes: &rx, TxBytes: &tx, RxErrors: &rxe, TxErrors: &txe}}
+			}
+		}
+		if len(ps.Containers) == 0 {
+			continue
+		}
+		ps.StartTime = ps.Containers[0].StartTime
+		ps.CPU = &statsapi.CPUStats{Time: now, UsageCoreNanoSeconds: &podCPU}
+		ps.Memory = &statsapi.MemoryStats{Time: now, UsageBytes: &podMem, WorkingSetBytes: &podWS}
+		nodeCPU += podCPU
+		nodeMem += podMem
+		sum.Pods = append(sum.Pods, ps)
+	}
+	sort.Slice(sum.Pods, func(i, j int) bool {
+		return sum.Pods[i].PodRef.Namespace+"/"+sum.Pods[i].PodRef.Name < sum.Pods[j].PodRef.Namespace+"/"+sum.Pods[j].PodRef.Name
+	})
+	sum.Node.CPU = &statsapi.CPUStats{Time: now, UsageCoreNanoSeconds: &nodeCPU}
+	sum.Node.Memory = &statsapi.MemoryStats{Time: now, UsageBytes: &nodeMem}
+	return sum, nil
+}
+
+func importImageDir(ctx context.Context, c *runtime.Containerd, dir string, log *slog.Logger) error {
+	ictx := namespaces.WithNamespace(ctx, c.Namespace())
+	names, err := images.ImportDir(ictx, c.Client(), dir, "")
+	if err != nil {
+		return fmt.Errorf("import --image-dir: %w", err)
+	}
+	if len(names) > 0 {
+		log.Info("imported images", "dir", dir, "images", names)
+	}
+	return nil
+}
+
+func (k *Kubelet) startRouteController(ctx context.Context, wg *sync.WaitGroup) {
+	if k.cfg.Runtime == "fake" || k.cfg.DisableRouteController {
+		return
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := routes.Run(ctx, k.client, routes.Config{NodeName: k.cfg.NodeName, Log: k.log}); err != nil && ctx.Err() == nil {
+			k.log.Error("route controller", "err", err)
+		}
+	}()
+}

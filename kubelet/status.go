@@ -1,0 +1,295 @@
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/waggle-io/waggle/kubelet/runtime"
+)
+
+func ctrState(c runtime.Container) v1.ContainerState {
+	switch c.State {
+	case runtime.StateRunning:
+		return v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: metav1.NewTime(c.StartedAt)}}
+	case runtime.StateCreated:
+		return v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "ContainerCreating"}}
+	case runtime.StateExited:
+		return v1.ContainerState{Terminated: &v1.ContainerStateTerminated{
+			ExitCode: c.ExitCode, Reason: c.Reason, StartedAt: metav1.NewTime(c.StartedAt),
+			FinishedAt: metav1.NewTime(c.FinishedAt), ContainerID: "containerd://" + c.ID,
+		}}
+	}
+	return v1.ContainerState{Terminated: &v1.ContainerStateTerminated{
+		ExitCode: 128, Reason: "ContainerCannotRun", Message: "container was created but never started",
+		ContainerID: "containerd://" + c.ID,
+	}}
+}
+
+// containerStatuses builds the statuses of specs from the runtime's view.
+func (w *podWorker) containerStatuses(pod *v1.Pod, specs []v1.Container, named map[string][]runtime.Container, init, deleting bool, waitDefault string) []v1.ContainerStatus {
+	out := make([]v1.ContainerStatus, 0, len(specs))
+	for _, s := range specs {
+		cs := v1.ContainerStatus{Name: s.Name, Image: s.Image, ImageID: "", Started: new(bool)}
+		l := named[s.Name]
+		if len(l) > 0 {
+			cur := l[0]
+			cs.ContainerID = "containerd://" + cur.ID
+			cs.RestartCount = int32(cur.Attempt)
+			cs.ImageID = cur.ImageID
+			cs.State = ctrState(cur)
+			if len(l) > 1 {
+				cs.LastTerminationState = ctrState(l[1])
+			}
+			if cur.State == runtime.StateRunning {
+				started := init || w.k.probes.started(cur.ID)
+				cs.Started = &started
+				cs.Ready = !init && started && w.k.probes.ready(cur.ID) && !deleting
+			}
+			if cur.State == runtime.StateExited {
+				if wr, ok := w.waiting[s.Name]; ok && wr.reason == "CrashLoopBackOff" {
+					cs.LastTerminationState = cs.State
+					cs.State = v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: wr.reason, Message: wr.message}}
+				}
+			}
+		} else {
+			reason, msg := waitDefault, ""
+			if wr, ok := w.waiting[s.Name]; ok {
+				reason, msg = wr.reason, wr.message
+			}
+			cs.State = v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: reason, Message: msg}}
+		}
+		out = append(out, cs)
+	}
+	return out
+}
+
+// computeStatus derives the pod's status from its containers.
+func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deleting bool) v1.PodStatus {
+	named := byName(ctrs)
+	st := v1.PodStatus{QOSClass: qosClass(pod)}
+	st.HostIP = w.k.nodeIP
+	st.HostIPs = []v1.HostIP{{IP: w.k.nodeIP}}
+	if w.sb != nil {
+		t := metav1.NewTime(w.sb.StartTime)
+		st.StartTime = &t
+		ips := w.sb.IPs
+		if pod.Spec.HostNetwork {
+			ips = []string{w.k.nodeIP}
+		}
+		if len(ips) > 0 {
+			st.PodIP = ips[0]
+			for _, ip := range ips {
+				st.PodIPs = append(st.PodIPs, v1.PodIP{IP: ip})
+			}
+		}
+	} else if pod.Status.StartTime != nil {
+		st.StartTime = pod.Status.StartTime
+		st.PodIP, st.PodIPs = pod.Status.PodIP, pod.Status.PodIPs
+	}
+
+	// Init containers.
+	initDone, initFailed := true, false
+	for _, s := range pod.Spec.InitContainers {
+		l := named[s.Name]
+		if len(l) == 0 || l[0].State != runtime.StateExited || l[0].ExitCode != 0 {
+			initDone = false
+		}
+		if len(l) > 0 && l[0].State == runtime.StateExited && l[0].ExitCode != 0 && pod.Spec.RestartPolicy == v1.RestartPolicyNever {
+			initFailed = true
+		}
+	}
+	st.InitContainerStatuses = w.containerStatuses(pod, pod.Spec.InitContainers, named, true, deleting, "PodInitializing")
+	appWait := "ContainerCreating"
+	if !initDone {
+		appWait = "PodInitializing"
+	}
+	st.ContainerStatuses = w.containerStatuses(pod, pod.Spec.Containers, named, false, deleting, appWait)
+	if len(st.InitContainerStatuses) == 0 {
+		st.InitContainerStatuses = nil
+	}
+
+	// Phase.
+	running, exited, succeeded, willRestart := 0, 0, 0, 0
+	for _, s := range pod.Spec.Containers {
+		l := named[s.Name]
+		if len(l) == 0 {
+			continue
+		}
+		switch c := l[0]; c.State {
+		case runtime.StateRunning, runtime.StateCreated:
+			running++
+		case runtime.StateExited, runtime.StateUnknown:
+			exited++
+			if c.ExitCode == 0 && c.State == runtime.StateExited {
+				succeeded++
+			}
+			if shouldRestart(pod.Spec.RestartPolicy, c.ExitCode) {
+				willRestart++
+			}
+		}
+	}
+	n := len(pod.Spec.Containers)
+	switch {
+	case initFailed:
+		st.Phase = v1.PodFailed
+	case !initDone:
+		st.Phase = v1.PodPending
+	case exited == n && n > 0 && willRestart == 0:
+		if succeeded == n {
+			st.Phase = v1.PodSucceeded
+		} else {
+			st.Phase = v1.PodFailed
+		}
+	case running > 0 || willRestart > 0:
+		st.Phase = v1.PodRunning
+	default:
+		st.Phase = v1.PodPending
+	}
+	if deleting && st.Phase == v1.PodRunning {
+		st.Phase = v1.PodSucceeded
+		if succeeded != n {
+			st.Phase = v1.PodFailed
+		}
+	}
+
+	// Conditions.
+	allReady := n > 0
+	for _, cs := range st.ContainerStatuses {
+		if !cs.Ready {
+			allReady = false
+		}
+	}
+	cond := func(t v1.PodConditionType, ok bool, reason string) v1.PodCondition {
+		c := v1.PodCondition{Type: t, Status: v1.ConditionFalse, Reason: reason}
+		if ok {
+			c.Status, c.Reason = v1.ConditionTrue, ""
+		}
+		return c
+	}
+	notReadyReason := "ContainersNotReady"
+	if isTerminalPhase(st.Phase) {
+		notReadyReason = "PodCompleted"
+	}
+	st.Conditions = []v1.PodCondition{
+		cond(v1.PodInitialized, initDone, "ContainersNotInitialized"),
+		cond(v1.PodReady, allReady, notReadyReason),
+		cond(v1.ContainersReady, allReady, notReadyReason),
+		cond(v1.PodScheduled, true, ""),
+	}
+	if isTerminalPhase(st.Phase) && initDone {
+		st.Conditions[0].Reason = "PodCompleted"
+	}
+	return st
+}
+
+// ownedConditions are the condition types the kubelet writes; others are
+// kept as other writers left them.
+var ownedConditions = map[v1.PodConditionType]bool{
+	v1.PodInitialized: true, v1.PodReady: true, v1.ContainersReady: true, v1.PodScheduled: true,
+}
+
+// mergeStatus puts the kubelet's status into cur, keeping other writers'
+// conditions and the transition times of unchanged conditions.
+func mergeStatus(cur *v1.PodStatus, st v1.PodStatus, now metav1.Time) {
+	old := map[v1.PodConditionType]v1.PodCondition{}
+	var others []v1.PodCondition
+	for _, c := range cur.Conditions {
+		old[c.Type] = c
+		if !ownedConditions[c.Type] {
+			others = append(others, c)
+		}
+	}
+	conds := make([]v1.PodCondition, 0, len(st.Conditions)+len(others))
+	for _, c := range st.Conditions {
+		c.LastTransitionTime = now
+		if o, ok := old[c.Type]; ok && o.Status == c.Status {
+			c.LastTransitionTime = o.LastTransitionTime
+		}
+		conds = append(conds, c)
+	}
+	conds = append(conds, others...)
+	nominated := cur.NominatedNodeName
+	resize := cur.Resize
+	*cur = st
+	cur.Conditions = conds
+	cur.NominatedNodeName = nominated
+	cur.Resize = resize
+}
+
+// writeStatus writes st through pods/status when it changed since the last
+// write. For a static pod it goes to the mirror pod.
+func (w *podWorker) writeStatus(ctx context.Context, pod *v1.Pod, st v1.PodStatus) error {
+	if w.lastStatus != nil && apiequality.Semantic.DeepEqual(*w.lastStatus, st) {
+		return nil
+	}
+	pods := w.k.client.CoreV1().Pods(pod.Namespace)
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		cur, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if w.static {
+			if !isMirror(cur) || cur.Annotations[AnnotationConfigMirror] != pod.Annotations[AnnotationConfigHash] {
+				return fmt.Errorf("mirror pod %s/%s is not ours", pod.Namespace, pod.Name)
+			}
+		} else if cur.UID != pod.UID {
+			return fmt.Errorf("pod %s/%s was replaced (uid %s, want %s)", pod.Namespace, pod.Name, cur.UID, pod.UID)
+		}
+		mergeStatus(&cur.Status, st, metav1.NewTime(time.Now()))
+		_, err = pods.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		// Deleted meanwhile (or a mirror not made yet): nothing to write.
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("write status of %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	stc := st
+	w.lastStatus = &stc
+	return nil
+}
+
+// qosClass computes the pod's QoS class as Kubernetes defines it.
+func qosClass(pod *v1.Pod) v1.PodQOSClass {
+	requests, limits := v1.ResourceList{}, v1.ResourceList{}
+	guaranteed := true
+	all := append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
+	for _, c := range all {
+		for _, r := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory} {
+			req, hasReq := c.Resources.Requests[r]
+			lim, hasLim := c.Resources.Limits[r]
+			if hasReq && !req.IsZero() {
+				add(requests, r, req)
+			}
+			if hasLim && !lim.IsZero() {
+				add(limits, r, lim)
+			}
+			if !hasLim || (hasReq && req.Cmp(lim) != 0) {
+				guaranteed = false
+			}
+		}
+	}
+	if len(requests) == 0 && len(limits) == 0 {
+		return v1.PodQOSBestEffort
+	}
+	if guaranteed {
+		return v1.PodQOSGuaranteed
+	}
+	return v1.PodQOSBurstable
+}
+
+func add(l v1.ResourceList, r v1.ResourceName, q resource.Quantity) {
+	cur := l[r]
+	cur.Add(q)
+	l[r] = cur
+}

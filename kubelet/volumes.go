@@ -1,0 +1,322 @@
+package kubelet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	authv1 "k8s.io/api/authentication/v1"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/waggle-io/waggle/kubelet/runtime"
+)
+
+// volumeRefresh is how often configMap, secret, downward API and projected
+// volumes are rewritten from the API.
+const volumeRefresh = 30 * time.Second
+
+func (k *Kubelet) volumeDir(pod *v1.Pod, name string) string {
+	return filepath.Join(k.podDir(pod.UID), "volumes", name)
+}
+
+// ensureVolumes materialises the pod's volumes under its dir (first sync,
+// then every volumeRefresh for the API-backed ones).
+func (w *podWorker) ensureVolumes(ctx context.Context, pod *v1.Pod) error {
+	if !w.volumesAt.IsZero() && time.Since(w.volumesAt) < volumeRefresh {
+		return nil
+	}
+	for _, v := range pod.Spec.Volumes {
+		if err := w.k.setUpVolume(ctx, pod, v); err != nil {
+			return fmt.Errorf("volume %q: %w", v.Name, err)
+		}
+	}
+	w.volumesAt = time.Now()
+	return nil
+}
+
+// file is one file of an API-backed volume.
+type file struct {
+	path string
+	data []byte
+	mode os.FileMode
+}
+
+func keyFiles(data map[string][]byte, items []v1.KeyToPath, defMode *int32, optional bool, what string) ([]file, error) {
+	mode := os.FileMode(0o644)
+	if defMode != nil {
+		mode = os.FileMode(*defMode)
+	}
+	var out []file
+	if len(items) == 0 {
+		for key, v := range data {
+			out = append(out, file{key, v, mode})
+		}
+		return out, nil
+	}
+	for _, it := range items {
+		v, ok := data[it.Key]
+		if !ok {
+			if optional {
+				continue
+			}
+			return nil, fmt.Errorf("%s has no key %q", what, it.Key)
+		}
+		m := mode
+		if it.Mode != nil {
+			m = os.FileMode(*it.Mode)
+		}
+		out = append(out, file{it.Path, v, m})
+	}
+	return out, nil
+}
+
+func (k *Kubelet) configMapFiles(ctx context.Context, ns string, src *v1.ConfigMapVolumeSource, items []v1.KeyToPath, name string, optional bool, defMode *int32) ([]file, error) {
+	cm, err := k.client.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		if optional {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("configmap %q: %w", name, err)
+	}
+	data := map[string][]byte{}
+	for key, v := range cm.Data {
+		data[key] = []byte(v)
+	}
+	for key, v := range cm.BinaryData {
+		data[key] = v
+	}
+	return keyFiles(data, items, defMode, optional, "configmap "+name)
+}
+
+func (k *Kubelet) secretFiles(ctx context.Context, ns, name string, items []v1.KeyToPath, optional bool, defMode *int32) ([]file, error) {
+	s, err := k.client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		if optional {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("secret %q: %w", name, err)
+	}
+	return keyFiles(s.Data, items, defMode, optional, "secret "+name)
+}
+
+func (k *Kubelet) downwardFiles(pod *v1.Pod, items []v1.DownwardAPIVolumeFile, defMode *int32) ([]file, error) {
+	mode := os.FileMode(0o644)
+	if defMode != nil {
+		mode = os.FileMode(*defMode)
+	}
+	var podIPs []string
+	if len(pod.Status.PodIPs) > 0 {
+		for _, ip := range pod.Status.PodIPs {
+			podIPs = append(podIPs, ip.IP)
+		}
+	}
+	var out []file
+	for _, it := range items {
+		var v string
+		var err error
+		switch {
+		case it.FieldRef != nil:
+			v, err = fieldValue(pod, it.FieldRef.FieldPath, podIPs, k.nodeIP)
+		case it.ResourceFieldRef != nil:
+			var c *v1.Container
+			for i := range pod.Spec.Containers {
+				if pod.Spec.Containers[i].Name == it.ResourceFieldRef.ContainerName {
+					c = &pod.Spec.Containers[i]
+				}
+			}
+			if c == nil && len(pod.Spec.Containers) > 0 {
+				c = &pod.Spec.Containers[0]
+			}
+			if c != nil {
+				v, err = resourceValue(c, it.ResourceFieldRef)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("downward API %s: %w", it.Path, err)
+		}
+		m := mode
+		if it.Mode != nil {
+			m = os.FileMode(*it.Mode)
+		}
+		out = append(out, file{it.Path, []byte(v), m})
+	}
+	return out, nil
+}
+
+// writeFiles writes files under dir, rewriting only what changed, and
+// removes files no longer listed.
+func writeFiles(dir string, files []file) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, f := range files {
+		clean := filepath.Clean("/" + f.path)
+		if clean == "/" || strings.Contains(f.path, "..") {
+			return fmt.Errorf("invalid volume file path %q", f.path)
+		}
+		p := filepath.Join(dir, clean)
+		keep[p] = true
+		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, f.data) {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		tmp := p + ".tmp"
+		if err := os.WriteFile(tmp, f.data, f.mode.Perm()); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, p); err != nil {
+			return err
+		}
+	}
+	return filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() && !keep[p] {
+			os.Remove(p)
+		}
+		return nil
+	})
+}
+
+func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) error {
+	dir := k.volumeDir(pod, v.Name)
+	opt := func(b *bool) bool { return b != nil && *b }
+	switch {
+	case v.EmptyDir != nil:
+		return os.MkdirAll(dir, 0o777)
+	case v.HostPath != nil:
+		return setUpHostPath(v.HostPath)
+	case v.ConfigMap != nil:
+		files, err := k.configMapFiles(ctx, pod.Namespace, v.ConfigMap, v.ConfigMap.Items, v.ConfigMap.Name, opt(v.ConfigMap.Optional), v.ConfigMap.DefaultMode)
+		if err != nil {
+			return err
+		}
+		return writeFiles(dir, files)
+	case v.Secret != nil:
+		files, err := k.secretFiles(ctx, pod.Namespace, v.Secret.SecretName, v.Secret.Items, opt(v.Secret.Optional), v.Secret.DefaultMode)
+		if err != nil {
+			return err
+		}
+		return writeFiles(dir, files)
+	case v.DownwardAPI != nil:
+		files, err := k.downwardFiles(pod, v.DownwardAPI.Items, v.DownwardAPI.DefaultMode)
+		if err != nil {
+			return err
+		}
+		return writeFiles(dir, files)
+	case v.Projected != nil:
+		var all []file
+		for _, s := range v.Projected.Sources {
+			var files []file
+			var err error
+			switch {
+			case s.ConfigMap != nil:
+				files, err = k.configMapFiles(ctx, pod.Namespace, nil, s.ConfigMap.Items, s.ConfigMap.Name, opt(s.ConfigMap.Optional), v.Projected.DefaultMode)
+			case s.Secret != nil:
+				files, err = k.secretFiles(ctx, pod.Namespace, s.Secret.Name, s.Secret.Items, opt(s.Secret.Optional), v.Projected.DefaultMode)
+			case s.DownwardAPI != nil:
+				files, err = k.downwardFiles(pod, s.DownwardAPI.Items, v.Projected.DefaultMode)
+			case s.ServiceAccountToken != nil:
+				files = k.tokenFile(ctx, pod, s.ServiceAccountToken)
+			}
+			if err != nil {
+				return err
+			}
+			all = append(all, files...)
+		}
+		return writeFiles(dir, all)
+	}
+	return fmt.Errorf("volume type not supported by this kubelet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)")
+}
+
+// tokenFile asks the API for a service account token bound to the pod; an
+// API without TokenRequest gives no file (logged), not a failed pod.
+func (k *Kubelet) tokenFile(ctx context.Context, pod *v1.Pod, src *v1.ServiceAccountTokenProjection) []file {
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	tr := &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
+		Audiences:         nil,
+		ExpirationSeconds: src.ExpirationSeconds,
+		BoundObjectRef:    &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}
+	if src.Audience != "" {
+		tr.Spec.Audiences = []string{src.Audience}
+	}
+	out, err := k.client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, sa, tr, metav1.CreateOptions{})
+	if err != nil {
+		k.log.Info("service account token unavailable", "pod", pod.Name, "err", err)
+		return nil
+	}
+	return []file{{src.Path, []byte(out.Status.Token), 0o644}}
+}
+
+func setUpHostPath(h *v1.HostPathVolumeSource) error {
+	t := v1.HostPathUnset
+	if h.Type != nil {
+		t = *h.Type
+	}
+	st, err := os.Stat(h.Path)
+	switch t {
+	case v1.HostPathDirectoryOrCreate:
+		if os.IsNotExist(err) {
+			return os.MkdirAll(h.Path, 0o755)
+		}
+	case v1.HostPathFileOrCreate:
+		if os.IsNotExist(err) {
+			if err := os.MkdirAll(filepath.Dir(h.Path), 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(h.Path, nil, 0o644)
+		}
+	case v1.HostPathDirectory:
+		if err != nil || !st.IsDir() {
+			return fmt.Errorf("hostPath %s is not a directory", h.Path)
+		}
+	case v1.HostPathFile:
+		if err != nil || !st.Mode().IsRegular() {
+			return fmt.Errorf("hostPath %s is not a file", h.Path)
+		}
+	}
+	return nil
+}
+
+// makeMounts turns the container's volumeMounts into bind mounts.
+func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container) ([]runtime.Mount, error) {
+	vols := map[string]v1.Volume{}
+	for _, v := range pod.Spec.Volumes {
+		vols[v.Name] = v
+	}
+	var out []runtime.Mount
+	for _, m := range c.VolumeMounts {
+		v, ok := vols[m.Name]
+		if !ok {
+			return nil, fmt.Errorf("volumeMount %q names no volume of the pod", m.Name)
+		}
+		src := k.volumeDir(pod, m.Name)
+		if v.HostPath != nil {
+			src = v.HostPath.Path
+		}
+		if m.SubPath != "" {
+			if strings.Contains(m.SubPath, "..") || filepath.IsAbs(m.SubPath) {
+				return nil, fmt.Errorf("volumeMount %q: invalid subPath %q", m.Name, m.SubPath)
+			}
+			src = filepath.Join(src, m.SubPath)
+			if _, err := os.Stat(src); os.IsNotExist(err) {
+				if err := os.MkdirAll(src, 0o755); err != nil {
+					return nil, err
+				}
+			}
+		}
+		ro := m.ReadOnly || v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil
+		out = append(out, runtime.Mount{HostPath: src, ContainerPath: m.MountPath, ReadOnly: ro})
+	}
+	return out, nil
+}
