@@ -43,15 +43,6 @@ func state(fs ...dataplane.Frontend) *dataplane.State {
 	return st
 }
 
-func sortFrontends(st *dataplane.State) {
-	fs := st.Frontends
-	for i := 1; i < len(fs); i++ {
-		for j := i; j > 0 && fs[j-1].FrontendKey.Compare(fs[j].FrontendKey) > 0; j-- {
-			fs[j-1], fs[j] = fs[j], fs[j-1]
-		}
-	}
-}
-
 // backends starts n TCP and UDP servers on 10.1.0.1..n:port (or the IPv6
 // fd00:1::1..n) and returns their addresses.
 func (e *env) backends(n int, port uint16, v6 bool) []string {
@@ -314,9 +305,9 @@ func TestBindOntoAFrontendIsRefused(t *testing.T) {
 		{"tcp", "10.96.0.10:80", syscall.EADDRINUSE},
 		{"tcp", "[fd00:96::10]:80", syscall.EADDRINUSE},
 		{"udp", "10.96.0.10:53", syscall.EADDRINUSE},
-		{"tcp", "10.96.0.10:81", 0},  // another port of the same address
-		{"udp", "10.96.0.10:80", 0},  // the TCP frontend's port, over UDP
-		{"tcp", "10.96.0.10:53", 0},  // the UDP frontend's port, over TCP
+		{"tcp", "10.96.0.10:81", 0}, // another port of the same address
+		{"udp", "10.96.0.10:80", 0}, // the TCP frontend's port, over UDP
+		{"tcp", "10.96.0.10:53", 0}, // the UDP frontend's port, over TCP
 		{"tcp", "[fd00:96::10]:8443", 0},
 	}
 	for _, c := range cases {
@@ -584,5 +575,43 @@ func TestCleanupDetachesAndUnpinsEverything(t *testing.T) {
 	}
 	if err := e.b.Sync(context.Background(), state()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Sync after Cleanup: %v, want ErrClosed", err)
+	}
+}
+
+func TestRealMapsMatchTheGoldenDump(t *testing.T) {
+	e := newEnv(t)
+	e.sync(goldenState())
+	o := e.b.objs
+	real := tables{
+		services: mapTable[sockLBLbServiceKey, sockLBLbService]{MapServices, o.WaggleServices},
+		backends: mapTable[uint32, sockLBLbBackend]{MapBackends, o.WaggleBackends},
+		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, o.WaggleRevNat},
+		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, o.WaggleSvcNames},
+		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, o.WaggleAffinity},
+	}
+	checkGolden(t, "maps.golden", dumpTables(real))
+	// The read-only view decodes the same state.
+	v, err := OpenPinned(e.cfg.PinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	svcs, err := v.Services()
+	if err != nil || len(svcs) != 5 {
+		t.Fatalf("view services: %d, %v", len(svcs), err)
+	}
+	web := svcs[1]
+	if web.Address != "10.96.0.10:80/TCP" || web.Name != "default/web:http" || web.AffinityTimeout != 3*time.Hour ||
+		len(web.Slots) != 3 || web.Slots[0].Backend != ap("10.244.1.5:8080") {
+		t.Errorf("view of web: %+v", web)
+	}
+	progs, err := v.Programs()
+	if err != nil || len(progs) != 10 {
+		t.Fatalf("view programs: %d, %v", len(progs), err)
+	}
+	for _, p := range progs {
+		if p.Type != "CGroupSockAddr" || p.AttachType == "" || p.CgroupID == 0 {
+			t.Errorf("program %+v", p)
+		}
 	}
 }

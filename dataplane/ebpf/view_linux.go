@@ -275,7 +275,7 @@ func listPrograms(dir string) ([]ProgramInfo, error) {
 	slices.Sort(paths)
 	var out []ProgramInfo
 	for _, p := range paths {
-		l, err := link.LoadPinnedLink(p, &ebpf.LoadPinOptions{ReadOnly: true})
+		l, err := link.LoadPinnedLink(p, nil)
 		if err != nil {
 			return nil, fmt.Errorf("open pinned link %s: %w", p, err)
 		}

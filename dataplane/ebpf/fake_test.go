@@ -1,0 +1,176 @@
+package ebpf
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// fakeTable is an in-memory table. It applies writes one entry at a time
+// and calls check after each, so tests see every intermediate state the
+// kernel maps would go through.
+type fakeTable[K comparable, V any] struct {
+	name string
+	m    map[K]V
+	max  int
+	f    *fakeMaps
+}
+
+func (t *fakeTable[K, V]) Put(keys []K, vals []V) error {
+	for i, k := range keys {
+		if err := t.f.step(); err != nil {
+			return err
+		}
+		if _, ok := t.m[k]; !ok && t.max > 0 && len(t.m) >= t.max {
+			return errMapFull(t.name, errors.New("E2BIG"))
+		}
+		t.m[k] = vals[i]
+		t.f.ops++
+		t.f.checkNow()
+	}
+	return nil
+}
+
+func (t *fakeTable[K, V]) Delete(keys []K) error {
+	for _, k := range keys {
+		if err := t.f.step(); err != nil {
+			return err
+		}
+		delete(t.m, k)
+		t.f.ops++
+		t.f.checkNow()
+	}
+	return nil
+}
+
+func (t *fakeTable[K, V]) Iterate(fn func(K, V) bool) error {
+	for _, k := range slices.Collect(maps.Keys(t.m)) {
+		if !fn(k, t.m[k]) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// fakeMaps is a set of fake tables with an invariant check and fault
+// injection (the Cilium fake-and-faulty LB map idea).
+type fakeMaps struct {
+	services *fakeTable[sockLBLbServiceKey, sockLBLbService]
+	backends *fakeTable[uint32, sockLBLbBackend]
+	revNat   *fakeTable[uint32, sockLBLbRevNat]
+	names    *fakeTable[uint32, sockLBLbSvcName]
+	affinity *fakeTable[sockLBLbAffinityKey, sockLBLbAffinity]
+	ops      int
+	// failAt makes the failAt-th operation from now fail (0: never).
+	failAt int
+	// check, when set, runs after every single entry written or deleted.
+	check func()
+}
+
+var errInjected = errors.New("injected fault")
+
+func (f *fakeMaps) step() error {
+	if f.failAt > 0 {
+		f.failAt--
+		if f.failAt == 0 {
+			return errInjected
+		}
+	}
+	return nil
+}
+
+func (f *fakeMaps) checkNow() {
+	if f.check != nil {
+		f.check()
+	}
+}
+
+func newFakeMaps(maxServices, maxBackends int) *fakeMaps {
+	f := &fakeMaps{}
+	f.services = &fakeTable[sockLBLbServiceKey, sockLBLbService]{MapServices, map[sockLBLbServiceKey]sockLBLbService{}, maxServices, f}
+	f.backends = &fakeTable[uint32, sockLBLbBackend]{MapBackends, map[uint32]sockLBLbBackend{}, maxBackends, f}
+	f.revNat = &fakeTable[uint32, sockLBLbRevNat]{MapRevNat, map[uint32]sockLBLbRevNat{}, maxServices, f}
+	f.names = &fakeTable[uint32, sockLBLbSvcName]{MapServiceNames, map[uint32]sockLBLbSvcName{}, maxServices, f}
+	f.affinity = &fakeTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, map[sockLBLbAffinityKey]sockLBLbAffinity{}, 0, f}
+	return f
+}
+
+func (f *fakeMaps) tables() tables {
+	return tables{services: f.services, backends: f.backends, revNat: f.revNat, names: f.names, affinity: f.affinity}
+}
+
+// consistent reports the first violation of what the programs rely on:
+// every master entry's slots 1..count exist and name a backend that
+// exists, and the rev_nat entry of its ID names the frontend.
+func consistent(t tables) error {
+	svc := map[sockLBLbServiceKey]sockLBLbService{}
+	be := map[uint32]bool{}
+	rev := map[uint32]sockLBLbRevNat{}
+	t.services.Iterate(func(k sockLBLbServiceKey, v sockLBLbService) bool { svc[k] = v; return true })
+	t.backends.Iterate(func(k uint32, _ sockLBLbBackend) bool { be[k] = true; return true })
+	t.revNat.Iterate(func(k uint32, v sockLBLbRevNat) bool { rev[k] = v; return true })
+	for k, v := range svc {
+		if k.Slot != 0 {
+			continue
+		}
+		fk := frontendOf(k)
+		if r, ok := rev[v.RevNatId]; !ok || r != revNatValue(fk) {
+			return fmt.Errorf("%s: rev_nat %d missing or wrong", fk, v.RevNatId)
+		}
+		for s := uint16(1); s <= v.Count; s++ {
+			sk := k
+			sk.Slot = s
+			slot, ok := svc[sk]
+			if !ok {
+				return fmt.Errorf("%s: count %d but slot %d missing", fk, v.Count, s)
+			}
+			if !be[slot.BackendId] {
+				return fmt.Errorf("%s: slot %d names missing backend %d", fk, s, slot.BackendId)
+			}
+		}
+	}
+	return nil
+}
+
+// dumpTables renders the maps canonically (sorted, decoded), the format
+// of the golden files. Real maps and fakes render alike.
+func dumpTables(t tables) string {
+	var b strings.Builder
+	type svcLine struct {
+		k sockLBLbServiceKey
+		v sockLBLbService
+	}
+	var svcs []svcLine
+	t.services.Iterate(func(k sockLBLbServiceKey, v sockLBLbService) bool { svcs = append(svcs, svcLine{k, v}); return true })
+	slices.SortFunc(svcs, func(a, b svcLine) int {
+		return cmp.Or(frontendOf(a.k).Compare(frontendOf(b.k)), cmp.Compare(a.k.Slot, b.k.Slot))
+	})
+	fmt.Fprintf(&b, "# %s: frontend slot -> backend_id count flags rev_nat_id affinity_timeout\n", MapServices)
+	for _, s := range svcs {
+		fmt.Fprintf(&b, "%s %d -> %d %d %#x %d %d\n", frontendOf(s.k), s.k.Slot, s.v.BackendId, s.v.Count, s.v.Flags, s.v.RevNatId, s.v.AffinityTimeout)
+	}
+	dumpIDs(&b, MapBackends+": id -> backend", t.backends, func(v sockLBLbBackend) string { return backendKeyOf(v).String() })
+	dumpIDs(&b, MapRevNat+": id -> frontend", t.revNat, func(v sockLBLbRevNat) string {
+		return fmt.Sprintf("%s/%s", netip.AddrPortFrom(addrFrom16(v.Addr), fromNet16(v.Port)), protoName(v.Proto))
+	})
+	dumpIDs(&b, MapServiceNames+": id -> kind name", t.names, func(v sockLBLbSvcName) string {
+		k, n := nameOf(v)
+		return string(k) + " " + n
+	})
+	return b.String()
+}
+
+func dumpIDs[V any](b *strings.Builder, title string, t table[uint32, V], f func(V) string) {
+	var ids []uint32
+	vals := map[uint32]V{}
+	t.Iterate(func(k uint32, v V) bool { ids = append(ids, k); vals[k] = v; return true })
+	slices.Sort(ids)
+	fmt.Fprintf(b, "# %s\n", title)
+	for _, id := range ids {
+		fmt.Fprintf(b, "%d -> %s\n", id, f(vals[id]))
+	}
+}

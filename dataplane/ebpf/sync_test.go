@@ -1,0 +1,351 @@
+package ebpf
+
+import (
+	"errors"
+	"flag"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/waggle-io/waggle/dataplane"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func fe(vip string, proto dataplane.Protocol, backends ...string) dataplane.Frontend {
+	a := netip.MustParseAddrPort(vip)
+	f := dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: a.Addr(), Port: a.Port(), Protocol: proto},
+		Kind: dataplane.ClusterIP, Service: dataplane.ServicePortName{Namespace: "default", Name: "web"}}
+	for _, b := range backends {
+		x := netip.MustParseAddrPort(b)
+		f.Endpoints = append(f.Endpoints, dataplane.Endpoint{Addr: x.Addr(), Port: x.Port()})
+	}
+	return f
+}
+
+func sorted(fs ...dataplane.Frontend) *dataplane.State {
+	st := &dataplane.State{NodeName: "node", Frontends: fs}
+	sortFrontends(st)
+	return st
+}
+
+// goldenState covers every kind of entry: affinity, UDP, NodePort, IPv6,
+// a frontend without endpoints, backends shared between frontends.
+func goldenState() *dataplane.State {
+	web := fe("10.96.0.10:80", dataplane.TCP, "10.244.1.5:8080", "10.244.2.7:8080", "10.244.1.6:8080")
+	web.AffinityTimeout = 3 * time.Hour
+	web.Service.Port = "http"
+	dns := fe("10.96.0.10:53", dataplane.UDP, "10.244.1.9:53", "10.244.2.9:53")
+	dns.Service = dataplane.ServicePortName{Namespace: "kube-system", Name: "kube-dns", Port: "dns"}
+	np := fe("192.168.1.10:30080", dataplane.TCP, "10.244.1.5:8080")
+	np.Kind, np.LocalOnly = dataplane.NodePort, true
+	v6 := fe("[fd00:96::10]:443", dataplane.TCP, "[fd00:244::5]:8443", "[fd00:244::6]:8443")
+	v6.Kind = dataplane.LoadBalancer
+	empty := fe("10.96.0.11:80", dataplane.TCP)
+	return sorted(web, dns, np, v6, empty)
+}
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the maps (run with -update if intended):\n--- got\n%s--- want\n%s", path, got, want)
+	}
+}
+
+func newFakeReconciler(t *testing.T, maxServices, maxBackends int) (*reconciler, *fakeMaps) {
+	f := newFakeMaps(maxServices, maxBackends)
+	r := newReconciler(f.tables(), maxServices, maxBackends)
+	f.check = func() {
+		if err := consistent(f.tables()); err != nil {
+			t.Fatalf("intermediate map state after %d operations breaks make-before-break: %v", f.ops, err)
+		}
+	}
+	return r, f
+}
+
+func TestGeneratedStructsMatchTheCLayout(t *testing.T) {
+	sizes := []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"lb_service_key", unsafe.Sizeof(sockLBLbServiceKey{}), 24},
+		{"lb_service", unsafe.Sizeof(sockLBLbService{}), 16},
+		{"lb_backend", unsafe.Sizeof(sockLBLbBackend{}), 20},
+		{"lb_rev_nat", unsafe.Sizeof(sockLBLbRevNat{}), 20},
+		{"lb_reverse_sk_key", unsafe.Sizeof(sockLBLbReverseSkKey{}), 32},
+		{"lb_reverse_sk", unsafe.Sizeof(sockLBLbReverseSk{}), 24},
+		{"lb_affinity_key", unsafe.Sizeof(sockLBLbAffinityKey{}), 16},
+		{"lb_affinity", unsafe.Sizeof(sockLBLbAffinity{}), 16},
+		{"lb_meta", unsafe.Sizeof(sockLBLbMeta{}), 16},
+		{"lb_svc_name", unsafe.Sizeof(sockLBLbSvcName{}), 256},
+		{"lb_service_key.slot offset", unsafe.Offsetof(sockLBLbServiceKey{}.Slot), 18},
+		{"lb_reverse_sk_key.port offset", unsafe.Offsetof(sockLBLbReverseSkKey{}.Port), 24},
+	}
+	for _, s := range sizes {
+		if s.got != s.want {
+			t.Errorf("%s: %d bytes, bpf/README.md documents %d", s.name, s.got, s.want)
+		}
+	}
+}
+
+func TestSyncWritesTheGoldenMaps(t *testing.T) {
+	r, f := newFakeReconciler(t, 1024, 1024)
+	if _, err := r.sync(goldenState()); err != nil {
+		t.Fatal(err)
+	}
+	checkGolden(t, "maps.golden", dumpTables(f.tables()))
+}
+
+func TestRepeatedSyncChangesNothing(t *testing.T) {
+	r, f := newFakeReconciler(t, 1024, 1024)
+	if _, err := r.sync(goldenState()); err != nil {
+		t.Fatal(err)
+	}
+	before := f.ops
+	res, err := r.sync(goldenState())
+	if err != nil || f.ops != before || res.writes+res.deletes != 0 {
+		t.Fatalf("second sync: %d map operations (%d writes, %d deletes), %v; want none", f.ops-before, res.writes, res.deletes, err)
+	}
+}
+
+func TestRestartRestoresIDsAndWritesNothing(t *testing.T) {
+	r, f := newFakeReconciler(t, 1024, 1024)
+	if _, err := r.sync(goldenState()); err != nil {
+		t.Fatal(err)
+	}
+	dump := dumpTables(f.tables())
+	r2 := newReconciler(f.tables(), 1024, 1024) // a restarted proxy on the pinned maps
+	before := f.ops
+	if _, err := r2.sync(goldenState()); err != nil {
+		t.Fatal(err)
+	}
+	if f.ops != before {
+		t.Errorf("first sync after restart did %d map operations, want 0", f.ops-before)
+	}
+	if got := dumpTables(f.tables()); got != dump {
+		t.Errorf("maps changed across restart:\n%s\nwant\n%s", got, dump)
+	}
+	// New IDs continue after the restored ones.
+	st := goldenState()
+	extra := fe("10.96.9.9:80", dataplane.TCP, "10.244.9.9:80")
+	st.Frontends = append(st.Frontends, extra)
+	sortFrontends(st)
+	if _, err := r2.sync(st); err != nil {
+		t.Fatal(err)
+	}
+	if p := r2.fronts[extra.FrontendKey]; p == nil || p.id != 6 || p.slots[0] != 8 {
+		t.Errorf("new frontend after restart got %+v, want ID 6", p)
+	}
+}
+
+// randomState draws frontends over a small pool so transitions add,
+// remove, grow, shrink and reorder backends.
+func randomState(rng *rand.Rand) *dataplane.State {
+	var fs []dataplane.Frontend
+	for i := range 8 {
+		if rng.IntN(4) == 0 {
+			continue
+		}
+		vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 0, byte(i)}), 80)
+		proto := dataplane.TCP
+		if i%3 == 0 {
+			proto = dataplane.UDP
+		}
+		var bes []string
+		for _, j := range rng.Perm(10)[:rng.IntN(6)] {
+			bes = append(bes, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(j)}), 8080).String())
+		}
+		f := fe(vip.String(), proto, bes...)
+		if rng.IntN(2) == 0 {
+			f.AffinityTimeout = time.Duration(1+rng.IntN(100)) * time.Second
+		}
+		fs = append(fs, f)
+	}
+	return sorted(fs...)
+}
+
+func TestEveryIntermediateMapStateIsConsistent(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	r, f := newFakeReconciler(t, 1024, 1024)
+	for i := range 300 {
+		st := randomState(rng)
+		if _, err := r.sync(st); err != nil {
+			t.Fatalf("transition %d: %v", i, err)
+		}
+		// The maps hold exactly the state: a fresh reconciler on an empty
+		// set of maps writes the same dump, IDs aside.
+		ref, rf := newFakeReconciler(t, 1024, 1024)
+		ref.sync(st)
+		if got, want := stripIDs(dumpTables(f.tables())), stripIDs(dumpTables(rf.tables())); got != want {
+			t.Fatalf("transition %d: maps\n%s\nwant\n%s", i, got, want)
+		}
+	}
+}
+
+// stripIDs keeps the frontend → backend lines, without IDs, which depend
+// on history.
+func stripIDs(dump string) string {
+	var out []string
+	for _, l := range strings.Split(dump, "\n") {
+		if strings.HasPrefix(l, "#") {
+			out = append(out, l)
+			continue
+		}
+		f := strings.Fields(l)
+		if len(f) > 3 && f[2] == "->" {
+			out = append(out, f[0]+" "+f[1]+" "+f[4]+" "+f[5]+" "+f[7])
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestLostBackendsAndAffinityEntriesAreCleanedUp(t *testing.T) {
+	r, f := newFakeReconciler(t, 1024, 1024)
+	web := fe("10.96.0.10:80", dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80")
+	web.AffinityTimeout = time.Minute
+	dns := fe("10.96.0.10:53", dataplane.UDP, "10.244.0.1:53", "10.244.0.2:53")
+	if _, err := r.sync(sorted(web, dns)); err != nil {
+		t.Fatal(err)
+	}
+	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[backendKey{netip.MustParseAddr("10.244.0.1"), 80, dataplane.TCP}]
+	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 7, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1}
+	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 8, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1 + 1}
+	web.Endpoints = web.Endpoints[1:]
+	dns.Endpoints = dns.Endpoints[1:]
+	res, err := r.sync(sorted(web, dns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []lostBackend{
+		{r.fronts[dns.FrontendKey].id, dns.FrontendKey, netip.MustParseAddrPort("10.244.0.1:53")},
+		{webID, web.FrontendKey, netip.MustParseAddrPort("10.244.0.1:80")},
+	}
+	if len(res.lost) != 2 || res.lost[0] != want[0] || res.lost[1] != want[1] {
+		t.Errorf("lost = %+v, want %+v", res.lost, want)
+	}
+	if _, ok := f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 7, RevNatId: webID}]; ok {
+		t.Error("affinity entry to the removed backend survived")
+	}
+	if _, ok := f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 8, RevNatId: webID}]; !ok {
+		t.Error("affinity entry to a kept backend was deleted")
+	}
+	if _, ok := f.backends.m[be1]; ok {
+		t.Error("unused backend left in the backends map")
+	}
+}
+
+func TestFullMapsLeaveFrontendsOutAndNameThem(t *testing.T) {
+	r, f := newFakeReconciler(t, 7, 1024) // room for two frontends of two backends
+	st := sorted(fe("10.96.0.1:80", dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80"),
+		fe("10.96.0.2:80", dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80"),
+		fe("10.96.0.3:80", dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80"))
+	res, err := r.sync(st)
+	if !errors.Is(err, dataplane.ErrMapFull) || !strings.Contains(err.Error(), "10.96.0.3:80/TCP") {
+		t.Fatalf("sync: %v, want ErrMapFull naming 10.96.0.3:80/TCP", err)
+	}
+	if len(res.rejected) != 1 || len(f.services.m) != 6 {
+		t.Errorf("rejected %v, %d service entries; want 1 rejected and 6 entries", res.rejected, len(f.services.m))
+	}
+	// Backends map full.
+	r2, _ := newFakeReconciler(t, 1024, 2)
+	_, err = r2.sync(sorted(fe("10.96.0.1:80", dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80"),
+		fe("10.96.0.2:80", dataplane.TCP, "10.244.0.3:80")))
+	if !errors.Is(err, dataplane.ErrMapFull) || !strings.Contains(err.Error(), "10.96.0.2:80/TCP") {
+		t.Fatalf("sync with a full backends map: %v", err)
+	}
+}
+
+func TestInvalidStateIsRefusedAndChangesNothing(t *testing.T) {
+	r, f := newFakeReconciler(t, 1024, 1024)
+	if _, err := r.sync(goldenState()); err != nil {
+		t.Fatal(err)
+	}
+	dump := dumpTables(f.tables())
+	bad := []*dataplane.State{
+		{Frontends: []dataplane.Frontend{fe("10.96.0.2:80", dataplane.TCP), fe("10.96.0.1:80", dataplane.TCP)}}, // unsorted
+		{Frontends: []dataplane.Frontend{fe("10.96.0.1:80", "SCTP")}},
+		{Frontends: []dataplane.Frontend{fe("10.96.0.1:80", dataplane.TCP, "[fd00::1]:80")}}, // family mismatch
+	}
+	for i, st := range bad {
+		if _, err := r.sync(st); err == nil {
+			t.Errorf("bad state %d accepted", i)
+		}
+	}
+	if got := dumpTables(f.tables()); got != dump {
+		t.Errorf("a refused state changed the maps")
+	}
+}
+
+func TestAFailedWriteIsRepairedByTheNextSync(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 100 {
+		r, f := newFakeReconciler(t, 1024, 1024)
+		if _, err := r.sync(randomState(rng)); err != nil {
+			t.Fatal(err)
+		}
+		st := randomState(rng)
+		f.failAt = 1 + rng.IntN(20)
+		_, err := r.sync(st)
+		if err != nil && !errors.Is(err, errInjected) {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		f.failAt = 0
+		if _, err := r.sync(st); err != nil {
+			t.Fatalf("case %d: sync after a fault: %v", i, err)
+		}
+		ref, rf := newFakeReconciler(t, 1024, 1024)
+		ref.sync(st)
+		if got, want := stripIDs(dumpTables(f.tables())), stripIDs(dumpTables(rf.tables())); got != want {
+			t.Fatalf("case %d: not repaired:\n%s\nwant\n%s", i, got, want)
+		}
+	}
+}
+
+func FuzzDecodeServiceEntry(f *testing.F) {
+	f.Add(make([]byte, 40))
+	k := serviceKey(goldenState().Frontends[0].FrontendKey, 3)
+	f.Add(append(unsafe.Slice((*byte)(unsafe.Pointer(&k)), 24), make([]byte, 16)...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) < 24+256 {
+			b = append(b, make([]byte, 24+256-len(b))...)
+		}
+		var key sockLBLbServiceKey
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&key)), unsafe.Sizeof(key)), b)
+		fk := frontendOf(key)
+		_ = fk.String()
+		if key.Proto == protoTCP || key.Proto == protoUDP {
+			back := serviceKey(fk, key.Slot)
+			back.Pad = key.Pad
+			if back != key {
+				t.Fatalf("round trip %+v -> %s -> %+v", key, fk, back)
+			}
+		}
+		var name sockLBLbSvcName
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&name)), unsafe.Sizeof(name)), b[24:])
+		_, _ = nameOf(name)
+	})
+}
+
+func sortFrontends(st *dataplane.State) {
+	fs := st.Frontends
+	for i := 1; i < len(fs); i++ {
+		for j := i; j > 0 && fs[j-1].FrontendKey.Compare(fs[j].FrontendKey) > 0; j-- {
+			fs[j-1], fs[j] = fs[j], fs[j-1]
+		}
+	}
+}
