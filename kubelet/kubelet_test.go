@@ -1,0 +1,556 @@
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/waggle-io/waggle/kubelet/network"
+	"github.com/waggle-io/waggle/kubelet/runtime"
+)
+
+const node = "n1"
+
+type harness struct {
+	t      *testing.T
+	k      *Kubelet
+	cs     *fake.Clientset
+	rt     *runtime.Fake
+	net    *network.Fake
+	cancel context.CancelFunc
+	done   chan error
+	cfg    Config
+}
+
+func newHarness(t *testing.T, mutate func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, cs: fake.NewSimpleClientset(), rt: runtime.NewFake(), net: network.NewFake(netipPrefix("10.9.0.0/24"))}
+	h.cfg = Config{NodeName: node, RootDir: t.TempDir(), Runtime: "fake", Port: 0, Address: "127.0.0.1",
+		SyncFrequency: 50 * time.Millisecond, BackoffBase: 300 * time.Millisecond, BackoffMax: 2 * time.Second,
+		NodeLabels: map[string]string{"tier": "test"}, RegisterWithTaints: []string{"dedicated=x:NoSchedule"}}
+	if mutate != nil {
+		mutate(&h.cfg)
+	}
+	h.start()
+	return h
+}
+
+func (h *harness) start() {
+	h.t.Helper()
+	k, err := New(h.cfg, Deps{Client: h.cs, Runtime: h.rt, Network: h.net})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.k = k
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	h.done = make(chan error, 1)
+	go func() { h.done <- k.Run(ctx) }()
+	h.t.Cleanup(h.stop)
+	waitFor(h.t, 5*time.Second, "node registered", func() (bool, string) {
+		_, err := h.cs.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+		return err == nil && k.sourcesReady.Load(), fmt.Sprint(err)
+	})
+}
+
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	select {
+	case err := <-h.done:
+		if err != nil {
+			h.t.Errorf("kubelet Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		h.t.Error("kubelet did not stop")
+	}
+	h.cancel = nil
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, f func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, msg := f()
+		if ok {
+			return
+		}
+		last = msg
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s: %s", what, last)
+}
+
+func echoPod(name string, mutate func(*v1.Pod)) *v1.Pod {
+	p := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name), Labels: map[string]string{"app": name}},
+		Spec: v1.PodSpec{NodeName: node, RestartPolicy: v1.RestartPolicyAlways, Containers: []v1.Container{{
+			Name: "echo", Image: "waggle.local/waggle-echo:dev", ImagePullPolicy: v1.PullIfNotPresent,
+		}}},
+	}
+	if mutate != nil {
+		mutate(p)
+	}
+	return p
+}
+
+func (h *harness) create(p *v1.Pod) {
+	h.t.Helper()
+	if _, err := h.cs.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) pod(name string) *v1.Pod {
+	p, err := h.cs.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return &v1.Pod{}
+	}
+	return p
+}
+
+func (h *harness) waitPod(name, what string, f func(*v1.Pod) bool) *v1.Pod {
+	h.t.Helper()
+	var p *v1.Pod
+	waitFor(h.t, 10*time.Second, name+" "+what, func() (bool, string) {
+		p = h.pod(name)
+		return f(p), fmt.Sprintf("phase=%s conditions=%v containers=%+v", p.Status.Phase, p.Status.Conditions, p.Status.ContainerStatuses)
+	})
+	return p
+}
+
+func cond(p *v1.Pod, t v1.PodConditionType) v1.ConditionStatus {
+	for _, c := range p.Status.Conditions {
+		if c.Type == t {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+func running(p *v1.Pod) bool {
+	return p.Status.Phase == v1.PodRunning && cond(p, v1.PodReady) == v1.ConditionTrue
+}
+
+func (h *harness) containersOf(name string) []runtime.Container {
+	list, _ := h.rt.ListContainers(context.Background())
+	var out []runtime.Container
+	for _, c := range list {
+		if c.PodName == name {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (h *harness) current(name, container string) runtime.Container {
+	h.t.Helper()
+	l := byName(h.containersOf(name))[container]
+	if len(l) == 0 {
+		h.t.Fatalf("no container %s in pod %s", container, name)
+	}
+	return l[0]
+}
+
+func netipPrefix(s string) (p netipPrefixT) { return mustPrefix(s) }
+
+func TestNodeRegistersWithLabelsTaintsCapacityAndLease(t *testing.T) {
+	h := newHarness(t, nil)
+	n, err := h.cs.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{"kubernetes.io/hostname": node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "tier": "test"} {
+		if n.Labels[k] != want {
+			t.Errorf("label %s = %q, want %q", k, n.Labels[k], want)
+		}
+	}
+	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != "dedicated" || n.Spec.Taints[0].Effect != v1.TaintEffectNoSchedule {
+		t.Errorf("taints = %v", n.Spec.Taints)
+	}
+	for _, r := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory, v1.ResourcePods, v1.ResourceEphemeralStorage} {
+		q, ok := n.Status.Capacity[r]
+		if !ok || q.IsZero() {
+			t.Errorf("capacity %s = %v", r, q.String())
+		}
+		if _, ok := n.Status.Allocatable[r]; !ok {
+			t.Errorf("allocatable has no %s", r)
+		}
+	}
+	if q := n.Status.Capacity[v1.ResourcePods]; q.Value() != 110 {
+		t.Errorf("pods capacity = %s", q.String())
+	}
+	if cond := n.Status.Conditions; len(cond) < 4 {
+		t.Errorf("conditions = %v", cond)
+	}
+	var ready bool
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady && c.Status == v1.ConditionTrue {
+			ready = true
+		}
+	}
+	if !ready {
+		t.Errorf("node not Ready: %v", n.Status.Conditions)
+	}
+	if n.Status.NodeInfo.ContainerRuntimeVersion != "fake://0.0.0" || n.Status.NodeInfo.KernelVersion == "" {
+		t.Errorf("node info = %+v", n.Status.NodeInfo)
+	}
+	if n.Status.DaemonEndpoints.KubeletEndpoint.Port == 0 {
+		t.Error("kubelet endpoint port not set")
+	}
+	var l *coordinationv1.Lease
+	waitFor(t, 5*time.Second, "lease", func() (bool, string) {
+		l, err = h.cs.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), node, metav1.GetOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	if *l.Spec.HolderIdentity != node || *l.Spec.LeaseDurationSeconds != 40 || l.Spec.RenewTime == nil {
+		t.Errorf("lease spec = %+v", l.Spec)
+	}
+}
+
+func TestPodRunsAndReportsStatus(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("web", nil))
+	p := h.waitPod("web", "running and ready", running)
+	if p.Status.PodIP == "" || !strings.HasPrefix(p.Status.PodIP, "10.9.0.") || len(p.Status.PodIPs) != 1 {
+		t.Errorf("pod IPs = %q %v", p.Status.PodIP, p.Status.PodIPs)
+	}
+	if p.Status.HostIP == "" || p.Status.StartTime == nil {
+		t.Errorf("hostIP %q startTime %v", p.Status.HostIP, p.Status.StartTime)
+	}
+	cs := p.Status.ContainerStatuses
+	if len(cs) != 1 || cs[0].State.Running == nil || !cs[0].Ready || cs[0].RestartCount != 0 || !strings.HasPrefix(cs[0].ContainerID, "containerd://") {
+		t.Errorf("container statuses = %+v", cs)
+	}
+	for _, c := range []v1.PodConditionType{v1.PodScheduled, v1.PodInitialized, v1.ContainersReady, v1.PodReady} {
+		if cond(p, c) != v1.ConditionTrue {
+			t.Errorf("condition %s = %q", c, cond(p, c))
+		}
+	}
+	if p.Status.QOSClass != v1.PodQOSBestEffort {
+		t.Errorf("qos = %s", p.Status.QOSClass)
+	}
+}
+
+func TestRestartPolicies(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		policy    v1.RestartPolicy
+		exit      int32
+		wantPhase v1.PodPhase
+		restarts  bool
+	}{
+		{"Always restarts a clean exit", v1.RestartPolicyAlways, 0, v1.PodRunning, true},
+		{"Always restarts a failure", v1.RestartPolicyAlways, 1, v1.PodRunning, true},
+		{"OnFailure restarts a failure", v1.RestartPolicyOnFailure, 2, v1.PodRunning, true},
+		{"OnFailure completes on success", v1.RestartPolicyOnFailure, 0, v1.PodSucceeded, false},
+		{"Never fails on failure", v1.RestartPolicyNever, 3, v1.PodFailed, false},
+		{"Never succeeds on success", v1.RestartPolicyNever, 0, v1.PodSucceeded, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.create(echoPod("p", func(p *v1.Pod) { p.Spec.RestartPolicy = tc.policy }))
+			h.waitPod("p", "running", running)
+			first := h.current("p", "echo")
+			h.rt.Exit(first.ID, tc.exit, "Error")
+			if tc.restarts {
+				p := h.waitPod("p", "restarted", func(p *v1.Pod) bool {
+					return running(p) && p.Status.ContainerStatuses[0].RestartCount == 1
+				})
+				last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated
+				if last == nil || last.ExitCode != tc.exit {
+					t.Errorf("lastState = %+v, want exit %d", p.Status.ContainerStatuses[0].LastTerminationState, tc.exit)
+				}
+				return
+			}
+			p := h.waitPod("p", "phase "+string(tc.wantPhase), func(p *v1.Pod) bool { return p.Status.Phase == tc.wantPhase })
+			if term := p.Status.ContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != tc.exit {
+				t.Errorf("state = %+v", p.Status.ContainerStatuses[0].State)
+			}
+			if cond(p, v1.PodReady) != v1.ConditionFalse {
+				t.Errorf("terminal pod is Ready")
+			}
+			time.Sleep(200 * time.Millisecond)
+			if n := len(h.containersOf("p")); n != 1 {
+				t.Errorf("%d containers, want 1 (no restart)", n)
+			}
+			if h.net.InUse() != 0 {
+				t.Errorf("terminal pod keeps %d addresses", h.net.InUse())
+			}
+		})
+	}
+}
+
+func TestCrashLoopBackOff(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.BackoffBase = 2 * time.Second; c.BackoffMax = 10 * time.Second })
+	h.create(echoPod("crash", nil))
+	h.waitPod("crash", "running", running)
+	h.rt.Exit(h.current("crash", "echo").ID, 1, "Error")
+	h.waitPod("crash", "first restart (immediate)", func(p *v1.Pod) bool { return p.Status.ContainerStatuses[0].RestartCount == 1 && running(p) })
+	h.rt.Exit(h.current("crash", "echo").ID, 1, "Error")
+	p := h.waitPod("crash", "CrashLoopBackOff", func(p *v1.Pod) bool {
+		w := p.Status.ContainerStatuses[0].State.Waiting
+		return w != nil && w.Reason == "CrashLoopBackOff"
+	})
+	if cond(p, v1.PodReady) != v1.ConditionFalse {
+		t.Error("pod in CrashLoopBackOff is Ready")
+	}
+	if lt := p.Status.ContainerStatuses[0].LastTerminationState.Terminated; lt == nil || lt.ExitCode != 1 {
+		t.Errorf("lastState = %+v", p.Status.ContainerStatuses[0].LastTerminationState)
+	}
+	h.waitPod("crash", "restart after back-off", func(p *v1.Pod) bool { return p.Status.ContainerStatuses[0].RestartCount == 2 && running(p) })
+}
+
+func TestInitContainersRunInOrder(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("init", func(p *v1.Pod) {
+		p.Spec.InitContainers = []v1.Container{{Name: "one", Image: "img"}, {Name: "two", Image: "img"}}
+	}))
+	p := h.waitPod("init", "init one running", func(p *v1.Pod) bool {
+		return len(p.Status.InitContainerStatuses) == 2 && p.Status.InitContainerStatuses[0].State.Running != nil
+	})
+	if p.Status.Phase != v1.PodPending || cond(p, v1.PodInitialized) != v1.ConditionFalse {
+		t.Errorf("phase %s initialized %s", p.Status.Phase, cond(p, v1.PodInitialized))
+	}
+	if w := p.Status.ContainerStatuses[0].State.Waiting; w == nil || w.Reason != "PodInitializing" {
+		t.Errorf("app container state = %+v", p.Status.ContainerStatuses[0].State)
+	}
+	if len(h.containersOf("init")) != 1 {
+		t.Fatalf("containers = %+v, want only init one", h.containersOf("init"))
+	}
+	h.rt.Exit(h.current("init", "one").ID, 0, "Completed")
+	h.waitPod("init", "init two running", func(p *v1.Pod) bool { return p.Status.InitContainerStatuses[1].State.Running != nil })
+	h.rt.Exit(h.current("init", "two").ID, 0, "Completed")
+	p = h.waitPod("init", "running", running)
+	if cond(p, v1.PodInitialized) != v1.ConditionTrue {
+		t.Error("not Initialized")
+	}
+}
+
+func TestFailedInitContainerWithNeverFailsPod(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("initfail", func(p *v1.Pod) {
+		p.Spec.RestartPolicy = v1.RestartPolicyNever
+		p.Spec.InitContainers = []v1.Container{{Name: "one", Image: "img"}}
+	}))
+	h.waitPod("initfail", "init running", func(p *v1.Pod) bool {
+		return len(p.Status.InitContainerStatuses) == 1 && p.Status.InitContainerStatuses[0].State.Running != nil
+	})
+	h.rt.Exit(h.current("initfail", "one").ID, 7, "Error")
+	h.waitPod("initfail", "failed", func(p *v1.Pod) bool { return p.Status.Phase == v1.PodFailed })
+	for _, c := range h.containersOf("initfail") {
+		if c.Name == "echo" {
+			t.Error("app container started after a failed init container")
+		}
+	}
+}
+
+func TestDeletionStopsContainersReleasesIPAndRemovesPod(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("gone", nil))
+	h.waitPod("gone", "running", running)
+	if h.net.InUse() != 1 {
+		t.Fatalf("addresses in use = %d", h.net.InUse())
+	}
+	p := h.pod("gone")
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+	grace := int64(1)
+	p.DeletionGracePeriodSeconds = &grace
+	if _, err := h.cs.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "pod removed from the API", func() (bool, string) {
+		_, err := h.cs.CoreV1().Pods("default").Get(context.Background(), "gone", metav1.GetOptions{})
+		return err != nil, "still there"
+	})
+	waitFor(t, 5*time.Second, "containers removed", func() (bool, string) {
+		return len(h.containersOf("gone")) == 0 && h.net.InUse() == 0, fmt.Sprintf("%d containers, %d IPs", len(h.containersOf("gone")), h.net.InUse())
+	})
+	if _, err := os.Stat(filepath.Join(h.cfg.RootDir, "pods", "uid-gone")); !os.IsNotExist(err) {
+		t.Errorf("pod dir left behind: %v", err)
+	}
+}
+
+func TestRestartedKubeletAdoptsContainers(t *testing.T) {
+	h := newHarness(t, nil)
+	for i := 0; i < 3; i++ {
+		h.create(echoPod(fmt.Sprintf("a%d", i), nil))
+	}
+	for i := 0; i < 3; i++ {
+		h.waitPod(fmt.Sprintf("a%d", i), "running", running)
+	}
+	before, _ := h.rt.ListContainers(context.Background())
+	for round := 0; round < 3; round++ {
+		h.stop()
+		h.start()
+		time.Sleep(300 * time.Millisecond)
+	}
+	after, _ := h.rt.ListContainers(context.Background())
+	if len(after) != len(before) {
+		t.Fatalf("containers %d -> %d across restarts", len(before), len(after))
+	}
+	for i := range before {
+		if before[i].ID != after[i].ID || after[i].State != runtime.StateRunning {
+			t.Errorf("container %d changed: %+v -> %+v", i, before[i], after[i])
+		}
+	}
+	for i := 0; i < 3; i++ {
+		p := h.waitPod(fmt.Sprintf("a%d", i), "running", running)
+		if p.Status.ContainerStatuses[0].RestartCount != 0 {
+			t.Errorf("restart count %d", p.Status.ContainerStatuses[0].RestartCount)
+		}
+	}
+	if h.net.InUse() != 3 {
+		t.Errorf("addresses in use = %d, want 3", h.net.InUse())
+	}
+}
+
+func TestOrphansAreCleanedUp(t *testing.T) {
+	h := newHarness(t, nil)
+	id, _ := h.rt.StartContainer(context.Background(), runtime.ContainerConfig{PodUID: "ghost", PodName: "ghost", PodNamespace: "default", Name: "c", Image: "i"})
+	waitFor(t, 5*time.Second, "orphan removed", func() (bool, string) {
+		return len(h.containersOf("ghost")) == 0, id
+	})
+}
+
+func TestStatusKeepsOtherWritersConditions(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("gated", func(p *v1.Pod) {
+		p.Status.Conditions = []v1.PodCondition{{Type: "example.com/gate", Status: v1.ConditionTrue}}
+	}))
+	p := h.waitPod("gated", "running", running)
+	if cond(p, "example.com/gate") != v1.ConditionTrue {
+		t.Errorf("foreign condition lost: %v", p.Status.Conditions)
+	}
+}
+
+func TestImageNeverPullMissingImageWaits(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("noimg", func(p *v1.Pod) {
+		p.Spec.Containers[0].Image = "absent:v1"
+		p.Spec.Containers[0].ImagePullPolicy = v1.PullNever
+	}))
+	p := h.waitPod("noimg", "ErrImageNeverPull", func(p *v1.Pod) bool {
+		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Waiting != nil &&
+			p.Status.ContainerStatuses[0].State.Waiting.Reason == "ErrImageNeverPull"
+	})
+	if p.Status.Phase != v1.PodPending {
+		t.Errorf("phase = %s", p.Status.Phase)
+	}
+}
+
+func TestMissingConfigMapIsCreateContainerConfigError(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("cfg", func(p *v1.Pod) {
+		p.Spec.Containers[0].Env = []v1.EnvVar{{Name: "X", ValueFrom: &v1.EnvVarSource{ConfigMapKeyRef: &v1.ConfigMapKeySelector{
+			LocalObjectReference: v1.LocalObjectReference{Name: "missing"}, Key: "k"}}}}
+	}))
+	h.waitPod("cfg", "CreateContainerConfigError", func(p *v1.Pod) bool {
+		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Waiting != nil &&
+			p.Status.ContainerStatuses[0].State.Waiting.Reason == "CreateContainerConfigError"
+	})
+	// Creating the ConfigMap lets the pod start.
+	h.cs.CoreV1().ConfigMaps("default").Create(context.Background(), &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "missing", Namespace: "default"}, Data: map[string]string{"k": "v"}}, metav1.CreateOptions{})
+	h.waitPod("cfg", "running", running)
+}
+
+func TestStaticPodWithMirror(t *testing.T) {
+	dir := t.TempDir()
+	manifest := `apiVersion: v1
+kind: Pod
+metadata:
+  name: static-web
+spec:
+  containers:
+  - name: echo
+    image: waggle.local/waggle-echo:dev
+`
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(c *Config) { c.PodManifestPath = dir })
+	name := "static-web-" + node
+	p := h.waitPod(name, "mirror running", running)
+	if p.Annotations[AnnotationConfigMirror] == "" || p.Spec.NodeName != node {
+		t.Errorf("mirror annotations %v nodeName %q", p.Annotations, p.Spec.NodeName)
+	}
+	first := h.current(name, "echo")
+	// Deleting the mirror does not stop the static pod; the mirror returns.
+	if err := h.cs.CoreV1().Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// (The fake clientset assigns no UIDs: a re-created mirror shows as a pod
+	// of that name whose status the kubelet wrote again.)
+	h.waitPod(name, "mirror re-created and running", func(p *v1.Pod) bool { return p.Name == name && running(p) })
+	if cur := h.current(name, "echo"); cur.ID != first.ID || cur.State != runtime.StateRunning {
+		t.Errorf("static pod's container changed: %s -> %s (%s)", first.ID, cur.ID, cur.State)
+	}
+	// Removing the manifest stops the pod and its mirror.
+	os.Remove(filepath.Join(dir, "web.yaml"))
+	waitFor(t, 15*time.Second, "static pod stopped", func() (bool, string) {
+		_, err := h.cs.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+		return len(h.containersOf(name)) == 0 && err != nil, "still there"
+	})
+}
+
+func TestProbesGateReadinessInHollowMode(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("probed", func(p *v1.Pod) {
+		p.Spec.Containers[0].ReadinessProbe = &v1.Probe{PeriodSeconds: 1, ProbeHandler: v1.ProbeHandler{Exec: &v1.ExecAction{Command: []string{"true"}}}}
+	}))
+	h.waitPod("probed", "ready", running)
+}
+
+func TestResourcesMapToCgroupSettings(t *testing.T) {
+	var cfg runtime.ContainerConfig
+	applyResources(&cfg, v1.ResourceRequirements{
+		Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("250m")},
+		Limits:   v1.ResourceList{v1.ResourceCPU: resource.MustParse("500m"), v1.ResourceMemory: resource.MustParse("64Mi")},
+	})
+	if cfg.CPUShares != 256 || cfg.CPUQuota != 50000 || cfg.CPUPeriod != 100000 || cfg.MemoryLimit != 64<<20 {
+		t.Errorf("cfg = shares %d quota %d period %d mem %d", cfg.CPUShares, cfg.CPUQuota, cfg.CPUPeriod, cfg.MemoryLimit)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"minimal", Config{NodeName: "n", Kubeconfig: "k"}, true},
+		{"no node", Config{Kubeconfig: "k"}, false},
+		{"no kubeconfig", Config{NodeName: "n"}, false},
+		{"bad runtime", Config{NodeName: "n", Kubeconfig: "k", Runtime: "docker"}, false},
+		{"bad pod cidr", Config{NodeName: "n", Kubeconfig: "k", PodCIDR: "10.0.0.0"}, false},
+		{"bad node ip", Config{NodeName: "n", Kubeconfig: "k", NodeIP: "x"}, false},
+		{"bad taint", Config{NodeName: "n", Kubeconfig: "k", RegisterWithTaints: []string{"a=b:Sometimes"}}, false},
+		{"bad port", Config{NodeName: "n", Kubeconfig: "k", Port: 70000}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.WithDefaults().Validate()
+			if (err == nil) != tc.ok {
+				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("err %v is not ErrInvalidConfig", err)
+			}
+		})
+	}
+}
