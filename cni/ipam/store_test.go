@@ -228,3 +228,42 @@ func TestFreeCountsLargeIPv6RangesWithoutOverflow(t *testing.T) {
 		t.Fatalf("Free(/24) = %d, want 253", free)
 	}
 }
+
+func FuzzUsableAndAllocate(f *testing.F) {
+	f.Add("10.0.0.0/24")
+	f.Add("10.0.0.0/30")
+	f.Add("fd00::/126")
+	f.Add("0.0.0.0/0")
+	f.Add("::/0")
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return
+		}
+		first, last, err := Usable(p)
+		if err != nil {
+			return
+		}
+		if !p.Contains(first) || !p.Contains(last) || last.Less(first) || first == Gateway(p) {
+			t.Fatalf("Usable(%s) = %s, %s", p, first, last)
+		}
+		st, err := Open(dir, "fuzz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		st.Lock()
+		defer st.Unlock()
+		a, err := st.Allocate("c", "eth0", p, 0)
+		if err != nil {
+			t.Fatalf("Allocate from an empty %s: %v", p, err)
+		}
+		if !p.Contains(a) || a.Less(first) || last.Less(a) {
+			t.Fatalf("Allocate(%s) = %s outside [%s, %s]", p, a, first, last)
+		}
+		if _, err := st.Release("c", "eth0"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

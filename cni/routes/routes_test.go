@@ -281,3 +281,39 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		t.Fatalf("Run err = %v", err)
 	}
 }
+
+func FuzzNodeFromAPIAndCompute(f *testing.F) {
+	f.Add("10.244.1.0/24", "192.168.0.1", "fd00::/64", "fd00::1", true)
+	f.Add("10.244.1.5/24", "not-an-ip", "", "::ffff:10.0.0.1", false)
+	f.Add("bad", "", "0.0.0.0/0", "10.0.0.1", true)
+	f.Fuzz(func(t *testing.T, cidr, addr, cidr6, addr6 string, vxlan bool) {
+		n := apiNode("remote", cidr, addr)
+		n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, cidr6)
+		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: addr6})
+		remote := NodeFromAPI(n)
+		for _, p := range remote.PodCIDRs {
+			if p.Masked() != p {
+				t.Fatalf("non-canonical pod CIDR %s", p)
+			}
+		}
+		mode := ModeHostGW
+		if vxlan {
+			mode = ModeVXLAN
+		}
+		c, err := New(Config{NodeName: "self", Mode: mode, Dataplane: &fakeDP{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		self := Node{Name: "self", PodCIDRs: []netip.Prefix{pfx("10.244.0.0/24")}, InternalIPs: []netip.Addr{ip("192.168.0.9")}}
+		d, _ := c.Compute([]Node{self, remote})
+		for _, r := range d.Routes {
+			if !slices.Contains(remote.PodCIDRs, r.Dst) {
+				t.Fatalf("route %v is not to the remote node's pod CIDRs %v", r, remote.PodCIDRs)
+			}
+			if !r.Dst.IsValid() || !r.Gw.IsValid() {
+				t.Fatalf("invalid route %v", r)
+			}
+		}
+		_ = c.Sync([]Node{self, remote})
+	})
+}
