@@ -45,6 +45,9 @@ type Target struct {
 	// makes one request and returns the endpoint that answered, or an error
 	// wrapping ErrRefused or ErrNotServed.
 	Connect func(proto dataplane.Protocol, addr netip.AddrPort) (netip.AddrPort, error)
+	// UDPFlow, when set, opens one long-lived UDP socket to addr; ask sends
+	// a request on it and returns the endpoint that answered.
+	UDPFlow func(addr netip.AddrPort) (ask func() (netip.AddrPort, error), closeFn func(), err error)
 	// Dump, when set, renders the kernel state the backend programmed, to
 	// check that a repeated Sync changes nothing and Cleanup leaves nothing
 	// (an empty Dump).
@@ -151,6 +154,36 @@ func Run(t *testing.T, setup Setup) {
 			for _, eps := range [][]netip.AddrPort{tg.Endpoints[:1], tg.Endpoints[:4], tg.Endpoints[3:4], tg.Endpoints[1:3]} {
 				sync(t, tg, state(frontend(dataplane.ClusterIP, clusterIP, svcPort, dataplane.TCP, eps)))
 				reachesAll(t, tg, dataplane.TCP, vip, eps)
+			}
+		}},
+		{"a long-lived UDP socket stops reaching a removed endpoint", func(t *testing.T, tg *Target) {
+			if tg.UDPFlow == nil {
+				t.Skip("target has no long-lived UDP sockets (a fake without conntrack)")
+			}
+			vip := netip.AddrPortFrom(clusterIP, svcPort)
+			eps := tg.Endpoints[:2]
+			sync(t, tg, state(frontend(dataplane.ClusterIP, clusterIP, svcPort, dataplane.UDP, eps)))
+			ask, closeFn, err := tg.UDPFlow(vip)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeFn()
+			first, err := ask()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rest []netip.AddrPort
+			for _, e := range eps {
+				if e != first {
+					rest = append(rest, e)
+				}
+			}
+			sync(t, tg, state(frontend(dataplane.ClusterIP, clusterIP, svcPort, dataplane.UDP, rest)))
+			// The socket may be destroyed (eBPF) or move to a live endpoint
+			// (iptables, after its conntrack entry is deleted); it must not
+			// keep talking to the removed one.
+			if got, err := ask(); err == nil && got == first {
+				t.Fatalf("the socket still reaches the removed endpoint %s", first)
 			}
 		}},
 		{"a deleted service is no longer served", func(t *testing.T, tg *Target) {

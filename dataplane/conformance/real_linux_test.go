@@ -118,6 +118,32 @@ func (tp *topology) connect(proto dataplane.Protocol, addr netip.AddrPort) (neti
 	return netip.ParseAddrPort(string(buf[:n]))
 }
 
+// udpFlow opens one connected UDP socket from the node namespace.
+func (tp *topology) udpFlow(addr netip.AddrPort) (func() (netip.AddrPort, error), func(), error) {
+	var c net.Conn
+	err := tp.node.Do(func(ns.NetNS) error {
+		var err error
+		c, err = net.DialTimeout("udp", addr.String(), dialTimeout)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	ask := func() (netip.AddrPort, error) {
+		c.SetDeadline(time.Now().Add(2 * dialTimeout))
+		if _, err := c.Write([]byte("who")); err != nil {
+			return netip.AddrPort{}, classify(err)
+		}
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		if err != nil {
+			return netip.AddrPort{}, classify(err)
+		}
+		return netip.ParseAddrPort(string(buf[:n]))
+	}
+	return ask, func() { c.Close() }, nil
+}
+
 func classify(err error) error {
 	return Classify(err, errors.Is(err, syscall.ECONNREFUSED))
 }
@@ -140,7 +166,7 @@ func TestRealIPTables(t *testing.T) {
 		})
 		runner := &iptables.ExecRunner{NetNSPath: path}
 		return &Target{
-			Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.connect,
+			Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.connect, UDPFlow: tp.udpFlow,
 			Dump: func() string {
 				var out string
 				for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
@@ -180,6 +206,6 @@ func TestRealEBPF(t *testing.T) {
 			syscall.Rmdir("/sys/fs/bpf/waggle-conformance")
 		})
 		testutil.EnterCgroup(t, cg)
-		return &Target{Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.connect}
+		return &Target{Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.connect, UDPFlow: tp.udpFlow}
 	})
 }

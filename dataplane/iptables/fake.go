@@ -32,6 +32,7 @@ type FakeRunner struct {
 	Float64 func() float64
 
 	mu       sync.Mutex
+	flushes  []string
 	tables   map[Family]map[string]*fakeTable
 	restores []string
 	recent   map[string]map[netip.Addr]time.Time
@@ -529,4 +530,19 @@ func tokenize(s string) []string {
 		out = append(out, cur.String())
 	}
 	return out
+}
+
+// DeleteUDPFlows implements ConntrackCleaner by recording the call.
+func (f *FakeRunner) DeleteUDPFlows(_ context.Context, fam Family, orig netip.AddrPort, endpoint netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.flushes = append(f.flushes, fmt.Sprintf("%s %s via %s", fam, orig, endpoint))
+	return nil
+}
+
+// ConntrackDeletes returns the DeleteUDPFlows calls received, in order.
+func (f *FakeRunner) ConntrackDeletes() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.flushes)
 }

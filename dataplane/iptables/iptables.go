@@ -81,8 +81,10 @@ type Backend struct {
 	mu sync.Mutex
 	// last holds, per family, the chains written by the last successful
 	// sync (name → rendered rules) for partial syncs.
-	last         map[Family]map[chainKey]string
-	lastFull     time.Time
+	last     map[Family]map[chainKey]string
+	lastFull time.Time
+	// udp holds the endpoints of the UDP frontends last programmed.
+	udp          map[dataplane.FrontendKey][]dataplane.Endpoint
 	forceFull    bool
 	syncs        *prometheus.CounterVec
 	restoreBytes prometheus.Histogram
@@ -187,7 +189,36 @@ func (b *Backend) Sync(ctx context.Context, st *dataplane.State) error {
 		b.lastFull = b.cfg.Now()
 		b.forceFull = false
 	}
+	b.clearStaleUDP(ctx, st)
 	return nil
+}
+
+// clearStaleUDP deletes the conntrack entries of UDP flows whose endpoint
+// was removed since the last sync, so that their next packet is load
+// balanced again instead of following the old DNAT.
+func (b *Backend) clearStaleUDP(ctx context.Context, st *dataplane.State) {
+	now := map[dataplane.FrontendKey][]dataplane.Endpoint{}
+	for _, f := range st.Frontends {
+		if f.Protocol == dataplane.UDP {
+			now[f.FrontendKey] = f.Endpoints
+		}
+	}
+	cc, ok := b.runner.(ConntrackCleaner)
+	for key, old := range b.udp {
+		for _, e := range old {
+			if slices.ContainsFunc(now[key], func(n dataplane.Endpoint) bool { return n.AddrPort() == e.AddrPort() }) || !ok {
+				continue
+			}
+			fam := IPv4
+			if key.Addr.Is6() {
+				fam = IPv6
+			}
+			if err := cc.DeleteUDPFlows(ctx, fam, netip.AddrPortFrom(key.Addr, key.Port), e.Addr); err != nil {
+				b.log.Warn("clear conntrack entries of a removed UDP endpoint", "frontend", key.String(), "endpoint", e.AddrPort().String(), "err", err)
+			}
+		}
+	}
+	b.udp = now
 }
 
 func (b *Backend) syncFamily(ctx context.Context, fam Family, want *Ruleset, full bool) error {

@@ -327,3 +327,24 @@ func TestAffinitySticksAndExpires(t *testing.T) {
 		t.Errorf("after expiry connections went to %v, want both endpoints", seen)
 	}
 }
+
+func TestRemovedUDPEndpointFlowsAreCleared(t *testing.T) {
+	fr := NewFakeRunner()
+	b := newFake(t, fr)
+	ctx := context.Background()
+	st := sampleState()
+	if err := b.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if d := fr.ConntrackDeletes(); len(d) != 0 {
+		t.Fatalf("first sync cleared %v", d)
+	}
+	st.Frontends[0].Endpoints = st.Frontends[0].Endpoints[:2] // 10.244.2.2 leaves dns
+	st.Frontends[3].Endpoints = st.Frontends[3].Endpoints[:1] // TCP: nothing to clear
+	if err := b.Sync(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if d := fr.ConntrackDeletes(); strings.Join(d, ";") != "IPv4 10.96.0.10:53 via 10.244.2.2" {
+		t.Errorf("conntrack deletes: %v", d)
+	}
+}

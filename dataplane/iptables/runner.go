@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"time"
@@ -143,4 +144,28 @@ func (r *ExecRunner) DeleteRule(ctx context.Context, fam Family, table, chain st
 		}
 		return err
 	}
+}
+
+// ConntrackCleaner is implemented by runners that can delete conntrack
+// entries. The backend uses it to make UDP flows to a removed endpoint pick
+// a live one on their next packet, as kube-proxy does (UDP has no end of
+// connection that would do it).
+type ConntrackCleaner interface {
+	// DeleteUDPFlows deletes the UDP entries whose original destination is
+	// orig and whose reply source is endpoint. None is success.
+	DeleteUDPFlows(ctx context.Context, fam Family, orig netip.AddrPort, endpoint netip.Addr) error
+}
+
+// DeleteUDPFlows implements ConntrackCleaner with the conntrack tool.
+func (r *ExecRunner) DeleteUDPFlows(ctx context.Context, fam Family, orig netip.AddrPort, endpoint netip.Addr) error {
+	args := []string{"-D", "-p", "udp", "--orig-dst", orig.Addr().String(), "--orig-port-dst", fmt.Sprint(orig.Port()), "--reply-src", endpoint.String()}
+	if fam == IPv6 {
+		args = append([]string{"-f", "ipv6"}, args...)
+	}
+	_, err := r.run(ctx, nil, "conntrack", args...)
+	var ee *ExecError
+	if errors.As(err, &ee) && ee.exitCode() == 1 && strings.Contains(ee.Stderr, "0 flow entries") {
+		return nil
+	}
+	return err
 }
