@@ -61,7 +61,7 @@ func newEnv(t *testing.T, tweak ...func(*Config)) *env {
 		t.Fatalf("New: %v", err)
 	}
 	t.Cleanup(func() { b.Close() })
-	enterCgroup(t, cg)
+	testutil.EnterCgroup(t, cg)
 	return &env{t: t, ns: n, cgroup: cg, cfg: cfg, b: b}
 }
 
@@ -70,34 +70,6 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))
 	return len(p), nil
-}
-
-// enterCgroup moves this process into cg until t ends.
-func enterCgroup(t *testing.T, cg string) {
-	t.Helper()
-	root, err := testutil.Cgroup2Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	self, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	orig := root
-	for _, line := range strings.Split(string(self), "\n") {
-		if rest, ok := strings.CutPrefix(line, "0::"); ok {
-			orig = filepath.Join(root, rest)
-		}
-	}
-	pid := fmt.Sprint(os.Getpid())
-	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(pid), 0o644); err != nil {
-		t.Fatalf("enter cgroup %s: %v", cg, err)
-	}
-	t.Cleanup(func() {
-		if err := os.WriteFile(filepath.Join(orig, "cgroup.procs"), []byte(pid), 0o644); err != nil {
-			t.Errorf("leave cgroup %s: %v", cg, err)
-		}
-	})
 }
 
 // addAddrs puts addresses on the namespace's loopback.

@@ -117,11 +117,30 @@ func sockDestroyUDP(s *netlink.Socket) error {
 	return err
 }
 
-// cgroupNetNS returns one /proc/<pid>/ns/net path per distinct network
-// namespace of the processes in the cgroup tree at root.
+// cgroupNetNS returns one path per distinct network namespace that may hold
+// load-balanced sockets: those of the processes in the cgroup tree at root,
+// the named ones under /run/netns (where CNI runtimes pin pod namespaces,
+// so a namespace whose process has just exited is found too), and this
+// process's own. Sockets of other nodes found there are left alone: only
+// cookies in this node's reverse-socket map are destroyed.
 func cgroupNetNS(root string) ([]string, error) {
 	seen := map[uint64]bool{}
 	var paths []string
+	add := func(nsPath string) {
+		var st unix.Stat_t
+		if err := unix.Stat(nsPath, &st); err != nil || seen[st.Ino] {
+			return
+		}
+		seen[st.Ino] = true
+		paths = append(paths, nsPath)
+	}
+	add("/proc/self/ns/net")
+	for _, dir := range []string{"/run/netns", "/var/run/netns"} {
+		named, _ := filepath.Glob(filepath.Join(dir, "*"))
+		for _, p := range named {
+			add(p)
+		}
+	}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -143,13 +162,7 @@ func cgroupNetNS(root string) ([]string, error) {
 			if err != nil {
 				continue
 			}
-			nsPath := fmt.Sprintf("/proc/%d/ns/net", pid)
-			var st unix.Stat_t
-			if err := unix.Stat(nsPath, &st); err != nil || seen[st.Ino] {
-				continue
-			}
-			seen[st.Ino] = true
-			paths = append(paths, nsPath)
+			add(fmt.Sprintf("/proc/%d/ns/net", pid))
 		}
 		return nil
 	})
