@@ -1,0 +1,233 @@
+// Package namespace is the controller-manager's namespace controller: when a
+// namespace is deleted (the API server marks it Terminating and keeps it
+// while its spec.finalizers hold "kubernetes"), it deletes every namespaced
+// object of every served resource in it, waits until they are gone, then
+// removes the "kubernetes" finalizer through namespaces/{name}/finalize, after
+// which the API server removes the namespace.
+//
+// It does not refuse new objects in a Terminating namespace: that is the API
+// server's NamespaceLifecycle admission.
+package namespace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
+)
+
+// Name is the controller's name in --controllers and in its queue metrics.
+const Name = "namespace"
+
+// ErrContentRemaining means objects are still being deleted; the namespace is
+// checked again after Options.RecheckPeriod.
+var ErrContentRemaining = errors.New("namespace content remaining")
+
+// Resource is one namespaced resource the controller empties.
+type Resource struct {
+	GVR schema.GroupVersionResource
+	// DeleteCollection says the resource serves deletecollection; otherwise
+	// its objects are listed and deleted one by one.
+	DeleteCollection bool
+}
+
+// Options configure the controller.
+type Options struct {
+	// Dynamic is the client used to list and delete objects of any resource.
+	// Required.
+	Dynamic dynamic.Interface
+	// Resources to empty; nil means every namespaced resource of the API
+	// server's catalog that can be deleted.
+	Resources []Resource
+	// RecheckPeriod is how long to wait before checking again a namespace
+	// whose objects are still going (default 2 s).
+	RecheckPeriod time.Duration
+}
+
+// CatalogResources lists the namespaced, deletable resources the API server
+// serves (catalog.All()).
+func CatalogResources() []Resource {
+	var out []Resource
+	for _, r := range catalog.All() {
+		if !r.Namespaced || !slices.Contains(r.Verbs, "delete") || !slices.Contains(r.Verbs, "list") {
+			continue
+		}
+		out = append(out, Resource{GVR: r.GroupVersionResource, DeleteCollection: slices.Contains(r.Verbs, "deletecollection")})
+	}
+	return out
+}
+
+// Controller empties and finalizes deleted namespaces.
+type Controller struct {
+	client    kubernetes.Interface
+	dyn       dynamic.Interface
+	log       *slog.Logger
+	resources []Resource
+	recheck   time.Duration
+	nsList    corelisters.NamespaceLister
+	queue     workqueue.TypedRateLimitingInterface[string]
+	synced    cache.InformerSynced
+}
+
+// New builds the controller on factory's namespace informer; the caller
+// starts factory.
+func New(client kubernetes.Interface, factory informers.SharedInformerFactory, log *slog.Logger, opts Options) *Controller {
+	if opts.Resources == nil {
+		opts.Resources = CatalogResources()
+	}
+	if opts.RecheckPeriod <= 0 {
+		opts.RecheckPeriod = 2 * time.Second
+	}
+	inf := factory.Core().V1().Namespaces()
+	c := &Controller{
+		client: client, dyn: opts.Dynamic, log: log.With("controller", Name),
+		resources: opts.Resources, recheck: opts.RecheckPeriod,
+		nsList: inf.Lister(), queue: ctrlutil.NewQueue(Name), synced: inf.Informer().HasSynced,
+	}
+	enqueue := func(obj any) {
+		if ns, ok := ctrlutil.Unwrap(obj).(*corev1.Namespace); ok && ns.DeletionTimestamp != nil {
+			c.queue.Add(ns.Name)
+		}
+	}
+	inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, cur any) { enqueue(cur) },
+	})
+	return c
+}
+
+// Run processes deleted namespaces with workers goroutines until ctx ends.
+func (c *Controller) Run(ctx context.Context, workers int) {
+	if c.dyn == nil {
+		c.log.Error("namespace controller needs a dynamic client (Options.Dynamic)")
+		c.queue.ShutDown()
+		return
+	}
+	ctrlutil.RunWorkers(ctx, c.log, Name, c.queue, workers, func(ctx context.Context, key string) error {
+		err := c.sync(ctx, key)
+		if errors.Is(err, ErrContentRemaining) {
+			c.log.Debug("namespace still has content", "namespace", key, "err", err)
+			c.queue.AddAfter(key, c.recheck)
+			return nil
+		}
+		return err
+	}, c.synced)
+}
+
+func (c *Controller) sync(ctx context.Context, name string) error {
+	ns, err := c.nsList.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if ns.DeletionTimestamp == nil {
+		return nil
+	}
+	if ns.Status.Phase != corev1.NamespaceTerminating {
+		upd := ns.DeepCopy()
+		upd.Status.Phase = corev1.NamespaceTerminating
+		if ns, err = c.client.CoreV1().Namespaces().UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("mark namespace %s Terminating: %w", name, err)
+		}
+	}
+	if !slices.Contains(ns.Spec.Finalizers, corev1.FinalizerKubernetes) {
+		return nil // already finalized; the API server removes it
+	}
+
+	remaining, err := c.deleteContent(ctx, name)
+	if err != nil {
+		return err
+	}
+	if len(remaining) > 0 {
+		return fmt.Errorf("%w in %s: %s", ErrContentRemaining, name, strings.Join(remaining, ", "))
+	}
+
+	upd := ns.DeepCopy()
+	upd.Spec.Finalizers = slices.DeleteFunc(upd.Spec.Finalizers, func(f corev1.FinalizerName) bool { return f == corev1.FinalizerKubernetes })
+	if _, err := c.client.CoreV1().Namespaces().Finalize(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("finalize namespace %s: %w", name, err)
+	}
+	c.log.Info("namespace emptied and finalized", "namespace", name)
+	return nil
+}
+
+// deleteContent deletes every object in the namespace, then lists again and
+// returns the resources that still have objects ("pods: 3"), such as pods
+// in graceful termination or objects held by finalizers.
+func (c *Controller) deleteContent(ctx context.Context, ns string) ([]string, error) {
+	var errs []error
+	bg := metav1.DeletePropagationBackground
+	for _, r := range c.resources {
+		ri := c.dyn.Resource(r.GVR).Namespace(ns)
+		if r.DeleteCollection {
+			err := ri.DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &bg}, metav1.ListOptions{})
+			if err == nil {
+				continue
+			}
+			if !apierrors.IsNotFound(err) && !apierrors.IsMethodNotSupported(err) {
+				errs = append(errs, fmt.Errorf("delete all %s in %s: %w", r.GVR.Resource, ns, err))
+				continue
+			}
+			// not served after all: one by one below
+		}
+		list, err := ri.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			if !apierrors.IsNotFound(err) && !apierrors.IsMethodNotSupported(err) {
+				errs = append(errs, fmt.Errorf("list %s in %s: %w", r.GVR.Resource, ns, err))
+			}
+			continue
+		}
+		for _, item := range list.Items {
+			if item.GetDeletionTimestamp() != nil {
+				continue // already going (graceful deletion, finalizers)
+			}
+			uid := item.GetUID()
+			err := ri.Delete(ctx, item.GetName(), metav1.DeleteOptions{PropagationPolicy: &bg, Preconditions: &metav1.Preconditions{UID: &uid}})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				errs = append(errs, fmt.Errorf("delete %s %s/%s: %w", r.GVR.Resource, ns, item.GetName(), err))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	var remaining []string
+	for _, r := range c.resources {
+		list, err := c.dyn.Resource(r.GVR).Namespace(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			if apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err) {
+				continue
+			}
+			return nil, fmt.Errorf("list %s in %s: %w", r.GVR.Resource, ns, err)
+		}
+		if n := len(list.Items); n > 0 {
+			remaining = append(remaining, fmt.Sprintf("%s: %d", r.GVR.Resource, n))
+		}
+	}
+	return remaining, nil
+}

@@ -1,0 +1,151 @@
+package namespace
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/kubernetes/scheme"
+)
+
+var (
+	podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	cmGVR   = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+)
+
+func TestCatalogResourcesAreNamespacedAndDeletable(t *testing.T) {
+	rs := CatalogResources()
+	has := func(res string) bool {
+		return slices.ContainsFunc(rs, func(r Resource) bool { return r.GVR.Resource == res })
+	}
+	for _, want := range []string{"pods", "configmaps", "services", "deployments", "replicasets", "endpointslices", "serviceaccounts", "leases"} {
+		if !has(want) {
+			t.Errorf("catalog resources lack %s", want)
+		}
+	}
+	for _, cluster := range []string{"nodes", "namespaces"} {
+		if has(cluster) {
+			t.Errorf("cluster-scoped %s listed as namespaced content", cluster)
+		}
+	}
+}
+
+type env struct {
+	cs  *fake.Clientset
+	dyn *dynamicfake.FakeDynamicClient
+}
+
+func start(t *testing.T, ns *corev1.Namespace, content ...runtime.Object) env {
+	t.Helper()
+	cs := fake.NewClientset(ns)
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme.Scheme,
+		map[schema.GroupVersionResource]string{podsGVR: "PodList", cmGVR: "ConfigMapList"}, content...)
+	f := informers.NewSharedInformerFactory(cs, 0)
+	c := New(cs, f, slog.New(slog.DiscardHandler), Options{
+		Dynamic:       dyn,
+		Resources:     []Resource{{GVR: podsGVR}, {GVR: cmGVR}},
+		RecheckPeriod: 50 * time.Millisecond,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	f.Start(ctx.Done())
+	done := make(chan struct{})
+	go func() { c.Run(ctx, 2); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
+	return env{cs, dyn}
+}
+
+func (e env) count(t *testing.T, gvr schema.GroupVersionResource, ns string) int {
+	t.Helper()
+	l, err := e.dyn.Resource(gvr).Namespace(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(l.Items)
+}
+
+func (e env) finalized(t *testing.T, name string) bool {
+	t.Helper()
+	ns, err := e.cs.CoreV1().Namespaces().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return !slices.Contains(ns.Spec.Finalizers, corev1.FinalizerKubernetes)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func deletedNS(name string) *corev1.Namespace {
+	now := metav1.Now()
+	return &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{Name: name, DeletionTimestamp: &now},
+		Spec:       corev1.NamespaceSpec{Finalizers: []corev1.FinalizerName{corev1.FinalizerKubernetes}},
+		Status:     corev1.NamespaceStatus{Phase: corev1.NamespaceActive},
+	}
+}
+
+func pod(ns, name string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + ns + name)}}
+}
+
+func configMap(ns, name string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-cm-" + ns + name)}}
+}
+
+func TestDeletedNamespaceIsEmptiedThenFinalized(t *testing.T) {
+	e := start(t, deletedNS("doomed"),
+		pod("doomed", "a"), pod("doomed", "b"), configMap("doomed", "c"),
+		pod("other", "keep"), configMap("other", "keep"))
+	waitFor(t, "finalized", func() bool { return e.finalized(t, "doomed") })
+	if n := e.count(t, podsGVR, "doomed") + e.count(t, cmGVR, "doomed"); n != 0 {
+		t.Fatalf("%d objects left in the finalized namespace", n)
+	}
+	if e.count(t, podsGVR, "other") != 1 || e.count(t, cmGVR, "other") != 1 {
+		t.Fatal("objects of another namespace were deleted")
+	}
+	ns, _ := e.cs.CoreV1().Namespaces().Get(context.Background(), "doomed", metav1.GetOptions{})
+	if ns.Status.Phase != corev1.NamespaceTerminating {
+		t.Fatalf("phase = %s, want Terminating", ns.Status.Phase)
+	}
+}
+
+func TestNamespaceWaitsForObjectsStillTerminating(t *testing.T) {
+	going := pod("slow", "graceful")
+	now := metav1.Now()
+	going.DeletionTimestamp = &now // a kubelet is still stopping it
+	e := start(t, deletedNS("slow"), going, configMap("slow", "c"))
+	waitFor(t, "configmap deleted", func() bool { return e.count(t, cmGVR, "slow") == 0 })
+	time.Sleep(200 * time.Millisecond)
+	if e.finalized(t, "slow") {
+		t.Fatal("namespace finalized while a pod was still terminating")
+	}
+	if err := e.dyn.Resource(podsGVR).Namespace("slow").Delete(context.Background(), "graceful", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "finalized once the pod is gone", func() bool { return e.finalized(t, "slow") })
+}
+
+func TestActiveNamespaceIsLeftAlone(t *testing.T) {
+	e := start(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "live"},
+		Spec: corev1.NamespaceSpec{Finalizers: []corev1.FinalizerName{corev1.FinalizerKubernetes}}}, pod("live", "a"))
+	time.Sleep(200 * time.Millisecond)
+	if e.count(t, podsGVR, "live") != 1 || e.finalized(t, "live") {
+		t.Fatal("controller touched a namespace that is not being deleted")
+	}
+}
