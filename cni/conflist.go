@@ -6,6 +6,10 @@ import (
 	"net/netip"
 )
 
+// ConfListFileName is the file name the kubelet writes ConfList's output to
+// in its CNI configuration directory (/etc/cni/net.d by default).
+const ConfListFileName = "10-waggle.conflist"
+
 // ConfListOption changes one field of the rendered configuration.
 type ConfListOption func(*confListOptions)
 

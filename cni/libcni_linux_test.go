@@ -3,11 +3,13 @@ package cni
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
@@ -236,4 +238,63 @@ func TestPluginExecutableReportsErrorsAsCNIJSON(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), `"supportedVersions":["0.4.0","1.0.0","1.1.0"]`) {
 		t.Fatalf("VERSION: %v\n%s", err, out)
 	}
+}
+
+// TestConcurrentPluginProcessesGetDistinctAddresses runs 50 ADDs as 50
+// plugin processes at once through libcni: the IPAM lock works across
+// processes, not only across goroutines.
+func TestConcurrentPluginProcessesGetDistinctAddresses(t *testing.T) {
+	const count = 50
+	nodeNS := testutil.NewNetNS(t)
+	dataDir := t.TempDir()
+	raw, _ := ConfList(netip.MustParsePrefix("10.95.1.0/24"), netip.Prefix{}, WithDataDir(dataDir), WithName("procs"))
+	list, err := libcni.ConfListFromBytes(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cn := libcni.NewCNIConfigWithCacheDir([]string{testPluginDir(t)}, t.TempDir(), nil)
+	pods := make([]*testutil.NetNS, count)
+	for i := range pods {
+		pods[i] = testutil.NewNetNS(t)
+	}
+	rt := func(i int) *libcni.RuntimeConf {
+		return &libcni.RuntimeConf{ContainerID: fmt.Sprintf("proc-%d", i), NetNS: pods[i].Path(), IfName: "eth0"}
+	}
+	addrs := make([]string, count)
+	errs := make([]error, count)
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = nodeNS.Do(func(ns.NetNS) error {
+				res, err := cn.AddNetworkList(context.Background(), list, rt(i))
+				if err != nil {
+					return err
+				}
+				r, err := current.NewResultFromResult(res)
+				if err == nil {
+					addrs[i] = r.IPs[0].Address.IP.String()
+				}
+				return err
+			})
+		}()
+	}
+	wg.Wait()
+	seen := map[string]int{}
+	for i := range count {
+		if errs[i] != nil {
+			t.Fatalf("ADD %d: %v", i, errs[i])
+		}
+		if j, dup := seen[addrs[i]]; dup {
+			t.Fatalf("plugin processes %d and %d got the same %s", i, j, addrs[i])
+		}
+		seen[addrs[i]] = i
+	}
+	for i := range count {
+		if err := nodeNS.Do(func(ns.NetNS) error { return cn.DelNetworkList(context.Background(), list, rt(i)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertNothingLeft(t, &node{ns: nodeNS, dataDir: dataDir, name: "procs"}, pods...)
 }
