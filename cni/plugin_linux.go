@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ip"
 	plipam "github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
@@ -153,6 +154,11 @@ func Attach(args *skel.CmdArgs) (_ *current.Result, _ *Config, err error) {
 		})
 	}
 	err = podNS.Do(func(ns.NetNS) error {
+		if slices.ContainsFunc(addrs, netip.Addr.Is6) {
+			// The IPAM lock already guarantees uniqueness: skip duplicate
+			// address detection, which would hold ADD for a second or two.
+			_, _ = sysctl.Sysctl("net/ipv6/conf/"+args.IfName+"/accept_dad", "0")
+		}
 		if err := plipam.ConfigureIface(args.IfName, res); err != nil {
 			return ioError("configure %s in the pod: %v", args.IfName, err)
 		}
