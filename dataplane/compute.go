@@ -126,12 +126,12 @@ func Compute(nodeName string, services []*v1.Service, endpointSlices []*discover
 		}
 		var vips []netip.Addr
 		for _, s := range clusterIPs {
-			a, err := netip.ParseAddr(s)
+			a, err := parseIP(s)
 			if err != nil {
 				warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("clusterIP %q: %v", s, err)})
 				continue
 			}
-			vips = append(vips, a.Unmap())
+			vips = append(vips, a)
 		}
 		families := map[bool]bool{} // is4 → served
 		for _, a := range vips {
@@ -150,12 +150,12 @@ func Compute(nodeName string, services []*v1.Service, endpointSlices []*discover
 
 		var externals []netip.Addr
 		for _, s := range svc.Spec.ExternalIPs {
-			a, err := netip.ParseAddr(s)
+			a, err := parseIP(s)
 			if err != nil {
 				warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("externalIP %q: %v", s, err)})
 				continue
 			}
-			externals = append(externals, a.Unmap())
+			externals = append(externals, a)
 		}
 		var lbs []netip.Addr
 		if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
@@ -163,12 +163,12 @@ func Compute(nodeName string, services []*v1.Service, endpointSlices []*discover
 				if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
 					continue
 				}
-				a, err := netip.ParseAddr(ing.IP)
+				a, err := parseIP(ing.IP)
 				if err != nil {
 					warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("load balancer ingress IP %q: %v", ing.IP, err)})
 					continue
 				}
-				lbs = append(lbs, a.Unmap())
+				lbs = append(lbs, a)
 			}
 		}
 		hasNodePort := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer
@@ -243,6 +243,22 @@ func Compute(nodeName string, services []*v1.Service, endpointSlices []*discover
 	return st
 }
 
+// parseIP parses a Service, Node or endpoint address: IPv4-mapped IPv6 is
+// unmapped; zones and the unspecified address are refused.
+func parseIP(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("address %q has a zone", s)
+	}
+	if a.IsUnspecified() {
+		return netip.Addr{}, fmt.Errorf("address %q is unspecified", s)
+	}
+	return a.Unmap(), nil
+}
+
 func portLabel(sp v1.ServicePort) string {
 	if sp.Name != "" {
 		return sp.Name
@@ -262,11 +278,10 @@ func nodeAddresses(nodeName string, nodes []*v1.Node) []netip.Addr {
 			if na.Type != v1.NodeInternalIP && na.Type != v1.NodeExternalIP {
 				continue
 			}
-			a, err := netip.ParseAddr(na.Address)
+			a, err := parseIP(na.Address)
 			if err != nil {
 				continue
 			}
-			a = a.Unmap()
 			if !slices.Contains(out, a) {
 				out = append(out, a)
 			}
@@ -326,11 +341,10 @@ func endpointsFor(ess []*discoveryv1.EndpointSlice, portName string, proto v1.Pr
 				node = *ep.NodeName
 			}
 			for _, s := range ep.Addresses {
-				a, err := netip.ParseAddr(s)
+				a, err := parseIP(s)
 				if err != nil {
 					continue
 				}
-				a = a.Unmap()
 				c := candidate{Endpoint: Endpoint{Addr: a, Port: uint16(port), NodeName: node, Terminating: terminating}, ready: ready, serving: serving}
 				key := c.AddrPort()
 				if i, ok := seen[key]; ok {
