@@ -369,6 +369,16 @@ func (c *Cacher) waitLocked(ctx context.Context, rev int64) error {
 	if c.ready && c.rev >= rev {
 		return nil
 	}
+	if c.ready {
+		// Behind because other resources moved the revision: ask etcd for a
+		// progress notification rather than waiting for the next tick.
+		c.mu.Unlock()
+		_ = c.store.Client().RequestProgress(ctx)
+		c.mu.Lock()
+		if c.rev >= rev {
+			return nil
+		}
+	}
 	stop := context.AfterFunc(ctx, func() {
 		c.mu.Lock()
 		c.changed.Broadcast()
