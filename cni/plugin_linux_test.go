@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -572,4 +573,40 @@ func TestDualStackPodGetsOneAddressPerFamily(t *testing.T) {
 	n.del("a", "eth0", a)
 	n.del("b", "eth0", b)
 	assertNothingLeft(t, n, a, b)
+}
+
+// TestPodReachesItselfThroughAServiceOnlyWithHairpin DNATs a Service-like
+// address to the pod itself, as a proxy would: the packet comes back out of
+// the bridge port it came in by, which the bridge allows only in hairpin mode.
+func TestPodReachesItselfThroughAServiceOnlyWithHairpin(t *testing.T) {
+	for _, hairpin := range []bool{true, false} {
+		t.Run(fmt.Sprintf("hairpinMode=%v", hairpin), func(t *testing.T) {
+			n := newNode(t, "10.88.1.0/24", "10.88.0.0/16", map[string]any{"hairpinMode": hairpin})
+			pod := testutil.NewNetNS(t)
+			ip := podAddr(t, n.mustAdd(t, "self", "eth0", pod))
+			port := serve(t, pod, ip)
+			rules := fmt.Sprintf(`table ip svc {
+	chain pre { type nat hook prerouting priority dstnat; ip daddr 10.96.0.10 tcp dport 80 dnat to %s:%d; }
+	chain post { type nat hook postrouting priority srcnat; ip saddr %s ip daddr %s masquerade; }
+}`, ip, port, ip, ip)
+			err := n.ns.Do(func(ns.NetNS) error {
+				c := exec.Command("nft", "-f", "-")
+				c.Stdin = strings.NewReader(rules)
+				if out, err := c.CombinedOutput(); err != nil {
+					return fmt.Errorf("nft: %v: %s", err, out)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = dial(pod, netip.MustParseAddr("10.96.0.10"), 80)
+			if hairpin && err != nil {
+				t.Fatalf("pod -> service -> itself with hairpin on: %v", err)
+			}
+			if !hairpin && err == nil {
+				t.Fatal("pod reached itself through the service without hairpin: the test proves nothing")
+			}
+		})
+	}
 }
