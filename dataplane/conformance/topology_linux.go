@@ -1,0 +1,155 @@
+//go:build linux
+
+package conformance
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+// The real topology's addresses: the node's, and four endpoints with TCP
+// and UDP echo servers on port 8080.
+var (
+	NodeIP    = netip.MustParseAddr("10.99.0.254")
+	Endpoints = []netip.AddrPort{
+		netip.MustParseAddrPort("10.99.0.1:8080"), netip.MustParseAddrPort("10.99.0.2:8080"),
+		netip.MustParseAddrPort("10.99.0.3:8080"), netip.MustParseAddrPort("10.99.0.4:8080"),
+	}
+)
+
+// Topology is the real fixture: a "node" network namespace (the client, and
+// the rules of the backend under test) joined by a veth to a "pods"
+// namespace holding the endpoints' echo servers.
+type Topology struct {
+	Node, Pods *testutil.NetNS
+}
+
+const dialTimeout = 500 * time.Millisecond
+
+func NewTopology(t *testing.T) *Topology {
+	t.Helper()
+	tp := &Topology{Node: testutil.NewNetNS(t), Pods: testutil.NewNetNS(t)}
+	tp.Node.Run(t, "ip", "link", "add", "wgn0", "type", "veth", "peer", "name", "wgp0", "netns", tp.Pods.Name)
+	tp.Node.Run(t, "ip", "addr", "add", NodeIP.String()+"/24", "dev", "wgn0")
+	tp.Node.Run(t, "ip", "link", "set", "wgn0", "up")
+	tp.Node.Run(t, "ip", "route", "add", "default", "via", Endpoints[0].Addr().String())
+	for _, e := range Endpoints {
+		tp.Pods.Run(t, "ip", "addr", "add", e.Addr().String()+"/24", "dev", "wgp0")
+	}
+	tp.Pods.Run(t, "ip", "link", "set", "wgp0", "up")
+	for _, e := range Endpoints {
+		tp.serve(t, e)
+	}
+	return tp
+}
+
+// serve runs TCP and UDP echo servers on e in the pods namespace that answer
+// every request with their own address.
+func (tp *Topology) serve(t *testing.T, e netip.AddrPort) {
+	t.Helper()
+	var ln net.Listener
+	var pc *net.UDPConn
+	err := tp.Pods.Do(func(ns.NetNS) error {
+		var err error
+		if ln, err = net.Listen("tcp", e.String()); err != nil {
+			return err
+		}
+		pc, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(e))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("echo server on %s: %v", e, err)
+	}
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				buf := make([]byte, 64)
+				if _, err := c.Read(buf); err == nil {
+					c.Write([]byte(e.String()))
+				}
+			}()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			_, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteToUDPAddrPort([]byte(e.String()), from)
+		}
+	}()
+}
+
+// Connect dials from the node namespace, sends one request and returns the
+// address the endpoint announced.
+func (tp *Topology) Connect(proto dataplane.Protocol, addr netip.AddrPort) (netip.AddrPort, error) {
+	var c net.Conn
+	err := tp.Node.Do(func(ns.NetNS) error {
+		var err error
+		c, err = net.DialTimeout(strings.ToLower(string(proto)), addr.String(), dialTimeout)
+		return err
+	})
+	if err != nil {
+		return netip.AddrPort{}, classify(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * dialTimeout))
+	if _, err := c.Write([]byte("who")); err != nil {
+		return netip.AddrPort{}, classify(err)
+	}
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if err != nil {
+		return netip.AddrPort{}, classify(err)
+	}
+	return netip.ParseAddrPort(string(buf[:n]))
+}
+
+// UDPFlow opens one connected UDP socket from the node namespace.
+func (tp *Topology) UDPFlow(addr netip.AddrPort) (func() (netip.AddrPort, error), func(), error) {
+	var c net.Conn
+	err := tp.Node.Do(func(ns.NetNS) error {
+		var err error
+		c, err = net.DialTimeout("udp", addr.String(), dialTimeout)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	ask := func() (netip.AddrPort, error) {
+		c.SetDeadline(time.Now().Add(2 * dialTimeout))
+		if _, err := c.Write([]byte("who")); err != nil {
+			return netip.AddrPort{}, classify(err)
+		}
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		if err != nil {
+			return netip.AddrPort{}, classify(err)
+		}
+		return netip.ParseAddrPort(string(buf[:n]))
+	}
+	return ask, func() { c.Close() }, nil
+}
+
+func classify(err error) error {
+	return Classify(err, errors.Is(err, syscall.ECONNREFUSED))
+}
