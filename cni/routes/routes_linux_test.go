@@ -257,3 +257,42 @@ func TestSyncWithRealNetlinkIsIdempotentRepairsDriftAndOwnsOnlyItsRoutes(t *test
 		})
 	}
 }
+
+// TestDualStackPodsOnTwoNodesReachEachOtherOverIPv6WithHostGW runs the same
+// controller code for IPv6: nodes with both address families, pods with both.
+func TestDualStackPodsOnTwoNodesReachEachOtherOverIPv6WithHostGW(t *testing.T) {
+	testutil.RequiresRoot(t)
+	nodes := sharedL2(t, 1500)
+	var all []Node
+	for i, n := range nodes {
+		v6 := netip.MustParseAddr(fmt.Sprintf("fd00:50::%d", i+1))
+		n.ns.Run(t, "ip", "-6", "addr", "add", v6.String()+"/64", "dev", "eth0", "nodad")
+		pod6 := netip.MustParsePrefix(fmt.Sprintf("fd00:244:%d::/64", i+1))
+		var c map[string]any
+		json.Unmarshal(n.conf, &c)
+		c["podCIDRs"] = []string{pod6.String()}
+		c["clusterCIDRs"] = []string{"fd00:244::/32"}
+		n.conf, _ = json.Marshal(c)
+		all = append(all, Node{Name: n.name, PodCIDRs: []netip.Prefix{n.podCIDR, pod6}, InternalIPs: []netip.Addr{n.ip, v6}})
+	}
+	podA, _ := nodes[0].addPod(t, "a")
+	podB, _ := nodes[1].addPod(t, "b")
+	ipB := netip.MustParseAddr("fd00:244:2::2") // the first pod address of node2's IPv6 range
+	port := echoServer(t, podB, ipB)
+	for _, n := range nodes {
+		c, _ := New(Config{NodeName: n.name, Mode: ModeHostGW, Dataplane: NewNetlink()})
+		if err := n.ns.Do(func(ns.NetNS) error { return c.Sync(all) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !strings.Contains(nodes[0].ns.Run(t, "ip", "-6", "route", "show", "proto", "87"), "fd00:244:2::/64 via fd00:50::2") {
+		t.Fatal("no IPv6 route to node2's pods")
+	}
+	seen, err := dialFrom(podA, ipB, port)
+	if err != nil {
+		t.Fatalf("pod on node1 -> [%s]:%d on node2: %v", ipB, port, err)
+	}
+	if host, _, _ := net.SplitHostPort(seen); !strings.HasPrefix(host, "fd00:244:1::") {
+		t.Fatalf("pod b saw %s, want pod a's own IPv6 address", seen)
+	}
+}
