@@ -2,15 +2,204 @@ package apiserver
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
 
+	kubeletclient "github.com/waggle-io/waggle/kubelet/client"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
-// connect serves log, exec, attach, portforward and proxy subresources.
-// They need the node's kubelet API; until a connector is configured they
-// answer 503 with a Status saying so.
+// kubeletTransport is the API server's client to kubelets: it presents a
+// client certificate of the cluster CA (system:kube-apiserver, group
+// system:masters) when the server holds the CA key.
+type kubeletTransport struct {
+	once sync.Once
+	rt   http.RoundTripper
+	err  error
+}
+
+func (s *Server) kubeletRT() (http.RoundTripper, error) {
+	s.kubelet.once.Do(func() {
+		var cert tls.Certificate
+		if s.bundle.HasCAKey() {
+			c, k, err := s.bundle.IssueClient("system:kube-apiserver", []string{"system:masters"})
+			if err != nil {
+				s.kubelet.err = err
+				return
+			}
+			if cert, err = tls.X509KeyPair(c, k); err != nil {
+				s.kubelet.err = err
+				return
+			}
+		}
+		s.kubelet.rt = kubeletclient.Transport(cert, nil)
+	})
+	return s.kubelet.rt, s.kubelet.err
+}
+
+// connect serves the subresources that reach a node: pods/log, pods/exec,
+// pods/attach (proxied to the pod's kubelet with upgrades passed through),
+// pods/proxy (to the pod's IP) and nodes/proxy (to the kubelet).
 func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
-	return apierrors.NewServiceUnavailable(fmt.Sprintf("%s/%s is not connected to a kubelet yet", req.reg.res.Resource, req.sub))
+	if err := s.admit(ctx, &AdmissionAttributes{Operation: OpConnect, Resource: req.reg.res, Subresource: req.sub, Namespace: req.ns, Name: req.name}); err != nil {
+		return err
+	}
+	var target *url.URL
+	var err error
+	switch {
+	case req.reg.res.Resource == "nodes" && req.sub == "proxy":
+		node, err := s.node(ctx, req.name)
+		if err != nil {
+			return err
+		}
+		target, err = kubeletclient.NodeProxyURL(node, req.proxyPath, r.URL.RawQuery)
+		if err != nil {
+			return apierrors.NewServiceUnavailable(err.Error())
+		}
+	case req.reg.res.Resource == "pods":
+		target, err = s.podTarget(ctx, r, req)
+		if err != nil {
+			return err
+		}
+	default:
+		return apierrors.NewServiceUnavailable(fmt.Sprintf("%s/%s is not served", req.reg.res.Resource, req.sub))
+	}
+	rt, err := s.kubeletRT()
+	if err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("kubelet client certificate: %w", err))
+	}
+	if target.Scheme == "http" {
+		rt = http.DefaultTransport
+	}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL = target
+			pr.Out.Host = target.Host
+			// The client's credentials are for the API server only.
+			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Del("Impersonate-User")
+			pr.Out.Header.Del("Impersonate-Group")
+		},
+		Transport:     rt,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			writeStatus(w, apierrors.NewServiceUnavailable("error reaching the node: "+err.Error()), req.reg.gr, req.name)
+		},
+	}
+	proxy.ServeHTTP(w, r)
+	return nil
+}
+
+func (s *Server) node(ctx context.Context, name string) (*corev1.Node, error) {
+	o, err := s.registries["nodes"].get(ctx, "", name, "")
+	if err != nil {
+		return nil, err
+	}
+	return o.Obj.(*corev1.Node), nil
+}
+
+
+func (s *Server) podTarget(ctx context.Context, r *http.Request, req *request) (*url.URL, error) {
+	name, port, _ := strings.Cut(req.name, ":")
+	o, err := req.reg.get(ctx, req.ns, name, "")
+	if err != nil {
+		return nil, err
+	}
+	pod := o.Obj.(*corev1.Pod)
+	if req.sub == "proxy" {
+		if pod.Status.PodIP == "" {
+			return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("pod %s has no IP yet", name))
+		}
+		if port == "" {
+			port = "80"
+		}
+		if _, err := strconv.Atoi(port); err != nil {
+			return nil, apierrors.NewBadRequest("invalid port " + strconv.Quote(port))
+		}
+		return &url.URL{Scheme: "http", Host: net.JoinHostPort(pod.Status.PodIP, port), Path: "/" + req.proxyPath, RawQuery: r.URL.RawQuery}, nil
+	}
+	if pod.Spec.NodeName == "" {
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("pod %s is not scheduled to a node yet", name))
+	}
+	node, err := s.node(ctx, pod.Spec.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	container := r.URL.Query().Get("container")
+	if container == "" {
+		if len(pod.Spec.Containers) != 1 {
+			var names []string
+			for _, c := range pod.Spec.Containers {
+				names = append(names, c.Name)
+			}
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("a container name must be specified for pod %s, choose one of: %v", name, names))
+		}
+		container = pod.Spec.Containers[0].Name
+	} else if !hasContainer(pod, container) {
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("container %s is not valid for pod %s", container, name))
+	}
+	var u *url.URL
+	switch req.sub {
+	case "log":
+		opts, err := logOptions(r.URL.Query())
+		if err != nil {
+			return nil, err
+		}
+		opts.Container = container
+		u, err = kubeletclient.LogURL(node, req.ns, name, opts)
+	case "exec", "attach":
+		q := r.URL.Query()
+		opts := &corev1.PodExecOptions{Command: q["command"], Stdin: truthy(q.Get("stdin")), Stdout: truthy(q.Get("stdout")),
+			Stderr: truthy(q.Get("stderr")), TTY: truthy(q.Get("tty"))}
+		opts.Container = container
+		if req.sub == "exec" {
+			if len(opts.Command) == 0 {
+				return nil, apierrors.NewBadRequest("you must specify at least 1 command")
+			}
+			u, err = kubeletclient.ExecURL(node, req.ns, name, opts)
+		} else {
+			u, err = kubeletclient.AttachURL(node, req.ns, name, opts)
+		}
+	default:
+		return nil, apierrors.NewMethodNotSupported(req.reg.gr, req.sub)
+	}
+	if err != nil {
+		return nil, apierrors.NewServiceUnavailable(err.Error())
+	}
+	return u, nil
+}
+
+func hasContainer(p *corev1.Pod, name string) bool {
+	for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func truthy(v string) bool { return v == "true" || v == "1" }
+
+// logOptions parses pods/log query parameters (core/v1's conversion from
+// url.Values lives in k8s.io/kubernetes, so it is done here).
+func logOptions(q url.Values) (*corev1.PodLogOptions, error) {
+	opts := &corev1.PodLogOptions{Follow: truthy(q.Get("follow")), Previous: truthy(q.Get("previous")), Timestamps: truthy(q.Get("timestamps"))}
+	for name, dst := range map[string]**int64{"tailLines": &opts.TailLines, "limitBytes": &opts.LimitBytes, "sinceSeconds": &opts.SinceSeconds} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return nil, apierrors.NewBadRequest(fmt.Sprintf("%s must be a non-negative integer, not %q", name, v))
+			}
+			*dst = &n
+		}
+	}
+	return opts, nil
 }

@@ -135,6 +135,8 @@ type Server struct {
 	ln         net.Listener
 	url        string
 
+	kubelet kubeletTransport
+
 	// watchStop ends every watch at shutdown.
 	watchStop chan struct{}
 	bg        sync.WaitGroup

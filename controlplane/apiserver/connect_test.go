@@ -1,0 +1,92 @@
+package apiserver_test
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestLogsAndProxiesReachTheNode checks the connect subresources end to end
+// over real HTTPS: pods/log reaches the kubelet API of the pod's node (here
+// an HTTPS endpoint recording what it is asked), with the apiserver's client
+// certificate and without the user's credentials; pods/proxy reaches the pod
+// IP; nodes/proxy reaches the kubelet.
+func TestLogsAndProxiesReachTheNode(t *testing.T) {
+	cs, _ := newClient(t)
+	ctx := context.Background()
+	var got []string
+	kubelet := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" {
+			t.Errorf("user credentials leaked to the kubelet")
+		}
+		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+			t.Errorf("no client certificate presented to the kubelet")
+		}
+		got = append(got, r.URL.Path+"?"+r.URL.RawQuery)
+		io.WriteString(w, "hello from "+r.URL.Path)
+	}))
+	kubelet.TLS = &tlsConfigRequestingClientCert
+	kubelet.StartTLS()
+	defer kubelet.Close()
+	_, portStr, _ := net.SplitHostPort(strings.TrimPrefix(kubelet.URL, "https://"))
+	port, _ := strconv.Atoi(portStr)
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
+	node, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}
+	node.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(port)
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := pod("logged", nil)
+	p.Spec.NodeName = "node-a"
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tail := int64(5)
+	b, err := cs.CoreV1().Pods("default").GetLogs("logged", &corev1.PodLogOptions{TailLines: &tail}).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("%v: %s", err, b)
+	}
+	if string(b) != "hello from /containerLogs/default/logged/c" || len(got) != 1 || !strings.Contains(got[0], "tailLines=5") {
+		t.Fatalf("log: %q, kubelet saw %v", b, got)
+	}
+	b, err = cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node-a/proxy/stats/summary").DoRaw(ctx)
+	if err != nil || string(b) != "hello from /stats/summary" {
+		t.Fatalf("node proxy: %q %v", b, err)
+	}
+
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "app "+r.URL.Path) }))
+	defer app.Close()
+	_, appPort, _ := net.SplitHostPort(strings.TrimPrefix(app.URL, "http://"))
+	pp, _ := cs.CoreV1().Pods("default").Get(ctx, "logged", metav1.GetOptions{})
+	pp.Status.PodIP = "127.0.0.1"
+	if _, err := cs.CoreV1().Pods("default").UpdateStatus(ctx, pp, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err = cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/namespaces/default/pods/logged:" + appPort + "/proxy/index.html").DoRaw(ctx)
+	if err != nil || string(b) != "app /index.html" {
+		t.Fatalf("pod proxy: %q %v", b, err)
+	}
+	// A pod that is not scheduled has no logs to reach: 400.
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("pending", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := cs.CoreV1().Pods("default").GetLogs("pending", &corev1.PodLogOptions{}).DoRaw(ctx); !apierrors.IsBadRequest(err) || !strings.Contains(string(b), "not scheduled") {
+		t.Fatalf("log of an unscheduled pod: %v %s", err, b)
+	}
+}
+
+var tlsConfigRequestingClientCert = tls.Config{ClientAuth: tls.RequestClientCert}
