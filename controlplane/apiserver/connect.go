@@ -106,7 +106,6 @@ func (s *Server) node(ctx context.Context, name string) (*corev1.Node, error) {
 	return o.Obj.(*corev1.Node), nil
 }
 
-
 func (s *Server) podTarget(ctx context.Context, r *http.Request, req *request) (*url.URL, error) {
 	name, port, _ := strings.Cut(req.name, ":")
 	o, err := req.reg.get(ctx, req.ns, name, "")
