@@ -2,7 +2,10 @@ package serviceaccount
 
 import (
 	"context"
+	"k8s.io/apimachinery/pkg/watch"
+	k8stesting "k8s.io/client-go/testing"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +23,7 @@ func start(t *testing.T, objs ...*corev1.Namespace) *fake.Clientset {
 			t.Fatal(err)
 		}
 	}
+	waitWatches := watchesStarted(cs)
 	f := informers.NewSharedInformerFactory(cs, 0)
 	c := New(cs, f, slog.New(slog.DiscardHandler), Options{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -27,6 +31,7 @@ func start(t *testing.T, objs ...*corev1.Namespace) *fake.Clientset {
 	done := make(chan struct{})
 	go func() { c.Run(ctx, 2); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
+	waitWatches(t, 2) // namespaces, serviceaccounts
 	return cs
 }
 
@@ -67,5 +72,25 @@ func TestTerminatingNamespaceGetsNoServiceAccount(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if hasSA(cs, "going") {
 		t.Fatal("created a service account in a terminating namespace")
+	}
+}
+
+// watchesStarted counts the watches informers open on cs: the fake
+// clientset drops objects created between an informer's list and its watch,
+// so tests create objects only once every watch is open.
+func watchesStarted(cs *fake.Clientset) func(t *testing.T, n int32) {
+	var opened atomic.Int32
+	cs.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
+		opened.Add(1)
+		return false, nil, nil
+	})
+	return func(t *testing.T, n int32) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); opened.Load() < n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("informer watches did not start")
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // the default reactor opens it just after
 	}
 }
