@@ -2,10 +2,70 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/waggle-io/waggle/dataplane/bench"
+	"github.com/waggle-io/waggle/internal/cliflag"
+	"github.com/waggle-io/waggle/internal/ops"
 )
 
-// runBench is being built (see the issue for `waggle bench`).
+// runBench dispatches `waggle bench <what>`.
 func runBench(ctx context.Context, args []string) error {
-	return errors.New("waggle bench is not built yet")
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprintf(os.Stderr, "Usage: waggle bench WHAT [flags]\n\n  dataplane   direct vs eBPF vs iptables ClusterIP: TCP_CRR, TCP_RR, UDP_RR at several service counts; eBPF programming time\n")
+		if len(args) == 0 {
+			return fmt.Errorf("which benchmark? (dataplane)")
+		}
+		return nil
+	}
+	switch args[0] {
+	case "dataplane":
+		return runBenchDataplane(ctx, args[1:])
+	}
+	return fmt.Errorf("unknown benchmark %q (dataplane)", args[0])
+}
+
+func runBenchDataplane(ctx context.Context, args []string) error {
+	fs := cliflag.NewFlagSet("bench dataplane", "Measure the service dataplanes side by side in network namespaces on this machine (needs root).")
+	var cfg bench.Config
+	var counts, paths, logLevel string
+	fs.DurationVar(&cfg.Duration, "duration", 1e9, "length of one measurement (one test, one path, one round)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 2e8, "warm-up before each measurement counts")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds (direct, ebpf, iptables, direct, ...)")
+	fs.IntVar(&cfg.Clients, "clients", 4, "clients in parallel")
+	fs.IntVar(&cfg.Backends, "backends", 4, "backends (echo servers) behind each service")
+	fs.StringVar(&counts, "services", "1,1000,10000", "service counts to measure at, comma-separated")
+	fs.StringVar(&paths, "paths", "ebpf,iptables", "paths to compare with direct: ebpf, iptables")
+	fs.IntVar(&cfg.ProgramServices, "program-services", 10000, "services for the eBPF programming benchmark (0 skips it)")
+	fs.IntVar(&cfg.ProgramBackends, "program-backends", 10, "backends per service for the programming benchmark")
+	fs.IntVar(&cfg.ProgramRounds, "program-rounds", 3, "rounds of the programming benchmark")
+	fs.IntVar(&cfg.LatencySamples, "change-samples", 200, "endpoint changes timed at program-services services")
+	fs.StringVar(&cfg.Output, "output", "", "write the JSON report to this file")
+	fs.StringVar(&logLevel, "log-level", "warn", "progress log level: debug, info, warn, error")
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	for _, c := range strings.Split(counts, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 || n > 65000 {
+			return fmt.Errorf("--services %q: want counts between 1 and 65000", c)
+		}
+		cfg.ServiceCounts = append(cfg.ServiceCounts, n)
+	}
+	cfg.Paths = []string{}
+	for _, p := range strings.Split(paths, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			cfg.Paths = append(cfg.Paths, p)
+		}
+	}
+	log, err := ops.NewLogger("bench", logLevel)
+	if err != nil {
+		return err
+	}
+	cfg.Log, cfg.Out = log, os.Stdout
+	_, err = bench.Run(ctx, cfg)
+	return err
 }

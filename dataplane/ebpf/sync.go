@@ -36,8 +36,9 @@ type tables struct {
 type programmed struct {
 	id        uint32
 	hasMaster bool
-	count     int      // the master's count
-	slots     []uint32 // backend ID per slot (index 0 is slot 1); 0: missing
+	count     int          // the master's count
+	slots     []uint32     // backend ID per slot (index 0 is slot 1); 0: missing
+	keys      []backendKey // the backends of slots, as last synced (nil after restore)
 	flags     uint16
 	timeout   uint32
 	kind      dataplane.FrontendKind
@@ -70,8 +71,12 @@ type reconciler struct {
 	fronts  map[dataplane.FrontendKey]*programmed
 	beIDs   map[backendKey]uint32
 	beByID  map[uint32]backendKey
+	refs    map[uint32]int // slots naming each backend ID
 	nextSvc uint32
 	nextBe  uint32
+	// touched: backend IDs whose reference count dropped (or that are
+	// new), candidates for deletion at the end of a sync.
+	touched []uint32
 	// pending deletes found at restore: orphaned rev_nat/name entries.
 	orphanRev []uint32
 	// dirty: a write failed; re-read the maps before the next sync.
@@ -99,6 +104,7 @@ func (r *reconciler) restore() error {
 	r.fronts = map[dataplane.FrontendKey]*programmed{}
 	r.beIDs = map[backendKey]uint32{}
 	r.beByID = map[uint32]backendKey{}
+	r.refs = map[uint32]int{}
 	r.nextSvc, r.nextBe = 1, 1
 	r.orphanRev = nil
 	get := func(k dataplane.FrontendKey) *programmed {
@@ -125,6 +131,7 @@ func (r *reconciler) restore() error {
 			p.slots = append(p.slots, 0)
 		}
 		p.slots[k.Slot-1] = v.BackendId
+		r.refs[v.BackendId]++
 		return true
 	})
 	if err != nil {
@@ -146,6 +153,12 @@ func (r *reconciler) restore() error {
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", MapBackends, err)
+	}
+	r.touched = nil
+	for id := range r.beByID {
+		if r.refs[id] == 0 { // left over: deleted by the next sync
+			r.touched = append(r.touched, id)
+		}
 	}
 	err = r.t.revNat.Iterate(func(id uint32, _ sockLBLbRevNat) bool {
 		r.nextSvc = max(r.nextSvc, id+1)
@@ -188,13 +201,22 @@ func wantsOf(st *dataplane.State) []want {
 	out := make([]want, 0, len(st.Frontends))
 	for _, f := range st.Frontends {
 		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String()}
-		seen := make(map[backendKey]bool, len(f.Endpoints))
+		w.backends = make([]backendKey, 0, len(f.Endpoints))
+		var seen map[backendKey]bool // only for long lists
+		if len(f.Endpoints) > 16 {
+			seen = make(map[backendKey]bool, len(f.Endpoints))
+		}
 		for _, e := range f.Endpoints {
 			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: f.Protocol}
-			if !seen[b] {
+			if seen != nil {
+				if seen[b] {
+					continue
+				}
 				seen[b] = true
-				w.backends = append(w.backends, b)
+			} else if slices.Contains(w.backends, b) {
+				continue
 			}
+			w.backends = append(w.backends, b)
 		}
 		if f.AffinityTimeout > 0 {
 			w.flags |= FlagAffinity
@@ -280,6 +302,9 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		}
 		res.deletes += len(masters) + len(slots) + 2*len(revs)
 		for _, k := range gone {
+			for _, id := range r.fronts[k].slots {
+				r.release(id)
+			}
 			delete(r.fronts, k)
 		}
 		r.orphanRev = nil
@@ -295,6 +320,9 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	accepted := make([]want, 0, len(wants))
 	for _, w := range wants {
 		p := r.fronts[w.key]
+		if p.unchanged(&w) {
+			continue
+		}
 		growth := len(w.backends)
 		if p != nil {
 			growth = max(0, len(w.backends)-len(p.slots))
@@ -344,6 +372,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		for i, b := range newBeOrder {
 			r.beIDs[b], r.beByID[ids[i]] = ids[i], b
 		}
+		r.touched = append(r.touched, ids...) // unused until a slot names them
 		res.writes += len(ids)
 	}
 	beID := func(b backendKey) uint32 { return r.beIDs[b] }
@@ -356,7 +385,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	next := make(map[dataplane.FrontendKey]*programmed, len(accepted))
 	for _, w := range accepted {
 		old := r.fronts[w.key]
-		p := &programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind, name: w.name}
+		p := &programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind, name: w.name, keys: w.backends}
 		if old != nil && old.id != 0 {
 			p.id = old.id
 		} else {
@@ -375,6 +404,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		for i, b := range w.backends {
 			id := beID(b)
 			p.slots[i] = id
+			r.refs[id]++
 			if old == nil || i >= len(old.slots) || old.slots[i] != id || old.id != p.id {
 				slotKeys = append(slotKeys, serviceKey(w.key, uint16(i+1)))
 				slotVals = append(slotVals, sockLBLbService{BackendId: id, RevNatId: p.id})
@@ -387,6 +417,9 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 				RevNatId: p.id, AffinityTimeout: p.timeout})
 		}
 		if old != nil {
+			for _, id := range old.slots {
+				r.release(id)
+			}
 			for i := len(w.backends); i < len(old.slots); i++ {
 				staleKeys = append(staleKeys, serviceKey(w.key, uint16(i+1)))
 			}
@@ -427,18 +460,13 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 
 	// 5. Backends no frontend uses any more, and affinity entries that
 	// point at a backend their service lost.
-	inUse := make(map[uint32]bool, len(r.beIDs))
-	for _, p := range r.fronts {
-		for _, id := range p.slots {
-			inUse[id] = true
-		}
-	}
 	var unused []uint32
-	for id := range r.beByID {
-		if !inUse[id] {
+	for _, id := range r.touched {
+		if _, ok := r.beByID[id]; ok && r.refs[id] == 0 && !slices.Contains(unused, id) {
 			unused = append(unused, id)
 		}
 	}
+	r.touched = r.touched[:0]
 	slices.Sort(unused)
 	if len(lostPairs) > 0 || len(goneServices) > 0 {
 		var stale []sockLBLbAffinityKey
@@ -462,6 +490,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	for _, id := range unused {
 		delete(r.beIDs, r.beByID[id])
 		delete(r.beByID, id)
+		delete(r.refs, id)
 	}
 	res.deletes += len(unused)
 	slices.SortFunc(res.lost, func(a, b lostBackend) int {
@@ -471,6 +500,23 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		return res, rejectedError(res.rejected)
 	}
 	return res, nil
+}
+
+// release drops one reference to a backend ID.
+func (r *reconciler) release(id uint32) {
+	if id == 0 {
+		return
+	}
+	r.refs[id]--
+	r.touched = append(r.touched, id)
+}
+
+// unchanged reports whether p already holds w exactly (cheap: no map
+// lookups), so a repeated Sync of 10,000 services costs a comparison each.
+func (p *programmed) unchanged(w *want) bool {
+	return p != nil && p.keys != nil && p.hasMaster && p.count == len(w.backends) && len(p.slots) == len(w.backends) &&
+		p.flags == w.flags && p.timeout == w.timeout && p.kind == w.kind && p.name == w.name &&
+		slices.Equal(p.keys, w.backends)
 }
 
 func (r *reconciler) lost(svcID uint32, k dataplane.FrontendKey, beID uint32) lostBackend {

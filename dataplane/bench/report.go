@@ -1,0 +1,63 @@
+package bench
+
+import (
+	"fmt"
+	"strings"
+)
+
+func human(x float64) string {
+	s := fmt.Sprintf("%.0f", x)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// print writes the report as a table.
+func (r *Report) print(cfg Config, paths []string) {
+	w := cfg.Out
+	fmt.Fprintf(w, "waggle bench dataplane — kernel %s, %d CPUs, %d clients, %d backends, %d-byte echo, %d rounds × %s (interleaved), median [min–max] per second\n",
+		r.Kernel, r.CPUs, r.Clients, r.Backends, r.Payload, r.Rounds, r.Duration)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "  · %s\n", n)
+	}
+	for p, why := range r.Skipped {
+		fmt.Fprintf(w, "  · path %s skipped: %s\n", p, why)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "| services | test |")
+	for _, p := range paths {
+		fmt.Fprintf(w, " %s |", p)
+	}
+	fmt.Fprintf(w, "\n|---|---|%s\n", strings.Repeat("---|", len(paths)))
+	for _, row := range r.Rows {
+		fmt.Fprintf(w, "| %s | %s |", human(float64(row.Services)), row.Test)
+		for _, p := range paths {
+			s := row.Paths[p]
+			if s == nil {
+				fmt.Fprintf(w, " – |")
+				continue
+			}
+			errs := ""
+			if s.Errors > 0 {
+				errs = fmt.Sprintf(" (%d errors)", s.Errors)
+			}
+			if p == "direct" {
+				fmt.Fprintf(w, " %s [%s–%s]%s |", human(s.Median), human(s.Min), human(s.Max), errs)
+			} else {
+				fmt.Fprintf(w, " %s (%.2f×) [%s–%s]%s |", human(s.Median), s.Ratio, human(s.Min), human(s.Max), errs)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	if r.Program != nil {
+		fmt.Fprintf(w, "\neBPF: programming %s from scratch: median %.3f s [%.3f–%.3f] over %d rounds\n",
+			r.ProgramSize, r.Program.Median, r.Program.Min, r.Program.Max, len(r.Program.Rounds))
+		fmt.Fprintf(w, "eBPF: endpoint change to map (full Sync of that state): p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+			r.ChangeP50, r.ChangeP99, r.ChangeMax)
+	}
+}
