@@ -11,6 +11,8 @@ APT_DEPS := containerd:containerd runc:runc iptables:iptables clang:clang llvm-s
 # Test tiers: TEST_FLAGS=-short gives the unit tier only.
 TEST_TIMEOUT ?= 20m
 TEST_FLAGS ?=
+# Flags of `waggle bench dataplane` in `make bench` (e.g. --rounds 5 --duration 2s).
+BENCH_DATAPLANE_FLAGS ?=
 
 .PHONY: help deps build images generate test test-unit lint bench up lab clean
 
@@ -50,6 +52,7 @@ lint: ## gofmt and go vet
 
 bench: deps build ## run the benchmarks and print their tables
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./controlplane/...
+	$(BIN)/waggle bench dataplane --output $(BIN)/bench-dataplane.json $(BENCH_DATAPLANE_FLAGS)
 
 up: deps build images ## run a single-machine cluster (waggle up); Ctrl-C stops it, running it again resumes it
 	$(BIN)/waggle up --data-dir $${WAGGLE_DATA_DIR:-/var/lib/waggle} --image-dir $(BIN)/images
