@@ -55,10 +55,9 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 	w.Header().Set("Cache-Control", "no-cache")
 	var ce *storage.CompactedError
 	if errors.As(err, &ce) {
-		// As kube-apiserver: the stream opens and carries a 410 ERROR event.
-		w.WriteHeader(http.StatusOK)
-		writeErrorEvent(w, statusFor(err, req.reg.gr, ""))
-		return nil
+		// Older than the cache's window: resume from etcd itself, which
+		// answers 410 only if the revision is compacted there too.
+		watcher, err = req.reg.cache.WatchFromStore(ctx, from, pred), nil
 	}
 	if err != nil {
 		return err
@@ -88,6 +87,10 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 			if len(buf) > 0 {
 				w.Write(buf)
 				rc.Flush()
+			}
+			if errors.As(err, &ce) {
+				// As kube-apiserver: the stream carries a 410 ERROR event.
+				writeErrorEvent(w, statusFor(err, req.reg.gr, ""))
 			}
 			return nil // timeout, shutdown, client gone or closed as slow: end cleanly
 		}

@@ -494,8 +494,63 @@ func (c *Cacher) Watch(ctx context.Context, from int64, p Predicate) (*Watcher, 
 	return w, nil
 }
 
+// WatchFromStore serves a watch that resumes before the cache's window
+// straight from etcd: events after from, decoded for this watcher alone.
+// etcd's own compaction is the limit; a compacted from ends the watcher
+// with a *CompactedError (410 for the client).
+func (c *Cacher) WatchFromStore(ctx context.Context, from int64, p Predicate) *Watcher {
+	wctx, cancel := context.WithCancel(ctx)
+	w := &Watcher{id: -1, c: c, pred: p, ch: make(chan *Event, c.cfg.WatcherBuffer), done: make(chan struct{}), cancel: cancel}
+	batches, werr := c.store.Watch(wctx, c.cfg.Prefix, from+1)
+	go func() {
+		defer cancel()
+		for b := range batches {
+			for _, re := range b.Events {
+				var e *Event
+				var prev *Object
+				if re.PrevKV != nil {
+					prev, _ = c.cfg.Codec.Decode(re.KV.Key, re.PrevKV.Value, re.PrevKV.ModRevision)
+				}
+				switch {
+				case re.Delete && re.PrevKV != nil:
+					last, err := c.cfg.Codec.Decode(re.KV.Key, re.PrevKV.Value, re.KV.ModRevision)
+					if err != nil {
+						continue
+					}
+					e = &Event{Type: watch.Deleted, Rev: re.KV.ModRevision, Obj: last, Prev: prev}
+				case re.Delete:
+					continue
+				default:
+					o, err := c.cfg.Codec.Decode(re.KV.Key, re.KV.Value, re.KV.ModRevision)
+					if err != nil {
+						continue
+					}
+					t := watch.Modified
+					if re.KV.CreateRevision == re.KV.ModRevision {
+						t = watch.Added
+					}
+					e = &Event{Type: t, Rev: re.KV.ModRevision, Obj: o, Prev: prev}
+				}
+				select {
+				case w.ch <- e:
+				case <-wctx.Done():
+					w.terminate(nil)
+					return
+				}
+			}
+		}
+		err := werr()
+		if err == nil {
+			err = ErrWatchClosed
+		}
+		w.terminate(err)
+	}()
+	return w
+}
+
 // Watcher receives the events of one watch. Call Stop when done.
 type Watcher struct {
+	cancel  context.CancelFunc
 	id      int
 	c       *Cacher
 	pred    Predicate
@@ -512,9 +567,13 @@ func (w *Watcher) terminate(err error) {
 
 // Stop unregisters the watcher.
 func (w *Watcher) Stop() {
-	w.c.mu.Lock()
-	delete(w.c.watchers, w.id)
-	w.c.mu.Unlock()
+	if w.cancel != nil {
+		w.cancel()
+	} else {
+		w.c.mu.Lock()
+		delete(w.c.watchers, w.id)
+		w.c.mu.Unlock()
+	}
 	w.terminate(nil)
 }
 

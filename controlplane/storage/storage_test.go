@@ -156,7 +156,7 @@ func startCache(t *testing.T, s *Store, buffer int) *Cacher {
 
 func TestCacherSlowWatcherIsClosedWithoutSlowingOthers(t *testing.T) {
 	s := openStore(t)
-	c := startCache(t, s, 10)
+	c := startCache(t, s, 100)
 	ctx := context.Background()
 	slow, err := c.Watch(ctx, 0, Predicate{})
 	if err != nil {
@@ -176,14 +176,14 @@ func TestCacherSlowWatcherIsClosedWithoutSlowingOthers(t *testing.T) {
 			}
 			if e.Type == watch.Added {
 				n++
-				if n == 50 {
+				if n == 300 {
 					got <- n
 				}
 			}
 		}
 	}()
-	for i := 0; i < 50; i++ {
-		if _, err := s.Create(ctx, fmt.Sprintf("/registry/pods/ns/p%02d", i), podJSON("p")); err != nil {
+	for i := 0; i < 300; i++ {
+		if _, err := s.Create(ctx, fmt.Sprintf("/registry/pods/ns/p%03d", i), podJSON("p")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -235,6 +235,23 @@ func TestCacherResumesFromHistoryAndExpiresOldRevisions(t *testing.T) {
 	var ce *CompactedError
 	if _, err := c.Watch(ctx, rev, Predicate{}); !errors.As(err, &ce) {
 		t.Fatalf("resume before the window: %v", err)
+	}
+	// ... but etcd still has that history: the store-backed watcher
+	// resumes there, with the right event types.
+	old := c.WatchFromStore(ctx, rev, Predicate{})
+	for i := 0; i < 150; i++ {
+		e, typ, err := old.Next(ctx, true)
+		if err != nil || e.Rev != revs[i] || typ != watch.Added {
+			t.Fatalf("store watcher event %d: %+v %s %v", i, e, typ, err)
+		}
+	}
+	old.Stop()
+	if err := s.Compact(ctx, revs[10]); err != nil {
+		t.Fatal(err)
+	}
+	gone := c.WatchFromStore(ctx, rev, Predicate{})
+	if _, _, err := gone.Next(ctx, true); !errors.As(err, &ce) {
+		t.Fatalf("store watcher from a compacted revision: %v", err)
 	}
 	w, err := c.Watch(ctx, revs[119], Predicate{})
 	if err != nil {
