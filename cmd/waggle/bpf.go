@@ -2,10 +2,18 @@ package main
 
 import (
 	"context"
-	"errors"
+	"os"
+
+	"github.com/waggle-io/waggle/dataplane/ebpf/inspect"
 )
 
-// runBPF is being built (see the issue for `waggle bpf`).
+// runBPF runs `waggle bpf`, the inspection CLI of the eBPF dataplane
+// (inspect.Run); its errors carry the documented exit codes.
 func runBPF(ctx context.Context, args []string) error {
-	return errors.New("waggle bpf is not built yet")
+	cfg, err := inspect.ParseArgs(args, os.Stderr)
+	if err != nil {
+		return err
+	}
+	cfg.Out = os.Stdout
+	return inspect.Run(ctx, cfg)
 }
