@@ -95,7 +95,7 @@ func freePort() (int, error) {
 
 // startServer starts `waggle apiserver --data-dir dataDir` on a free port and
 // waits until /readyz answers ok through the written admin kubeconfig.
-func startServer(dataDir string) (*server, error) {
+func startServer(dataDir string, extraArgs ...string) (*server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -104,6 +104,7 @@ func startServer(dataDir string) (*server, error) {
 		log: &bytes.Buffer{}, logMu: &sync.Mutex{}, done: make(chan error, 1)}
 	s.cmd = exec.Command(waggleBin, "apiserver", "--data-dir", dataDir, "--secure-port", strconv.Itoa(port),
 		"--bind-address", "127.0.0.1", "--log-level", "info")
+	s.cmd.Args = append(s.cmd.Args, extraArgs...)
 	s.cmd.Stdout = lockedWriter{s.logMu, s.log}
 	s.cmd.Stderr = lockedWriter{s.logMu, s.log}
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -258,7 +259,11 @@ func newKC(t *testing.T, bin string, s *server) *kc { return &kc{t: t, bin: bin,
 func (k *kc) with(t *testing.T) *kc { return &kc{t: t, bin: k.bin, s: k.s} }
 
 func (k *kc) cmd(ctx context.Context, stdin string, args ...string) *exec.Cmd {
-	full := append([]string{"--kubeconfig", k.s.kubeconfig(), "--cache-dir", k.s.cacheDir}, args...)
+	return k.cmdWithKubeconfig(ctx, k.s.kubeconfig(), stdin, args...)
+}
+
+func (k *kc) cmdWithKubeconfig(ctx context.Context, kubeconfig, stdin string, args ...string) *exec.Cmd {
+	full := append([]string{"--kubeconfig", kubeconfig, "--cache-dir", k.s.cacheDir}, args...)
 	c := exec.CommandContext(ctx, k.bin, full...)
 	c.Env = append(os.Environ(), "HOME="+k.s.dataDir, "KUBECONFIG=", "KUBECTL_EXPLAIN_OPENAPIV3=true")
 	if stdin != "" {
@@ -273,6 +278,17 @@ func (k *kc) try(stdin string, args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c := k.cmd(ctx, stdin, args...)
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	err := c.Run()
+	return out.String(), errb.String(), err
+}
+
+// tryWithKubeconfig is try with another kubeconfig file.
+func (k *kc) tryWithKubeconfig(kubeconfig string, args ...string) (string, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := k.cmdWithKubeconfig(ctx, kubeconfig, "", args...)
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
 	err := c.Run()

@@ -275,6 +275,19 @@ func TestTablesHaveKubectlColumns(t *testing.T) {
 	k.run("delete", "node", node, "--wait=true")
 }
 
+const nodeYAML = `apiVersion: v1
+kind: Node
+metadata:
+  name: %s
+  labels: {node-role.kubernetes.io/worker: ""}
+status:
+  conditions:
+  - {type: Ready, status: "True", reason: KubeletReady, message: ready, lastHeartbeatTime: "2026-01-01T00:00:00Z", lastTransitionTime: "2026-01-01T00:00:00Z"}
+  addresses:
+  - {type: InternalIP, address: 192.0.2.7}
+  nodeInfo: {kubeletVersion: v1.32.3-waggle, osImage: Debian GNU/Linux 12, kernelVersion: "6.1", containerRuntimeVersion: containerd://1.6, machineID: m, systemUUID: s, bootID: b, kubeProxyVersion: v1.32.3, operatingSystem: linux, architecture: amd64}
+`
+
 const allKindsYAML = `apiVersion: v1
 kind: Pod
 metadata: {name: p1, labels: {app: web}}
@@ -339,18 +352,7 @@ spec:
       nodeSelector: {disk: ssd}
       containers: [{name: c, image: nginx:1.27}]
 ---
-apiVersion: v1
-kind: Node
-metadata:
-  name: %s
-  labels: {node-role.kubernetes.io/worker: ""}
-status:
-  conditions:
-  - {type: Ready, status: "True", reason: KubeletReady, message: ready, lastHeartbeatTime: "2026-01-01T00:00:00Z", lastTransitionTime: "2026-01-01T00:00:00Z"}
-  addresses:
-  - {type: InternalIP, address: 192.0.2.7}
-  nodeInfo: {kubeletVersion: v1.32.3-waggle, osImage: Debian GNU/Linux 12, kernelVersion: "6.1", containerRuntimeVersion: containerd://1.6, machineID: m, systemUUID: s, bootID: b, kubeProxyVersion: v1.32.3, operatingSystem: linux, architecture: amd64}
----
+` + nodeYAML + `---
 apiVersion: v1
 kind: Event
 metadata: {name: p1.1}
@@ -468,6 +470,10 @@ func TestDescribe(t *testing.T) {
 	k.apply(fmt.Sprintf(deploymentYAML, "nginx:1.27", "a"), "-n", ns)
 	k.run("create", "service", "clusterip", "web", "-n", ns, "--tcp=80:8080")
 	k.run("run", "solo", "-n", ns, "--image=busybox:1.36", "--labels=app=solo")
+	node := "describe-" + ns
+	k.apply(fmt.Sprintf(nodeYAML, node))
+	t.Cleanup(func() { k.try("", "delete", "node", node) })
+	k.apply(fmt.Sprintf("apiVersion: v1\nkind: Pod\nmetadata: {name: pinned}\nspec:\n  nodeName: %s\n  containers: [{name: c, image: i}]\n", node), "-n", ns)
 
 	cases := []struct {
 		args []string
@@ -477,6 +483,7 @@ func TestDescribe(t *testing.T) {
 		{[]string{"service", "web"}, []string{"Name:", "web", "Type:", "ClusterIP", "IP:", "Port:", "80/TCP", "TargetPort:", "8080/TCP"}},
 		{[]string{"pod", "solo"}, []string{"Name:", "solo", "Labels:", "app=solo", "Status:", "Pending", "Image:", "busybox:1.36"}},
 		{[]string{"namespace", ns}, []string{"Name:", ns, "Status:", "Active"}},
+		{[]string{"node", node}, []string{"Name:", node, "Roles:", "worker", "Conditions:", "Ready", "InternalIP:", "192.0.2.7", "Non-terminated Pods:", "(1 in total)", "pinned"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.args[0], func(t *testing.T) {
@@ -740,5 +747,26 @@ func TestRestartKeepsEverything(t *testing.T) {
 	ips := k2.run("get", "svc", "-n", ns, "-o", `jsonpath={.items[*].spec.clusterIP}`)
 	if f := strings.Fields(ips); len(f) != 2 || f[0] == f[1] {
 		t.Errorf("cluster IPs after restart: %q", ips)
+	}
+}
+
+// TestGetAllUsesCategories: `kubectl get all` expands the "all" category
+// from discovery.
+func TestGetAllUsesCategories(t *testing.T) {
+	requireE2E(t, defaultKubectl)
+	k := newKC(t, defaultKubectl, sharedServer(t))
+	ns := k.namespace("all-")
+	k.apply(fmt.Sprintf(deploymentYAML, "nginx:1.27", "a"), "-n", ns)
+	k.run("create", "service", "clusterip", "web", "-n", ns, "--tcp=80:80")
+	k.run("run", "solo", "-n", ns, "--image=busybox:1.36")
+	k.run("create", "configmap", "not-in-all", "-n", ns)
+	out := k.run("get", "all", "-n", ns, "-o", "name")
+	for _, want := range []string{"pod/solo", "service/web", "deployment.apps/web"} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("get all lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "configmap") {
+		t.Errorf("get all lists configmaps:\n%s", out)
 	}
 }
