@@ -423,3 +423,10 @@ func rowOf(t *testing.T, out, name string) []string {
 	t.Fatalf("no row %q in:\n%s", name, out)
 	return nil
 }
+
+// contextWithTimeout is a context cancelled at the end of the test.
+func contextWithTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -770,3 +770,52 @@ func TestGetAllUsesCategories(t *testing.T) {
 		t.Errorf("get all lists configmaps:\n%s", out)
 	}
 }
+
+// TestDryRunDiffEditGenerateName: server-side dry runs store nothing,
+// kubectl diff shows the change it would make (a dry-run patch), kubectl
+// edit round-trips through an editor, generateName gets a suffix.
+func TestDryRunDiffEditGenerateName(t *testing.T) {
+	requireE2E(t, defaultKubectl)
+	k := newKC(t, defaultKubectl, sharedServer(t))
+	ns := k.namespace("dry-")
+
+	out := k.run("create", "configmap", "dry", "-n", ns, "--from-literal=a=1", "--dry-run=server", "-o", "jsonpath={.metadata.name} {.metadata.uid}")
+	if !strings.HasPrefix(out, "dry ") || len(out) < len("dry ")+10 {
+		t.Errorf("server dry-run create answered %q, want the would-be object with a uid", out)
+	}
+	if errOut := k.fails("", "get", "configmap", "dry", "-n", ns); !strings.Contains(errOut, "NotFound") {
+		t.Errorf("dry-run create stored the object: %q", errOut)
+	}
+
+	k.apply(fmt.Sprintf(deploymentYAML, "nginx:1.27", "a"), "-n", ns)
+	out, errOut, err := k.try(fmt.Sprintf(deploymentYAML, "nginx:1.28", "a"), "diff", "-n", ns, "-f", "-")
+	if err == nil || !strings.Contains(out, "-        image: nginx:1.27") || !strings.Contains(out, "+        image: nginx:1.28") {
+		t.Errorf("kubectl diff: err %v (want exit 1)\n%s\n%s", err, out, errOut)
+	}
+	if got := k.run("get", "deploy", "web", "-n", ns, "-o", "jsonpath={.spec.template.spec.containers[0].image}"); got != "nginx:1.27" {
+		t.Errorf("diff changed the object: image %s", got)
+	}
+	k.run("scale", "deploy", "web", "-n", ns, "--replicas=9", "--dry-run=server")
+	if got := k.run("get", "deploy", "web", "-n", ns, "-o", "jsonpath={.spec.replicas}"); got != "2" {
+		t.Errorf("dry-run scale stored replicas=%s", got)
+	}
+
+	// kubectl edit with a non-interactive editor.
+	editor := filepath.Join(t.TempDir(), "editor.sh")
+	if err := os.WriteFile(editor, []byte("#!/bin/sh\nsed -i 's/image: nginx:1.27/image: nginx:1.31/' \"$1\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := k.cmd(contextWithTimeout(t, 60*time.Second), "", "edit", "deploy", "web", "-n", ns)
+	c.Env = append(c.Env, "KUBE_EDITOR="+editor, "EDITOR="+editor)
+	if b, err := c.CombinedOutput(); err != nil || !strings.Contains(string(b), "deployment.apps/web edited") {
+		t.Errorf("kubectl edit: %v\n%s", err, b)
+	}
+	if got := k.run("get", "deploy", "web", "-n", ns, "-o", "jsonpath={.spec.template.spec.containers[0].image}"); got != "nginx:1.31" {
+		t.Errorf("image after edit = %s", got)
+	}
+
+	out = k.run("create", "-n", ns, "-o", "name", "-f", writeTemp(t, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"generateName":"gen-"}}`))
+	if !regexp.MustCompile(`^configmap/gen-[a-z0-9]{5}\n$`).MatchString(out) {
+		t.Errorf("generateName: %q", out)
+	}
+}
