@@ -2,14 +2,18 @@ package openapi
 
 import (
 	"encoding/json"
+	"flag"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	openapi_v2 "github.com/google/gnostic-models/openapiv2"
+	openapi_v3 "github.com/google/gnostic-models/openapiv3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -387,5 +391,61 @@ func BenchmarkBuild(b *testing.B) {
 		if _, err := Build(catalog.All(), catalog.Groups()); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestV3DocumentsParseWithGnostic: each v3 document is valid for gnostic's
+// OpenAPI 3 parser and kube-openapi's v3 models (the protobuf path).
+func TestV3DocumentsParseWithGnostic(t *testing.T) {
+	for key, doc := range build(t).V3 {
+		d, err := openapi_v3.ParseDocument(doc)
+		if err != nil {
+			t.Errorf("%s: %v", key, err)
+			continue
+		}
+		if _, err := proto.NewOpenAPIV3Data(d); err != nil {
+			t.Errorf("%s models: %v", key, err)
+		}
+	}
+}
+
+// TestGoldenLeaseSchemas pins the generated shape of one small resource.
+func TestGoldenLeaseSchemas(t *testing.T) {
+	var doc struct {
+		Components struct {
+			Schemas map[string]json.RawMessage
+		}
+	}
+	if err := json.Unmarshal(build(t).V3["apis/coordination.k8s.io/v1"], &doc); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	for _, name := range []string{"io.k8s.api.coordination.v1.Lease", "io.k8s.api.coordination.v1.LeaseSpec", "io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime"} {
+		var v any
+		json.Unmarshal(doc.Components.Schemas[name], &v)
+		b, _ := json.MarshalIndent(v, "", "  ")
+		out.WriteString(name + ":\n" + string(b) + "\n")
+	}
+	golden(t, "lease.v3.golden", out.String())
+}
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		os.MkdirAll("testdata", 0o755)
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create)", err)
+	}
+	if string(want) != got {
+		t.Errorf("%s differs from golden (rerun with -update if intended):\n%s", name, got)
 	}
 }
