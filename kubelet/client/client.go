@@ -103,9 +103,10 @@ func streamURL(node *v1.Node, kind, ns, pod string, opts *v1.PodExecOptions) (*u
 	for _, c := range opts.Command {
 		q.Add("command", c)
 	}
-	for k, v := range map[string]bool{"stdin": opts.Stdin, "stdout": opts.Stdout, "stderr": opts.Stderr, "tty": opts.TTY} {
+	// The kubelet API's parameter names: input, output, error, tty.
+	for k, v := range map[string]bool{v1.ExecStdinParam: opts.Stdin, v1.ExecStdoutParam: opts.Stdout, v1.ExecStderrParam: opts.Stderr, v1.ExecTTYParam: opts.TTY} {
 		if v {
-			q.Set(k, "true")
+			q.Set(k, "1")
 		}
 	}
 	u.RawQuery = q.Encode()

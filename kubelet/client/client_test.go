@@ -30,7 +30,7 @@ func TestURLs(t *testing.T) {
 		{"exec with command and streams", func() (string, error) {
 			u, err := ExecURL(n, "ns", "p", &v1.PodExecOptions{Container: "c", Command: []string{"ls", "-l"}, Stdin: true, Stdout: true, TTY: true})
 			return u.String(), err
-		}, "https://10.0.0.5:10250/exec/ns/p/c?command=ls&command=-l&stdin=true&stdout=true&tty=true"},
+		}, "https://10.0.0.5:10250/exec/ns/p/c?command=ls&command=-l&input=1&output=1&tty=1"},
 		{"node proxy", func() (string, error) {
 			u, err := NodeProxyURL(n, "stats/summary", "")
 			return u.String(), err

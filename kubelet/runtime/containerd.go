@@ -40,6 +40,7 @@ const (
 	LabelAttempt      = "waggle.io/attempt"
 	LabelInit         = "waggle.io/init"
 	LabelImage        = "waggle.io/image"
+	LabelImageID      = "waggle.io/image-id"
 	LabelLogPath      = "waggle.io/log-path"
 	LabelStartedAt    = "waggle.io/started-at"
 	LabelFinishedAt   = "waggle.io/finished-at"
@@ -265,6 +266,7 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 		LabelContainer:    cfg.Name,
 		LabelAttempt:      strconv.Itoa(cfg.Attempt),
 		LabelImage:        cfg.Image,
+		LabelImageID:      image.Target().Digest.String(),
 		LabelLogPath:      cfg.LogPath,
 		LabelCgroup:       cgroup,
 	}
@@ -413,7 +415,7 @@ func fromLabels(info containers.Container) Container {
 	rc := Container{
 		ID: info.ID, PodUID: l[LabelPodUID], PodName: l[LabelPodName], PodNamespace: l[LabelPodNamespace],
 		Name: l[LabelContainer], Attempt: attempt, Init: l[LabelInit] == "true",
-		Image: l[LabelImage], LogPath: l[LabelLogPath], CreatedAt: info.CreatedAt,
+		Image: l[LabelImage], ImageID: l[LabelImageID], LogPath: l[LabelLogPath], CreatedAt: info.CreatedAt,
 	}
 	rc.StartedAt, _ = time.Parse(time.RFC3339Nano, l[LabelStartedAt])
 	return rc
@@ -561,17 +563,22 @@ func (c *Containerd) Exec(ctx context.Context, id string, cmd []string, o ExecOp
 	pspec.Args = cmd
 	pspec.Terminal = o.TTY
 	var proc containerd.Process
-	var procMu sync.Mutex
+	// started is closed once proc is set and started (or failed to): the
+	// end of stdin may come before, and must then wait for it.
+	started := make(chan struct{})
+	var startOnce sync.Once
+	markStarted := func() { startOnce.Do(func() { close(started) }) }
+	defer markStarted()
 	var ioOpts []cio.Opt
 	var stdin interface{ Read([]byte) (int, error) }
 	if o.Stdin != nil {
 		stdin = &stdinCloser{r: o.Stdin, closed: func() {
-			procMu.Lock()
-			p := proc
-			procMu.Unlock()
-			if p != nil {
-				p.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser)
-			}
+			go func() {
+				<-started
+				if proc != nil {
+					proc.CloseIO(context.WithoutCancel(ctx), containerd.WithStdinCloser)
+				}
+			}()
 		}}
 	}
 	stdout, stderr := o.Stdout, o.Stderr
@@ -602,9 +609,8 @@ func (c *Containerd) Exec(ctx context.Context, id string, cmd []string, o ExecOp
 	if err := p.Start(ctx); err != nil {
 		return -1, fmt.Errorf("start exec in %s: %w", id, err)
 	}
-	procMu.Lock()
 	proc = p
-	procMu.Unlock()
+	markStarted()
 	if o.Resize != nil {
 		go func() {
 			for sz := range o.Resize {

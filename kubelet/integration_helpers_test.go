@@ -1,0 +1,50 @@
+package kubelet_test
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"log/slog"
+	"net/netip"
+	"net/url"
+	"os"
+)
+
+type certKeyPEM struct{ cert, key []byte }
+
+func pemCert(c tls.Certificate) certKeyPEM {
+	var out certKeyPEM
+	for _, der := range c.Certificate {
+		out.cert = append(out.cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		panic(err)
+	}
+	out.key = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb})
+	return out
+}
+
+func urlQuery(s string) string { return url.QueryEscape(s) }
+
+func mustURL(s string) *url.URL {
+	u, err := url.Parse(s)
+	if err != nil {
+		panic(err)
+	}
+	return u
+}
+
+func newLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+var tlsConfigNoCert = tls.Config{InsecureSkipVerify: true}
+
+func mustAddr(t interface{ Fatalf(string, ...any) }, s string) netip.Addr {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		t.Fatalf("address %q: %v", s, err)
+	}
+	return a
+}
