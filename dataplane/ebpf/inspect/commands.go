@@ -26,7 +26,11 @@ type inspector struct {
 // result to render.
 func (in *inspector) run(ctx context.Context, cfg Config) (any, error) {
 	cmd := cfg.Command
-	switch strings.Join(cmd[:min(2, len(cmd))], " ") {
+	word := cmd[0]
+	if _, ok := groups[word]; ok && len(cmd) > 1 {
+		word += " " + cmd[1]
+	}
+	switch word {
 	case "status":
 		return in.status()
 	case "lb list":

@@ -85,7 +85,7 @@ func (in *inspector) explain(src, arg string) (*Explanation, error) {
 		ebpf.MapServices, f.Frontend, f.Count, flags, f.ID, f.AffinityTimeout)
 	if f.Count == 0 {
 		e.Verdict, e.Errno = VerdictRefused, "ECONNREFUSED"
-		e.Summary = "refused with ECONNREFUSED: the Service has no ready or serving endpoint"
+		e.Summary = "ECONNREFUSED: the Service has no ready or serving endpoint"
 		e.step("count 0: the program refuses (%s_refused += 1)", map[dataplane.Protocol]string{dataplane.TCP: "connect", dataplane.UDP: "sendmsg"}[proto])
 		return e, nil
 	}
@@ -131,7 +131,10 @@ func (in *inspector) explain(src, arg string) (*Explanation, error) {
 	switch {
 	case ok == 0:
 		e.Verdict, e.Errno = VerdictRefused, "ECONNREFUSED"
-		e.Summary = fmt.Sprintf("refused with ECONNREFUSED: none of the %d slots leads to a usable backend", n)
+		e.Summary = fmt.Sprintf("ECONNREFUSED: none of the %d slots leads to a usable backend", n)
+	case n == 1:
+		e.Verdict = VerdictBalanced
+		e.Summary = "its only backend"
 	case ok == n:
 		e.Verdict = VerdictBalanced
 		e.Summary = fmt.Sprintf("one of %d backends, each 1/%d", n, n)
@@ -180,7 +183,7 @@ func (in *inspector) explainAffinity(e *Explanation, f *Frontend, haveClient boo
 		case f.key.Addr.Is4() && !isV4(addr):
 			e.step("%s pins this client to backend %d (%s), an IPv6 backend: IPv4 sockets are refused", ebpf.MapAffinity, a.BackendID, addr)
 			e.Verdict, e.Errno = VerdictRefused, "ECONNREFUSED"
-			e.Summary = "refused with ECONNREFUSED: the affinity entry names an IPv6 backend"
+			e.Summary = "ECONNREFUSED: the affinity entry names an IPv6 backend"
 		default:
 			e.step("%s pins this client to backend %d (%s), last used %s ago, within the timeout %s (affinity_hit += 1)",
 				ebpf.MapAffinity, a.BackendID, addr, age.Truncate(time.Second), f.AffinityTimeout)
