@@ -635,6 +635,22 @@ func TestDefaultValidationRefusesBadObjects(t *testing.T) {
 			}
 		})
 	}
+	// Size limits: an object over 1.5 MiB and a body over 3 MiB are
+	// refused and nothing is stored.
+	for name, size := range map[string]int{"big-object": 2 << 20, "big-body": 4 << 20} {
+		data := filepath.Join(t.TempDir(), "data.txt")
+		if err := os.WriteFile(data, []byte(strings.Repeat("x", size)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		errOut := k.fails("", "create", "configmap", name, "-n", ns, "--from-file=data="+data)
+		if !strings.Contains(errOut, "too large") {
+			t.Errorf("%s: %q", name, errOut)
+		}
+		if getErr := k.fails("", "get", "configmap", name, "-n", ns); !strings.Contains(getErr, "NotFound") {
+			t.Errorf("%s stored after refusal: %q", name, getErr)
+		}
+	}
+
 	// --validate=false lets the unknown field through and drops it.
 	k.run("create", "-n", ns, "--validate=false", "-f", filepath.Join(writeTemp(t, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"lax"},"datax":{"a":"b"}}`)))
 	if out := k.run("get", "configmap", "lax", "-n", ns, "-o", "json"); strings.Contains(out, "datax") {
