@@ -2,6 +2,7 @@ package apiserver_test
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -143,3 +144,59 @@ func TestWatchSeesAddedModifiedDeletedAndSelectorMoves(t *testing.T) {
 
 func isExists(err error) bool   { return apierrors.IsAlreadyExists(err) }
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+func TestKubernetesServicePointsAtTheServerAndSurvivesRestart(t *testing.T) {
+	cs, srv := newClient(t)
+	ctx := context.Background()
+	check := func() {
+		t.Helper()
+		svc, err := cs.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil || svc.Spec.ClusterIP != "10.96.0.1" || svc.Spec.Ports[0].Port != 443 {
+			t.Fatalf("kubernetes service: %+v %v", svc, err)
+		}
+		port := int32(srv.Addr().(*net.TCPAddr).Port)
+		ep, err := cs.CoreV1().Endpoints("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil || ep.Subsets[0].Ports[0].Port != port {
+			t.Fatalf("kubernetes endpoints: %+v %v", ep, err)
+		}
+		sl, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil || *sl.Ports[0].Port != port {
+			t.Fatalf("kubernetes endpointslice: %+v %v", sl, err)
+		}
+		for _, ns := range []string{"default", "kube-system", "kube-public", "kube-node-lease"} {
+			if _, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+				t.Fatalf("namespace %s: %v", ns, err)
+			}
+		}
+	}
+	check()
+	srv.Stop()
+	srv = apiservertest.Start(t, apiservertest.Options{DataDir: srv.DataDir, Addr: srv.Addr().String()})
+	check()
+}
+
+func TestShutdownEndsWatchesCleanly(t *testing.T) {
+	cs, srv := newClient(t)
+	w, err := cs.CoreV1().Pods("").Watch(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		for range w.ResultChan() {
+		}
+		close(done)
+	}()
+	stopped := make(chan struct{})
+	go func() { srv.Stop(); close(stopped) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not end at shutdown")
+	}
+	select {
+	case <-stopped:
+	case <-time.After(15 * time.Second):
+		t.Fatal("server did not stop")
+	}
+}

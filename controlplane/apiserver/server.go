@@ -33,9 +33,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	"github.com/waggle-io/waggle/internal/ops"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Config is `waggle apiserver`'s configuration.
@@ -299,19 +297,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}})
 	ok = true
 	return s, nil
-}
-
-// bootstrap creates the initial namespaces (idempotently).
-func (s *Server) bootstrap(ctx context.Context) error {
-	nsReg := s.registries["namespaces"]
-	for _, name := range initialNamespaces {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		_, err := nsReg.create(ctx, "", ns, writeOpts{})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("apiserver: create namespace %s: %w", name, err)
-		}
-	}
-	return nil
 }
 
 func (s *Server) repairLoop(ctx context.Context) {

@@ -109,8 +109,8 @@ type CacherConfig struct {
 	// History is how many recent events are kept for resuming watches
 	// (default 10000).
 	History int
-	// WatcherBuffer is each watcher's queue length; a watcher whose queue
-	// fills is closed (default 1000).
+	// WatcherBuffer is the most events a watcher may have queued; one that
+	// falls further behind is closed (default 10000).
 	WatcherBuffer int
 	// BookmarkInterval is how often watchers get a BOOKMARK with the current
 	// revision (default 5s).
@@ -149,7 +149,7 @@ func NewCacher(store *Store, cfg CacherConfig) *Cacher {
 		cfg.History = 10000
 	}
 	if cfg.WatcherBuffer <= 0 {
-		cfg.WatcherBuffer = 1000
+		cfg.WatcherBuffer = 10000
 	}
 	if cfg.BookmarkInterval <= 0 {
 		cfg.BookmarkInterval = 5 * time.Second
@@ -342,17 +342,13 @@ func (c *Cacher) bookmark() {
 // event is only a bookmark, which it may miss.
 func (c *Cacher) fanOutLocked(e *Event, optional bool) {
 	for id, w := range c.watchers {
-		select {
-		case w.ch <- e:
-		default:
-			if optional {
-				continue
-			}
-			c.closedSlow++
-			c.log.Debug("closing slow watcher", "id", id)
-			w.terminate(ErrWatchClosed)
-			delete(c.watchers, id)
+		if w.offer(e, c.cfg.WatcherBuffer, optional) {
+			continue
 		}
+		c.closedSlow++
+		c.log.Debug("closing slow watcher", "id", id)
+		w.terminate(ErrWatchClosed)
+		delete(c.watchers, id)
 	}
 }
 
@@ -462,7 +458,7 @@ func (c *Cacher) Watch(ctx context.Context, from int64, p Predicate) (*Watcher, 
 	if err := c.waitLocked(ctx, from); err != nil {
 		return nil, err
 	}
-	w := &Watcher{ch: make(chan *Event, c.cfg.WatcherBuffer), done: make(chan struct{}), pred: p, c: c}
+	w := newWatcher(c, p)
 	if from == 0 {
 		keys := make([]string, 0, len(c.items))
 		for k, o := range c.items {
@@ -500,7 +496,8 @@ func (c *Cacher) Watch(ctx context.Context, from int64, p Predicate) (*Watcher, 
 // with a *CompactedError (410 for the client).
 func (c *Cacher) WatchFromStore(ctx context.Context, from int64, p Predicate) *Watcher {
 	wctx, cancel := context.WithCancel(ctx)
-	w := &Watcher{id: -1, c: c, pred: p, ch: make(chan *Event, c.cfg.WatcherBuffer), done: make(chan struct{}), cancel: cancel}
+	w := newWatcher(c, p)
+	w.id, w.cancel = -1, cancel
 	batches, werr := c.store.Watch(wctx, c.cfg.Prefix, from+1)
 	go func() {
 		defer cancel()
@@ -531,11 +528,15 @@ func (c *Cacher) WatchFromStore(ctx context.Context, from int64, p Predicate) *W
 					}
 					e = &Event{Type: t, Rev: re.KV.ModRevision, Obj: o, Prev: prev}
 				}
-				select {
-				case w.ch <- e:
-				case <-wctx.Done():
-					w.terminate(nil)
-					return
+				// A dedicated etcd watch: waiting for the client here
+				// slows no one else.
+				for !w.offer(e, c.cfg.WatcherBuffer, false) {
+					select {
+					case <-w.space:
+					case <-wctx.Done():
+						w.terminate(nil)
+						return
+					}
 				}
 			}
 		}
@@ -549,16 +550,67 @@ func (c *Cacher) WatchFromStore(ctx context.Context, from int64, p Predicate) *W
 }
 
 // Watcher receives the events of one watch. Call Stop when done.
+//
+// Its queue is appended to by the cache without ever blocking; a watcher
+// whose queue exceeds the limit is closed instead, so one slow client never
+// delays the others, and bursts (one etcd response may carry many events)
+// do not close clients that keep up.
 type Watcher struct {
 	cancel  context.CancelFunc
 	id      int
 	c       *Cacher
 	pred    Predicate
 	initial []*Event
-	ch      chan *Event
-	once    sync.Once
-	done    chan struct{}
-	err     error
+
+	qmu    sync.Mutex
+	q      []*Event
+	notify chan struct{} // capacity 1: "the queue is not empty"
+	space  chan struct{} // capacity 1: "an event was taken"
+
+	once sync.Once
+	done chan struct{}
+	err  error
+}
+
+func newWatcher(c *Cacher, p Predicate) *Watcher {
+	return &Watcher{c: c, pred: p, notify: make(chan struct{}, 1), space: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// offer queues e; it reports false when the queue is over limit (the
+// caller closes the watcher). Optional events (bookmarks) are dropped
+// rather than counted against the limit.
+func (w *Watcher) offer(e *Event, limit int, optional bool) bool {
+	w.qmu.Lock()
+	if len(w.q) >= limit {
+		w.qmu.Unlock()
+		return optional
+	}
+	w.q = append(w.q, e)
+	w.qmu.Unlock()
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (w *Watcher) pop() *Event {
+	w.qmu.Lock()
+	defer w.qmu.Unlock()
+	if len(w.q) == 0 {
+		return nil
+	}
+	e := w.q[0]
+	select {
+	case w.space <- struct{}{}:
+	default:
+	}
+	w.q[0] = nil
+	w.q = w.q[1:]
+	if len(w.q) == 0 {
+		w.q = nil // let the backing array go
+	}
+	return e
 }
 
 func (w *Watcher) terminate(err error) {
@@ -580,7 +632,8 @@ func (w *Watcher) Stop() {
 // Next returns the next event the watcher's predicate lets through (with the
 // event type as this watcher sees it), blocking until one arrives. It
 // returns an error when the watcher was closed (ErrWatchClosed: too slow or
-// cache restart), stopped, or ctx ended. wait=false returns (nil, nil)
+// cache restart; *CompactedError), stopped, or ctx ended; events queued
+// before a close are delivered first. wait=false returns (nil, "", nil)
 // instead of blocking when nothing is queued.
 func (w *Watcher) Next(ctx context.Context, wait bool) (*Event, watch.EventType, error) {
 	for {
@@ -588,24 +641,27 @@ func (w *Watcher) Next(ctx context.Context, wait bool) (*Event, watch.EventType,
 		if len(w.initial) > 0 {
 			e, w.initial = w.initial[0], w.initial[1:]
 		} else {
-			select {
-			case e = <-w.ch:
-			default:
+			for e == nil {
+				if e = w.pop(); e != nil {
+					break
+				}
+				select {
+				case <-w.done:
+					if e = w.pop(); e != nil {
+						continue
+					}
+					if w.err != nil {
+						return nil, "", w.err
+					}
+					return nil, "", errors.New("watch stopped")
+				default:
+				}
 				if !wait {
 					return nil, "", nil
 				}
 				select {
-				case e = <-w.ch:
+				case <-w.notify:
 				case <-w.done:
-					// Deliver what was queued before the close.
-					select {
-					case e = <-w.ch:
-					default:
-						if w.err != nil {
-							return nil, "", w.err
-						}
-						return nil, "", errors.New("watch stopped")
-					}
 				case <-ctx.Done():
 					return nil, "", ctx.Err()
 				}

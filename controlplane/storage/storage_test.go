@@ -172,6 +172,9 @@ func TestCacherSlowWatcherIsClosedWithoutSlowingOthers(t *testing.T) {
 		for {
 			e, _, err := fast.Next(ctx, true)
 			if err != nil {
+				if n < 300 {
+					t.Errorf("fast watcher ended after %d events: %v", n, err)
+				}
 				return
 			}
 			if e.Type == watch.Added {
