@@ -257,11 +257,17 @@ func (in *inspector) affinity() (AffinityList, error) {
 		f, ok := names[e.ServiceID]
 		r := AffinityRow{ServiceID: e.ServiceID, Frontend: "-", NetnsCookie: e.NetnsCookie, BackendID: e.BackendID,
 			Backend: cmp.Or(bes[e.BackendID], "-"), Age: max(0, now-e.LastUsed)}
+		r.State = "live"
+		switch {
+		case !ok:
+			r.Expired, r.State = true, "service-gone" // never used again
+		case r.Age > f.AffinityTimeout:
+			r.Expired, r.State = true, "expired"
+		case bes[e.BackendID] == "":
+			r.State = StateBackendMissing
+		}
 		if ok {
 			r.Frontend, r.Service = f.Frontend, f.Service
-			r.Expired = r.Age > f.AffinityTimeout
-		} else {
-			r.Expired = true // no service: never used again
 		}
 		out = append(out, r)
 	}

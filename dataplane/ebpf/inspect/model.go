@@ -176,10 +176,12 @@ func frontendsOf(svcs []ebpf.Service, backends []ebpf.BackendEntry) []Frontend {
 			Backends: []BackendSlot{}, key: s.Frontend}
 		f.Namespace, f.Name, f.PortName = splitServiceName(s.Name)
 		bySlot := map[int]ebpf.Slot{}
+		last := s.Count
 		for _, sl := range s.Slots {
 			bySlot[sl.Slot] = sl
+			last = max(last, sl.Slot)
 		}
-		for i := 1; i <= max(s.Count, len(s.Slots)); i++ {
+		for i := 1; i <= last; i++ {
 			sl, ok := bySlot[i]
 			switch {
 			case !ok && i <= s.Count:
@@ -212,6 +214,9 @@ type AffinityRow struct {
 	Age time.Duration `json:"ageNanoseconds"`
 	// Expired entries are ignored (and deleted) by the next connect.
 	Expired bool `json:"expired"`
+	// State is live, expired, backend-missing (the next connect chooses
+	// afresh) or service-gone.
+	State string `json:"state"`
 }
 
 // SocketRow is one reverse-socket entry.

@@ -161,12 +161,8 @@ func (l MapList) writeTable(w io.Writer) {
 func (l AffinityList) writeTable(w io.Writer) {
 	row(w, "SERVICE-ID", "FRONTEND", "SERVICE", "NETNS-COOKIE", "BACKEND-ID", "BACKEND", "LAST USED", "STATE")
 	for _, a := range l {
-		state := "live"
-		if a.Expired {
-			state = "expired"
-		}
 		row(w, a.ServiceID, a.Frontend, orDash(a.Service), a.NetnsCookie, a.BackendID, a.Backend,
-			a.Age.Truncate(time.Second).String()+" ago", state)
+			a.Age.Truncate(time.Second).String()+" ago", a.State)
 	}
 }
 
