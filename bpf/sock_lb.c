@@ -152,6 +152,7 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx, int v6, __u32 st
 	struct lb_service_key key = {};
 	struct lb_service *svc, *slot;
 	struct lb_backend *be;
+	struct lb_reverse_sk *old;
 	__u32 backend_id = 0;
 	__u8 proto = (__u8)ctx->protocol;
 
@@ -206,7 +207,10 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx, int v6, __u32 st
 	};
 	__builtin_memcpy(rk.addr, be->addr, 16);
 	__builtin_memcpy(rv.addr, key.addr, 16);
-	bpf_map_update_elem(&waggle_reverse_sk, &rk, &rv, BPF_ANY);
+	/* Unconnected UDP comes here per datagram: write only what changed. */
+	old = bpf_map_lookup_elem(&waggle_reverse_sk, &rk);
+	if (!old || old->rev_nat_id != rv.rev_nat_id || old->port != rv.port || !addr_equal(old->addr, rv.addr))
+		bpf_map_update_elem(&waggle_reverse_sk, &rk, &rv, BPF_ANY);
 
 	if (v6)
 		addr_to_ctx6(ctx, be->addr);

@@ -241,7 +241,10 @@ func (t *topo) serve() error {
 }
 
 // services builds n services in the /16 of base: TCP port 80 on every one,
-// and UDP 53 on the last (the measured one), each over all backends.
+// and UDP 53 on the last. The last (measured) one has every backend; the
+// others one each (backend i mod N), as the reference figures in
+// BENCHMARKING.md, which keeps iptables-restore of 10,000 services within
+// minutes.
 func (t *topo) services(base [2]byte, n int) (*dataplane.State, netip.Addr) {
 	st := &dataplane.State{NodeName: "bench"}
 	var last netip.Addr
@@ -258,8 +261,10 @@ func (t *topo) services(base [2]byte, n int) (*dataplane.State, netip.Addr) {
 			}
 			f := dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: vip, Port: port, Protocol: proto},
 				Kind: dataplane.ClusterIP, Service: dataplane.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%d", i)}}
-			for _, b := range t.backends {
-				f.Endpoints = append(f.Endpoints, dataplane.Endpoint{Addr: b, Port: bePort})
+			for j, b := range t.backends {
+				if i == n-1 || j == i%len(t.backends) {
+					f.Endpoints = append(f.Endpoints, dataplane.Endpoint{Addr: b, Port: bePort})
+				}
 			}
 			st.Frontends = append(st.Frontends, f)
 		}
@@ -318,7 +323,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				rep.Skipped[p] = err.Error()
 				continue
 			}
-			ib, err = iptables.New(iptables.Config{NetNSPath: t.clientPath, Log: cfg.Log})
+			ib, err = iptables.New(iptables.Config{Runner: &iptables.ExecRunner{NetNSPath: t.clientPath, Timeout: 10 * time.Minute},
+				NetNSPath: t.clientPath, Log: cfg.Log})
 			if err != nil {
 				rep.Skipped[p] = err.Error()
 				continue
@@ -334,6 +340,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return rep, err
 		}
 		vips := map[string]netip.Addr{}
+		active := slices.Clone(paths)
 		if eb != nil {
 			st, vip := t.services([2]byte{10, 96}, n)
 			start := time.Now()
@@ -347,10 +354,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			st, vip := t.services([2]byte{10, 97}, n)
 			start := time.Now()
 			if err := ib.Sync(ctx, st); err != nil {
-				return rep, fmt.Errorf("iptables sync of %d services: %w", n, err)
+				// Not fatal: the other paths are still measured.
+				cfg.Log.Error("iptables sync failed", "services", n, "err", err)
+				rep.Notes = append(rep.Notes, fmt.Sprintf("iptables at %d services: not measured, programming failed: %v", n, err))
+				active = slices.DeleteFunc(active, func(p string) bool { return p == "iptables" })
+			} else {
+				d := time.Since(start)
+				cfg.Log.Info("programmed iptables", "services", n, "took", d)
+				rep.Notes = append(rep.Notes, fmt.Sprintf("iptables-restore of %d services (incremental on the previous count) took %.2f s", n, d.Seconds()))
+				vips["iptables"] = vip
 			}
-			cfg.Log.Info("programmed iptables", "services", n, "took", time.Since(start))
-			vips["iptables"] = vip
 		}
 		rows := map[string]*Row{}
 		for _, test := range []string{"TCP_CRR", "TCP_RR", "UDP_RR"} {
@@ -358,7 +371,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		for round := range cfg.Rounds {
 			for _, test := range []string{"TCP_CRR", "TCP_RR", "UDP_RR"} {
-				for _, p := range paths {
+				for _, p := range active {
 					target := t.target(p, vips[p], test)
 					rate, errs := measure(ctx, t.clientPath, test, target, cfg)
 					s := rows[test].Paths[p]

@@ -153,24 +153,41 @@ func New(cfg Config) (b *Backend, err error) {
 // pinned link left by a previous proxy (BPF_LINK_UPDATE: atomic, no
 // window without a program).
 func (b *Backend) attach() error {
+	var st unix.Stat_t
+	if err := unix.Stat(b.cfg.CgroupPath, &st); err != nil {
+		return fmt.Errorf("cgroup %s: %w", b.cfg.CgroupPath, err)
+	}
+	cgID := st.Ino // a cgroup v2 directory's inode is its cgroup ID
 	for _, p := range progAttach(b.objs) {
 		path := filepath.Join(b.cfg.PinDir, LinkDir, p.name)
-		l, err := link.LoadPinnedLink(path, nil)
+		old, err := link.LoadPinnedLink(path, nil)
 		if err == nil {
-			err = l.Update(p.prog)
-			l.Close()
-			if err != nil {
-				return fmt.Errorf("replace program %s in pinned link %s: %w", p.name, path, err)
+			if sameCgroup(old, cgID) {
+				err = old.Update(p.prog)
+				old.Close()
+				if err != nil {
+					return fmt.Errorf("replace program %s in pinned link %s: %w", p.name, path, err)
+				}
+				b.log.Debug("replaced program in pinned link", "program", p.name)
+				continue
 			}
-			b.log.Debug("replaced program in pinned link", "program", p.name)
-			continue
-		}
-		if !errors.Is(err, os.ErrNotExist) {
+			// --cgroup-root changed: attach to the new cgroup before the
+			// old link goes.
+			b.log.Info("cgroup changed: moving program", "program", p.name, "cgroup", b.cfg.CgroupPath)
+		} else if !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("open pinned link %s: %w", path, err)
 		}
-		l, err = link.AttachCgroup(link.CgroupOptions{Path: b.cfg.CgroupPath, Attach: p.at, Program: p.prog})
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: b.cfg.CgroupPath, Attach: p.at, Program: p.prog})
 		if err != nil {
+			if old != nil {
+				old.Close()
+			}
 			return fmt.Errorf("attach %s to cgroup %s: %w", p.name, b.cfg.CgroupPath, err)
+		}
+		if old != nil {
+			old.Unpin()
+			old.Detach()
+			old.Close()
 		}
 		err = l.Pin(path)
 		l.Close()
@@ -180,6 +197,19 @@ func (b *Backend) attach() error {
 		b.log.Debug("attached program", "program", p.name, "cgroup", b.cfg.CgroupPath)
 	}
 	return nil
+}
+
+// sameCgroup reports whether a pinned cgroup link is attached to the
+// cgroup with ID id (true when the kernel does not say).
+func sameCgroup(l link.Link, id uint64) bool {
+	info, err := l.Info()
+	if err != nil {
+		return true
+	}
+	if cg := info.Cgroup(); cg != nil {
+		return cg.CgroupId == id
+	}
+	return true
 }
 
 func (b *Backend) writeMeta() error {

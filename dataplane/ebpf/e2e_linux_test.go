@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/waggle-io/waggle/dataplane"
+	wtestutil "github.com/waggle-io/waggle/internal/testutil"
 )
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
@@ -613,5 +614,35 @@ func TestRealMapsMatchTheGoldenDump(t *testing.T) {
 		if p.Type != "CGroupSockAddr" || p.AttachType == "" || p.CgroupID == 0 {
 			t.Errorf("program %+v", p)
 		}
+	}
+}
+
+func TestRestartOnAnotherCgroupMovesThePrograms(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(1, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...)))
+	e.b.Close()
+	other := wtestutil.NewCgroup(t)
+	cfg := e.cfg
+	cfg.CgroupPath = other
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	progs, err := b.View().Programs()
+	if err != nil || len(progs) != 10 {
+		t.Fatalf("programs: %v, %v", progs, err)
+	}
+	var st syscall.Stat_t
+	syscall.Stat(other, &st)
+	for _, p := range progs {
+		if p.CgroupID != st.Ino {
+			t.Errorf("%s attached to cgroup %d, want %d (%s)", p.Name, p.CgroupID, st.Ino, other)
+		}
+	}
+	// This process is still in the first cgroup: no longer translated.
+	if who, err := e.whoTCP(ap("10.96.0.10:80")); err == nil {
+		t.Errorf("connect from the old cgroup still reached %s", who)
 	}
 }

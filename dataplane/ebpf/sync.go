@@ -43,6 +43,8 @@ type programmed struct {
 	timeout   uint32
 	kind      dataplane.FrontendKind
 	name      string
+	svc       dataplane.ServicePortName // as last synced (zero after restore)
+	seen      uint64                    // the sync generation that last saw it desired
 }
 
 // lostBackend is a backend that a frontend no longer has.
@@ -81,6 +83,7 @@ type reconciler struct {
 	orphanRev []uint32
 	// dirty: a write failed; re-read the maps before the next sync.
 	dirty bool
+	gen   uint64
 }
 
 func newReconciler(t tables, maxServices, maxBackends int) *reconciler {
@@ -195,12 +198,54 @@ type want struct {
 	timeout  uint32
 	kind     dataplane.FrontendKind
 	name     string
+	svc      dataplane.ServicePortName
 }
 
-func wantsOf(st *dataplane.State) []want {
-	out := make([]want, 0, len(st.Frontends))
-	for _, f := range st.Frontends {
-		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String()}
+func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
+	if f.AffinityTimeout > 0 {
+		flags |= FlagAffinity
+		timeout = uint32(max(1, (f.AffinityTimeout+time.Second-1)/time.Second))
+	}
+	if f.LocalOnly {
+		flags |= FlagLocal
+	}
+	return flags, timeout
+}
+
+// sameAs reports whether p already holds f exactly, without allocating or
+// hashing: an endpoint change among 10,000 services costs one comparison
+// per unchanged frontend.
+func (p *programmed) sameAs(f *dataplane.Frontend) bool {
+	if p == nil || p.keys == nil || !p.hasMaster || len(p.keys) != len(f.Endpoints) || len(p.slots) != len(p.keys) ||
+		p.count != len(p.keys) || p.kind != f.Kind || p.svc != f.Service {
+		return false
+	}
+	if flags, timeout := frontendFlags(f); flags != p.flags || timeout != p.timeout {
+		return false
+	}
+	for i := range f.Endpoints {
+		e, k := &f.Endpoints[i], &p.keys[i]
+		if k.port != e.Port || k.proto != f.Protocol || k.addr != e.Addr.Unmap() {
+			return false
+		}
+	}
+	return true
+}
+
+// wantsOf resolves the frontends of st that differ from what r holds, and
+// marks every desired frontend r holds with this sync's generation.
+func (r *reconciler) wantsOf(st *dataplane.State) []want {
+	var out []want
+	for i := range st.Frontends {
+		f := &st.Frontends[i]
+		p := r.fronts[f.FrontendKey]
+		if p != nil {
+			p.seen = r.gen
+		}
+		if p.sameAs(f) {
+			continue
+		}
+		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service}
 		w.backends = make([]backendKey, 0, len(f.Endpoints))
 		var seen map[backendKey]bool // only for long lists
 		if len(f.Endpoints) > 16 {
@@ -218,13 +263,7 @@ func wantsOf(st *dataplane.State) []want {
 			}
 			w.backends = append(w.backends, b)
 		}
-		if f.AffinityTimeout > 0 {
-			w.flags |= FlagAffinity
-			w.timeout = uint32(max(1, (f.AffinityTimeout+time.Second-1)/time.Second))
-		}
-		if f.LocalOnly {
-			w.flags |= FlagLocal
-		}
+		w.flags, w.timeout = frontendFlags(f)
 		out = append(out, w)
 	}
 	return out
@@ -244,7 +283,8 @@ func (r *reconciler) sync(st *dataplane.State) (syncResult, error) {
 			return res, err
 		}
 	}
-	res, err := r.apply(wantsOf(st))
+	r.gen++
+	res, err := r.apply(r.wantsOf(st))
 	if err != nil {
 		r.dirty = true
 	}
@@ -253,18 +293,14 @@ func (r *reconciler) sync(st *dataplane.State) (syncResult, error) {
 
 func (r *reconciler) apply(wants []want) (syncResult, error) {
 	var res syncResult
-	desired := make(map[dataplane.FrontendKey]bool, len(wants))
-	for _, w := range wants {
-		desired[w.key] = true
-	}
 	lostPairs := map[[2]uint32]bool{} // service ID, backend ID
 	goneServices := map[uint32]bool{} // service IDs deleted
 
 	// 1. Frontends no longer desired: master first, so connects stop
 	// finding them, then their slots, rev_nat and name.
 	var gone []dataplane.FrontendKey
-	for k := range r.fronts {
-		if !desired[k] {
+	for k, p := range r.fronts {
+		if p.seen != r.gen { // wantsOf marked every desired frontend
 			gone = append(gone, k)
 		}
 	}
@@ -285,7 +321,9 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 			}
 			if p.id != 0 {
 				revs = append(revs, p.id)
-				goneServices[p.id] = true
+				if p.flags&FlagAffinity != 0 {
+					goneServices[p.id] = true
+				}
 			}
 		}
 		if err := r.t.services.Delete(masters); err != nil {
@@ -320,9 +358,6 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	accepted := make([]want, 0, len(wants))
 	for _, w := range wants {
 		p := r.fronts[w.key]
-		if p.unchanged(&w) {
-			continue
-		}
 		growth := len(w.backends)
 		if p != nil {
 			growth = max(0, len(w.backends)-len(p.slots))
@@ -385,7 +420,8 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	next := make(map[dataplane.FrontendKey]*programmed, len(accepted))
 	for _, w := range accepted {
 		old := r.fronts[w.key]
-		p := &programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind, name: w.name, keys: w.backends}
+		p := &programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
+			name: w.name, keys: w.backends, svc: w.svc, seen: r.gen}
 		if old != nil && old.id != 0 {
 			p.id = old.id
 		} else {
@@ -430,7 +466,9 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 			for _, id := range old.slots {
 				if id != 0 && !keep[id] {
 					res.lost = append(res.lost, r.lost(p.id, w.key, id))
-					lostPairs[[2]uint32{p.id, id}] = true
+					if old.flags&FlagAffinity != 0 {
+						lostPairs[[2]uint32{p.id, id}] = true
+					}
 				}
 			}
 		}
@@ -509,14 +547,6 @@ func (r *reconciler) release(id uint32) {
 	}
 	r.refs[id]--
 	r.touched = append(r.touched, id)
-}
-
-// unchanged reports whether p already holds w exactly (cheap: no map
-// lookups), so a repeated Sync of 10,000 services costs a comparison each.
-func (p *programmed) unchanged(w *want) bool {
-	return p != nil && p.keys != nil && p.hasMaster && p.count == len(w.backends) && len(p.slots) == len(w.backends) &&
-		p.flags == w.flags && p.timeout == w.timeout && p.kind == w.kind && p.name == w.name &&
-		slices.Equal(p.keys, w.backends)
 }
 
 func (r *reconciler) lost(svcID uint32, k dataplane.FrontendKey, beID uint32) lostBackend {

@@ -36,7 +36,7 @@ func openSource(dir, node string) (closingSource, error) {
 		case errors.Is(err, fs.ErrNotExist):
 			return nil, fmt.Errorf("no pinned state in %s%s: %w", dir, otherNodes(dir, node), ErrNoState)
 		case errors.Is(err, fs.ErrPermission):
-			return nil, permission(err)
+			return nil, permission(dir, err)
 		}
 		return nil, fmt.Errorf("pin directory: %w", err)
 	}
@@ -47,18 +47,18 @@ func openSource(dir, node string) (closingSource, error) {
 	case errors.Is(err, ebpf.ErrLayoutMismatch):
 		return nil, fmt.Errorf("%w (inspect it with the waggle binary of the proxy that wrote it)", err)
 	case errors.Is(err, fs.ErrPermission):
-		return nil, permission(err)
+		return nil, permission(dir, err)
 	case err != nil:
 		return nil, err
 	}
 	return v, nil
 }
 
-func permission(err error) error {
+func permission(path string, err error) error {
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("waggle bpf needs root to read pinned BPF objects (CAP_BPF and CAP_SYS_ADMIN; try sudo): %v: %w", err, ErrPermission)
+		return fmt.Errorf("%s: %w: waggle bpf needs root to read pinned BPF objects (CAP_BPF and CAP_SYS_ADMIN; try sudo)", path, ErrPermission)
 	}
-	return fmt.Errorf("%v: %w", err, ErrPermission)
+	return fmt.Errorf("%s: %v: %w", path, err, ErrPermission)
 }
 
 // checkBPFFS fails with ErrNoState when dir does not lie on a BPF
@@ -75,7 +75,7 @@ func checkBPFFS(dir string) error {
 			break
 		}
 		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
-			return permission(err)
+			return permission(p, err)
 		}
 		if p == "/" || p == "." {
 			break
