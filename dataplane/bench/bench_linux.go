@@ -25,9 +25,15 @@ import (
 	"github.com/waggle-io/waggle/dataplane/iptables"
 )
 
+// pathDirectIPT is the direct path measured from the iptables client
+// namespace: the cost of the iptables rules alone.
+const pathDirectIPT = "direct-iptables-node"
+
 const (
-	clientAddr = "10.250.0.1"
-	serverAddr = "10.250.0.2"
+	clientAddr  = "10.250.0.1"
+	serverAddr  = "10.250.0.2"
+	client2Addr = "10.250.1.1"
+	server2Addr = "10.250.1.2"
 	svcPort    = 80
 	udpPort    = 53
 	bePort     = 8080
@@ -38,6 +44,7 @@ type topo struct {
 	cfg        Config
 	suffix     string
 	client     string // netns names
+	client2    string // the iptables node's client namespace
 	server     string
 	clientPath string
 	cgroup     string
@@ -68,17 +75,22 @@ func randSuffix() string {
 
 func newTopo(cfg Config) (*topo, error) {
 	t := &topo{cfg: cfg, suffix: randSuffix()}
-	t.client, t.server = "wgbc"+t.suffix, "wgbs"+t.suffix
+	t.client, t.client2, t.server = "wgbc"+t.suffix, "wgbi"+t.suffix, "wgbs"+t.suffix
 	t.clientPath = "/run/netns/" + t.client
 	steps := [][]string{
 		{"ip", "netns", "add", t.client},
+		{"ip", "netns", "add", t.client2},
 		{"ip", "netns", "add", t.server},
 		{"ip", "link", "add", "wgbc" + t.suffix, "type", "veth", "peer", "name", "wgbs" + t.suffix},
 		{"ip", "link", "set", "wgbc" + t.suffix, "netns", t.client},
 		{"ip", "link", "set", "wgbs" + t.suffix, "netns", t.server},
+		{"ip", "link", "add", "wgbi" + t.suffix, "type", "veth", "peer", "name", "wgbt" + t.suffix},
+		{"ip", "link", "set", "wgbi" + t.suffix, "netns", t.client2},
+		{"ip", "link", "set", "wgbt" + t.suffix, "netns", t.server},
 	}
 	t.closers = append(t.closers, func() {
 		t.run("ip", "netns", "del", t.client)
+		t.run("ip", "netns", "del", t.client2)
 		t.run("ip", "netns", "del", t.server)
 	})
 	for _, s := range steps {
@@ -93,11 +105,21 @@ func newTopo(cfg Config) (*topo, error) {
 		{"ip", "link", "set", "eth0", "up"},
 		{"ip", "route", "add", "default", "via", serverAddr},
 	}
+	inC2 := [][]string{
+		{"ip", "link", "set", "lo", "up"},
+		{"ip", "link", "set", "wgbi" + t.suffix, "name", "eth0"},
+		{"ip", "addr", "add", client2Addr + "/24", "dev", "eth0"},
+		{"ip", "link", "set", "eth0", "up"},
+		{"ip", "route", "add", "default", "via", server2Addr},
+	}
 	inS := [][]string{
 		{"ip", "link", "set", "lo", "up"},
 		{"ip", "link", "set", "wgbs" + t.suffix, "name", "eth0"},
 		{"ip", "addr", "add", serverAddr + "/24", "dev", "eth0"},
 		{"ip", "link", "set", "eth0", "up"},
+		{"ip", "link", "set", "wgbt" + t.suffix, "name", "eth1"},
+		{"ip", "addr", "add", server2Addr + "/24", "dev", "eth1"},
+		{"ip", "link", "set", "eth1", "up"},
 	}
 	for i := range cfg.Backends {
 		a := netip.AddrFrom4([4]byte{10, 251, 0, byte(i + 1)})
@@ -106,6 +128,11 @@ func newTopo(cfg Config) (*topo, error) {
 	}
 	for _, s := range inC {
 		if err := t.in(t.client, s...); err != nil {
+			return t, err
+		}
+	}
+	for _, s := range inC2 {
+		if err := t.in(t.client2, s...); err != nil {
 			return t, err
 		}
 	}
@@ -287,8 +314,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep.Notes = []string{
 		"TCP_CRR: the client closes with SO_LINGER 0 (RST), so no TIME_WAIT piles up",
-		"every client (all paths) runs in the same fresh cgroup, where the eBPF programs are attached, and the same client namespace",
-		"all paths are measured with the eBPF programs attached and the iptables NAT rules present: conntrack tracks every flow, the direct one included",
+		"every client (all paths) runs in the same fresh cgroup, where the eBPF programs are attached (a direct connect also runs the connect hook, a map miss)",
+		"direct and ebpf run from one client namespace without NAT rules (a node in eBPF mode); iptables runs from a second client namespace holding the iptables rules (a node in iptables mode), whose own direct figure is " + pathDirectIPT + "; both reach the same server namespace over their own veth",
 		"the measured service is the last one of the table; TCP services on port 80, one UDP frontend (the measured service, port 53)",
 		"direct: client i connects to backend i mod N; ClusterIP paths: every client connects to the VIP",
 	}
@@ -323,14 +350,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				rep.Skipped[p] = err.Error()
 				continue
 			}
-			ib, err = iptables.New(iptables.Config{Runner: &iptables.ExecRunner{NetNSPath: t.clientPath, Timeout: 10 * time.Minute},
-				NetNSPath: t.clientPath, Log: cfg.Log})
+			c2 := "/run/netns/" + t.client2
+			ib, err = iptables.New(iptables.Config{Runner: &iptables.ExecRunner{NetNSPath: c2, Timeout: 10 * time.Minute},
+				NetNSPath: c2, Log: cfg.Log})
 			if err != nil {
 				rep.Skipped[p] = err.Error()
 				continue
 			}
 			t.closers = append(t.closers, func() { ib.Cleanup(context.Background()) })
-			paths = append(paths, p)
+			paths = append(paths, p, pathDirectIPT)
 		default:
 			return nil, fmt.Errorf("unknown path %q (ebpf, iptables)", p)
 		}
@@ -357,7 +385,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				// Not fatal: the other paths are still measured.
 				cfg.Log.Error("iptables sync failed", "services", n, "err", err)
 				rep.Notes = append(rep.Notes, fmt.Sprintf("iptables at %d services: not measured, programming failed: %v", n, err))
-				active = slices.DeleteFunc(active, func(p string) bool { return p == "iptables" })
+				active = slices.DeleteFunc(active, func(p string) bool { return p == "iptables" || p == pathDirectIPT })
 			} else {
 				d := time.Since(start)
 				cfg.Log.Info("programmed iptables", "services", n, "took", d)
@@ -373,7 +401,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			for _, test := range []string{"TCP_CRR", "TCP_RR", "UDP_RR"} {
 				for _, p := range active {
 					target := t.target(p, vips[p], test)
-					rate, errs := measure(ctx, t.clientPath, test, target, cfg)
+					nsPath := t.clientPath
+					if p == "iptables" || p == pathDirectIPT {
+						nsPath = "/run/netns/" + t.client2
+					}
+					rate, errs := measure(ctx, nsPath, test, target, cfg)
 					s := rows[test].Paths[p]
 					if s == nil {
 						s = &Stat{}
@@ -419,7 +451,7 @@ func (t *topo) target(path string, vip netip.Addr, test string) func(i int) stri
 	if test == "UDP_RR" {
 		port = udpPort
 	}
-	if path == "direct" {
+	if path == "direct" || path == pathDirectIPT {
 		return func(i int) string { return netip.AddrPortFrom(t.backends[i%len(t.backends)], bePort).String() }
 	}
 	return func(int) string { return netip.AddrPortFrom(vip, port).String() }

@@ -29,7 +29,7 @@ func TestRunMeasuresEveryPathAndWritesJSON(t *testing.T) {
 		t.Fatalf("%d rows, want 2 counts × 3 tests", len(rep.Rows))
 	}
 	for _, row := range rep.Rows {
-		for _, p := range []string{"direct", "ebpf", "iptables"} {
+		for _, p := range []string{"direct", "ebpf", "iptables", pathDirectIPT} {
 			s := row.Paths[p]
 			if s == nil || s.Median <= 0 || s.Errors != 0 {
 				t.Errorf("%d services %s %s: %+v", row.Services, row.Test, p, s)
