@@ -34,9 +34,9 @@ const (
 	serverAddr  = "10.250.0.2"
 	client2Addr = "10.250.1.1"
 	server2Addr = "10.250.1.2"
-	svcPort    = 80
-	udpPort    = 53
-	bePort     = 8080
+	svcPort     = 80
+	udpPort     = 53
+	bePort      = 8080
 )
 
 // topo is the benchmark's namespaces, cgroup and servers.
