@@ -596,6 +596,13 @@ func TestExplainUsesServerOpenAPI(t *testing.T) {
 			}
 		})
 	}
+	// The OpenAPI v2 document, through kubectl's older explain.
+	v2 := k.run("explain", "deploy.spec.strategy", "--output=plaintext-openapiv2")
+	for _, w := range []string{"KIND:     Deployment", "VERSION:  apps/v1", "RESOURCE: strategy <Object>", "rollingUpdate\t<Object>"} {
+		if !strings.Contains(v2, w) {
+			t.Errorf("explain (openapi v2) lacks %q:\n%s", w, v2)
+		}
+	}
 	if errOut := k.fails("", "explain", "pods.spec.nope"); !strings.Contains(errOut, "nope") {
 		t.Errorf("explain of a missing field: %q", errOut)
 	}
