@@ -48,7 +48,8 @@ type Config struct {
 	// "10.96.0.10:80/TCP"].
 	Command []string
 	// Node selects the node's pin directory under ebpf.DefaultPinRoot.
-	// Default: this machine's hostname, lower-cased.
+	// Default: this machine's hostname (as the proxy's default), or
+	// its lower-cased form when only that has pinned state.
 	Node string
 	// PinDir overrides the pin directory (then Node is informational).
 	PinDir string
@@ -265,7 +266,17 @@ func (c Config) pinDir() (dir, node string, err error) {
 		if err != nil {
 			return "", "", fmt.Errorf("no --node given and the hostname is unknown: %w", err)
 		}
-		node = strings.ToLower(h)
+		node = h
+		// Kubernetes node names are the lower-cased hostname; the proxy
+		// defaults to the hostname as is. Take whichever has state.
+		if l := strings.ToLower(h); l != h && !exists(ebpf.DefaultPinRoot+"/"+h) && exists(ebpf.DefaultPinRoot+"/"+l) {
+			node = l
+		}
 	}
 	return ebpf.DefaultPinRoot + "/" + node, node, nil
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
