@@ -23,6 +23,7 @@ func dial(args []string) int {
 	dur := fs.Duration("for", 0, "keep dialing for this long instead of -n times")
 	timeout := fs.Duration("timeout", 2*time.Second, "timeout of each attempt")
 	quiet := fs.Bool("q", false, "print only the summary")
+	hold := fs.Duration("hold", 0, "tcp: keep each connection this long, echoing a line every 100ms (a long-lived stream)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -37,7 +38,7 @@ func dial(args []string) int {
 		if *dur > 0 && !time.Now().Before(deadline) || *dur == 0 && i >= *n {
 			break
 		}
-		line, err := dialOnce(proto, addr, *timeout)
+		line, err := dialOnce(proto, addr, *timeout, *hold)
 		if err != nil {
 			failed++
 			fmt.Fprintf(os.Stderr, "attempt %d: %v\n", i+1, err)
@@ -58,8 +59,10 @@ func dial(args []string) int {
 	return 0
 }
 
-// dialOnce returns the server's reply line ("pod=... client=...").
-func dialOnce(proto, addr string, timeout time.Duration) (string, error) {
+// dialOnce returns the server's reply line ("pod=... client=..."). With
+// hold, it then keeps the TCP connection for that long, checking that every
+// line sent comes back.
+func dialOnce(proto, addr string, timeout, hold time.Duration) (string, error) {
 	c, err := net.DialTimeout(proto, addr, timeout)
 	if err != nil {
 		return "", err
@@ -79,9 +82,27 @@ func dialOnce(proto, addr string, timeout time.Duration) (string, error) {
 		}
 		return strings.TrimSpace(string(buf[:k])), nil
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
 	if err != nil {
 		return "", err
+	}
+	for end, i := time.Now().Add(hold), 0; time.Now().Before(end); i++ {
+		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+			return "", err
+		}
+		msg := fmt.Sprintf("seq %d", i)
+		if _, err := fmt.Fprintln(c, msg); err != nil {
+			return "", fmt.Errorf("after %d lines: %w", i, err)
+		}
+		back, err := r.ReadString('\n')
+		if err != nil {
+			return "", fmt.Errorf("after %d lines: %w", i, err)
+		}
+		if strings.TrimSpace(back) != msg {
+			return "", fmt.Errorf("sent %q, got %q", msg, back)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	return strings.TrimSpace(line), nil
 }
