@@ -138,6 +138,24 @@ func TestGetOutputFormatsAndSelectors(t *testing.T) {
 		t.Errorf("cm-1 row = %q", row)
 	}
 
+	// Label columns come from the rows' PartialObjectMetadata; --sort-by
+	// from the rows' full objects (includeObject=Object).
+	labelled := k.run("get", "configmaps", "-n", ns, "-L", "env", "--show-labels")
+	if h := strings.Join(fields(header(labelled)), " "); h != "NAME DATA AGE ENV LABELS" {
+		t.Errorf("-L/--show-labels header = %q", h)
+	}
+	if row := rowOf(t, labelled, "cm-2"); row[3] != "dev" || row[4] != "env=dev" {
+		t.Errorf("-L/--show-labels row = %q", row)
+	}
+	sorted := k.run("get", "configmaps", "-n", ns, "--sort-by=.metadata.labels.env", "--no-headers")
+	var order []string
+	for _, l := range strings.Split(strings.TrimSpace(sorted), "\n") {
+		order = append(order, fields(l)[0])
+	}
+	if o := strings.Join(order, ","); o != "cm-2,cm-0,cm-1" && o != "cm-2,cm-1,cm-0" {
+		t.Errorf("--sort-by order = %q", order)
+	}
+
 	var obj map[string]any
 	if err := json.Unmarshal([]byte(k.run("get", "cm", "cm-0", "-n", ns, "-o", "json")), &obj); err != nil {
 		t.Fatal(err)
