@@ -200,3 +200,19 @@ func TestShutdownEndsWatchesCleanly(t *testing.T) {
 		t.Fatal("server did not stop")
 	}
 }
+
+func TestConsistentListOfAQuietResourceAfterOtherWrites(t *testing.T) {
+	cs, srv := newClient(t)
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "c-"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw := newRaw(t, srv.Config)
+	for _, path := range []string{"/api/v1/nodes", "/api/v1/namespaces", "/apis/apps/v1/deployments"} {
+		if code, _, b := raw.do("GET", path, "", nil, 0); code != 200 {
+			t.Fatalf("GET %s: %d %.200s", path, code, b)
+		}
+	}
+}

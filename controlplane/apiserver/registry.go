@@ -161,13 +161,17 @@ func (r *registry) list(ctx context.Context, ns string, opts *metav1.ListOptions
 				return nil, err
 			}
 		}
-		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		defer cancel()
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
 		items, rev, err := r.cache.List(wctx, minRev, p)
-		if err != nil {
+		cancel()
+		if err == nil {
+			return &listResult{items: items, rev: rev}, nil
+		}
+		if !errors.Is(err, storage.ErrUnavailable) || ctx.Err() != nil {
 			return nil, err
 		}
-		return &listResult{items: items, rev: rev}, nil
+		// The cache did not catch up in time: read etcd itself.
+		r.srv.log.Debug("watch cache behind, listing from etcd", "resource", r.res.Resource, "err", err)
 	}
 	prefix := r.prefix(ns)
 	var rev int64

@@ -250,7 +250,7 @@ func (c *Cacher) listAndWatch(ctx context.Context) error {
 		case <-ticker.C:
 			// Ask etcd for a progress notification so the revision moves
 			// even when this resource is quiet, then bookmark.
-			_ = c.store.Client().RequestProgress(wctx)
+			_ = c.store.RequestProgress(wctx)
 			c.bookmark()
 		}
 	}
@@ -365,15 +365,26 @@ func (c *Cacher) waitLocked(ctx context.Context, rev int64) error {
 	if c.ready && c.rev >= rev {
 		return nil
 	}
-	if c.ready {
-		// Behind because other resources moved the revision: ask etcd for a
-		// progress notification rather than waiting for the next tick.
-		c.mu.Unlock()
-		_ = c.store.Client().RequestProgress(ctx)
-		c.mu.Lock()
-		if c.rev >= rev {
-			return nil
-		}
+	if rev > 0 {
+		// Behind, typically because other resources moved the revision: ask
+		// etcd for progress notifications until the cache catches up (etcd
+		// ignores a request while the watch is still syncing, so repeat).
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTicker(50 * time.Millisecond)
+			defer t.Stop()
+			for {
+				_ = c.store.RequestProgress(ctx)
+				select {
+				case <-t.C:
+				case <-stop:
+					return
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
 	}
 	stop := context.AfterFunc(ctx, func() {
 		c.mu.Lock()

@@ -336,6 +336,12 @@ type RawEvent struct {
 	PrevKV *KV
 }
 
+// RequestProgress asks etcd to send a progress notification (the current
+// revision) on the watch stream Store.Watch uses.
+func (s *Store) RequestProgress(ctx context.Context) error {
+	return s.kc.RequestProgress(clientv3.WithRequireLeader(ctx))
+}
+
 // WatchBatch is one etcd watch response: its events and the revision the
 // store had reached (for progress when there are no events).
 type WatchBatch struct {
