@@ -130,8 +130,10 @@ func Ensure(dir string, hosts []string) (*Bundle, error) {
 }
 
 // Load builds a bundle from user-provided files: the serving certificate and
-// key, and the CA that client certificates must chain to. Issue methods on
-// the result return ErrNoCAKey.
+// key, and the CA that client certificates must chain to. Without
+// clientCAFile no client certificate is requested (CAPool is nil) and only
+// bearer tokens can authenticate. Issue methods on the result return
+// ErrNoCAKey.
 func Load(certFile, keyFile, clientCAFile string) (*Bundle, error) {
 	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
@@ -147,7 +149,8 @@ func Load(certFile, keyFile, clientCAFile string) (*Bundle, error) {
 	}
 	b := &Bundle{serving: pair, servPEM: servPEM, servHost: append(pair.Leaf.DNSNames, ipStrings(pair.Leaf.IPAddresses)...)}
 	if clientCAFile == "" {
-		return nil, fmt.Errorf("pki: --client-ca-file is required with --tls-cert-file")
+		// No client certificates: authentication by bearer token only.
+		return b, nil
 	}
 	caPEM, err := os.ReadFile(clientCAFile)
 	if err != nil {
@@ -172,9 +175,14 @@ func (b *Bundle) ServerTLSConfig() (*tls.Config, error) {
 	if len(b.serving.Certificate) == 0 {
 		return nil, errors.New("pki: bundle has no serving certificate")
 	}
+	clientAuth := tls.VerifyClientCertIfGiven
+	if b.caPool == nil {
+		// Never fall back to the system roots for client certificates.
+		clientAuth = tls.NoClientCert
+	}
 	return &tls.Config{
 		Certificates: []tls.Certificate{b.serving},
-		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientAuth:   clientAuth,
 		ClientCAs:    b.caPool,
 		MinVersion:   tls.VersionTLS12,
 		NextProtos:   []string{"h2", "http/1.1"},
@@ -182,7 +190,7 @@ func (b *Bundle) ServerTLSConfig() (*tls.Config, error) {
 }
 
 // CAPool holds the CA that signs client certificates (and, for a generated
-// bundle, the serving certificate).
+// bundle, the serving certificate); nil when loaded without a client CA.
 func (b *Bundle) CAPool() *x509.CertPool { return b.caPool }
 
 // CAPEM is the CA certificate(s) in PEM, as kubeconfigs embed them.

@@ -172,6 +172,13 @@ func TestLoadedBundleRefusesToIssue(t *testing.T) {
 	if err := b.WriteKubeconfig(filepath.Join(dir, "k"), "https://x", "x", nil); !errors.Is(err, ErrNoCAKey) {
 		t.Errorf("WriteKubeconfig error = %v, want ErrNoCAKey", err)
 	}
+	tokenOnly, err := Load(filepath.Join(dir, ServerCertFile), filepath.Join(dir, ServerKeyFile), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := tokenOnly.ServerTLSConfig(); err != nil || cfg.ClientAuth != tls.NoClientCert || tokenOnly.CAPool() != nil {
+		t.Errorf("without a client CA: config %+v, pool %v, err %v; want no client certificates", cfg, tokenOnly.CAPool(), err)
+	}
 	if _, err := Load(filepath.Join(dir, ServerCertFile), filepath.Join(dir, ServerKeyFile), filepath.Join(dir, "missing")); err == nil {
 		t.Error("Load accepted a missing client CA")
 	}
