@@ -60,6 +60,9 @@ func (in *inspector) explain(src, arg string) (*Explanation, error) {
 			return nil, err
 		}
 		client = fmt.Sprintf("netns %s (cookie %d)", src, cookie)
+		if strings.HasPrefix(src, "cookie:") {
+			client = fmt.Sprintf("netns cookie %d", cookie)
+		}
 	}
 	fs, err := in.frontends()
 	if err != nil {

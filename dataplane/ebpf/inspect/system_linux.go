@@ -195,6 +195,9 @@ func (s *linuxSystem) NetnsCookie(src string) (uint64, error) {
 		if errors.As(err, &nse) || errors.Is(err, fs.ErrNotExist) {
 			return 0, fmt.Errorf("client netns %q (%s): %v: %w", src, path, err, ErrNotFound)
 		}
+		if errors.Is(err, fs.ErrPermission) {
+			return 0, fmt.Errorf("client netns %q: cannot open %s: %v: %w", src, path, err, ErrPermission)
+		}
 		return 0, fmt.Errorf("netns cookie of %s (SO_NETNS_COOKIE needs Linux 5.14): %w", path, err)
 	}
 	return cookie, nil
