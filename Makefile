@@ -58,7 +58,7 @@ up: deps build images ## run a single-machine cluster (waggle up); Ctrl-C stops 
 	$(BIN)/waggle up --data-dir $${WAGGLE_DATA_DIR:-/var/lib/waggle} --image-dir $(BIN)/images
 
 lab: deps build images ## run a multi-node lab on this machine (waggle lab up; waggle lab down removes it)
-	$(BIN)/waggle lab up --nodes $${NODES:-3}
+	$(BIN)/waggle lab up --nodes $${NODES:-3} --image-dir $(BIN)/images
 
 clean: ## remove build outputs
 	rm -rf $(BIN)

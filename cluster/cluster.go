@@ -66,6 +66,9 @@ type Config struct {
 	// at start.
 	CNIBinDir, ImageDir string
 	LogLevel            string
+	// NodeMonitorGracePeriod is how long a node may miss heartbeats before
+	// it is NotReady (Kubernetes' default: 40 s).
+	NodeMonitorGracePeriod time.Duration
 	// Out receives the human-facing lines (where the kubeconfig is).
 	Out io.Writer
 }
@@ -73,16 +76,17 @@ type Config struct {
 // Defaults returns the configuration of a plain `waggle up`.
 func Defaults() Config {
 	return Config{
-		DataDir:               "/var/lib/waggle",
-		Node:                  true,
-		BindAddress:           "0.0.0.0",
-		SecurePort:            6443,
-		ClusterCIDR:           "10.244.0.0/16",
-		ServiceClusterIPRange: "10.96.0.0/12",
-		ServiceNodePortRange:  "30000-32767",
-		ProxyMode:             "auto",
-		LogLevel:              "info",
-		Out:                   os.Stdout,
+		DataDir:                "/var/lib/waggle",
+		Node:                   true,
+		BindAddress:            "0.0.0.0",
+		SecurePort:             6443,
+		ClusterCIDR:            "10.244.0.0/16",
+		ServiceClusterIPRange:  "10.96.0.0/12",
+		ServiceNodePortRange:   "30000-32767",
+		ProxyMode:              "auto",
+		LogLevel:               "info",
+		NodeMonitorGracePeriod: 40 * time.Second,
+		Out:                    os.Stdout,
 	}
 }
 
@@ -154,6 +158,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.BindAddress = "127.0.0.1"
 		cm.AllocateNodeCIDRs = true
 		cm.ClusterCIDR = cfg.ClusterCIDR
+		cm.NodeMonitorGracePeriod = cfg.NodeMonitorGracePeriod
 		cm.LogLevel = cfg.LogLevel
 		cm.Log = log.With("component", "controller-manager")
 		cm.LeaderElection = leaderElection("kube-controller-manager")

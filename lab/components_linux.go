@@ -13,34 +13,27 @@ import (
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/namespaces"
+	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-func containerdSocket(dataDir string) string {
-	return filepath.Join(dataDir, "containerd", "containerd.sock")
-}
+func containerdDir(dataDir string) string { return filepath.Join(dataDir, "containerd") }
 
-// startContainerd runs the lab's own containerd (CRI plugin off: the kubelets
-// use containerd's native API), with root and state under the data dir.
+func containerdSocket(dataDir string) string { return ctrdsup.Address(containerdDir(dataDir)) }
+
+// startContainerd runs the lab's own containerd (the kubelet's supervised
+// configuration: CRI off, root and state under the data dir) as a detached
+// process, so it outlives `waggle lab up`.
 func startContainerd(ctx context.Context, cfg *Config, st *State) error {
-	dir := filepath.Join(cfg.DataDir, "containerd")
+	dir := containerdDir(cfg.DataDir)
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return err
 	}
-	conf := fmt.Sprintf(`version = 2
-root = %q
-state = %q
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = %q
-[ttrpc]
-  address = %q
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), containerdSocket(cfg.DataDir), containerdSocket(cfg.DataDir)+".ttrpc")
 	confPath := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+	if err := os.WriteFile(confPath, []byte(ctrdsup.Config(dir)), 0o644); err != nil {
 		return err
 	}
 	p, err := startProcess(cfg, "containerd", "", "", []string{"containerd", "--config", confPath})
@@ -77,6 +70,7 @@ func startControlPlane(ctx context.Context, cfg *Config, st *State) error {
 		"--advertise-address", cfg.BridgeAddr().Addr().String(),
 		"--cluster-cidr", cfg.ClusterCIDR.String(),
 		"--service-cluster-ip-range", cfg.ServiceCIDR.String(),
+		"--node-monitor-grace-period", cfg.NodeMonitorGracePeriod.String(),
 	}
 	p, err := startProcess(cfg, "control-plane", "", "", args)
 	if err != nil {
@@ -131,6 +125,7 @@ func kubeletArgs(cfg *Config, st *State, n NodeState, nodeDir string) []string {
 		"--cni-conf-dir", filepath.Join(nodeDir, "cni", "net.d"),
 		"--cni-bin-dir", cfg.CNIBinDir,
 		"--port", "10250",
+		"--image-dir", cfg.ImageDir,
 	}
 }
 

@@ -42,6 +42,10 @@ type Config struct {
 	CgroupParent string
 	// ProxyMode is passed to every node's proxy (auto, ebpf, iptables).
 	ProxyMode string
+	// ImageDir holds OCI image archives every node imports at start.
+	ImageDir string
+	// NodeMonitorGracePeriod is passed to the controller-manager.
+	NodeMonitorGracePeriod time.Duration
 	// ReadyTimeout bounds how long up waits for every node to be Ready.
 	ReadyTimeout time.Duration
 }
@@ -49,15 +53,16 @@ type Config struct {
 // Defaults returns the configuration of `waggle lab up` without flags.
 func Defaults() Config {
 	return Config{
-		Nodes:        3,
-		DataDir:      "/var/lib/waggle-lab",
-		Bridge:       "wglab0",
-		Subnet:       netip.MustParsePrefix("10.250.0.0/24"),
-		ClusterCIDR:  netip.MustParsePrefix("10.244.0.0/16"),
-		ServiceCIDR:  netip.MustParsePrefix("10.96.0.0/12"),
-		CgroupParent: "waggle-lab",
-		ProxyMode:    "auto",
-		ReadyTimeout: 3 * time.Minute,
+		Nodes:                  3,
+		DataDir:                "/var/lib/waggle-lab",
+		Bridge:                 "wglab0",
+		Subnet:                 netip.MustParsePrefix("10.250.0.0/24"),
+		ClusterCIDR:            netip.MustParsePrefix("10.244.0.0/16"),
+		ServiceCIDR:            netip.MustParsePrefix("10.96.0.0/12"),
+		CgroupParent:           "waggle-lab",
+		ProxyMode:              "auto",
+		ReadyTimeout:           3 * time.Minute,
+		NodeMonitorGracePeriod: 40 * time.Second,
 	}
 }
 

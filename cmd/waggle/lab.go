@@ -26,6 +26,8 @@ func runLab(ctx context.Context, args []string) error {
 		subnet := fs.String("subnet", cfg.Subnet.String(), "lab network (IPv4)")
 		fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "proxy mode of every node: auto, ebpf or iptables")
 		fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "how long to wait for the nodes to be Ready")
+		fs.StringVar(&cfg.ImageDir, "image-dir", "", "OCI image archives every node imports at start (e.g. bin/images)")
+		fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may miss heartbeats before it is NotReady")
 		fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory holding the waggle CNI plugin (default: beside the waggle binary)")
 		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return err

@@ -25,6 +25,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")
 	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory of the waggle CNI plugin (default: cni/ beside this binary)")
 	fs.StringVar(&cfg.ImageDir, "image-dir", "", "OCI image archives imported at start (e.g. bin/images from make images)")
+	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may miss heartbeats before it is NotReady")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
