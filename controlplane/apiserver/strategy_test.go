@@ -76,7 +76,11 @@ func TestValidationNamesTheFieldAtFault(t *testing.T) {
 			return p
 		}, "spec.containers[0].ports[0].protocol"},
 		{"bad restart policy", "pods", func() runtime.Object { p := validPod(); p.Spec.RestartPolicy = "Sometimes"; return p }, "spec.restartPolicy"},
-		{"label value too long", "pods", func() runtime.Object { p := validPod(); p.Labels = map[string]string{"a": strings.Repeat("x", 64)}; return p }, "metadata.labels"},
+		{"label value too long", "pods", func() runtime.Object {
+			p := validPod()
+			p.Labels = map[string]string{"a": strings.Repeat("x", 64)}
+			return p
+		}, "metadata.labels"},
 		{"valid service", "services", func() runtime.Object { return validService() }, ""},
 		{"service name not DNS-1035", "services", func() runtime.Object { s := validService(); s.Name = "1abc"; return s }, "metadata.name"},
 		{"service without ports", "services", func() runtime.Object { s := validService(); s.Spec.Ports = nil; return s }, "spec.ports"},
