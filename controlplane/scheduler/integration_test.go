@@ -1,0 +1,279 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+// realCluster is a real API server (embedded etcd, HTTPS) with a scheduler
+// running against it; nodes are simulated as Node objects.
+type realCluster struct {
+	cs kubernetes.Interface
+	s  *Scheduler
+}
+
+func startReal(t *testing.T) realCluster {
+	t.Helper()
+	testutil.Privileged(t)
+	rc, _, _ := apiservertest.StartTestServer(t)
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	factory := informers.NewSharedInformerFactory(cs, 0)
+	s, err := New(cs, factory, quietLog(), Options{PodInitialBackoff: 100 * time.Millisecond, PodMaxBackoff: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; factory.Shutdown() })
+	return realCluster{cs, s}
+}
+
+func (c realCluster) create(t *testing.T, objs ...any) {
+	t.Helper()
+	ctx := context.Background()
+	for _, o := range objs {
+		var err error
+		switch o := o.(type) {
+		case *v1.Node:
+			_, err = c.cs.CoreV1().Nodes().Create(ctx, o, metav1.CreateOptions{})
+			if err == nil {
+				// Allocatable is status: written through the status subresource.
+				var cur *v1.Node
+				if cur, err = c.cs.CoreV1().Nodes().Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+					cur.Status = o.Status
+					_, err = c.cs.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+				}
+			}
+		case *v1.Pod:
+			o = o.DeepCopy()
+			o.UID = ""
+			_, err = c.cs.CoreV1().Pods(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatalf("create %T: %v", o, err)
+		}
+	}
+}
+
+// clean deletes every node and pod so the next case starts from nothing.
+func (c realCluster) clean(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	zero := int64(0)
+	pods, _ := c.cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	for _, p := range pods.Items {
+		_ = c.cs.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	}
+	nodes, _ := c.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	for _, n := range nodes.Items {
+		_ = c.cs.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{})
+	}
+	eventually(t, "cluster emptied", func() bool {
+		p, _ := c.cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+		n, _ := c.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return len(p.Items) == 0 && len(n.Items) == 0
+	})
+	c.waitNodes(t, 0)
+}
+
+// waitNodes waits until the scheduler's cache holds n nodes: its node and
+// pod watches are separate streams, so a pod may otherwise be decided
+// before a node created just earlier is known (as in Kubernetes).
+func (c realCluster) waitNodes(t *testing.T, n int) {
+	t.Helper()
+	eventually(t, "scheduler sees the nodes", func() bool { return c.s.cache.NodeCount() == n })
+}
+
+func (c realCluster) get(t *testing.T, name string) *v1.Pod {
+	t.Helper()
+	p, err := c.cs.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func unschedulableMessage(p *v1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
+			return c.Message
+		}
+	}
+	return ""
+}
+
+func TestRealAPIServerSchedulingDecisions(t *testing.T) {
+	c := startReal(t)
+	big := func(name string) *v1.Pod { return newPod(name, requests("3", "1Gi")) }
+	tests := []struct {
+		name     string
+		nodes    []*v1.Node
+		existing []*v1.Pod // bound before the pod under test
+		pod      *v1.Pod
+		want     string // node, or "unschedulable: <reason>"
+	}{
+		// Filters.
+		{"NodeUnschedulable: cordoned node skipped", []*v1.Node{newNode("a", cordoned()), newNode("b")}, nil, newPod("p"), "b"},
+		{"TaintToleration: tainted node skipped", []*v1.Node{newNode("a", withTaint("dedicated", "db", v1.TaintEffectNoSchedule)), newNode("b")}, nil, newPod("p"), "b"},
+		{"TaintToleration: tolerating pod fits the tainted node",
+			[]*v1.Node{newNode("a", withTaint("dedicated", "db", v1.TaintEffectNoSchedule))}, nil,
+			newPod("p", toleration("dedicated", "db", v1.TaintEffectNoSchedule)), "a"},
+		{"NodeAffinity: nodeSelector", []*v1.Node{newNode("a", withLabels("disk", "hdd")), newNode("b", withLabels("disk", "ssd"))}, nil,
+			newPod("p", nodeSelector("disk", "ssd")), "b"},
+		{"NodeAffinity: required NotIn", []*v1.Node{newNode("a", withLabels("zone", "z1")), newNode("b", withLabels("zone", "z2"))}, nil,
+			newPod("p", requiredAffinity("zone", v1.NodeSelectorOpNotIn, "z2")), "a"},
+		{"NodePorts: used host port", []*v1.Node{newNode("a"), newNode("b")},
+			[]*v1.Pod{newPod("web", hostPortOpt(8080, ""), nodeSelector("kubernetes.io/hostname", "a"))},
+			newPod("p", hostPortOpt(8080, "")), "b"},
+		{"NodeResourcesFit: counts bound pods", []*v1.Node{newNode("a"), newNode("b")},
+			[]*v1.Pod{big("x")}, // lands on a or b; p must go to the other
+			big("p"), "other-than-x"},
+		{"NodeResourcesFit: nowhere", []*v1.Node{newNode("a", withAllocatable("1", "1Gi", "10"))}, nil,
+			newPod("p", requests("2", "1Gi")), "unschedulable: 0/1 nodes are available: 1 Insufficient cpu."},
+		{"NodeName: a pod naming its node is not scheduled", []*v1.Node{newNode("a"), newNode("b")}, nil,
+			newPod("p", onNode("a")), "a"},
+		// Scores.
+		{"least allocated", []*v1.Node{newNode("a"), newNode("b")},
+			[]*v1.Pod{newPod("x", requests("2", "4Gi"), nodeSelector("kubernetes.io/hostname", "a"))},
+			newPod("p", requests("100m", "100Mi")), "b"},
+		{"preferred node affinity", []*v1.Node{newNode("a"), newNode("b", withLabels("disk", "ssd"))}, nil,
+			newPod("p", preferredAffinity(50, "disk", "ssd")), "b"},
+		{"PreferNoSchedule taint avoided", []*v1.Node{newNode("a", withTaint("spot", "true", v1.TaintEffectPreferNoSchedule)), newNode("b")}, nil,
+			newPod("p"), "b"},
+		{"owner's pods spread", []*v1.Node{newNode("a"), newNode("b")},
+			[]*v1.Pod{
+				newPod("mine-1", ownedBy("rs-1"), requests("100m", "100Mi"), nodeSelector("kubernetes.io/hostname", "a")),
+				newPod("theirs", ownedBy("rs-2"), requests("400m", "400Mi"), nodeSelector("kubernetes.io/hostname", "b")),
+			},
+			newPod("mine-2", ownedBy("rs-1"), requests("100m", "100Mi")), "b"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			defer c.clean(t)
+			c.create(t, anySlice(tt.nodes)...)
+			c.waitNodes(t, len(tt.nodes))
+			for _, p := range tt.existing {
+				c.create(t, p)
+				eventually(t, "existing pod bound", func() bool { return c.get(t, p.Name).Spec.NodeName != "" })
+			}
+			c.create(t, tt.pod)
+			switch {
+			case strings.HasPrefix(tt.want, "unschedulable: "):
+				want := strings.TrimPrefix(tt.want, "unschedulable: ")
+				eventually(t, "PodScheduled=False "+want, func() bool { return unschedulableMessage(c.get(t, tt.pod.Name)) == want })
+			case tt.want == "other-than-x":
+				eventually(t, "bound", func() bool { return c.get(t, tt.pod.Name).Spec.NodeName != "" })
+				if got, x := c.get(t, tt.pod.Name).Spec.NodeName, c.get(t, "x").Spec.NodeName; got == x {
+					t.Fatalf("both 3-CPU pods on %s (4 CPUs)", got)
+				}
+			default:
+				eventually(t, "bound", func() bool { return c.get(t, tt.pod.Name).Spec.NodeName != "" })
+				if got := c.get(t, tt.pod.Name).Spec.NodeName; got != tt.want {
+					t.Fatalf("bound to %s, want %s", got, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func anySlice[T any](in []T) []any {
+	out := make([]any, len(in))
+	for i := range in {
+		out[i] = in[i]
+	}
+	return out
+}
+
+func TestRealAPIServerUnschedulableThenScheduledWhenANodeAppears(t *testing.T) {
+	c := startReal(t)
+	c.create(t, newNode("gpu-less"), newPod("trainer", nodeSelector("gpu", "true")))
+	eventually(t, "Unschedulable condition", func() bool {
+		return unschedulableMessage(c.get(t, "trainer")) == "0/1 nodes are available: 1 "+reasonAffinity+"."
+	})
+	eventually(t, "FailedScheduling event", func() bool {
+		evs, err := c.cs.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "FailedScheduling" && e.InvolvedObject.Name == "trainer" && e.Type == v1.EventTypeWarning {
+				return true
+			}
+		}
+		return false
+	})
+	c.create(t, newNode("gpu-1", withLabels("gpu", "true")))
+	eventually(t, "bound to the new node", func() bool { return c.get(t, "trainer").Spec.NodeName == "gpu-1" })
+	p := c.get(t, "trainer")
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == v1.PodScheduled && cond.Status != v1.ConditionTrue {
+			t.Fatalf("PodScheduled = %s after binding", cond.Status)
+		}
+	}
+	eventually(t, "Scheduled event", func() bool {
+		evs, _ := c.cs.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+		for _, e := range evs.Items {
+			if e.Reason == "Scheduled" && e.InvolvedObject.Name == "trainer" && strings.Contains(e.Message, "gpu-1") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func TestRealAPIServerFillsNodesWithoutOverbooking(t *testing.T) {
+	c := startReal(t)
+	// 3 nodes × 4 CPUs, 15 pods of 1 CPU: exactly 12 fit, never 5 on a node.
+	for i := range 3 {
+		c.create(t, newNode(fmt.Sprintf("n%d", i)))
+	}
+	for i := range 15 {
+		c.create(t, newPod(fmt.Sprintf("p%02d", i), requests("1", "100Mi")))
+	}
+	perNode := map[string]int{}
+	eventually(t, "12 pods bound, 3 unschedulable", func() bool {
+		pods, err := c.cs.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		clear(perNode)
+		unsched := 0
+		for _, p := range pods.Items {
+			if p.Spec.NodeName != "" {
+				perNode[p.Spec.NodeName]++
+			} else if unschedulableMessage(&p) != "" {
+				unsched++
+			}
+		}
+		return perNode["n0"]+perNode["n1"]+perNode["n2"] == 12 && unsched == 3
+	})
+	for n, k := range perNode {
+		if k != 4 {
+			t.Fatalf("node %s got %d pods of 1 CPU (allocatable 4): %v", n, k, perNode)
+		}
+	}
+	// Binding a bound pod again is refused by the API server: a second
+	// scheduler with a stale view cannot double-book.
+	err := c.cs.CoreV1().Pods("default").Bind(context.Background(), &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: "p00"}, Target: v1.ObjectReference{Kind: "Node", Name: "n0"},
+	}, metav1.CreateOptions{})
+	if !apierrors.IsConflict(err) {
+		t.Fatalf("second binding: %v, want Conflict", err)
+	}
+}
