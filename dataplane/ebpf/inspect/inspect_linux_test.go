@@ -65,12 +65,13 @@ func testState() *dataplane.State {
 	web := fe("10.96.0.10:80", dataplane.TCP, dataplane.ClusterIP, "default/web:http", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")
 	web.AffinityTimeout = 3 * time.Hour
 	empty := fe("10.96.0.11:80", dataplane.TCP, dataplane.ClusterIP, "default/empty")
+	spread := fe("10.96.0.12:80", dataplane.TCP, dataplane.ClusterIP, "default/spread", "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")
 	sticky := fe("10.96.0.13:80", dataplane.TCP, dataplane.ClusterIP, "default/sticky", "10.1.0.3:8080")
 	sticky.AffinityTimeout = 10 * time.Minute
 	np := fe("192.168.1.10:30080", dataplane.TCP, dataplane.NodePort, "default/web:http", "10.1.0.1:8080")
 	np.LocalOnly = true
 	v6 := fe("[fd00:96::10]:443", dataplane.TCP, dataplane.ClusterIP, "default/web6", "[fd00:1::1]:8443", "[fd00:1::2]:8443")
-	st := &dataplane.State{NodeName: "node", Frontends: []dataplane.Frontend{dns, web, empty, sticky, np, v6}}
+	st := &dataplane.State{NodeName: "node", Frontends: []dataplane.Frontend{dns, web, empty, spread, sticky, np, v6}}
 	if err := st.Validate(); err != nil {
 		panic(err)
 	}
@@ -538,5 +539,133 @@ func TestProgListEnableStatsCountsRunsInTheWindow(t *testing.T) {
 	var b bytes.Buffer
 	if err := render(&b, FormatTable, progs); err != nil || !strings.Contains(b.String(), "window of --enable-stats") {
 		t.Errorf("table: %v\n%s", err, b.String())
+	}
+}
+
+// serveAddrs starts TCP servers in the netns that write their own address
+// to each connection.
+func (f *fixture) serveAddrs(addrs ...string) {
+	t := f.t
+	t.Helper()
+	for _, a := range addrs {
+		ap := netip.MustParseAddrPort(a)
+		f.ns.Run(t, "ip", "addr", "add", ap.Addr().String()+"/32", "dev", "lo")
+		var ln net.Listener
+		if err := f.ns.Do(func(ns.NetNS) (err error) { ln, err = net.Listen("tcp", a); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "%s\n", a)
+				c.Close()
+			}
+		}()
+	}
+}
+
+// reach connects to vip from the netns and returns the backend that
+// answered, or the connect error.
+func (f *fixture) reach(vip string) (string, error) {
+	var who string
+	err := f.ns.Do(func(ns.NetNS) error {
+		c, err := net.Dial("tcp", vip)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := c.Read(buf)
+		who = strings.TrimSpace(string(buf[:n]))
+		return err
+	})
+	return who, err
+}
+
+// TestExplainPredictsRealConnects: what explain says a connection would do
+// is what real connections from the netns then do — an affinity entry pins
+// the backend it names, and a slot whose backend is gone refuses its share.
+func TestExplainPredictsRealConnects(t *testing.T) {
+	f := newFixture(t)
+	f.serveAddrs("10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080")
+	testutil.EnterCgroup(t, f.cgroup)
+	client := filepath.Join("/run/netns", f.ns.Name)
+
+	first, err := f.reach("10.96.0.10:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := f.inspector()
+	res, err := in.run(context.Background(), Config{Command: []string{"explain", client, "10.96.0.10:80"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := res.(*Explanation)
+	if e.Verdict != VerdictAffinity || len(e.Candidates) != 1 || e.Candidates[0].Backend != first {
+		t.Fatalf("after a connect reached %s, explain says %s %+v", first, e.Verdict, e.Candidates)
+	}
+	for range 5 {
+		if who, err := f.reach("10.96.0.10:80"); err != nil || who != first {
+			t.Fatalf("explain predicted %s, a connect reached %s (%v)", first, who, err)
+		}
+	}
+
+	// Take 10.1.0.2:8080 out of the backends map behind the proxy's back.
+	bes, err := in.src.Backends()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := cebpf.LoadPinnedMap(filepath.Join(f.pinDir, ebpf.MapBackends), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, b := range bes {
+		if b.Backend.String() == "10.1.0.2:8080" {
+			if err := m.Delete(b.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	res, err = in.run(context.Background(), Config{Command: []string{"explain", "10.96.0.12:80"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e = res.(*Explanation)
+	ok := map[string]bool{}
+	refused := 0
+	for _, c := range e.Candidates {
+		if c.Outcome == "connects" {
+			ok[c.Backend] = true
+		} else {
+			refused++
+		}
+	}
+	if refused != 1 || len(ok) != 2 || ok["10.1.0.2:8080"] {
+		t.Fatalf("explain after the backend went: %s, candidates %+v", e.Summary, e.Candidates)
+	}
+	sawRefused, sawOK := 0, 0
+	for range 60 {
+		who, err := f.reach("10.96.0.12:80")
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED):
+			sawRefused++
+		case err != nil:
+			t.Fatal(err)
+		case !ok[who]:
+			t.Fatalf("a connect reached %s, which explain did not list as reachable", who)
+		default:
+			sawOK++
+		}
+	}
+	// Each outcome has a chance of at least 1/3 per connect: missing one
+	// in 60 tries happens with probability below 1e-10.
+	if sawRefused == 0 || sawOK == 0 {
+		t.Errorf("60 connects: %d refused, %d connected; explain said %s", sawRefused, sawOK, e.Summary)
 	}
 }
