@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
 )
 
 // TestAuthenticationWithKubectl: the admin client certificate works, a
@@ -71,5 +74,57 @@ func TestAuthenticationWithKubectl(t *testing.T) {
 	var st metav1.Status
 	if resp.StatusCode != http.StatusUnauthorized || json.Unmarshal(body, &st) != nil || st.Reason != metav1.StatusReasonUnauthorized || st.Code != 401 {
 		t.Errorf("anonymous: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestUserProvidedCertificates: with --tls-cert-file, --tls-private-key-file
+// and --client-ca-file the server serves the user's certificate and accepts
+// client certificates of the user's CA (here made with package pki in
+// another directory); it writes no kubeconfigs, having no CA key.
+func TestUserProvidedCertificates(t *testing.T) {
+	requireE2E(t, defaultKubectl)
+	userPKI := t.TempDir()
+	bundle, err := pki.Ensure(userPKI, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(userPKI, "user.kubeconfig")
+	if err := bundle.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://127.0.0.1:%d", port), "operator", []string{"system:masters"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	s, err := startServerOn(dir, port, kubeconfig,
+		"--tls-cert-file", filepath.Join(userPKI, pki.ServerCertFile),
+		"--tls-private-key-file", filepath.Join(userPKI, pki.ServerKeyFile),
+		"--client-ca-file", filepath.Join(userPKI, pki.CACertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.stop() })
+	k := newKC(t, defaultKubectl, s)
+	if out := k.run("get", "ns", "kube-public", "-o", "name"); strings.TrimSpace(out) != "namespace/kube-public" {
+		t.Errorf("user certificate: %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "admin.kubeconfig")); !os.IsNotExist(err) {
+		t.Errorf("admin.kubeconfig written without a CA key (stat: %v)", err)
+	}
+	// A client certificate of another CA is refused.
+	other, err := pki.Ensure(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := filepath.Join(t.TempDir(), "foreign.kubeconfig")
+	if err := other.WriteKubeconfig(foreign, fmt.Sprintf("https://127.0.0.1:%d", port), "mallory", []string{"system:masters"}); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := k.tryWithKubeconfig(foreign, "get", "ns")
+	if err == nil {
+		t.Errorf("foreign CA accepted: %q", out)
+	} else if !strings.Contains(errOut, "certificate") && !strings.Contains(errOut, "credentials") {
+		t.Errorf("foreign CA: unexpected error %q", errOut)
 	}
 }

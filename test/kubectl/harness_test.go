@@ -64,13 +64,14 @@ func TestMain(m *testing.M) {
 
 // server is one `waggle apiserver` subprocess.
 type server struct {
-	dataDir  string
-	cacheDir string
-	port     int
-	cmd      *exec.Cmd
-	log      *bytes.Buffer
-	logMu    *sync.Mutex
-	done     chan error
+	kubeconfigPath string
+	dataDir        string
+	cacheDir       string
+	port           int
+	cmd            *exec.Cmd
+	log            *bytes.Buffer
+	logMu          *sync.Mutex
+	done           chan error
 }
 
 type lockedWriter struct {
@@ -100,7 +101,13 @@ func startServer(dataDir string, extraArgs ...string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{dataDir: dataDir, cacheDir: filepath.Join(dataDir, "kubectl-cache"), port: port,
+	return startServerOn(dataDir, port, "", extraArgs...)
+}
+
+// startServerOn starts the server on port; kubeconfig, when given, is the
+// one clients use instead of the server's <dataDir>/admin.kubeconfig.
+func startServerOn(dataDir string, port int, kubeconfig string, extraArgs ...string) (*server, error) {
+	s := &server{dataDir: dataDir, cacheDir: filepath.Join(dataDir, "kubectl-cache"), port: port, kubeconfigPath: kubeconfig,
 		log: &bytes.Buffer{}, logMu: &sync.Mutex{}, done: make(chan error, 1)}
 	s.cmd = exec.Command(waggleBin, "apiserver", "--data-dir", dataDir, "--secure-port", strconv.Itoa(port),
 		"--bind-address", "127.0.0.1", "--log-level", "info")
@@ -119,7 +126,12 @@ func startServer(dataDir string, extraArgs ...string) (*server, error) {
 	return s, nil
 }
 
-func (s *server) kubeconfig() string { return filepath.Join(s.dataDir, "admin.kubeconfig") }
+func (s *server) kubeconfig() string {
+	if s.kubeconfigPath != "" {
+		return s.kubeconfigPath
+	}
+	return filepath.Join(s.dataDir, "admin.kubeconfig")
+}
 
 func (s *server) logs() string {
 	s.logMu.Lock()
