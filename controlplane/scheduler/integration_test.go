@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
+	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
@@ -276,4 +278,52 @@ func TestRealAPIServerFillsNodesWithoutOverbooking(t *testing.T) {
 	if !apierrors.IsConflict(err) {
 		t.Fatalf("second binding: %v, want Conflict", err)
 	}
+}
+
+func TestRealAPIServerSchedulerFailover(t *testing.T) {
+	testutil.Privileged(t)
+	rc, dir, _ := apiservertest.StartTestServer(t)
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := realCluster{cs: cs}
+	cfg := func(id string) Config {
+		return Config{
+			Kubeconfig: filepath.Join(dir, "admin.kubeconfig"), HealthAddr: "0", LogLevel: "error",
+			PodInitialBackoff: 100 * time.Millisecond, PodMaxBackoff: time.Second,
+			LeaderElection: leaderelect.Config{Enabled: true, LeaseName: "kube-scheduler", LeaseNamespace: "kube-system", Identity: id,
+				LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond},
+		}
+	}
+	start := func(id string) (context.CancelFunc, chan error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Run(ctx, cfg(id)) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return cancel, done
+	}
+	holder := func() string {
+		l, err := cs.CoordinationV1().Leases("kube-system").Get(context.Background(), "kube-scheduler", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+
+	c.create(t, newNode("n1"))
+	cancelA, doneA := start("sched-a")
+	eventually(t, "sched-a leads", func() bool { return holder() == "sched-a" })
+	_, _ = start("sched-b")
+	c.create(t, newPod("before"))
+	eventually(t, "pod scheduled by the leader", func() bool { return c.get(t, "before").Spec.NodeName == "n1" })
+
+	cancelA()
+	if err := <-doneA; err != nil {
+		t.Fatalf("sched-a's Run = %v", err)
+	}
+	doneA <- nil // for the cleanup
+	c.create(t, newPod("after"))
+	eventually(t, "sched-b leads", func() bool { return holder() == "sched-b" })
+	eventually(t, "pod scheduled by the new leader", func() bool { return c.get(t, "after").Spec.NodeName == "n1" })
 }
