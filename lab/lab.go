@@ -13,11 +13,16 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"regexp"
 	"time"
 )
 
 // Config describes a lab.
 type Config struct {
+	// Name prefixes the lab's nodes (<name>-node1, ...) and names its cgroup
+	// (waggle-<name>), so two labs with different names and subnets can
+	// coexist (the end-to-end tests run one beside a user's).
+	Name string
 	// Nodes is the number of worker nodes.
 	Nodes int
 	// DataDir holds the state file, logs, the control plane's data and each
@@ -37,9 +42,6 @@ type Config struct {
 	ClusterCIDR netip.Prefix
 	// ServiceCIDR is the Service ClusterIP range.
 	ServiceCIDR netip.Prefix
-	// CgroupParent is the cgroup v2 directory, relative to the cgroup2 mount,
-	// under which each node gets its subtree.
-	CgroupParent string
 	// ProxyMode is passed to every node's proxy (auto, ebpf, iptables).
 	ProxyMode string
 	// ImageDir holds OCI image archives every node imports at start.
@@ -59,7 +61,7 @@ func Defaults() Config {
 		Subnet:                 netip.MustParsePrefix("10.250.0.0/24"),
 		ClusterCIDR:            netip.MustParsePrefix("10.244.0.0/16"),
 		ServiceCIDR:            netip.MustParsePrefix("10.96.0.0/12"),
-		CgroupParent:           "waggle-lab",
+		Name:                   "lab",
 		ProxyMode:              "auto",
 		ReadyTimeout:           3 * time.Minute,
 		NodeMonitorGracePeriod: 40 * time.Second,
@@ -77,8 +79,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("bridge name %q: want 1 to 15 characters", c.Bridge)
 	case c.DataDir == "" || !filepath.IsAbs(c.DataDir):
 		return fmt.Errorf("data dir %q: want an absolute path", c.DataDir)
-	case c.CgroupParent == "" || filepath.IsAbs(c.CgroupParent) || filepath.Clean(c.CgroupParent) != c.CgroupParent:
-		return fmt.Errorf("cgroup parent %q: want a clean relative path", c.CgroupParent)
+	case !labName.MatchString(c.Name):
+		return fmt.Errorf("lab name %q: want 1 to 8 lower-case letters and digits", c.Name)
 	}
 	return nil
 }
@@ -89,8 +91,14 @@ func (c *Config) BridgeAddr() netip.Prefix {
 	return netip.PrefixFrom(c.Subnet.Masked().Addr().Next(), c.Subnet.Bits())
 }
 
+var labName = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
+
 // NodeName is the name of node i (1-based).
-func NodeName(i int) string { return fmt.Sprintf("lab-node%d", i) }
+func (c *Config) NodeName(i int) string { return fmt.Sprintf("%s-node%d", c.Name, i) }
+
+// CgroupParent is the lab's cgroup directory relative to the cgroup2 mount;
+// each node's subtree is below it.
+func (c *Config) CgroupParent() string { return "waggle-" + c.Name }
 
 // NodeAddr is node i's address on the lab network.
 func (c *Config) NodeAddr(i int) netip.Prefix {

@@ -52,7 +52,7 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	st.CgroupDir = filepath.Join(cg2, cfg.CgroupParent)
+	st.CgroupDir = filepath.Join(cg2, cfg.CgroupParent())
 	if err := os.MkdirAll(st.CgroupDir, 0o755); err != nil {
 		return fmt.Errorf("lab cgroup: %w", err)
 	}
@@ -71,9 +71,9 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 	}
 
 	for i := 1; i <= cfg.Nodes; i++ {
-		step.next("node %s at %s", NodeName(i), cfg.NodeAddr(i).Addr())
+		step.next("node %s at %s", cfg.NodeName(i), cfg.NodeAddr(i).Addr())
 		if err := addNode(ctx, &cfg, st, i); err != nil {
-			return fmt.Errorf("node %s: %w", NodeName(i), err)
+			return fmt.Errorf("node %s: %w", cfg.NodeName(i), err)
 		}
 	}
 
@@ -177,6 +177,54 @@ func Status(ctx context.Context, dataDir string, out io.Writer) error {
 	return nil
 }
 
+// Stop stops one process of the lab (a node's "kubelet" or "proxy", or
+// node "" for "control-plane" and "containerd"), as a node failure would.
+// The lab keeps its record, so Restart can start it again.
+func Stop(dataDir, node, name string) error {
+	st, err := LoadState(dataDir)
+	if err != nil {
+		return err
+	}
+	i, err := st.process(node, name)
+	if err != nil {
+		return err
+	}
+	return stopProcess(st.Processes[i], 15*time.Second)
+}
+
+// Restart stops one process of the lab (if it runs) and starts it again
+// with the same arguments, as an upgrade or a crash-and-restart would.
+func Restart(dataDir, node, name string) error {
+	st, err := LoadState(dataDir)
+	if err != nil {
+		return err
+	}
+	i, err := st.process(node, name)
+	if err != nil {
+		return err
+	}
+	old := st.Processes[i]
+	if err := stopProcess(old, 15*time.Second); err != nil {
+		return err
+	}
+	cfg := &Config{DataDir: dataDir}
+	p, err := startProcess(cfg, old.Name, old.Node, old.NetNS, old.Args)
+	if err != nil {
+		return err
+	}
+	st.Processes[i] = p
+	return st.save(dataDir)
+}
+
+func (s *State) process(node, name string) (int, error) {
+	for i, p := range s.Processes {
+		if p.Node == node && p.Name == name {
+			return i, nil
+		}
+	}
+	return -1, fmt.Errorf("the lab has no process %q on node %q", name, node)
+}
+
 type progress struct {
 	out   io.Writer
 	n, of int
@@ -211,12 +259,12 @@ func ensureBridge(name string, addr netip.Prefix) error {
 }
 
 func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
-	name := NodeName(i)
+	name := cfg.NodeName(i)
 	ns := "waggle-" + name
 	n := NodeState{
 		Name:      name,
 		NetNS:     ns,
-		HostVeth:  fmt.Sprintf("wl-%s", strings.TrimPrefix(name, "lab-")),
+		HostVeth:  fmt.Sprintf("wl%s%d", cfg.Name, i),
 		Addr:      cfg.NodeAddr(i).Addr().String(),
 		CgroupDir: filepath.Join(st.CgroupDir, name),
 		PinDir:    filepath.Join(bpffsRoot, name),
@@ -336,7 +384,7 @@ func startProcess(cfg *Config, name, node, netns string, args []string) (Process
 	if err := cmd.Process.Release(); err != nil {
 		return Process{}, err
 	}
-	return Process{Name: name, Node: node, PID: cmd.Process.Pid, StartTime: st, Log: logPath}, nil
+	return Process{Name: name, Node: node, PID: cmd.Process.Pid, StartTime: st, Log: logPath, NetNS: netns, Args: args}, nil
 }
 
 // procStartTime reads field 22 of /proc/PID/stat.

@@ -18,3 +18,9 @@ func Down(context.Context, string, io.Writer) error { return errLinuxOnly }
 
 // Status is Linux-only.
 func Status(context.Context, string, io.Writer) error { return errLinuxOnly }
+
+// Stop is Linux-only.
+func Stop(string, string, string) error { return errLinuxOnly }
+
+// Restart is Linux-only.
+func Restart(string, string, string) error { return errLinuxOnly }

@@ -37,6 +37,9 @@ type Process struct {
 	PID       int    `json:"pid"`
 	StartTime uint64 `json:"startTime"`
 	Log       string `json:"log"`
+	// NetNS and Args are how it was started, so it can be restarted.
+	NetNS string   `json:"netns,omitempty"`
+	Args  []string `json:"args"`
 }
 
 func statePath(dataDir string) string { return filepath.Join(dataDir, "lab.json") }

@@ -14,7 +14,7 @@ import (
 
 func runLab(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: waggle lab up|status|down [flags]")
+		return errors.New("usage: waggle lab up|status|stop|restart|down [flags]")
 	}
 	cfg := lab.Defaults()
 	fs := cliflag.NewFlagSet("lab "+args[0], "Run a multi-node Waggle lab on this machine: a control plane and N nodes in network namespaces.")
@@ -22,6 +22,7 @@ func runLab(ctx context.Context, args []string) error {
 	switch args[0] {
 	case "up":
 		fs.IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "number of nodes")
+		fs.StringVar(&cfg.Name, "name", cfg.Name, "lab name: prefixes node names and the lab's cgroup")
 		fs.StringVar(&cfg.Bridge, "bridge", cfg.Bridge, "name of the lab bridge")
 		subnet := fs.String("subnet", cfg.Subnet.String(), "lab network (IPv4)")
 		fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "proxy mode of every node: auto, ebpf or iptables")
@@ -49,11 +50,21 @@ func runLab(ctx context.Context, args []string) error {
 			return err
 		}
 		return lab.Status(ctx, cfg.DataDir, os.Stdout)
+	case "stop", "restart":
+		node := fs.String("node", "", "the node (empty: the control plane's processes)")
+		component := fs.String("component", "proxy", "kubelet, proxy, control-plane or containerd")
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
+			return err
+		}
+		if args[0] == "stop" {
+			return lab.Stop(cfg.DataDir, *node, *component)
+		}
+		return lab.Restart(cfg.DataDir, *node, *component)
 	case "down":
 		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return err
 		}
 		return lab.Down(context.WithoutCancel(ctx), cfg.DataDir, os.Stdout)
 	}
-	return fmt.Errorf("unknown lab command %q: want up, status or down", args[0])
+	return fmt.Errorf("unknown lab command %q: want up, status, stop, restart or down", args[0])
 }

@@ -36,7 +36,7 @@ func commands() []command {
 		{"proxy", "run the service proxy (eBPF, iptables or IPVS)", runProxy},
 		{"bpf", "inspect the eBPF dataplane's pinned maps and programs", runBPF},
 		{"images", "manage the node's container images (import)", runImages},
-		{"lab", "run a multi-node lab on this machine (up, status, down)", runLab},
+		{"lab", "run a multi-node lab on this machine (up, status, stop, restart, down)", runLab},
 		{"bench", "run Waggle's benchmarks (dataplane, apiserver, ...)", runBench},
 		{"version", "print the version", runVersion},
 	}

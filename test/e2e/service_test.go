@@ -1,0 +1,274 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/waggle-io/waggle/lab"
+)
+
+// echoApp is a Deployment of the echo image behind a ClusterIP Service (TCP
+// and UDP) and a NodePort Service. The preStop pause lets the proxies drop a
+// terminating pod before it stops serving; the short tolerations let a dead
+// node's pods move quickly.
+const echoApp = `
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo, namespace: default}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: echo}}
+  strategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      terminationGracePeriodSeconds: 10
+      tolerations:
+      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
+      - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
+      containers:
+      - name: echo
+        image: ` + echoImage + `
+        imagePullPolicy: Never
+        env:
+        - name: POD_NAME
+          valueFrom: {fieldRef: {fieldPath: metadata.name}}
+        ports:
+        - {name: http, containerPort: 8080}
+        - {name: tcp, containerPort: 7000}
+        - {name: udp, containerPort: 7001, protocol: UDP}
+        readinessProbe:
+          tcpSocket: {port: 7000}
+          periodSeconds: 1
+        lifecycle:
+          preStop:
+            exec: {command: ["/waggle-echo", "sleep", "3"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: default}
+spec:
+  selector: {app: echo}
+  ports:
+  - {name: tcp, port: 80, targetPort: tcp}
+  - {name: udp, port: 53, targetPort: udp, protocol: UDP}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-np, namespace: default}
+spec:
+  type: NodePort
+  selector: {app: echo}
+  ports:
+  - {name: tcp, port: 80, targetPort: tcp, nodePort: 30080}
+`
+
+// clientPod is a pod pinned to node whose echo binary dials Services.
+func clientPod(node string) string {
+	return fmt.Sprintf(`
+apiVersion: v1
+kind: Pod
+metadata: {name: client-%[1]s, namespace: default, labels: {app: client}}
+spec:
+  nodeName: %[1]s
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: client
+    image: %[2]s
+    imagePullPolicy: Never
+`, node, echoImage)
+}
+
+// TestLab brings a two-node lab up once and checks, in order, what a user of
+// a Deployment behind a Service relies on; the lab's teardown then checks
+// that nothing is left behind.
+func TestLab(t *testing.T) {
+	e := startLab(t)
+	nodes := []string{e.cfg.NodeName(1), e.cfg.NodeName(2)}
+
+	t.Run("NodesAreReadyWithPodCIDRs", func(t *testing.T) {
+		out := e.kubectl(t, "get", "nodes", "-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.podCIDR} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}")
+		for _, n := range nodes {
+			if !strings.Contains(out, n+" 10.244.") {
+				t.Errorf("node %s has no podCIDR: %q", n, out)
+			}
+		}
+		if strings.Count(out, " True") != len(nodes) {
+			t.Errorf("want %d Ready nodes:\n%s", len(nodes), out)
+		}
+	})
+
+	e.apply(t, echoApp)
+	for _, n := range nodes {
+		e.apply(t, clientPod(n))
+	}
+	e.kubectl(t, "rollout", "status", "deployment/echo", "--timeout=3m")
+	e.kubectl(t, "wait", "--for=condition=Ready", "pod", "-l", "app=client", "--timeout=3m")
+	vip := strings.TrimSpace(e.kubectl(t, "get", "service", "echo", "-o", "jsonpath={.spec.clusterIP}"))
+
+	t.Run("ClusterIPFromPodsOnEveryNodeTCPAndUDP", func(t *testing.T) {
+		for _, n := range nodes {
+			for _, proto := range []struct{ name, port string }{{"tcp", "80"}, {"udp", "53"}} {
+				out := e.kubectl(t, "exec", "client-"+n, "--", "/waggle-echo", "dial", "-n", "30", proto.name, vip+":"+proto.port)
+				backends := answering(out)
+				if len(backends) < 2 {
+					t.Errorf("from %s over %s: %d distinct backends answered, want the load spread over 3:\n%s", n, proto.name, len(backends), out)
+				}
+			}
+		}
+	})
+
+	t.Run("NodePortFromANode", func(t *testing.T) {
+		for i, n := range nodes {
+			addr := fmt.Sprintf("%s:30080", e.cfg.NodeAddr(i+1).Addr())
+			out, err := e.nodeExec(n, e.echoBin(), "dial", "-n", "10", "tcp", addr)
+			if err != nil {
+				t.Fatalf("dial NodePort %s from node %s: %v\n%s", addr, n, err, out)
+			}
+			if len(answering(out)) == 0 {
+				t.Errorf("no backend answered on %s: %s", addr, out)
+			}
+		}
+	})
+
+	t.Run("ScalingChangesTheBackends", func(t *testing.T) {
+		for _, replicas := range []int{5, 1, 3} {
+			e.kubectl(t, "scale", "deployment/echo", fmt.Sprintf("--replicas=%d", replicas))
+			took := eventually(t, 2*time.Minute, fmt.Sprintf("%d backends answer", replicas), func() error {
+				want := readyPods(t, e)
+				if len(want) != replicas {
+					return fmt.Errorf("%d ready pods", len(want))
+				}
+				out, err := e.kubectlErr("exec", "client-"+nodes[0], "--", "/waggle-echo", "dial", "-n", "40", "tcp", vip+":80")
+				if err != nil {
+					return fmt.Errorf("%v: %s", err, out)
+				}
+				if got := answering(out); strings.Join(got, ",") != strings.Join(want, ",") {
+					return fmt.Errorf("answered by %v, ready pods %v", got, want)
+				}
+				return nil
+			})
+			t.Logf("scaled to %d: the backends followed in %v (including pod start)", replicas, took.Round(time.Millisecond))
+		}
+	})
+
+	t.Run("RollingUpdateWithoutAFailedRequest", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		loop := exec.CommandContext(ctx, "kubectl", "--kubeconfig", e.kubeconfig, "exec", "client-"+nodes[0], "--",
+			"/waggle-echo", "dial", "-q", "-for", "45s", "-every", "50ms", "tcp", vip+":80")
+		var out strings.Builder
+		loop.Stdout, loop.Stderr = &out, &out
+		if err := loop.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Second)
+		e.kubectl(t, "rollout", "restart", "deployment/echo")
+		e.kubectl(t, "rollout", "status", "deployment/echo", "--timeout=2m")
+		if err := loop.Wait(); err != nil {
+			t.Fatalf("requests failed during the rolling update: %v\n%s", err, out.String())
+		}
+		t.Logf("client loop: %s", strings.TrimSpace(out.String()))
+	})
+
+	t.Run("ProxyRestartKeepsALongLivedConnection", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		hold := exec.CommandContext(ctx, "kubectl", "--kubeconfig", e.kubeconfig, "exec", "client-"+nodes[0], "--",
+			"/waggle-echo", "dial", "-hold", "12s", "tcp", vip+":80")
+		var out strings.Builder
+		hold.Stdout, hold.Stderr = &out, &out
+		if err := hold.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Second)
+		if err := lab.Restart(e.dataDir, nodes[0], "proxy"); err != nil {
+			t.Fatal(err)
+		}
+		// New connects work while and after the proxy restarts.
+		if o, err := e.kubectlErr("exec", "client-"+nodes[0], "--", "/waggle-echo", "dial", "-n", "20", "-every", "100ms", "tcp", vip+":80"); err != nil {
+			t.Errorf("new connections across the proxy restart: %v\n%s", err, o)
+		}
+		if err := hold.Wait(); err != nil {
+			t.Fatalf("the long-lived connection broke across the proxy restart: %v\n%s", err, out.String())
+		}
+	})
+
+	t.Run("DeadKubeletsPodsMoveAndTheServiceKeepsAnswering", func(t *testing.T) {
+		dead := nodes[1]
+		if err := lab.Stop(e.dataDir, dead, "kubelet"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := lab.Restart(e.dataDir, dead, "kubelet"); err != nil {
+				t.Errorf("restart kubelet: %v", err)
+			}
+		})
+		eventually(t, time.Minute, dead+" NotReady", func() error {
+			st := strings.TrimSpace(e.kubectl(t, "get", "node", dead, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"))
+			if st == "True" {
+				return fmt.Errorf("Ready=%s", st)
+			}
+			return nil
+		})
+		eventually(t, 2*time.Minute, "3 ready echo pods, none on "+dead, func() error {
+			out := e.kubectl(t, "get", "pods", "-l", "app=echo", "-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.metadata.deletionTimestamp} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}")
+			ready := 0
+			for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+				f := strings.Fields(l)
+				if len(f) == 3 && f[2] == "True" && f[1] != dead {
+					ready++
+				}
+			}
+			if ready != 3 {
+				return fmt.Errorf("%d ready pods off %s:\n%s", ready, dead, out)
+			}
+			return nil
+		})
+		out := e.kubectl(t, "exec", "client-"+nodes[0], "--", "/waggle-echo", "dial", "-n", "20", "tcp", vip+":80")
+		if len(answering(out)) == 0 {
+			t.Errorf("the Service stopped answering: %s", out)
+		}
+	})
+}
+
+// echoBin is the waggle-echo binary built for the image, used as a client
+// from a node.
+func (e *env) echoBin() string { return strings.TrimSuffix(e.bin, "waggle") + "waggle-echo" }
+
+// answering returns the sorted distinct pod names in dial output lines
+// ("pod=NAME client=ADDR").
+func answering(out string) []string {
+	set := map[string]bool{}
+	for _, l := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "pod="); ok {
+			set[strings.Fields(rest)[0]] = true
+		}
+	}
+	names := make([]string, 0, len(set))
+	for n := range set {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// readyPods returns the sorted names of the echo pods that are Ready and not
+// terminating.
+func readyPods(t *testing.T, e *env) []string {
+	out := e.kubectl(t, "get", "pods", "-l", "app=echo", "-o", "jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}")
+	var names []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 2 && f[1] == "True" {
+			names = append(names, f[0])
+		}
+	}
+	sort.Strings(names)
+	return names
+}
