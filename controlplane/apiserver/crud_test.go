@@ -216,3 +216,40 @@ func TestConsistentListOfAQuietResourceAfterOtherWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeWatchSeesPodsWhenBound is the kubelet's view: a watch on
+// spec.nodeName=<node> gets a pod as ADDED when it is bound to the node and
+// as DELETED when it is finally removed.
+func TestNodeWatchSeesPodsWhenBound(t *testing.T) {
+	cs, _ := newClient(t)
+	ctx := context.Background()
+	pods := cs.CoreV1().Pods("default")
+	w, err := cs.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=node-k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if _, err := pods.Create(ctx, pod("kp", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pods.Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: "kp"}, Target: corev1.ObjectReference{Name: "node-k"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := []watch.EventType{watch.Added, watch.Modified, watch.Deleted}
+	go func() {
+		// Graceful deletion marks the pod (MODIFIED), the kubelet's grace 0
+		// delete removes it (DELETED).
+		pods.Delete(ctx, "kp", metav1.DeleteOptions{})
+		pods.Delete(ctx, "kp", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})
+	}()
+	for i, typ := range want {
+		select {
+		case e := <-w.ResultChan():
+			if e.Type != typ || e.Object.(*corev1.Pod).Name != "kp" {
+				t.Fatalf("event %d: %s, want %s", i, e.Type, typ)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no event %d (%s)", i, typ)
+		}
+	}
+}
