@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,6 +68,23 @@ func fastLease(identity string) leaderelect.Config {
 type manager struct {
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
+	err    error
+	cut    *cutTransport
+}
+
+// cutTransport fails every request while cut: a partitioned or paused
+// process, whose lease renewals and writes no longer reach the API server.
+type cutTransport struct {
+	rt  http.RoundTripper
+	cut atomic.Bool
+}
+
+func (c *cutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.cut.Load() {
+		return nil, errors.New("test: network cut")
+	}
+	return c.rt.RoundTrip(r)
 }
 
 // startManager runs a controller-manager against the cluster until the test
@@ -73,7 +92,10 @@ type manager struct {
 func (c *cluster) startManager(identity string, mod func(*Config)) *manager {
 	c.t.Helper()
 	cfg := DefaultConfig()
-	cfg.RestConfig = c.rc
+	cut := &cutTransport{}
+	rc := rest.CopyConfig(c.rc)
+	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { cut.rt = rt; return cut }
+	cfg.RestConfig = rc
 	cfg.Port = 0
 	cfg.LeaderElection = fastLease(identity)
 	cfg.Log = testLogger(c.t, identity)
@@ -81,18 +103,23 @@ func (c *cluster) startManager(identity string, mod func(*Config)) *manager {
 		mod(&cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &manager{cancel: cancel, done: make(chan error, 1)}
+	m := &manager{cancel: cancel, done: make(chan error, 1), cut: cut}
 	go func() { m.done <- Run(ctx, cfg) }()
-	c.t.Cleanup(m.stop)
+	c.t.Cleanup(func() { _ = m.stop() })
 	return m
 }
 
-func (m *manager) stop() {
-	m.cancel()
-	select {
-	case <-m.done:
-	case <-time.After(20 * time.Second):
-	}
+// stop cancels the manager and returns what Run returned.
+func (m *manager) stop() error {
+	m.once.Do(func() {
+		m.cancel()
+		select {
+		case m.err = <-m.done:
+		case <-time.After(20 * time.Second):
+			m.err = errors.New("controller-manager did not stop within 20s")
+		}
+	})
+	return m.err
 }
 
 // run runs kubectl against the cluster and returns its combined output.

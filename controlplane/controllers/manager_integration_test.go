@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/waggle-io/waggle/internal/leaderelect"
 )
 
 func TestDeploymentRolloutUndoAndScaleThroughKubectl(t *testing.T) {
@@ -486,17 +489,50 @@ func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
 	c.startManager("cm-b", nil)
 	c.kubectlOK("create", "deployment", "one", "--image=x", "--replicas=1")
 	c.kubectlOK("rollout", "status", "deployment/one", "--timeout=60s")
+	rsA, err := c.cs.AppsV1().ReplicaSets("default").List(ctx, metav1.ListOptions{ResourceVersion: "0", LabelSelector: "app=one"})
+	if err != nil || len(rsA.Items) != 1 {
+		t.Fatalf("replica sets: %v", err)
+	}
+	staleRV := rsA.Items[0].ResourceVersion
 	if h := holder(); h != "cm-a" {
 		t.Fatalf("holder changed to %q while cm-a was alive", h)
 	}
 
-	a.stop()
+	// Partition the leader: its renewals fail, so within the lease
+	// duration the other instance takes over, and the old leader stops
+	// its controllers once its renew deadline passes.
+	cutAt := time.Now()
+	a.cut.cut.Store(true)
 	eventually(t, 30*time.Second, func() error {
 		if h := holder(); h != "cm-b" {
 			return fmt.Errorf("holder %q", h)
 		}
 		return nil
 	})
+	t.Logf("handover %v after the leader was cut off (lease duration %v)", time.Since(cutAt).Round(100*time.Millisecond), fastLease("").LeaseDuration)
+	select {
+	case err := <-a.done:
+		if !errors.Is(err, leaderelect.ErrLeadershipLost) {
+			t.Fatalf("the cut-off leader returned %v, want ErrLeadershipLost", err)
+		}
+		a.done <- err
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cut-off leader kept running")
+	}
 	c.kubectlOK("scale", "deployment/one", "--replicas=3")
 	c.kubectlOK("rollout", "status", "deployment/one", "--timeout=60s")
+
+	// A write based on what the old leader last saw fails on its
+	// resourceVersion instead of overwriting the new leader's work.
+	rs, err := c.cs.AppsV1().ReplicaSets("default").List(ctx, metav1.ListOptions{ResourceVersion: "0", LabelSelector: "app=one"})
+	if err != nil || len(rs.Items) != 1 {
+		t.Fatalf("replica sets: %v", err)
+	}
+	stale := rs.Items[0].DeepCopy()
+	stale.ResourceVersion = staleRV
+	one := int32(1)
+	stale.Spec.Replicas = &one
+	if _, err := c.cs.AppsV1().ReplicaSets("default").Update(ctx, stale, metav1.UpdateOptions{}); !apierrors.IsConflict(err) {
+		t.Fatalf("stale write: got %v, want a conflict", err)
+	}
 }
