@@ -66,6 +66,9 @@ func progAttach(o *sockLBObjects) []struct {
 // maps, so that a restarted proxy continues where the last one stopped
 // without a moment of unbalanced connects.
 func New(cfg Config) (b *Backend, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("ebpf backend config: %w", err)
+	}
 	cfg = cfg.withDefaults()
 	if cfg.CgroupPath == "" {
 		root, err := cgroup2Root()

@@ -5,6 +5,7 @@ package ebpf
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/waggle-io/waggle/dataplane"
 )
@@ -45,4 +46,7 @@ func (v *View) ReverseSockets() ([]ReverseSocketEntry, error)       { return nil
 func (v *View) Counters() (map[Stat]uint64, error)                  { return nil, errOS }
 func (v *View) Maps() ([]MapInfo, error)                            { return nil, errOS }
 func (v *View) RawEntries(name string) (k, val [][]byte, err error) { return nil, nil, errOS }
-func (v *View) Programs() ([]ProgramInfo, error)                    { return nil, errOS }
+func (v *View) Explain(k dataplane.FrontendKey, netnsCookie uint64, now time.Duration) (Explanation, error) {
+	return Explanation{}, errOS
+}
+func (v *View) Programs() ([]ProgramInfo, error) { return nil, errOS }

@@ -15,7 +15,9 @@ package ebpf
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -77,6 +79,24 @@ type Config struct {
 	Log *slog.Logger
 	// Metrics, when set, gets the backend's metrics registered.
 	Metrics prometheus.Registerer
+}
+
+// validate refuses configurations that would write outside the pin root or
+// make maps the kernel cannot.
+func (c Config) validate() error {
+	if strings.ContainsAny(c.NodeName, "/\x00") || c.NodeName == "." || c.NodeName == ".." {
+		return fmt.Errorf("node name %q cannot name a pin directory", c.NodeName)
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"MaxServices", c.MaxServices}, {"MaxBackends", c.MaxBackends}, {"MaxAffinity", c.MaxAffinity},
+		{"MaxReverseSockets", c.MaxReverseSockets}} {
+		if n.v < 0 || n.v > 1<<24 {
+			return fmt.Errorf("%s = %d: want 0 (default) to %d", n.name, n.v, 1<<24)
+		}
+	}
+	return nil
 }
 
 // withDefaults fills the zero fields of c.

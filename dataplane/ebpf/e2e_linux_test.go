@@ -19,6 +19,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/dataplane"
 	wtestutil "github.com/waggle-io/waggle/internal/testutil"
@@ -217,6 +218,12 @@ func TestAffinitySticksAndExpires(t *testing.T) {
 	aff, err := e.b.View().Affinity()
 	if err != nil || len(aff) != 1 {
 		t.Fatalf("affinity entries %v, %v; want one", aff, err)
+	}
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	ex, err := e.b.View().Explain(f.FrontendKey, aff[0].NetnsCookie, time.Duration(ts.Nano()))
+	if err != nil || ex.Verdict != "affinity" || len(ex.Candidates) != 1 || ex.Candidates[0].Backend.String() != first {
+		t.Errorf("explain under affinity: %+v, %v; want affinity to %s", ex, err, first)
 	}
 	// After the timeout a new choice is made: with 4 backends a different
 	// one shows up within a few expiries (false failure chance 4^-10).
@@ -605,6 +612,21 @@ func TestRealMapsMatchTheGoldenDump(t *testing.T) {
 	if web.Address != "10.96.0.10:80/TCP" || web.Name != "default/web:http" || web.AffinityTimeout != 3*time.Hour ||
 		len(web.Slots) != 3 || web.Slots[0].Backend != ap("10.244.1.5:8080") {
 		t.Errorf("view of web: %+v", web)
+	}
+	for _, c := range []struct {
+		k       dataplane.FrontendKey
+		verdict string
+		n       int
+	}{
+		{dataplane.FrontendKey{Addr: ap("10.96.0.10:80").Addr(), Port: 80, Protocol: dataplane.TCP}, "random", 3},
+		{dataplane.FrontendKey{Addr: ap("10.96.0.10:80").Addr(), Port: 53, Protocol: dataplane.UDP}, "per-socket", 2},
+		{dataplane.FrontendKey{Addr: ap("10.96.0.11:80").Addr(), Port: 80, Protocol: dataplane.TCP}, "refused", 0},
+		{dataplane.FrontendKey{Addr: ap("10.96.0.12:80").Addr(), Port: 80, Protocol: dataplane.TCP}, "passthrough", 0},
+	} {
+		ex, err := v.Explain(c.k, 0, 0)
+		if err != nil || ex.Verdict != c.verdict || len(ex.Candidates) != c.n {
+			t.Errorf("explain %s: %+v, %v; want %s over %d", c.k, ex, err, c.verdict, c.n)
+		}
 	}
 	progs, err := v.Programs()
 	if err != nil || len(progs) != 10 {

@@ -126,19 +126,19 @@ func frontendOf(k sockLBLbServiceKey) dataplane.FrontendKey {
 type backendKey struct {
 	addr  netip.Addr
 	port  uint16
-	proto dataplane.Protocol
+	proto uint8 // IPPROTO_*
 }
 
 func (b backendKey) String() string {
-	return netip.AddrPortFrom(b.addr, b.port).String() + "/" + string(b.proto)
+	return netip.AddrPortFrom(b.addr, b.port).String() + "/" + string(protoName(b.proto))
 }
 
 func backendValue(b backendKey) sockLBLbBackend {
-	return sockLBLbBackend{Addr: addr16(b.addr), Port: toNet16(b.port), Proto: protoNum(b.proto)}
+	return sockLBLbBackend{Addr: addr16(b.addr), Port: toNet16(b.port), Proto: b.proto}
 }
 
 func backendKeyOf(v sockLBLbBackend) backendKey {
-	return backendKey{addr: addrFrom16(v.Addr), port: fromNet16(v.Port), proto: protoName(v.Proto)}
+	return backendKey{addr: addrFrom16(v.Addr), port: fromNet16(v.Port), proto: v.Proto}
 }
 
 func revNatValue(k dataplane.FrontendKey) sockLBLbRevNat {

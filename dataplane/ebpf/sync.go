@@ -199,6 +199,7 @@ type want struct {
 	kind     dataplane.FrontendKind
 	name     string
 	svc      dataplane.ServicePortName
+	ids      []uint32 // backend IDs, set at admission
 }
 
 func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
@@ -223,9 +224,10 @@ func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 	if flags, timeout := frontendFlags(f); flags != p.flags || timeout != p.timeout {
 		return false
 	}
+	proto := protoNum(f.Protocol)
 	for i := range f.Endpoints {
 		e, k := &f.Endpoints[i], &p.keys[i]
-		if k.port != e.Port || k.proto != f.Protocol || k.addr != e.Addr.Unmap() {
+		if k.port != e.Port || k.proto != proto || k.addr != e.Addr.Unmap() {
 			return false
 		}
 	}
@@ -252,7 +254,7 @@ func (r *reconciler) wantsOf(st *dataplane.State) []want {
 			seen = make(map[backendKey]bool, len(f.Endpoints))
 		}
 		for _, e := range f.Endpoints {
-			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: f.Protocol}
+			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: protoNum(f.Protocol)}
 			if seen != nil {
 				if seen[b] {
 					continue
@@ -353,8 +355,17 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	// ones are deleted).
 	used := r.entries()
 	nfronts := len(r.fronts)
-	newBe := map[backendKey]uint32{}
-	var newBeOrder []backendKey
+	if len(r.beIDs) == 0 && len(wants) > 0 { // a first sync: size the mirror once
+		hint := 0
+		for _, w := range wants {
+			hint += len(w.backends)
+		}
+		r.beIDs = make(map[backendKey]uint32, hint)
+		r.beByID = make(map[uint32]backendKey, hint)
+		r.refs = make(map[uint32]int, hint)
+	}
+	var newIDs []uint32
+	var newVals []sockLBLbBackend
 	accepted := make([]want, 0, len(wants))
 	for _, w := range wants {
 		p := r.fronts[w.key]
@@ -367,17 +378,16 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		} else {
 			growth++
 		}
-		var fresh []backendKey
-		for _, b := range w.backends {
-			if _, ok := r.beIDs[b]; ok {
-				continue
+		w.ids = make([]uint32, len(w.backends))
+		fresh := 0
+		for i, b := range w.backends {
+			if id, ok := r.beIDs[b]; ok {
+				w.ids[i] = id
+			} else {
+				fresh++
 			}
-			if _, ok := newBe[b]; ok {
-				continue
-			}
-			fresh = append(fresh, b)
 		}
-		if used+growth > r.maxServices || len(r.beIDs)+len(newBe)+len(fresh) > r.maxBackends ||
+		if used+growth > r.maxServices || len(r.beIDs)+fresh > r.maxBackends ||
 			(p == nil && nfronts+1 > r.maxServices) {
 			res.rejected = append(res.rejected, w.key)
 			continue
@@ -386,31 +396,29 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		if p == nil {
 			nfronts++
 		}
-		for _, b := range fresh {
-			newBe[b] = r.nextBe
-			newBeOrder = append(newBeOrder, b)
+		// New backends get their IDs now (the mirror is re-read from the
+		// maps if the write below fails).
+		for i, b := range w.backends {
+			if w.ids[i] != 0 {
+				continue
+			}
+			id := r.nextBe
 			r.nextBe++
+			r.beIDs[b], r.beByID[id], w.ids[i] = id, b, id
+			newIDs = append(newIDs, id)
+			newVals = append(newVals, backendValue(b))
 		}
 		accepted = append(accepted, w)
 	}
 
 	// 3. New backends, then rev_nat and names of new frontends.
-	if len(newBeOrder) > 0 {
-		ids := make([]uint32, len(newBeOrder))
-		vals := make([]sockLBLbBackend, len(newBeOrder))
-		for i, b := range newBeOrder {
-			ids[i], vals[i] = newBe[b], backendValue(b)
-		}
-		if err := r.t.backends.Put(ids, vals); err != nil {
+	if len(newIDs) > 0 {
+		if err := r.t.backends.Put(newIDs, newVals); err != nil {
 			return res, fmt.Errorf("write backends: %w", err)
 		}
-		for i, b := range newBeOrder {
-			r.beIDs[b], r.beByID[ids[i]] = ids[i], b
-		}
-		r.touched = append(r.touched, ids...) // unused until a slot names them
-		res.writes += len(ids)
+		r.touched = append(r.touched, newIDs...) // unused until a slot names them
+		res.writes += len(newIDs)
 	}
-	beID := func(b backendKey) uint32 { return r.beIDs[b] }
 
 	var revIDs, nameIDs []uint32
 	var revVals []sockLBLbRevNat
@@ -437,8 +445,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 			nameVals = append(nameVals, nameValue(w.kind, w.name))
 		}
 		p.slots = make([]uint32, len(w.backends))
-		for i, b := range w.backends {
-			id := beID(b)
+		for i, id := range w.ids {
 			p.slots[i] = id
 			r.refs[id]++
 			if old == nil || i >= len(old.slots) || old.slots[i] != id || old.id != p.id {

@@ -223,7 +223,7 @@ func TestLostBackendsAndAffinityEntriesAreCleanedUp(t *testing.T) {
 	if _, err := r.sync(sorted(web, dns)); err != nil {
 		t.Fatal(err)
 	}
-	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[backendKey{netip.MustParseAddr("10.244.0.1"), 80, dataplane.TCP}]
+	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[backendKey{netip.MustParseAddr("10.244.0.1"), 80, protoTCP}]
 	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 7, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1}
 	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 8, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1 + 1}
 	web.Endpoints = web.Endpoints[1:]
@@ -376,6 +376,36 @@ func BenchmarkSyncOneEndpointChangeAt10k(b *testing.B) {
 	for i := range b.N {
 		fr := &st.Frontends[(i*7919)%len(st.Frontends)]
 		fr.Endpoints = append(fr.Endpoints[1:], dataplane.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 199, byte(i >> 8), byte(i)}), Port: 8080})
+		if _, err := r.sync(st); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestBadConfigIsRefusedBeforeTouchingAnything(t *testing.T) {
+	for _, c := range []Config{
+		{NodeName: "../etc"},
+		{NodeName: "a/b"},
+		{NodeName: ".."},
+		{NodeName: "n", MaxServices: -1},
+		{NodeName: "n", MaxBackends: 1 << 30},
+	} {
+		if err := c.validate(); err == nil {
+			t.Errorf("config %+v accepted", c)
+		}
+	}
+	if err := (Config{NodeName: "node-1.example"}).validate(); err != nil {
+		t.Errorf("good config refused: %v", err)
+	}
+}
+
+// BenchmarkSyncFromScratch10kx10 times the reconciler's share of
+// programming 10,000 services × 10 backends into empty (fake) maps.
+func BenchmarkSyncFromScratch10kx10(b *testing.B) {
+	st := bigState(10000, 10)
+	for range b.N {
+		f := newFakeMaps(1<<20, 1<<20)
+		r := newReconciler(f.tables(), 1<<20, 1<<20)
 		if _, err := r.sync(st); err != nil {
 			b.Fatal(err)
 		}

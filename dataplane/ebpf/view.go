@@ -33,3 +33,19 @@ type ProgramInfo struct {
 	RunTime    time.Duration `json:"runTime"`
 	LinkPath   string        `json:"linkPath"`
 }
+
+// Explanation says what the connect hook would do for one frontend: the
+// programs' decision, replayed from the pinned maps (`waggle bpf explain`).
+type Explanation struct {
+	Frontend string `json:"frontend"`
+	// Verdict: "passthrough" (not a frontend: untranslated), "refused"
+	// (no backends: ECONNREFUSED), "affinity" (the client's sticky
+	// backend), "random" (TCP: any slot) or "per-socket" (UDP: the slot
+	// the socket cookie selects).
+	Verdict string `json:"verdict"`
+	// Service is the frontend's entry, when there is one.
+	Service *Service `json:"service,omitempty"`
+	// Candidates are the backends the verdict chooses among.
+	Candidates []Slot `json:"candidates,omitempty"`
+	Reason     string `json:"reason"`
+}

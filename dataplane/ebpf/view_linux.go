@@ -13,6 +13,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/waggle-io/waggle/dataplane"
 )
 
 // View reads a node's pinned dataplane state, read-only, without a running
@@ -113,7 +115,7 @@ func (v *View) Backends() ([]BackendEntry, error) {
 	var out []BackendEntry
 	err := iterate(v.maps[MapBackends], MapBackends, func(id uint32, b sockLBLbBackend) {
 		k := backendKeyOf(b)
-		out = append(out, BackendEntry{ID: id, Backend: netip.AddrPortFrom(k.addr, k.port), Protocol: k.proto})
+		out = append(out, BackendEntry{ID: id, Backend: netip.AddrPortFrom(k.addr, k.port), Protocol: protoName(k.proto)})
 	})
 	slices.SortFunc(out, func(a, b BackendEntry) int { return cmp.Compare(a.ID, b.ID) })
 	return out, err
@@ -355,4 +357,61 @@ func (b *Backend) View() *View {
 		MapServiceNames: o.WaggleSvcNames, MapReverseSockets: o.WaggleReverseSk, MapAffinity: o.WaggleAffinity,
 		MapMeta: o.WaggleMeta, MapStats: o.WaggleStats,
 	}}
+}
+
+// Explain replays the connect hook's decision for frontend k, for a client
+// in the network namespace with cookie netnsCookie (0: unknown, affinity is
+// then described, not applied), at CLOCK_MONOTONIC time now.
+func (v *View) Explain(k dataplane.FrontendKey, netnsCookie uint64, now time.Duration) (Explanation, error) {
+	ex := Explanation{Frontend: k.String()}
+	svcs, err := v.Services()
+	if err != nil {
+		return ex, err
+	}
+	var svc *Service
+	for i := range svcs {
+		if svcs[i].Frontend == k {
+			svc = &svcs[i]
+		}
+	}
+	if svc == nil {
+		ex.Verdict, ex.Reason = "passthrough", "no services-map entry for this address, port and protocol: the connect is not translated"
+		return ex, nil
+	}
+	ex.Service = svc
+	if svc.Count == 0 {
+		ex.Verdict, ex.Reason = "refused", "the service has no backends: connect() and sendto() fail with ECONNREFUSED"
+		return ex, nil
+	}
+	for _, s := range svc.Slots {
+		if s.Slot <= svc.Count {
+			ex.Candidates = append(ex.Candidates, s)
+		}
+	}
+	if svc.Flags&FlagAffinity != 0 && netnsCookie != 0 {
+		var a sockLBLbAffinity
+		key := sockLBLbAffinityKey{NetnsCookie: netnsCookie, RevNatId: svc.ID}
+		if err := v.maps[MapAffinity].Lookup(&key, &a); err == nil &&
+			now-time.Duration(a.LastUsedNs) <= svc.AffinityTimeout {
+			for _, s := range svc.Slots {
+				if s.BackendID == a.BackendId {
+					ex.Verdict, ex.Candidates = "affinity", []Slot{s}
+					ex.Reason = fmt.Sprintf("ClientIP affinity: this client's entry (last used %s ago) names backend %d",
+						(now - time.Duration(a.LastUsedNs)).Round(time.Millisecond), a.BackendId)
+					return ex, nil
+				}
+			}
+		}
+	}
+	if k.Protocol == dataplane.UDP {
+		ex.Verdict = "per-socket"
+		ex.Reason = fmt.Sprintf("UDP: slot 1..%d chosen from the socket cookie; one socket keeps one backend", svc.Count)
+	} else {
+		ex.Verdict = "random"
+		ex.Reason = fmt.Sprintf("TCP: slot 1..%d chosen at random per connect", svc.Count)
+	}
+	if svc.Flags&FlagAffinity != 0 {
+		ex.Reason += fmt.Sprintf("; with ClientIP affinity (%s) the choice then sticks for the client's network namespace", svc.AffinityTimeout)
+	}
+	return ex, nil
 }

@@ -44,8 +44,17 @@ func BenchmarkCommands10kServices(b *testing.B) {
 	if err := be.Sync(context.Background(), st); err != nil {
 		b.Fatal(err)
 	}
-	for _, cmd := range [][]string{{"status"}, {"lb", "list"}, {"lb", "get", "10.100.39.15:80"}, {"map", "dump", ebpf.MapServices, "--raw"}} {
-		b.Run(cmd[0]+"-"+cmd[len(cmd)-1], func(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		cmd  []string
+	}{
+		{"status", []string{"status"}},
+		{"lb-list", []string{"lb", "list"}},
+		{"lb-get", []string{"lb", "get", "10.100.39.15:80"}},
+		{"map-dump-raw", []string{"map", "dump", ebpf.MapServices, "--raw"}},
+	} {
+		cmd := c.cmd
+		b.Run(c.name, func(b *testing.B) {
 			cfg, err := ParseArgs(append(cmd, "--pin-dir", dir), io.Discard)
 			if err != nil {
 				b.Fatal(err)

@@ -225,11 +225,15 @@ func (d *RawDump) writeTable(w io.Writer) {
 }
 
 func hexLine(b []byte) string {
-	s := make([]string, len(b))
+	const digits = "0123456789abcdef"
+	out := make([]byte, 0, 3*len(b))
 	for i, c := range b {
-		s[i] = fmt.Sprintf("%02x", c)
+		if i > 0 {
+			out = append(out, ' ')
+		}
+		out = append(out, digits[c>>4], digits[c&0xf])
 	}
-	return strings.Join(s, " ")
+	return string(out)
 }
 
 func hexBlock(b []byte) string {
