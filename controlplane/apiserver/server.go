@@ -268,6 +268,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.bg.Add(1)
 	go func() { defer s.bg.Done(); s.repairLoop(bgCtx) }()
+	if len(cfg.EtcdServers) > 0 {
+		// The embedded etcd compacts itself; an external one is compacted
+		// by the API servers, as kube-apiserver does.
+		s.bg.Add(1)
+		go func() { defer s.bg.Done(); s.compactLoop(bgCtx, 5*time.Minute) }()
+	}
 
 	for _, k := range Kubeconfigs {
 		if !s.bundle.HasCAKey() {
@@ -310,6 +316,31 @@ func (s *Server) repairLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// compactLoop compacts etcd every interval to the revision seen one
+// interval earlier, so history covers at least one interval for watches to
+// resume in.
+func (s *Server) compactLoop(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var last int64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if last > 0 {
+			if err := s.store.Compact(ctx, last); err != nil && !errors.Is(err, storage.ErrCompacted) {
+				s.log.Warn("etcd compaction failed", "rev", last, "err", err)
+			}
+		}
+		rev, err := s.store.Revision(ctx)
+		if err == nil {
+			last = rev
 		}
 	}
 }
