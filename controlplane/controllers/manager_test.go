@@ -1,0 +1,99 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestControllersFlagSelectsAsKubeControllerManager(t *testing.T) {
+	tests := []struct {
+		name    string
+		list    []string
+		ctrl    string
+		offByDf bool
+		want    bool
+	}{
+		{"star enables all", []string{"*"}, "deployment", false, true},
+		{"star minus one", []string{"*", "-deployment"}, "deployment", false, false},
+		{"star minus another", []string{"*", "-deployment"}, "replicaset", false, true},
+		{"named only", []string{"replicaset"}, "deployment", false, false},
+		{"named", []string{"replicaset"}, "replicaset", false, true},
+		{"off by default needs naming", []string{"*"}, "x", true, false},
+		{"off by default named", []string{"*", "x"}, "x", true, true},
+		{"empty list enables nothing", nil, "deployment", false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Enabled(tc.list, tc.ctrl, tc.offByDf); got != tc.want {
+				t.Fatalf("Enabled(%v, %s) = %v, want %v", tc.list, tc.ctrl, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestKnownControllersIncludeTheWorkloadControllers(t *testing.T) {
+	known := strings.Join(KnownControllers(), ",")
+	for _, n := range []string{"replicaset", "deployment", "daemonset", "endpointslice", "garbagecollector"} {
+		if !strings.Contains(known, n) {
+			t.Errorf("%s missing from %s", n, known)
+		}
+	}
+}
+
+func TestRunRejectsBadConfigBeforeContactingAnything(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*Config)
+		want string
+	}{
+		{"unknown controller", func(c *Config) { c.Controllers = []string{"*", "-bogus"} }, `unknown controller "bogus"`},
+		{"bad bind address", func(c *Config) { c.BindAddress = "localhost:1" }, "--bind-address"},
+		{"port out of range", func(c *Config) { c.Port = 70000 }, "--port"},
+		{"slice size", func(c *Config) { c.MaxEndpointsPerSlice = 0 }, "--max-endpoints-per-slice"},
+		{"lease shorter than renew deadline", func(c *Config) { c.LeaderElection.LeaseDuration = time.Second }, "lease duration"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Kubeconfig = "/nonexistent/kubeconfig"
+			tc.mod(&cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := Run(ctx, cfg)
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want ErrInvalidConfig mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunReportsAnUnreadableKubeconfig(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Kubeconfig = "/nonexistent/kubeconfig"
+	cfg.Port = 0
+	err := Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/kubeconfig") {
+		t.Fatalf("got %v, want an error naming the kubeconfig", err)
+	}
+}
+
+func TestGCWatchesEveryDeletableResourceButEvents(t *testing.T) {
+	got := map[string]bool{}
+	for _, r := range gcResources() {
+		got[r.GVR.Resource] = true
+		if r.Kind == "" {
+			t.Fatalf("%v has no kind", r.GVR)
+		}
+	}
+	for _, want := range []string{"pods", "replicasets", "deployments", "daemonsets", "endpointslices", "services", "configmaps"} {
+		if !got[want] {
+			t.Errorf("%s not watched", want)
+		}
+	}
+	if got["events"] {
+		t.Error("events are watched")
+	}
+}
