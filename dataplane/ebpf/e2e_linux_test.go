@@ -241,45 +241,54 @@ func TestAffinitySticksAndExpires(t *testing.T) {
 }
 
 func TestRemovedBackendGetsNoNewConnectsAndItsUDPSocketsAreDestroyed(t *testing.T) {
-	e := newEnv(t)
-	bes := e.backends(4, 8080, false)
-	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...), frontend("10.96.0.10:53", dataplane.UDP, bes...)))
-	h := e.startHelper()
-	lines := h.do(t, "dial 10.96.0.10:53 40")
-	onRemoved := map[string]bool{}
-	for _, l := range lines {
-		var i int
-		var who string
-		if _, err := fmt.Sscanf(l, "ok %d %s", &i, &who); err != nil {
-			t.Fatalf("helper: %q", l)
-		}
-		if who == bes[0] {
-			onRemoved[fmt.Sprint(i)] = true
-		}
-	}
-	if len(onRemoved) == 0 {
-		t.Fatalf("no UDP socket of 40 reached %s: %v", bes[0], lines)
-	}
-	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes[1:]...), frontend("10.96.0.10:53", dataplane.UDP, bes[1:]...)))
-	for i := range 200 {
-		who, err := e.whoTCP(ap("10.96.0.10:80"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if who == bes[0] {
-			t.Fatalf("connect %d after removal reached the removed backend %s", i, who)
-		}
-	}
-	for _, l := range h.do(t, "poll") {
-		f := strings.Fields(l)
-		switch {
-		case onRemoved[f[1]] && f[0] != "err":
-			t.Errorf("socket %s of the removed backend still works: %q", f[1], l)
-		case onRemoved[f[1]] && f[2] != fmt.Sprintf("errno=%d", int(syscall.ECONNABORTED)):
-			t.Errorf("socket %s of the removed backend: %q, want ECONNABORTED", f[1], l)
-		case !onRemoved[f[1]] && f[0] != "ok":
-			t.Errorf("socket %s of a kept backend broke: %q", f[1], l)
-		}
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) {
+			e := newEnv(t)
+			bes := e.backends(4, 8080, v6)
+			vip := "10.96.0.10"
+			if v6 {
+				vip = "[fd00:96::10]"
+			}
+			tcpVIP, udpVIP := vip+":80", vip+":53"
+			e.sync(state(frontend(tcpVIP, dataplane.TCP, bes...), frontend(udpVIP, dataplane.UDP, bes...)))
+			h := e.startHelper()
+			lines := h.do(t, "dial "+udpVIP+" 40")
+			onRemoved := map[string]bool{}
+			for _, l := range lines {
+				var i int
+				var who string
+				if _, err := fmt.Sscanf(l, "ok %d %s", &i, &who); err != nil {
+					t.Fatalf("helper: %q", l)
+				}
+				if who == bes[0] {
+					onRemoved[fmt.Sprint(i)] = true
+				}
+			}
+			if len(onRemoved) == 0 {
+				t.Fatalf("no UDP socket of 40 reached %s: %v", bes[0], lines)
+			}
+			e.sync(state(frontend(tcpVIP, dataplane.TCP, bes[1:]...), frontend(udpVIP, dataplane.UDP, bes[1:]...)))
+			for i := range 200 {
+				who, err := e.whoTCP(ap(tcpVIP))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if who == bes[0] {
+					t.Fatalf("connect %d after removal reached the removed backend %s", i, who)
+				}
+			}
+			for _, l := range h.do(t, "poll") {
+				f := strings.Fields(l)
+				switch {
+				case onRemoved[f[1]] && f[0] != "err":
+					t.Errorf("socket %s of the removed backend still works: %q", f[1], l)
+				case onRemoved[f[1]] && f[2] != fmt.Sprintf("errno=%d", int(syscall.ECONNABORTED)):
+					t.Errorf("socket %s of the removed backend: %q, want ECONNABORTED", f[1], l)
+				case !onRemoved[f[1]] && f[0] != "ok":
+					t.Errorf("socket %s of a kept backend broke: %q", f[1], l)
+				}
+			}
+		})
 	}
 }
 

@@ -669,3 +669,55 @@ func TestExplainPredictsRealConnects(t *testing.T) {
 		t.Errorf("60 connects: %d refused, %d connected; explain said %s", sawRefused, sawOK, e.Summary)
 	}
 }
+
+// TestExplainAgreesWithTheViewsReplay cross-checks explain with
+// dataplane/ebpf's own replay of the connect decision (View.Explain) on
+// every frontend, for any client and for the netns that has an affinity
+// entry: same verdict, same backends.
+func TestExplainAgreesWithTheViewsReplay(t *testing.T) {
+	f := newFixture(t)
+	f.traffic()
+	in := f.inspector()
+	view, ok := in.src.(*ebpf.View)
+	if !ok {
+		t.Fatalf("source is %T, want *ebpf.View", in.src)
+	}
+	client := filepath.Join("/run/netns", f.ns.Name)
+	cookie, err := in.sys.NetnsCookie(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]string{"refused": VerdictRefused, "affinity": VerdictAffinity, "random": VerdictBalanced, "per-socket": VerdictBalanced}
+	for _, fr := range testState().Frontends {
+		for _, src := range []string{"", client} {
+			var c uint64
+			if src != "" {
+				c = cookie
+			}
+			theirs, err := view.Explain(fr.FrontendKey, c, in.sys.Monotonic())
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"explain", fr.FrontendKey.String()}
+			if src != "" {
+				args = []string{"explain", src, fr.FrontendKey.String()}
+			}
+			res, err := in.run(context.Background(), Config{Command: args})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ours := res.(*Explanation)
+			var a, b []string
+			for _, s := range theirs.Candidates {
+				a = append(a, s.Backend.String())
+			}
+			for _, c := range ours.Candidates {
+				b = append(b, c.Backend)
+			}
+			if kinds[theirs.Verdict] != ours.Verdict || strings.Join(a, " ") != strings.Join(b, " ") {
+				t.Errorf("%s from %q: View.Explain says %s %v (%s), explain says %s %v (%s)", fr.FrontendKey, src,
+					theirs.Verdict, a, theirs.Reason, ours.Verdict, b, ours.Summary)
+			}
+		}
+	}
+}
