@@ -359,6 +359,15 @@ func TestAPIBehaviour(t *testing.T) {
 			t.Fatal("dryRun update was written")
 		}
 		leases := cs.CoordinationV1().Leases("kube-node-lease")
+		// PUT of a missing Lease creates it (as kube-apiserver); a missing
+		// ConfigMap is NotFound.
+		put, err := leases.Update(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "by-put"}}, metav1.UpdateOptions{})
+		if err != nil || put.UID == "" {
+			t.Fatalf("create-on-update: %+v %v", put, err)
+		}
+		if _, err := cs.CoreV1().ConfigMaps("default").Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "nope"}}, metav1.UpdateOptions{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("update of a missing configmap: %v", err)
+		}
 		l, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr("node-1"), LeaseDurationSeconds: ptr(int32(40))}}, metav1.CreateOptions{})
 		if err != nil {

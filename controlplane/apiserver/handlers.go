@@ -25,6 +25,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
+// createOnUpdate lists the resources whose PUT creates a missing object,
+// as in kube-apiserver.
+var createOnUpdate = map[string]bool{"endpoints": true, "events": true, "leases": true}
+
 // request is one parsed resource request.
 type request struct {
 	reg       *registry
@@ -301,6 +305,19 @@ func (s *Server) serveUpdate(ctx context.Context, w http.ResponseWriter, r *http
 	out, err := req.reg.guaranteedUpdate(ctx, req.ns, req.name, req.sub, wo, func(runtime.Object) (runtime.Object, error) {
 		return obj.DeepCopyObject(), nil
 	})
+	if apierrors.IsNotFound(err) && req.sub == "" && createOnUpdate[req.reg.res.Resource] && objectMeta(obj).GetResourceVersion() == "" {
+		// As kube-apiserver for these resources: PUT creates.
+		if m := objectMeta(obj); m.GetName() == "" {
+			m.SetName(req.name)
+		} else if m.GetName() != req.name {
+			return apierrors.NewBadRequest("the name of the object does not match the name on the URL")
+		}
+		if out, err = req.reg.create(ctx, req.ns, obj, wo); err != nil {
+			return err
+		}
+		warn(w, warnings)
+		return s.writeObject(w, r, req.reg, http.StatusCreated, out)
+	}
 	if err != nil {
 		return err
 	}
