@@ -677,3 +677,28 @@ func TestRestartOnAnotherCgroupMovesThePrograms(t *testing.T) {
 		t.Errorf("connect from the old cgroup still reached %s", who)
 	}
 }
+
+// BenchmarkRealSyncFromScratch10kx10 programs 10,000 services × 10
+// backends into fresh kernel maps (the programs attached to an empty
+// cgroup).
+func BenchmarkRealSyncFromScratch10kx10(b *testing.B) {
+	wtestutil.RequiresKernelFeature(b, wtestutil.CgroupSockAddr)
+	cg := wtestutil.NewCgroup(b)
+	st := bigState(10000, 10)
+	for range b.N {
+		b.StopTimer()
+		node := wtestutil.UniqueName("bench")
+		cfg := Config{NodeName: node, CgroupPath: cg, PinDir: filepath.Join(testPinRoot, node), MaxServices: 1 << 17, MaxBackends: 1 << 17}
+		be, err := New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if err := be.Sync(context.Background(), st); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		be.Cleanup(context.Background())
+		os.Remove(testPinRoot)
+	}
+}

@@ -123,13 +123,14 @@ Commands:
   sockets                           reverse-socket entries (socket -> backend, shown as frontend)
   explain [SRC] VIP:PORT[/PROTO]    which backend a connection would reach, and why; SRC is the
                                     client's network namespace: a name in /run/netns, a path,
-                                    pid:N or cookie:N (affinity is kept per netns); PROTO: TCP
+                                    pid:N or cookie:N (affinity is kept per netns);
+                                    PROTO defaults to TCP
   prog list [--enable-stats DUR]    attached programs: id, type, attach point, runs, run time
 
 Exit codes: 0 ok, 1 not found, 2 usage, 3 no dataplane state on this node
 (none pinned, bpffs not mounted, or a map layout from another Waggle), 4 other failure.
 
-Flags (anywhere after COMMAND; each also read from WAGGLE_<FLAG>):
+Flags (anywhere on the line; each also read from WAGGLE_<FLAG>):
 `
 
 // commands lists the valid command words with their argument counts.
@@ -223,6 +224,19 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	}
 	if cfg.Node != "" && strings.ContainsAny(cfg.Node, "/\x00") || cfg.Node == "." || cfg.Node == ".." {
 		return cfg, usageErr("--node %q: not a node name", cfg.Node)
+	}
+	// Check the frontend (and SRC) now: a usage error wins over a node
+	// without state.
+	switch cmd {
+	case "lb get", "explain":
+		if _, _, err := parseFrontend(args[len(args)-1]); err != nil {
+			return cfg, err
+		}
+	}
+	if cmd == "explain" && len(args) == 2 {
+		if err := checkSource(args[0]); err != nil {
+			return cfg, err
+		}
 	}
 	cfg.Command = append(strings.Fields(cmd), args...)
 	return cfg, nil

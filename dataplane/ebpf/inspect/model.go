@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -320,4 +321,29 @@ func parseFrontend(s string) (netip.AddrPort, dataplane.Protocol, error) {
 		return netip.AddrPort{}, "", usageErr("frontend %q: want a non-zero port and an address without zone", s)
 	}
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), p, nil
+}
+
+// checkSource checks the syntax of explain's SRC: cookie:N, pid:N, a path
+// or a netns name — never an address, since affinity is kept per network
+// namespace.
+func checkSource(src string) error {
+	switch {
+	case strings.HasPrefix(src, "cookie:"):
+		if _, err := strconv.ParseUint(src[len("cookie:"):], 10, 64); err != nil {
+			return usageErr("SRC %q: cookie:N wants a number", src)
+		}
+		return nil
+	case strings.HasPrefix(src, "pid:"):
+		if pid, err := strconv.Atoi(src[len("pid:"):]); err != nil || pid <= 0 {
+			return usageErr("SRC %q: pid:N wants a process ID", src)
+		}
+		return nil
+	case strings.Contains(src, "/"):
+		return nil
+	}
+	if _, err := netip.ParseAddr(src); err == nil || src == "" || src == "." || src == ".." || strings.ContainsAny(src, ":[]") {
+		return usageErr("SRC %q: want the client's network namespace: a name in /run/netns, a path, pid:N or cookie:N "+
+			"(affinity is kept per network namespace, not per address)", src)
+	}
+	return nil
 }
