@@ -702,3 +702,19 @@ func BenchmarkRealSyncFromScratch10kx10(b *testing.B) {
 		os.Remove(testPinRoot)
 	}
 }
+
+func TestRestartWithOtherMapSizesIsRefusedAndKeepsServing(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(1, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...)))
+	e.b.Close()
+	cfg := e.cfg
+	cfg.MaxServices *= 2
+	if _, err := New(cfg); !errors.Is(err, ErrLayoutMismatch) || !strings.Contains(err.Error(), "sizes") {
+		t.Fatalf("New with other map sizes: %v, want ErrLayoutMismatch explaining the sizes", err)
+	}
+	// The refused start changed nothing: the pinned programs still serve.
+	if who, err := e.whoTCP(ap("10.96.0.10:80")); err != nil || who != bes[0] {
+		t.Errorf("after a refused start: %q, %v", who, err)
+	}
+}
