@@ -107,11 +107,15 @@ func New(cfg Config) (b *Backend, err error) {
 		spec.Maps[name].MaxEntries = uint32(n)
 	}
 	objs := &sockLBObjects{}
+	var resized *resize
 	err = spec.LoadAndAssign(objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}})
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		return nil, fmt.Errorf("pinned maps in %s do not match the configured sizes or layout (%v): "+
-			"keep the previous map sizes, or remove the old state with the proxy's cleanup: %w",
-			cfg.PinDir, err, ErrLayoutMismatch)
+		// Map sizes changed: copy into new maps, which the new programs
+		// use from their link update on; the pins move after that.
+		objs, resized, err = loadResized(spec, cfg)
+		if err != nil {
+			return nil, err
+		}
 	}
 	if err != nil {
 		var ve *ebpf.VerifierError
@@ -139,6 +143,13 @@ func New(cfg Config) (b *Backend, err error) {
 	if err := b.attach(); err != nil {
 		objs.Close()
 		return nil, err
+	}
+	if resized != nil {
+		if err := resized.repin(); err != nil {
+			objs.Close()
+			return nil, err
+		}
+		b.log.Info("resized pinned maps", "maps", resized.names)
 	}
 	if cfg.Metrics != nil {
 		b.m = newMetricsFor(b)

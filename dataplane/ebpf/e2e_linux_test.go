@@ -703,18 +703,67 @@ func BenchmarkRealSyncFromScratch10kx10(b *testing.B) {
 	}
 }
 
-func TestRestartWithOtherMapSizesIsRefusedAndKeepsServing(t *testing.T) {
+func TestRestartWithOtherMapSizesResizesWithoutAGap(t *testing.T) {
 	e := newEnv(t)
-	bes := e.backends(1, 8080, false)
-	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...)))
-	e.b.Close()
-	cfg := e.cfg
-	cfg.MaxServices *= 2
-	if _, err := New(cfg); !errors.Is(err, ErrLayoutMismatch) || !strings.Contains(err.Error(), "sizes") {
-		t.Fatalf("New with other map sizes: %v, want ErrLayoutMismatch explaining the sizes", err)
+	bes := e.backends(2, 8080, false)
+	st := state(frontend("10.96.0.10:80", dataplane.TCP, bes...), frontend("10.96.0.10:53", dataplane.UDP, bes...))
+	e.sync(st)
+	stream, _, err := e.dialTCP(ap("10.96.0.10:80"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The refused start changed nothing: the pinned programs still serve.
-	if who, err := e.whoTCP(ap("10.96.0.10:80")); err != nil || who != bes[0] {
-		t.Errorf("after a refused start: %q, %v", who, err)
+	defer stream.Close()
+	e.b.Close()
+
+	// Shrinking below what the maps hold is refused, and changes nothing.
+	small := e.cfg
+	small.MaxServices = 4
+	if _, err := New(small); !errors.Is(err, dataplane.ErrMapFull) {
+		t.Fatalf("New with a services map smaller than its entries: %v, want ErrMapFull", err)
+	}
+	// Growing copies the entries into new maps the new programs use.
+	big := e.cfg
+	big.MaxServices, big.MaxBackends = e.cfg.MaxServices*2, e.cfg.MaxBackends*2
+	b, err := New(big)
+	if err != nil {
+		t.Fatalf("New with bigger maps: %v", err)
+	}
+	e.b = b
+	res, err := b.rec.sync(st)
+	if err != nil || res.writes+res.deletes != 0 {
+		t.Errorf("sync after resize: %d writes, %d deletes, %v; want none", res.writes, res.deletes, err)
+	}
+	maps, err := b.View().Maps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range maps {
+		if m.Name == MapServices && (m.MaxEntries != big.MaxServices || m.Entries != 6) {
+			t.Errorf("services map after resize: %+v", m)
+		}
+	}
+	v, err := OpenPinned(big.PinDir) // the pins point at the new maps
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned, _ := v.Maps()
+	v.Close()
+	for _, m := range pinned {
+		if m.Name == MapServices && m.MaxEntries != big.MaxServices {
+			t.Errorf("pinned services map has %d entries max, want %d", m.MaxEntries, big.MaxServices)
+		}
+	}
+	if who, err := e.whoTCP(ap("10.96.0.10:80")); err != nil || !contains(bes, who) {
+		t.Errorf("connect after resize: %q, %v", who, err)
+	}
+	if _, from, err := e.whoUDP(ap("10.96.0.10:53"), true); err != nil || from != ap("10.96.0.10:53") {
+		t.Errorf("UDP after resize: from %s, %v", from, err)
+	}
+	stream.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := stream.Write([]byte("x")); err != nil {
+		t.Fatalf("stream after resize: %v", err)
+	}
+	if _, err := io.ReadFull(stream, make([]byte, 1)); err != nil {
+		t.Fatalf("stream after resize: %v", err)
 	}
 }
