@@ -144,7 +144,7 @@ func TestCreatesOnePinnedPodPerEligibleNodeAndReportsStatus(t *testing.T) {
 	cs := ctrltest.NewClient(objs...)
 	f := informers.NewSharedInformerFactory(cs, 0)
 	c := New(cs, f, ctrltest.Log(t), Options{})
-	ctx := ctrltest.Start(t, f)
+	ctx := ctrltest.Start(t, cs, f)
 	go c.Run(ctx, 1)
 	ctrltest.Eventually(t, 5*time.Second, func() error {
 		pods, _ := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})

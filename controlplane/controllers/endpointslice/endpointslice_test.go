@@ -42,7 +42,7 @@ func newTestController(t *testing.T, max int, objs ...runtime.Object) *Controlle
 	cs := ctrltest.NewClient(objs...)
 	f := informers.NewSharedInformerFactory(cs, 0)
 	c := New(cs, f, ctrltest.Log(t), Options{MaxEndpointsPerSlice: max})
-	ctrltest.Start(t, f)
+	ctrltest.Start(t, cs, f)
 	return c
 }
 

@@ -125,7 +125,7 @@ func start(t *testing.T, objs ...runtime.Object) *harness {
 	cs := ctrltest.NewClient(objs...)
 	f := informers.NewSharedInformerFactory(cs, 0)
 	c := New(cs, f, ctrltest.Log(t), Options{})
-	ctx := ctrltest.Start(t, f)
+	ctx := ctrltest.Start(t, cs, f)
 	go c.Run(ctx, 2)
 	return &harness{c: c, ctx: ctx}
 }

@@ -16,15 +16,26 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
+// Client is a fake clientset that counts the watches informers opened.
+type Client struct {
+	*fake.Clientset
+	watches atomic.Int32
+}
+
 // NewClient returns a fake clientset seeded with objs whose creates fill in
 // name from generateName and a UID, as the API server does.
-func NewClient(objs ...runtime.Object) *fake.Clientset {
-	cs := fake.NewSimpleClientset(objs...)
+func NewClient(objs ...runtime.Object) *Client {
+	cs := &Client{Clientset: fake.NewSimpleClientset(objs...)}
+	cs.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
+		cs.watches.Add(1)
+		return false, nil, nil
+	})
 	var n atomic.Int64
 	cs.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		ca, ok := a.(k8stesting.CreateAction)
@@ -47,17 +58,28 @@ func NewClient(objs ...runtime.Object) *fake.Clientset {
 	return cs
 }
 
-// Start starts the factory for the test's lifetime and waits for its caches.
-func Start(t testing.TB, f informers.SharedInformerFactory) context.Context {
+// Start starts the factory for the test's lifetime and waits for its caches
+// and for every informer's watch: the fake clientset drops objects created
+// between an informer's list and its watch, so nothing may be created
+// before.
+func Start(t testing.TB, cs *Client, f informers.SharedInformerFactory) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); f.Shutdown() })
 	f.Start(ctx.Done())
-	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+	synced := f.WaitForCacheSync(ctx.Done())
+	for typ, ok := range synced {
 		if !ok {
 			t.Fatalf("cache for %v did not sync", typ)
 		}
 	}
+	Eventually(t, 10*time.Second, func() error {
+		if n := cs.watches.Load(); int(n) < len(synced) {
+			return fmt.Errorf("%d of %d informer watches open", n, len(synced))
+		}
+		return nil
+	})
+	time.Sleep(50 * time.Millisecond) // the default reactor opens it just after ours
 	return ctx
 }
 
