@@ -28,3 +28,14 @@ func golden(t *testing.T, name string, got []byte) {
 		t.Errorf("%s differs from the golden file (run with -update if the change is intended)\n--- got:\n%s\n--- want:\n%s", name, got, want)
 	}
 }
+
+func renderAll(t *testing.T, name string, v any) {
+	t.Helper()
+	for _, format := range []string{FormatTable, FormatJSON, FormatYAML} {
+		var b bytes.Buffer
+		if err := render(&b, format, v); err != nil {
+			t.Fatalf("render %s: %v", format, err)
+		}
+		golden(t, name+"."+format, b.Bytes())
+	}
+}

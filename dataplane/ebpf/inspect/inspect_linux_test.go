@@ -230,17 +230,6 @@ func (f *fixture) mask(v any) any {
 	return v
 }
 
-func renderAll(t *testing.T, name string, v any) {
-	t.Helper()
-	for _, format := range []string{FormatTable, FormatJSON, FormatYAML} {
-		var b bytes.Buffer
-		if err := render(&b, format, v); err != nil {
-			t.Fatalf("render %s: %v", format, err)
-		}
-		golden(t, name+"."+format, b.Bytes())
-	}
-}
-
 // TestCommandsOnRealProxyStateMatchGoldens fills the maps with the real
 // backend and real sockets, then checks every command's output in every
 // format against testdata/.

@@ -76,6 +76,11 @@ func TestParseArgsRejectsBadUsageWithExitTwo(t *testing.T) {
 		{"negative window", []string{"prog", "list", "--enable-stats", "-1s"}, "positive duration"},
 		{"unknown flag", []string{"status", "--frob"}, "flag provided but not defined"},
 		{"node with slash", []string{"status", "--node", "../etc"}, "not a node name"},
+		{"bad frontend before any state is read", []string{"lb", "get", "web", "--pin-dir", "/nonexistent"}, "want VIP:PORT[/PROTO]"},
+		{"explain bad frontend", []string{"explain", "10.96.0.1:80/ICMP"}, `protocol "ICMP"`},
+		{"explain source as an address", []string{"explain", "10.0.0.1", "10.96.0.1:80"}, "not per address"},
+		{"explain bad cookie", []string{"explain", "cookie:x", "10.96.0.1:80"}, "cookie:N wants a number"},
+		{"explain bad pid", []string{"explain", "pid:0", "10.96.0.1:80"}, "pid:N wants a process ID"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

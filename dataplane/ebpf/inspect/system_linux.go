@@ -237,4 +237,3 @@ func (s *linuxSystem) Sleep(d time.Duration) error {
 		return s.ctx.Err()
 	}
 }
-
