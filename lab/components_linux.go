@@ -124,7 +124,9 @@ func kubeletArgs(cfg *Config, st *State, n NodeState, nodeDir string) []string {
 		"--cgroup-root", n.CgroupDir,
 		"--cni-conf-dir", filepath.Join(nodeDir, "cni", "net.d"),
 		"--cni-bin-dir", cfg.CNIBinDir,
+		"--cluster-cidr", cfg.ClusterCIDR.String(),
 		"--port", "10250",
+		"--client-ca-file", filepath.Join(controlPlaneDir(cfg.DataDir), "pki", "ca.crt"),
 		"--image-dir", cfg.ImageDir,
 	}
 }

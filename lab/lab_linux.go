@@ -368,7 +368,10 @@ func startProcess(cfg *Config, name, node, netns string, args []string) (Process
 	defer logf.Close()
 	argv := args
 	if netns != "" {
-		argv = append([]string{"ip", "netns", "exec", netns}, args...)
+		// nsenter switches only the network namespace; `ip netns exec` would
+		// also remount /sys, hiding the cgroup2 and bpffs mounts the kubelet
+		// and the proxy need.
+		argv = append([]string{"nsenter", "--net=" + filepath.Join("/run/netns", netns), "--"}, args...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -376,7 +379,8 @@ func startProcess(cfg *Config, name, node, netns string, args []string) (Process
 	if err := cmd.Start(); err != nil {
 		return Process{}, fmt.Errorf("start %s: %w", name, err)
 	}
-	st, err := procStartTime(cmd.Process.Pid)
+	pid := cmd.Process.Pid
+	st, err := procStartTime(pid)
 	if err != nil {
 		return Process{}, err
 	}
@@ -384,7 +388,7 @@ func startProcess(cfg *Config, name, node, netns string, args []string) (Process
 	if err := cmd.Process.Release(); err != nil {
 		return Process{}, err
 	}
-	return Process{Name: name, Node: node, PID: cmd.Process.Pid, StartTime: st, Log: logPath, NetNS: netns, Args: args}, nil
+	return Process{Name: name, Node: node, PID: pid, StartTime: st, Log: logPath, NetNS: netns, Args: args}, nil
 }
 
 // procStartTime reads field 22 of /proc/PID/stat.

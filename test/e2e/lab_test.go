@@ -163,7 +163,7 @@ func (e *env) nodeExec(node string, args ...string) (string, error) {
 		return "", err
 	}
 	defer os.Remove(cg)
-	script := fmt.Sprintf("echo $$ > %s/cgroup.procs && exec ip netns exec waggle-%s \"$@\"", cg, node)
+	script := fmt.Sprintf("echo $$ > %s/cgroup.procs && exec nsenter --net=/run/netns/waggle-%s -- \"$@\"", cg, node)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "sh", append([]string{"-c", script, "sh"}, args...)...).CombinedOutput()
