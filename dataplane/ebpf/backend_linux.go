@@ -300,12 +300,12 @@ func (b *Backend) Sync(ctx context.Context, state *dataplane.State) error {
 		}
 	}
 	if len(res.lost) > 0 {
-		n, derr := destroyStaleSockets(b.cfg.CgroupPath, b.objs.WaggleReverseSk, res.lost)
+		n, derr := destroyStaleSockets(b.cfg.CgroupPath, b.objs.WaggleReverseSk, res.lost, b.cfg.DestroyTCPSockets)
 		if derr != nil {
 			b.log.Warn("destroy sockets of removed backends", "err", derr)
 		}
 		if n > 0 {
-			b.log.Info("destroyed sockets connected to removed backends", "sockets", n)
+			b.log.Info("destroyed sockets connected to removed backends", "sockets", n, "tcp", b.cfg.DestroyTCPSockets)
 		}
 		if b.m != nil {
 			b.m.socketsDestroyed.Add(float64(n))

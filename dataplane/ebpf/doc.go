@@ -75,6 +75,9 @@ type Config struct {
 	// MaxReverseSockets is the size of the reverse-socket LRU (one entry per
 	// translated socket, for recvmsg and getpeername).
 	MaxReverseSockets int
+	// DestroyTCPSockets also destroys TCP sockets connected through a
+	// frontend to a backend it lost (connected UDP sockets always are).
+	DestroyTCPSockets bool
 	// Log receives the backend's logs; nil discards them.
 	Log *slog.Logger
 	// Metrics, when set, gets the backend's metrics registered.

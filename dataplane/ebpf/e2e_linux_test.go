@@ -767,3 +767,47 @@ func TestRestartWithOtherMapSizesResizesWithoutAGap(t *testing.T) {
 		t.Fatalf("stream after resize: %v", err)
 	}
 }
+
+func TestTCPConnectionsToARemovedBackendAreDestroyedOnlyWhenAsked(t *testing.T) {
+	for _, destroy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DestroyTCPSockets=%v", destroy), func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.DestroyTCPSockets = destroy })
+			bes := e.backends(2, 8080, false)
+			e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...)))
+			type conn struct {
+				c   net.Conn
+				who string
+			}
+			var conns []conn
+			for range 20 {
+				c, who, err := e.dialTCP(ap("10.96.0.10:80"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				conns = append(conns, conn{c, who})
+			}
+			e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes[1:]...)))
+			removed := 0
+			for i, c := range conns {
+				c.c.SetDeadline(time.Now().Add(2 * time.Second))
+				_, err := c.c.Write([]byte("x"))
+				if err == nil {
+					_, err = io.ReadFull(c.c, make([]byte, 1))
+				}
+				switch {
+				case c.who == bes[0] && destroy:
+					removed++
+					if errno(err) != syscall.ECONNABORTED {
+						t.Errorf("conn %d to the removed backend: %v, want ECONNABORTED", i, err)
+					}
+				case err != nil:
+					t.Errorf("conn %d to %s broke: %v", i, c.who, err)
+				}
+			}
+			if destroy && removed == 0 {
+				t.Fatalf("no connection of 20 reached %s", bes[0])
+			}
+		})
+	}
+}

@@ -26,16 +26,22 @@ import (
 // and it reconnects, through the load balancer, to a live backend. Only
 // sockets the reverse-socket map links to that frontend are touched, in
 // every network namespace that a process of the cgroup lives in.
-func destroyStaleSockets(cgroupPath string, reverse *ebpf.Map, lost []lostBackend) (int, error) {
-	stale := map[netip.AddrPort]map[uint32]bool{}
+//
+// With tcp set, TCP sockets are destroyed the same way (their next call
+// fails with ECONNABORTED, the peer gets a reset), as Cilium's
+// bpf-lb-sock-terminate-pod-connections does; otherwise they live on with
+// the backend they were connected to until they close.
+func destroyStaleSockets(cgroupPath string, reverse *ebpf.Map, lost []lostBackend, tcp bool) (int, error) {
+	stale := map[staleKey]map[uint32]bool{}
 	for _, l := range lost {
-		if l.frontend.Protocol != dataplane.UDP {
+		if l.frontend.Protocol != dataplane.UDP && !(tcp && l.frontend.Protocol == dataplane.TCP) {
 			continue
 		}
-		if stale[l.backend] == nil {
-			stale[l.backend] = map[uint32]bool{}
+		k := staleKey{protoNum(l.frontend.Protocol), l.backend}
+		if stale[k] == nil {
+			stale[k] = map[uint32]bool{}
 		}
-		stale[l.backend][l.serviceID] = true
+		stale[k][l.serviceID] = true
 	}
 	if len(stale) == 0 {
 		return 0, nil
@@ -59,12 +65,34 @@ func destroyStaleSockets(cgroupPath string, reverse *ebpf.Map, lost []lostBacken
 	return total, errors.Join(errs...)
 }
 
-func destroyInNetNS(reverse *ebpf.Map, stale map[netip.AddrPort]map[uint32]bool) (int, error) {
+// staleKey is a lost backend of one protocol.
+type staleKey struct {
+	proto uint8
+	ap    netip.AddrPort
+}
+
+func destroyInNetNS(reverse *ebpf.Map, stale map[staleKey]map[uint32]bool) (int, error) {
+	protos := map[uint8]bool{}
+	for k := range stale {
+		protos[k.proto] = true
+	}
 	n := 0
-	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		socks, err := netlink.SocketDiagUDP(family)
+	for _, c := range []struct {
+		proto  uint8
+		family uint8
+	}{{protoUDP, unix.AF_INET}, {protoUDP, unix.AF_INET6}, {protoTCP, unix.AF_INET}, {protoTCP, unix.AF_INET6}} {
+		if !protos[c.proto] {
+			continue
+		}
+		var socks []*netlink.Socket
+		var err error
+		if c.proto == protoUDP {
+			socks, err = netlink.SocketDiagUDP(c.family)
+		} else {
+			socks, err = netlink.SocketDiagTCP(c.family)
+		}
 		if err != nil {
-			return n, fmt.Errorf("dump UDP sockets: %w", err)
+			return n, fmt.Errorf("dump %s sockets: %w", protoName(c.proto), err)
 		}
 		for _, s := range socks {
 			dst, ok := netip.AddrFromSlice(s.ID.Destination)
@@ -72,7 +100,7 @@ func destroyInNetNS(reverse *ebpf.Map, stale map[netip.AddrPort]map[uint32]bool)
 				continue
 			}
 			ap := netip.AddrPortFrom(dst.Unmap(), s.ID.DestinationPort)
-			ids := stale[ap]
+			ids := stale[staleKey{c.proto, ap}]
 			if ids == nil {
 				continue
 			}
@@ -82,8 +110,8 @@ func destroyInNetNS(reverse *ebpf.Map, stale map[netip.AddrPort]map[uint32]bool)
 			if err := reverse.Lookup(&k, &v); err != nil || !ids[v.RevNatId] {
 				continue
 			}
-			if err := sockDestroyUDP(s); err != nil && !errors.Is(err, unix.ENOENT) {
-				return n, fmt.Errorf("destroy UDP socket %s -> %s: %w", s.ID.Source, ap, err)
+			if err := sockDestroy(s, c.proto); err != nil && !errors.Is(err, unix.ENOENT) {
+				return n, fmt.Errorf("destroy %s socket %s -> %s: %w", protoName(c.proto), s.ID.Source, ap, err)
 			}
 			n++
 		}
@@ -91,13 +119,13 @@ func destroyInNetNS(reverse *ebpf.Map, stale map[netip.AddrPort]map[uint32]bool)
 	return n, nil
 }
 
-// sockDestroyUDP sends SOCK_DESTROY for one UDP socket, identified by its
+// sockDestroy sends SOCK_DESTROY for one socket, identified by its
 // addresses and cookie, in the current network namespace.
-func sockDestroyUDP(s *netlink.Socket) error {
+func sockDestroy(s *netlink.Socket, proto uint8) error {
 	// struct inet_diag_req_v2 with struct inet_diag_sockid.
 	b := make([]byte, 56)
 	b[0] = s.Family
-	b[1] = unix.IPPROTO_UDP
+	b[1] = proto
 	binary.NativeEndian.PutUint32(b[4:], 0xffffffff)
 	binary.BigEndian.PutUint16(b[8:], s.ID.SourcePort)
 	binary.BigEndian.PutUint16(b[10:], s.ID.DestinationPort)
