@@ -191,7 +191,8 @@ type podState struct {
 type cache struct {
 	mu        sync.RWMutex
 	nodes     map[string]*nodeInfo
-	nodeNames []string // sorted names of nodes that exist
+	nodeNames []string    // sorted names of nodes that exist
+	infos     []*nodeInfo // nodes[nodeNames[i]], kept aligned
 	pods      map[string]*podState
 }
 
@@ -218,6 +219,7 @@ func (c *cache) AddNode(node *v1.Node) {
 	if n.node == nil {
 		i, _ := slices.BinarySearch(c.nodeNames, node.Name)
 		c.nodeNames = slices.Insert(c.nodeNames, i, node.Name)
+		c.infos = slices.Insert(c.infos, i, n)
 	}
 	n.node = node
 	n.allocatable = resourcesFromList(node.Status.Allocatable)
@@ -235,6 +237,7 @@ func (c *cache) RemoveNode(name string) {
 	n.node = nil
 	if i, found := slices.BinarySearch(c.nodeNames, name); found {
 		c.nodeNames = slices.Delete(c.nodeNames, i, i+1)
+		c.infos = slices.Delete(c.infos, i, i+1)
 	}
 	if len(n.pods) == 0 {
 		delete(c.nodes, name)

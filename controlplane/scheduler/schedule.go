@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -25,7 +26,6 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
-	"k8s.io/client-go/util/workqueue"
 )
 
 // DefaultSchedulerName is the spec.schedulerName this scheduler serves
@@ -92,6 +92,7 @@ type Scheduler struct {
 	recorder    record.EventRecorder
 
 	rr      atomic.Uint64 // round-robin among equally scored nodes
+	buf     decideBuffers
 	bindSem chan struct{}
 	wg      sync.WaitGroup
 }
@@ -299,22 +300,25 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 	c := s.cache
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	names := c.nodeNames
+	names, infos := c.nodeNames, c.infos
 	n := len(names)
 	if n == 0 {
 		return decision{message: "no nodes available to schedule pods"}, errUnschedulable
 	}
-	reasons := make([][]string, n)
+	// Decisions are serialized (one scheduling loop): the buffers are reused.
 	ns := len(scores)
-	raw := make([]int64, n*ns)
-	fits := make([]bool, n)
-	workqueue.ParallelizeUntil(ctx, s.opts.Parallelism, n, func(i int) {
-		ni := c.nodes[names[i]]
+	buf := &s.buf
+	buf.reasons = resize(buf.reasons, n)
+	buf.fits = resize(buf.fits, n)
+	buf.raw = resize(buf.raw, n*ns)
+	reasons, fits, raw := buf.reasons, buf.fits, buf.raw
+	parallelize(ctx, s.opts.Parallelism, n, func(i int) {
+		ni := infos[i]
 		if r := runFilters(st, ni); r != nil {
-			reasons[i] = r
+			reasons[i], fits[i] = r, false
 			return
 		}
-		fits[i] = true
+		reasons[i], fits[i] = nil, true
 		for j := range scores {
 			raw[i*ns+j] = scores[j].fn(st, ni)
 		}
@@ -322,7 +326,8 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 	if err := ctx.Err(); err != nil {
 		return decision{}, err
 	}
-	var feasible []int
+	feasible := buf.feasible[:0]
+	defer func() { buf.feasible = feasible }()
 	for i := range fits {
 		if fits[i] {
 			feasible = append(feasible, i)
@@ -331,8 +336,10 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 	if len(feasible) == 0 {
 		return decision{message: diagnose(n, reasons)}, errUnschedulable
 	}
-	total := make([]int64, len(feasible))
-	col := make([]int64, len(feasible))
+	buf.total = resize(buf.total, len(feasible))
+	buf.col = resize(buf.col, len(feasible))
+	total, col := buf.total, buf.col
+	clear(total)
 	for j, sc := range scores {
 		for k, i := range feasible {
 			col[k] = raw[i*ns+j]
@@ -353,6 +360,51 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 	}
 	pick := ties[int(s.rr.Add(1)-1)%len(ties)]
 	return decision{node: names[pick], feasible: len(feasible)}, nil
+}
+
+// decideBuffers are the per-node slices of one decision, reused.
+type decideBuffers struct {
+	reasons [][]string
+	fits    []bool
+	raw     []int64
+	// over the feasible nodes
+	feasible   []int
+	total, col []int64
+}
+
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n, n+n/4)
+	}
+	return s[:n]
+}
+
+// parallelize runs fn(0..n-1) in at most workers goroutines, each over a
+// contiguous range (cheaper than one channel hand-off per node).
+func parallelize(ctx context.Context, workers, n int, fn func(i int)) {
+	workers = min(workers, runtime.GOMAXPROCS(0), (n+63)/64)
+	if workers <= 1 {
+		for i := 0; i < n; i++ {
+			fn(i)
+		}
+		return
+	}
+	chunk := (n + workers - 1) / workers
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		lo, hi := w*chunk, min((w+1)*chunk, n)
+		if lo >= hi {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := lo; i < hi && ctx.Err() == nil; i++ {
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // diagnose words why no node fits as Kubernetes does: "0/5 nodes are

@@ -136,7 +136,7 @@ func TestSchedulesOnlyItsOwnPendingPods(t *testing.T) {
 }
 
 // counterValue reads a labelled counter from reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+func counterValue(t testing.TB, reg *prometheus.Registry, name, label string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
