@@ -811,3 +811,39 @@ func TestTCPConnectionsToARemovedBackendAreDestroyedOnlyWhenAsked(t *testing.T) 
 		})
 	}
 }
+
+func TestDualStackSocketReachesAnIPv4FrontendThroughItsMappedAddress(t *testing.T) {
+	e := newEnv(t)
+	bes := e.backends(2, 8080, false)
+	e.sync(state(frontend("10.96.0.10:80", dataplane.TCP, bes...)))
+	var who string
+	err := e.in(func() error {
+		fd, err := syscall.Socket(syscall.AF_INET6, syscall.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), "dual-stack")
+		defer f.Close()
+		sa := &syscall.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("::ffff:10.96.0.10").As16()}
+		if err := syscall.Connect(fd, sa); err != nil {
+			return fmt.Errorf("connect [::ffff:10.96.0.10]:80: %w", err)
+		}
+		peer, err := syscall.Getpeername(fd)
+		if err != nil {
+			return err
+		}
+		if p6, ok := peer.(*syscall.SockaddrInet6); !ok || netip.AddrFrom16(p6.Addr) != netip.MustParseAddr("::ffff:10.96.0.10") {
+			return fmt.Errorf("getpeername = %+v, want [::ffff:10.96.0.10]:80", peer)
+		}
+		buf := make([]byte, 64)
+		n, err := syscall.Read(fd, buf)
+		if err != nil {
+			return err
+		}
+		who = strings.TrimSpace(string(buf[:n]))
+		return nil
+	})
+	if err != nil || !contains(bes, who) {
+		t.Fatalf("dual-stack socket: reached %q, %v", who, err)
+	}
+}
