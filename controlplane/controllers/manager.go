@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,9 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
 	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
+	"github.com/waggle-io/waggle/controlplane/controllers/namespace"
+	"github.com/waggle-io/waggle/controlplane/controllers/nodeipam"
+	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
 	"github.com/waggle-io/waggle/controlplane/controllers/serviceaccount"
 	"github.com/waggle-io/waggle/internal/leaderelect"
@@ -86,6 +90,7 @@ type Config struct {
 	NodeCIDRMaskSize       int
 	NodeMonitorGracePeriod time.Duration
 	NodeMonitorPeriod      time.Duration
+	NodeStartupGracePeriod time.Duration
 
 	// ResyncPeriod of the shared informers (0: none).
 	ResyncPeriod time.Duration
@@ -113,6 +118,7 @@ func DefaultConfig() Config {
 		NodeCIDRMaskSize:              24,
 		NodeMonitorGracePeriod:        40 * time.Second,
 		NodeMonitorPeriod:             5 * time.Second,
+		NodeStartupGracePeriod:        60 * time.Second,
 		LogLevel:                      "info",
 		LeaderElection: leaderelect.Config{
 			Enabled: true, LeaseName: "kube-controller-manager", LeaseNamespace: leaderelect.DefaultLeaseNamespace,
@@ -181,6 +187,16 @@ func (c *Config) validate() error {
 	}
 	if c.MaxEndpointsPerSlice < 1 || c.MaxEndpointsPerSlice > 1000 {
 		errs = append(errs, fmt.Errorf("--max-endpoints-per-slice %d must be within 1..1000", c.MaxEndpointsPerSlice))
+	}
+	if c.AllocateNodeCIDRs {
+		if p, err := netip.ParsePrefix(c.ClusterCIDR); err != nil {
+			errs = append(errs, fmt.Errorf("--allocate-node-cidrs needs --cluster-cidr: %q: %w", c.ClusterCIDR, err))
+		} else if c.NodeCIDRMaskSize != 0 && (c.NodeCIDRMaskSize < p.Bits() || c.NodeCIDRMaskSize > p.Addr().BitLen()) {
+			errs = append(errs, fmt.Errorf("--node-cidr-mask-size %d does not fit --cluster-cidr %s", c.NodeCIDRMaskSize, p))
+		}
+	}
+	if c.NodeMonitorGracePeriod <= 0 || c.NodeMonitorPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--node-monitor-grace-period (%v) and --node-monitor-period (%v) must be positive", c.NodeMonitorGracePeriod, c.NodeMonitorPeriod))
 	}
 	if err := c.LeaderElection.Validate(); err != nil {
 		errs = append(errs, err)
@@ -287,7 +303,7 @@ func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 		}
 		run, err := s.build(d)
 		if err != nil {
-			d.Log.Error("controller not started", "controller", s.name, "err", err)
+			d.Log.Info("controller not started", "controller", s.name, "reason", err)
 			continue
 		}
 		runs = append(runs, run)
@@ -333,6 +349,23 @@ func starters() []starter {
 		{name: serviceaccount.Name, build: func(d Deps) (func(context.Context), error) {
 			c := serviceaccount.New(d.Client, d.Factory, d.Log, serviceaccount.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentServiceAccountSyncs) }, nil
+		}},
+		{name: namespace.Name, build: func(d Deps) (func(context.Context), error) {
+			c := namespace.New(d.Client, d.Factory, d.Log, namespace.Options{Dynamic: d.Dynamic})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentNamespaceSyncs) }, nil
+		}},
+		{name: nodeipam.Name, build: func(d Deps) (func(context.Context), error) {
+			if !d.Config.AllocateNodeCIDRs {
+				return nil, errors.New("--allocate-node-cidrs is off")
+			}
+			c := nodeipam.New(d.Client, d.Factory, d.Log, nodeipam.Options{ClusterCIDR: d.Config.ClusterCIDR, NodeCIDRMaskSize: d.Config.NodeCIDRMaskSize})
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
+		{name: nodelifecycle.Name, build: func(d Deps) (func(context.Context), error) {
+			c := nodelifecycle.New(d.Client, d.Factory, d.Log, nodelifecycle.Options{
+				NodeMonitorGracePeriod: d.Config.NodeMonitorGracePeriod, NodeMonitorPeriod: d.Config.NodeMonitorPeriod,
+				NodeStartupGracePeriod: d.Config.NodeStartupGracePeriod})
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: garbagecollector.Name, build: func(d Deps) (func(context.Context), error) {
 			c := garbagecollector.New(d.Client, d.Factory, d.Log, garbagecollector.Options{Dynamic: d.Dynamic, Resources: gcResources()})

@@ -36,7 +36,8 @@ func TestControllersFlagSelectsAsKubeControllerManager(t *testing.T) {
 
 func TestKnownControllersIncludeTheWorkloadControllers(t *testing.T) {
 	known := strings.Join(KnownControllers(), ",")
-	for _, n := range []string{"replicaset", "deployment", "daemonset", "endpointslice", "garbagecollector"} {
+	for _, n := range []string{"replicaset", "deployment", "daemonset", "endpointslice", "garbagecollector",
+		"namespace", "nodeipam", "nodelifecycle", "serviceaccount"} {
 		if !strings.Contains(known, n) {
 			t.Errorf("%s missing from %s", n, known)
 		}
@@ -53,6 +54,10 @@ func TestRunRejectsBadConfigBeforeContactingAnything(t *testing.T) {
 		{"bad bind address", func(c *Config) { c.BindAddress = "localhost:1" }, "--bind-address"},
 		{"port out of range", func(c *Config) { c.Port = 70000 }, "--port"},
 		{"slice size", func(c *Config) { c.MaxEndpointsPerSlice = 0 }, "--max-endpoints-per-slice"},
+		{"node CIDRs without a cluster CIDR", func(c *Config) { c.AllocateNodeCIDRs = true }, "--cluster-cidr"},
+		{"node mask wider than the cluster CIDR", func(c *Config) {
+			c.AllocateNodeCIDRs, c.ClusterCIDR, c.NodeCIDRMaskSize = true, "10.244.0.0/16", 8
+		}, "--node-cidr-mask-size"},
 		{"lease shorter than renew deadline", func(c *Config) { c.LeaderElection.LeaseDuration = time.Second }, "lease duration"},
 	}
 	for _, tc := range tests {
