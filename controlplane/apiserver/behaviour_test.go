@@ -246,6 +246,26 @@ func TestAPIBehaviour(t *testing.T) {
 		if _, err := mk("again", "10.96.0.200", corev1.ServiceTypeNodePort, 30100); err != nil {
 			t.Fatalf("released IP and port must be reusable: %v", err)
 		}
+		// NodePort → ClusterIP releases the port; → ExternalName the IP.
+		again, _ := svcs.Get(ctx, "again", metav1.GetOptions{})
+		again.Spec.Type = corev1.ServiceTypeClusterIP
+		again.Spec.Ports[0].NodePort = 0
+		if again, err := svcs.Update(ctx, again, metav1.UpdateOptions{}); err != nil || again.Spec.Ports[0].NodePort != 0 {
+			t.Fatalf("to ClusterIP: %+v %v", again, err)
+		}
+		if _, err := mk("port-reuse", "", corev1.ServiceTypeNodePort, 30100); err != nil {
+			t.Fatalf("node port released by a type change must be reusable: %v", err)
+		}
+		again, _ = svcs.Get(ctx, "again", metav1.GetOptions{})
+		again.Spec.Type = corev1.ServiceTypeExternalName
+		again.Spec.ExternalName = "example.com"
+		again.Spec.ClusterIP = ""
+		if again, err := svcs.Update(ctx, again, metav1.UpdateOptions{}); err != nil || again.Spec.ClusterIP != "" {
+			t.Fatalf("to ExternalName: %+v %v", again, err)
+		}
+		if _, err := mk("ip-reuse", "10.96.0.200", corev1.ServiceTypeClusterIP, 0); err != nil {
+			t.Fatalf("IP released by a type change must be reusable: %v", err)
+		}
 	})
 
 	t.Run("repair loop reclaims leaks and restores missing allocations", func(t *testing.T) {
