@@ -349,9 +349,12 @@ func TestJSONAndYAMLAreMachineReadable(t *testing.T) {
 	}
 }
 
-func TestRunWithoutCommandIsUsage(t *testing.T) {
+func TestRunRefusesAMissingCommandOrFormat(t *testing.T) {
 	if err := Run(context.Background(), Config{}); exitCodeOf(err) != ExitUsage {
 		t.Errorf("Run without command: %v", err)
+	}
+	if err := Run(context.Background(), Config{Command: []string{"status"}, Output: "xml"}); exitCodeOf(err) != ExitUsage {
+		t.Errorf("Run with output xml: %v", err)
 	}
 }
 

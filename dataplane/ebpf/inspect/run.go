@@ -18,6 +18,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(cfg.Command) == 0 {
 		return usageErr("no command given")
 	}
+	switch cfg.Output {
+	case FormatTable, FormatJSON, FormatYAML:
+	default:
+		return usageErr("output format %q: want table, json or yaml", cfg.Output)
+	}
 	dir, node, err := cfg.pinDir()
 	if err != nil {
 		return withExitCode(err)
