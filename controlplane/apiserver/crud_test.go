@@ -3,6 +3,7 @@ package apiserver_test
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -252,4 +253,37 @@ func TestNodeWatchSeesPodsWhenBound(t *testing.T) {
 			t.Fatalf("no event %d (%s)", i, typ)
 		}
 	}
+}
+
+func TestMetricsCountRequestsWatchesAndEtcd(t *testing.T) {
+	cs, srv := newClient(t)
+	ctx := context.Background()
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("m", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods("default").Get(ctx, "missing", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().Pods("default").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	<-w.ResultChan()
+	b, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`apiserver_request_total{code="201",resource="pods",subresource="",verb="create"} 1`,
+		`apiserver_request_total{code="404",resource="pods",subresource="",verb="get"} 1`,
+		`apiserver_registered_watchers 1`,
+		`etcd_request_duration_seconds_count{operation="create",type="pods"} 1`,
+		`apiserver_request_duration_seconds_bucket{resource="pods",subresource="",verb="create",le="+Inf"} 1`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	_ = srv
 }
