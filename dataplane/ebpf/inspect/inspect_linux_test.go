@@ -321,6 +321,7 @@ func value(m *dto.Metric) float64 {
 func TestStatusAgreesWithProxyMetrics(t *testing.T) {
 	f := newFixture(t)
 	f.traffic()
+	f.udpTraffic(3)
 	metrics := gather(t, f.reg)
 	var out bytes.Buffer
 	if err := Run(context.Background(), Config{Command: []string{"status"}, PinDir: f.pinDir, Output: FormatJSON, Out: &out}); err != nil {
@@ -369,7 +370,8 @@ func TestStatusAgreesWithProxyMetrics(t *testing.T) {
 	}
 	// The traffic must have made the counts non-trivial.
 	if metrics["waggle_ebpf_events_total{connect_xlate}"] != 2 || metrics["waggle_ebpf_events_total{affinity_hit}"] != 1 ||
-		metrics["waggle_ebpf_map_entries{waggle_affinity}"] != 1 {
+		metrics["waggle_ebpf_map_entries{waggle_affinity}"] != 1 || metrics["waggle_ebpf_events_total{sendmsg_xlate}"] < 3 ||
+		metrics["waggle_ebpf_events_total{recvmsg_xlate}"] < 3 {
 		t.Errorf("traffic left unexpected counts: %v", metrics)
 	}
 	if checked < 20 {
@@ -708,5 +710,60 @@ func TestExplainAgreesWithTheViewsReplay(t *testing.T) {
 					theirs.Verdict, a, theirs.Reason, ours.Verdict, b, ours.Summary)
 			}
 		}
+	}
+}
+
+// udpTraffic sends n datagrams to the DNS frontend from one unconnected
+// socket in the netns (sendmsg and recvmsg hooks) and checks that every
+// reply appears to come from the frontend.
+func (f *fixture) udpTraffic(n int) {
+	t := f.t
+	t.Helper()
+	for _, a := range []string{"10.1.0.1:53", "10.1.0.2:53"} {
+		ap := netip.MustParseAddrPort(a)
+		if !strings.Contains(f.ns.Run(t, "ip", "addr", "show", "dev", "lo"), ap.Addr().String()+"/") {
+			f.ns.Run(t, "ip", "addr", "add", ap.Addr().String()+"/32", "dev", "lo")
+		}
+		var pc net.PacketConn
+		if err := f.ns.Do(func(ns.NetNS) (err error) { pc, err = net.ListenPacket("udp", a); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				m, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				pc.WriteTo(buf[:m], from)
+			}
+		}()
+	}
+	err := f.ns.Do(func(ns.NetNS) error {
+		pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer pc.Close()
+		vip := net.UDPAddrFromAddrPort(netip.MustParseAddrPort("10.96.0.10:53"))
+		buf := make([]byte, 64)
+		for range n {
+			if _, err := pc.WriteTo([]byte("q"), vip); err != nil {
+				return err
+			}
+			pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return err
+			}
+			if from.String() != "10.96.0.10:53" {
+				return fmt.Errorf("reply from %s, want the frontend", from)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("udp traffic: %v", err)
 	}
 }
