@@ -1,0 +1,119 @@
+package namespace
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+func TestRealAPIServerNamespaceDeletion(t *testing.T) {
+	testutil.Privileged(t)
+	rc, _, _ := apiservertest.StartTestServer(t)
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team"}}, metav1.CreateOptions{}))
+	must(cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}}, metav1.CreateOptions{}))
+	for _, ns := range []string{"team", "other"} {
+		must(cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cfg"}}, metav1.CreateOptions{}))
+		must(cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s"}}, metav1.CreateOptions{}))
+		must(cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "svc"},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}, Selector: map[string]string{"app": "x"}}}, metav1.CreateOptions{}))
+		labels := map[string]string{"app": "x"}
+		one := int32(1)
+		must(cs.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "d"},
+			Spec: appsv1.DeploymentSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}, metav1.CreateOptions{}))
+		// A pod on a node: its deletion is graceful, finished by the kubelet.
+		must(cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "running"},
+			Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}, metav1.CreateOptions{}))
+	}
+
+	f := informers.NewSharedInformerFactory(cs, 0)
+	c := New(cs, f, slog.New(slog.DiscardHandler), Options{Dynamic: dyn, RecheckPeriod: 200 * time.Millisecond})
+	cctx, cancel := context.WithCancel(ctx)
+	f.Start(cctx.Done())
+	done := make(chan struct{})
+	go func() { c.Run(cctx, 2); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
+
+	if err := cs.CoreV1().Namespaces().Delete(ctx, "team", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	gone := func(err error) bool {
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		return apierrors.IsNotFound(err)
+	}
+	wait("content deleted while the pod terminates", func() bool {
+		_, e1 := cs.CoreV1().ConfigMaps("team").Get(ctx, "cfg", metav1.GetOptions{})
+		_, e2 := cs.AppsV1().Deployments("team").Get(ctx, "d", metav1.GetOptions{})
+		_, e3 := cs.CoreV1().Services("team").Get(ctx, "svc", metav1.GetOptions{})
+		_, e4 := cs.CoreV1().Secrets("team").Get(ctx, "s", metav1.GetOptions{})
+		return gone(e1) && gone(e2) && gone(e3) && gone(e4)
+	})
+	p, err := cs.CoreV1().Pods("team").Get(ctx, "running", metav1.GetOptions{})
+	if err != nil || p.DeletionTimestamp == nil {
+		t.Fatalf("pod on a node: %v, deletionTimestamp %v; want terminating", err, p.GetDeletionTimestamp())
+	}
+	ns, err := cs.CoreV1().Namespaces().Get(ctx, "team", metav1.GetOptions{})
+	if err != nil || ns.Status.Phase != corev1.NamespaceTerminating {
+		t.Fatalf("namespace while a pod terminates: %v, phase %v", err, ns.Status.Phase)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("team").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "late"}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("create in a Terminating namespace: %v, want Forbidden", err)
+	}
+
+	// The kubelet finishes the pod: the namespace is finalized and goes.
+	zero := int64(0)
+	if err := cs.CoreV1().Pods("team").Delete(ctx, "running", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	wait("namespace gone", func() bool {
+		_, err := cs.CoreV1().Namespaces().Get(ctx, "team", metav1.GetOptions{})
+		return gone(err)
+	})
+	for _, check := range []func() error{
+		func() error { _, err := cs.CoreV1().ConfigMaps("other").Get(ctx, "cfg", metav1.GetOptions{}); return err },
+		func() error { _, err := cs.AppsV1().Deployments("other").Get(ctx, "d", metav1.GetOptions{}); return err },
+		func() error { _, err := cs.CoreV1().Pods("other").Get(ctx, "running", metav1.GetOptions{}); return err },
+	} {
+		if err := check(); err != nil {
+			t.Fatalf("object in another namespace: %v", err)
+		}
+	}
+}
