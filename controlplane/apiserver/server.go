@@ -80,6 +80,8 @@ type Config struct {
 	BookmarkInterval time.Duration
 	// ShutdownTimeout bounds the graceful shutdown (default 10 s).
 	ShutdownTimeout time.Duration
+	// EtcdTimeout bounds each etcd call (default storage.DefaultTimeout).
+	EtcdTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -235,7 +237,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 
 	s.store, err = storage.Open(ctx, storage.Config{
-		Servers: cfg.EtcdServers, DataDir: cfg.DataDir, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync,
+		Servers: cfg.EtcdServers, DataDir: cfg.DataDir, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Timeout: cfg.EtcdTimeout,
 		Log: log.With("subsystem", "storage"), Registerer: s.health.Registry,
 	})
 	if err != nil {
