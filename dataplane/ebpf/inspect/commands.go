@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	cebpf "github.com/cilium/ebpf"
+
 	"github.com/waggle-io/waggle/dataplane/ebpf"
 )
 
@@ -113,7 +115,8 @@ func (in *inspector) mapRows() ([]MapRow, error) {
 	for _, m := range maps {
 		r := MapRow{Name: m.Name, Type: m.Type, KeySize: m.KeySize, ValueSize: m.ValueSize, Entries: m.Entries,
 			MaxEntries: m.MaxEntries, Path: m.Path}
-		if m.MaxEntries > 0 {
+		r.FixedSize = m.Type == cebpf.Array.String() || m.Type == cebpf.PerCPUArray.String()
+		if m.MaxEntries > 0 && !r.FixedSize {
 			r.Pressure = float64(int(float64(m.Entries)*10000/float64(m.MaxEntries))) / 100
 		}
 		out = append(out, r)
@@ -133,6 +136,11 @@ func (in *inspector) status() (*Status, error) {
 	}
 	if st.Maps, err = in.mapRows(); err != nil {
 		return nil, err
+	}
+	for _, m := range st.Maps {
+		if w := m.warning(); w != "" {
+			st.Warnings = append(st.Warnings, w)
+		}
 	}
 	switch n := len(st.Programs); {
 	case n == 0:

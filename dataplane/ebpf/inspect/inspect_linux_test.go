@@ -78,7 +78,7 @@ func testState() *dataplane.State {
 	return st
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T, tweak ...func(*ebpf.Config)) *fixture {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	testutil.RequiresKernelFeature(t, testutil.CgroupSockAddr)
@@ -93,8 +93,12 @@ func newFixture(t *testing.T) *fixture {
 		}
 		os.Remove(testPinRoot) // only when no other test's node is left
 	})
-	b, err := ebpf.New(ebpf.Config{NodeName: node, CgroupPath: cg, PinDir: f.pinDir, MaxServices: 1024,
-		MaxBackends: 256, MaxAffinity: 128, MaxReverseSockets: 512, Metrics: f.reg})
+	cfg := ebpf.Config{NodeName: node, CgroupPath: cg, PinDir: f.pinDir, MaxServices: 1024,
+		MaxBackends: 256, MaxAffinity: 128, MaxReverseSockets: 512, Metrics: f.reg}
+	for _, fn := range tweak {
+		fn(&cfg)
+	}
+	b, err := ebpf.New(cfg)
 	if err != nil {
 		t.Fatalf("ebpf.New: %v", err)
 	}
@@ -765,5 +769,23 @@ func (f *fixture) udpTraffic(n int) {
 	})
 	if err != nil {
 		t.Fatalf("udp traffic: %v", err)
+	}
+}
+
+// TestStatusWarnsWhenAMapIsNearlyFull: a backends map sized exactly for
+// the state is 100% full, and status says which proxy flag to raise.
+func TestStatusWarnsWhenAMapIsNearlyFull(t *testing.T) {
+	f := newFixture(t, func(c *ebpf.Config) { c.MaxBackends = 7 })
+	out, code, err := runCLI(t, "status", "--pin-dir", f.pinDir)
+	if code != ExitOK {
+		t.Fatalf("status: exit %d, %v", code, err)
+	}
+	for _, want := range []string{"100.00% !", "WARNING: waggle_backends is 100.00% full", "--bpf-lb-backends-max"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "WARNING") != 1 {
+		t.Errorf("want exactly one warning:\n%s", out)
 	}
 }

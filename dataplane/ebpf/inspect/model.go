@@ -80,7 +80,33 @@ type MapRow struct {
 	Entries    int     `json:"entries"`
 	MaxEntries int     `json:"maxEntries"`
 	Pressure   float64 `json:"pressurePercent"`
-	Path       string  `json:"path"`
+	// FixedSize maps (arrays) always hold MaxEntries entries: no pressure.
+	FixedSize bool   `json:"fixedSize,omitempty"`
+	Path      string `json:"path"`
+}
+
+// pressureWarn is the fill level from which status warns.
+const pressureWarn = 90
+
+// sizeFlags names the proxy flag that sizes each map.
+var sizeFlags = map[string]string{
+	ebpf.MapServices: "--bpf-lb-map-max", ebpf.MapRevNat: "--bpf-lb-map-max", ebpf.MapServiceNames: "--bpf-lb-map-max",
+	ebpf.MapBackends: "--bpf-lb-backends-max", ebpf.MapAffinity: "--bpf-lb-affinity-max", ebpf.MapReverseSockets: "--bpf-lb-sock-rev-max",
+}
+
+// warning says what a map's fill level means, or "" when it is fine.
+func (m MapRow) warning() string {
+	if m.FixedSize || m.Pressure < pressureWarn {
+		return ""
+	}
+	flag := sizeFlags[m.Name]
+	if flag == "" {
+		flag = "its size"
+	}
+	if strings.HasPrefix(m.Type, "LRU") {
+		return fmt.Sprintf("%s is %.2f%% full: the least recently used entries are evicted; raise the proxy's %s if that is too soon", m.Name, m.Pressure, flag)
+	}
+	return fmt.Sprintf("%s is %.2f%% full: frontends that do not fit are left out; raise the proxy's %s", m.Name, m.Pressure, flag)
 }
 
 // Event is one of the programs' counters.
@@ -101,6 +127,8 @@ type Status struct {
 	Programs      []Program `json:"programs"`
 	Maps          []MapRow  `json:"maps"`
 	Events        []Event   `json:"events"`
+	// Warnings name maps at or above 90% of their size.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Slot states.

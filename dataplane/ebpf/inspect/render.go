@@ -86,16 +86,32 @@ func (s *Status) writeTable(w io.Writer) {
 	fmt.Fprintln(w)
 	row(w, "MAP", "ENTRIES", "MAX", "PRESSURE")
 	for _, m := range s.Maps {
-		row(w, m.Name, m.Entries, m.MaxEntries, pct(m.Pressure))
+		row(w, m.Name, m.Entries, m.MaxEntries, m.pressureCell())
 	}
 	fmt.Fprintln(w)
 	row(w, "EVENT", "COUNT")
 	for _, e := range s.Events {
 		row(w, e.Name, e.Count)
 	}
+	if len(s.Warnings) > 0 {
+		fmt.Fprintln(w)
+		for _, x := range s.Warnings {
+			fmt.Fprintln(w, "WARNING: "+x)
+		}
+	}
 }
 
 func pct(p float64) string { return strconv.FormatFloat(p, 'f', 2, 64) + "%" }
+
+func (m MapRow) pressureCell() string {
+	switch {
+	case m.FixedSize:
+		return "fixed"
+	case m.warning() != "":
+		return pct(m.Pressure) + " !"
+	}
+	return pct(m.Pressure)
+}
 
 func affinityCell(f Frontend) string {
 	if f.AffinityTimeout == 0 {
@@ -154,7 +170,7 @@ func (l FrontendDetail) writeTable(w io.Writer) {
 func (l MapList) writeTable(w io.Writer) {
 	row(w, "NAME", "TYPE", "KEY", "VALUE", "ENTRIES", "MAX", "PRESSURE", "PINNED")
 	for _, m := range l {
-		row(w, m.Name, m.Type, fmt.Sprintf("%dB", m.KeySize), fmt.Sprintf("%dB", m.ValueSize), m.Entries, m.MaxEntries, pct(m.Pressure), m.Path)
+		row(w, m.Name, m.Type, fmt.Sprintf("%dB", m.KeySize), fmt.Sprintf("%dB", m.ValueSize), m.Entries, m.MaxEntries, m.pressureCell(), m.Path)
 	}
 }
 
