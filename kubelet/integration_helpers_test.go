@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+
+	"github.com/waggle-io/waggle/kubelet"
 )
 
 type certKeyPEM struct{ cert, key []byte }
@@ -48,3 +50,6 @@ func mustAddr(t interface{ Fatalf(string, ...any) }, s string) netip.Addr {
 	}
 	return a
 }
+
+// KubeletConfig is kubelet.Config, for option funcs.
+type KubeletConfig = kubelet.Config

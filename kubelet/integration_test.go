@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -61,19 +62,19 @@ func cniBinDir(t testing.TB) string {
 // node is one kubelet on real containerd, runc and waggle-cni, against a
 // real API server.
 type node struct {
-	t        *testing.T
-	name     string
-	cfg      kubelet.Config
-	ctrd     *ktest.Containerd
-	client   kubernetes.Interface
-	rc       *rest.Config
-	bridge   string
-	podCIDR  netip.Prefix
-	ipamDir  string
-	apiPort  int
-	cancel   context.CancelFunc
-	done     chan error
-	kubelet  *kubelet.Kubelet
+	t         *testing.T
+	name      string
+	cfg       kubelet.Config
+	ctrd      *ktest.Containerd
+	client    kubernetes.Interface
+	rc        *rest.Config
+	bridge    string
+	podCIDR   netip.Prefix
+	ipamDir   string
+	apiPort   int
+	cancel    context.CancelFunc
+	done      chan error
+	kubelet   *kubelet.Kubelet
 	clientTLS *tls.Config
 }
 
@@ -249,6 +250,13 @@ func waitFor(t *testing.T, d time.Duration, what string, f func() (bool, string)
 		last = msg
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The goroutines tell where a stuck pod worker waits.
+	dump, _ := os.CreateTemp("", "kubelet-goroutines-*.txt")
+	if dump != nil {
+		pprof.Lookup("goroutine").WriteTo(dump, 2)
+		dump.Close()
+		t.Fatalf("timed out after %s waiting for %s: %s (goroutines in %s)", d, what, last, dump.Name())
+	}
 	t.Fatalf("timed out after %s waiting for %s: %s", d, what, last)
 }
 
@@ -257,7 +265,7 @@ func echoPod(n *node, name string, mutate func(*v1.Pod)) *v1.Pod {
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": name}},
 		Spec: v1.PodSpec{NodeName: n.name, TerminationGracePeriodSeconds: ptrInt64(2), Containers: []v1.Container{{
 			Name: "echo", Image: images.EchoImage, ImagePullPolicy: v1.PullNever,
-			Env: []v1.EnvVar{{Name: "POD_NAME", ValueFrom: &v1.EnvVarSource{FieldRef: &v1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+			Env:   []v1.EnvVar{{Name: "POD_NAME", ValueFrom: &v1.EnvVarSource{FieldRef: &v1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
 			Ports: []v1.ContainerPort{{Name: "http", ContainerPort: 8080}},
 		}}},
 	}

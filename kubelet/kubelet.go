@@ -55,6 +55,7 @@ type Kubelet struct {
 	// sourcesReady is set once the API and static sources have listed:
 	// only then are unknown containers and sandboxes orphans.
 	sourcesReady atomic.Bool
+	relistMu     sync.Mutex
 	relistKick   chan struct{}
 	relistDone   chan struct{}
 	backoff      *flowcontrol.Backoff
@@ -263,7 +264,7 @@ func (k *Kubelet) Run(ctx context.Context) error {
 		}))
 	podInf := factory.Core().V1().Pods()
 	inf := podInf.Informer()
-	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { k.podFromAPI(o.(*v1.Pod)) },
 		UpdateFunc: func(_, o any) { k.podFromAPI(o.(*v1.Pod)) },
 		DeleteFunc: func(o any) {
@@ -280,8 +281,13 @@ func (k *Kubelet) Run(ctx context.Context) error {
 		p, err := lister.Pods(ns).Get(name)
 		return p, err == nil
 	}
+	if err != nil {
+		return fmt.Errorf("pod informer: %w", err)
+	}
 	factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	// The handler's own HasSynced: every listed pod has reached a worker
+	// before anything else may be called an orphan.
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced, reg.HasSynced) {
 		return ctx.Err()
 	}
 	if k.cfg.PodManifestPath != "" {

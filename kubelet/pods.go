@@ -259,14 +259,14 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 		if err := w.terminate(ctx, pod, ctrs, gracePeriod(pod)); err != nil {
 			return false, err
 		}
+		final := w.computeStatus(pod, w.containers(), true)
 		if err := w.cleanup(ctx, pod); err != nil {
 			return false, err
 		}
 		if !gone && !w.static {
 			// Final status, then the kubelet's delete that removes the pod
 			// from the API, as Kubernetes' status manager does.
-			st := w.computeStatus(pod, nil, true)
-			w.writeStatus(ctx, pod, st)
+			w.writeStatus(ctx, pod, final)
 			err := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 				GracePeriodSeconds: new(int64),
 				Preconditions:      metav1.NewUIDPreconditions(string(pod.UID)),
@@ -496,7 +496,7 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 		}
 		cur := l[0]
 		switch cur.State {
-		case runtime.StateRunning, runtime.StateCreated:
+		case runtime.StateRunning, runtime.StateCreated, runtime.StateUnknown:
 			return nil // wait for it
 		}
 		if cur.State == runtime.StateExited && cur.ExitCode == 0 {
@@ -531,12 +531,13 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 				w.pending[cur.ID] = exited
 			}
 			continue
-		case runtime.StateCreated:
-			continue
+		case runtime.StateCreated, runtime.StateUnknown:
+			continue // wait for the runtime to say more
 		}
 		if !shouldRestart(pod.Spec.RestartPolicy, cur.ExitCode) && cur.State == runtime.StateExited {
 			continue
 		}
+		k.log.Debug("container exited; restarting", "pod", pod.Name, "container", c.Name, "exit", cur.ExitCode, "attempt", cur.Attempt)
 		if err := w.restart(ctx, pod, c, cur, false); err != nil {
 			errs = append(errs, err)
 		}
@@ -561,10 +562,6 @@ func (w *podWorker) restart(ctx context.Context, pod *v1.Pod, c *v1.Container, c
 		return nil
 	}
 	k.backoff.Next(key, time.Now())
-	if cur.State == runtime.StateUnknown {
-		k.rt.RemoveContainer(ctx, cur.ID)
-		w.removed[cur.ID] = true
-	}
 	return w.start(ctx, pod, c, cur.Attempt+1, init)
 }
 

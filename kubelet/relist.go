@@ -56,6 +56,8 @@ func sameContainers(a, b []runtime.Container) bool {
 // is kept and workers pause (see runtimeErr), so that an unreachable
 // containerd never looks like "no containers".
 func (k *Kubelet) relist(ctx context.Context) {
+	k.relistMu.Lock()
+	defer k.relistMu.Unlock()
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	list, err := k.rt.ListContainers(lctx)

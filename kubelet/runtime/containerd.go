@@ -18,6 +18,7 @@ import (
 	cg1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	cg2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/containerd"
+	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/cio"
 	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/errdefs"
@@ -47,7 +48,12 @@ const (
 	LabelExitCode     = "waggle.io/exit-code"
 	LabelReason       = "waggle.io/reason"
 	LabelCgroup       = "waggle.io/cgroup"
+	LabelOOM          = "waggle.io/oom-killed"
 )
+
+// oomGrace is how long an exit by SIGKILL waits for its OOM event before
+// it is recorded as a plain error.
+const oomGrace = 2 * time.Second
 
 // ContainerdOptions configure the containerd runtime.
 type ContainerdOptions struct {
@@ -72,7 +78,8 @@ type Containerd struct {
 	client *containerd.Client
 	log    *slog.Logger
 	pulls  singleflight.Group
-	execMu sync.Mutex
+	// stopEvents ends the OOM event subscription.
+	stopEvents context.CancelFunc
 }
 
 var _ Runtime = (*Containerd)(nil)
@@ -106,7 +113,49 @@ func NewContainerd(opts ContainerdOptions) (*Containerd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd at %s: %w", opts.Address, err)
 	}
-	return &Containerd{opts: opts, client: client, log: opts.Log}, nil
+	c := &Containerd{opts: opts, client: client, log: opts.Log}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.stopEvents = cancel
+	go c.watchOOM(ctx)
+	return c, nil
+}
+
+// watchOOM records containerd's OOM events in the containers' labels, so
+// an OOM kill is known after restarts too. It reconnects after containerd
+// restarts.
+func (c *Containerd) watchOOM(ctx context.Context) {
+	for ctx.Err() == nil {
+		ch, errs := c.client.Subscribe(namespaces.WithNamespace(ctx, c.opts.Namespace),
+			fmt.Sprintf(`namespace==%q,topic=="/tasks/oom"`, c.opts.Namespace))
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-errs:
+				break loop
+			case env := <-ch:
+				if env == nil || env.Event == nil {
+					continue
+				}
+				v, err := typeurl.UnmarshalAny(env.Event)
+				if err != nil {
+					continue
+				}
+				if ev, ok := v.(*apievents.TaskOOM); ok {
+					cctx := c.ctx(ctx)
+					if ctr, err := c.client.LoadContainer(cctx, ev.ContainerID); err == nil {
+						ctr.SetLabels(cctx, map[string]string{LabelOOM: "true"})
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // Client returns the containerd client (for image import at start).
@@ -120,7 +169,10 @@ func (c *Containerd) ctx(ctx context.Context) context.Context {
 }
 
 // Close closes the client connection; containers keep running.
-func (c *Containerd) Close() error { return c.client.Close() }
+func (c *Containerd) Close() error {
+	c.stopEvents()
+	return c.client.Close()
+}
 
 // Version implements Runtime.
 func (c *Containerd) Version(ctx context.Context) (string, string, error) {
@@ -432,10 +484,21 @@ func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, in
 	task, err := ctr.Task(ctx, nil)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
-			// Created but never started (a start that failed half-way).
-			rc.State = StateUnknown
+			// Another lister may have just recorded the exit and deleted
+			// the task: look at the labels again.
+			if fresh, err := ctr.Info(ctx); err == nil {
+				if _, ok := fresh.Labels[LabelExitCode]; ok {
+					c.fillState(ctx, ctr, &fresh, rc)
+					return
+				}
+			}
+			// Created but never started (a start that failed half-way, or
+			// a task lost with its shim): it will not run.
+			rc.State, rc.ExitCode, rc.Reason = StateExited, 128, "ContainerCannotRun"
+			rc.FinishedAt = info.UpdatedAt
 			return
 		}
+		// A transient failure: the caller must not act on it.
 		rc.State = StateUnknown
 		return
 	}
@@ -458,8 +521,12 @@ func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, in
 		if rc.ExitCode != 0 {
 			rc.Reason = "Error"
 		}
-		if c.oomKilled(l[LabelCgroup]) {
+		if l[LabelOOM] == "true" || c.oomKilled(l[LabelCgroup]) {
 			rc.Reason = "OOMKilled"
+		} else if rc.ExitCode == 137 && time.Since(rc.FinishedAt) < oomGrace {
+			// Killed: the OOM event may be on its way. Report the exit, but
+			// record it only on a later look.
+			return
 		}
 		labels := map[string]string{
 			LabelExitCode:   strconv.Itoa(int(rc.ExitCode)),
