@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -63,7 +64,20 @@ func BenchmarkAPIServer(b *testing.B) {
 	}
 }
 
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := bytes.Fields(b)
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return string(bytes.Join(f[:3], []byte(" ")))
+}
+
 func runAPIServerBench(b *testing.B) {
+	loadBefore := loadavg()
 	srv := apiservertest.Start(b, apiservertest.Options{Configure: func(c *apiserver.Config) { c.EtcdUnsafeNoFsync = false }})
 	cs := kubernetes.NewForConfigOrDie(srv.Config)
 	ctx := context.Background()
@@ -181,7 +195,7 @@ func runAPIServerBench(b *testing.B) {
 	}
 	d0 := timeList("?resourceVersion=0")
 	dc := timeList("")
-	add("list_10000_pods_rv0_ms", ms(d0)+" (median of 7, watch cache, HTTPS, body read)", float64(d0.Microseconds())/1000)
+	add("list_10000_pods_rv0_ms", ms(d0)+" (median of 7, watch cache, HTTPS, whole body read)", float64(d0.Microseconds())/1000)
 	add("list_10000_pods_consistent_ms", ms(dc)+" (median of 7, cache after revision check)", float64(dc.Microseconds())/1000)
 	var typed []time.Duration
 	for r := 0; r < 3; r++ {
@@ -285,7 +299,9 @@ func runAPIServerBench(b *testing.B) {
 	})
 	add("watch_fanout_live_events_per_s", fmt.Sprintf("%.0f /s (100 watchers x 1,000 live updates, %d delivered; bound by the write rate)", rateLive, n), rateLive)
 
-	fmt.Fprintf(os.Stdout, "\nwaggle apiserver benchmark (embedded etcd with fsync, HTTPS, client-go; %s)\n", time.Now().Format(time.RFC3339))
+	fmt.Fprintf(os.Stdout, "\nwaggle apiserver benchmark (embedded etcd with fsync, HTTPS, client-go; %s; load average before %s, after %s on %d CPUs)\n",
+		time.Now().Format(time.RFC3339), loadBefore, loadavg(), runtime.NumCPU())
+	results["loadavg_before"], results["loadavg_after"] = loadBefore, loadavg()
 	for _, r := range rows {
 		fmt.Fprintf(os.Stdout, "  %-36s %s\n", r[0], r[1])
 	}
