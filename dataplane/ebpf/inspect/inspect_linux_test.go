@@ -263,6 +263,7 @@ func TestCommandsOnRealProxyStateMatchGoldens(t *testing.T) {
 		{"explain-affinity-by-name", []string{"explain", f.ns.Name, "10.96.0.13:80"}, false},
 		{"explain-affinity-other-client", []string{"explain", "cookie:1", "10.96.0.13:80"}, false},
 		{"explain-no-entry", []string{"explain", netnsPath, "10.96.0.10:80"}, false},
+		{"explain-ipv6", []string{"explain", "[fd00:96::10]:443/TCP"}, false},
 	}
 	for _, m := range []string{ebpf.MapServices, ebpf.MapBackends, ebpf.MapRevNat, ebpf.MapServiceNames,
 		ebpf.MapAffinity, ebpf.MapReverseSockets, ebpf.MapMeta, ebpf.MapStats} {
@@ -626,6 +627,17 @@ func TestExplainPredictsRealConnects(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+	res, err = in.run(context.Background(), Config{Command: []string{"lb", "get", "10.96.0.12:80"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states []string
+	for _, s := range res.(FrontendDetail)[0].Backends {
+		states = append(states, s.Backend+"="+s.State)
+	}
+	if got := strings.Join(states, " "); got != "10.1.0.1:8080=active -=backend-missing 10.1.0.3:8080=active" {
+		t.Errorf("lb get after the backend went: %s", got)
 	}
 	res, err = in.run(context.Background(), Config{Command: []string{"explain", "10.96.0.12:80"}})
 	if err != nil {
