@@ -221,10 +221,16 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	if c.tracker.stale(key, existing) {
-		c.queue.AddAfter(key, 100*time.Millisecond)
+		// The informer has not yet delivered this controller's last write;
+		// its event enqueues the service again. The delayed add is only a
+		// safety net.
+		c.log.Debug("endpointslice cache is stale, waiting for the informer", "service", key)
+		c.queue.AddAfter(key, trackTimeout)
 		return nil
 	}
+	start := time.Now()
 	sliceErr := c.reconcileSlices(ctx, svc, pods, existing)
+	c.log.Debug("synced endpointslices", "service", key, "pods", len(pods), "took", time.Since(start))
 	var epErr error
 	if !c.opts.SkipLegacyEndpoints {
 		epErr = c.reconcileEndpoints(ctx, svc, pods)
