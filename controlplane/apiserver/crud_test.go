@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 )
 
 func newClient(t *testing.T) (*kubernetes.Clientset, *apiservertest.Server) {
@@ -286,4 +287,38 @@ func TestMetricsCountRequestsWatchesAndEtcd(t *testing.T) {
 		}
 	}
 	_ = srv
+}
+
+// TestMetadataClientGetsPartialObjectMetadata serves client-go's metadata
+// client (and metadata informers): get, list and watch as
+// PartialObjectMetadata.
+func TestMetadataClientGetsPartialObjectMetadata(t *testing.T) {
+	cs, srv := newClient(t)
+	ctx := context.Background()
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("meta", map[string]string{"a": "b"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mc := metadata.NewForConfigOrDie(srv.Config)
+	pods := mc.Resource(corev1.SchemeGroupVersion.WithResource("pods")).Namespace("default")
+	p, err := pods.Get(ctx, "meta", metav1.GetOptions{})
+	if err != nil || p.Labels["a"] != "b" {
+		t.Fatalf("metadata get: %+v %v", p, err)
+	}
+	l, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil || len(l.Items) != 1 || l.ResourceVersion == "" {
+		t.Fatalf("metadata list: %+v %v", l, err)
+	}
+	w, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	select {
+	case e := <-w.ResultChan():
+		if pm, ok := e.Object.(*metav1.PartialObjectMetadata); e.Type != watch.Added || !ok || pm.Name != "meta" {
+			t.Fatalf("metadata watch: %s %T", e.Type, e.Object)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no metadata watch event")
+	}
 }

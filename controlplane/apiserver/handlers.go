@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -193,6 +194,16 @@ func writeJSON(w http.ResponseWriter, code int, b []byte) {
 // writeObject writes obj (with apiVersion and kind) or, when the client
 // asked for it, its Table.
 func (s *Server) writeObject(w http.ResponseWriter, r *http.Request, reg *registry, code int, obj runtime.Object) error {
+	if wantsPartial(r) && reg != nil && !meta.IsListType(obj) {
+		if _, isStatus := obj.(*metav1.Status); !isStatus {
+			b, err := json.Marshal(partialOf(obj))
+			if err != nil {
+				return err
+			}
+			writeJSON(w, code, b)
+			return nil
+		}
+	}
 	if wantsTable(r) {
 		if t, err := tableFor(r, obj, false); err == nil {
 			b, err := json.Marshal(t)
@@ -222,7 +233,7 @@ func (s *Server) serveGet(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if err != nil {
 		return err
 	}
-	if wantsTable(r) {
+	if wantsTable(r) || wantsPartial(r) {
 		return s.writeObject(w, r, req.reg, http.StatusOK, o.Obj.DeepCopyObject())
 	}
 	writeJSON(w, http.StatusOK, o.JSON)
@@ -245,6 +256,19 @@ func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.R
 	res, err := req.reg.list(ctx, req.ns, opts)
 	if err != nil {
 		return err
+	}
+	if wantsPartial(r) {
+		pl := &metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadataList"},
+			ListMeta: metav1.ListMeta{ResourceVersion: strconv.FormatInt(res.rev, 10), Continue: res.cont}, Items: []metav1.PartialObjectMetadata{}}
+		for _, o := range res.items {
+			pl.Items = append(pl.Items, *partialOf(o.Obj))
+		}
+		b, err := json.Marshal(pl)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, b)
+		return nil
 	}
 	if wantsTable(r) {
 		list := req.reg.res.NewList()

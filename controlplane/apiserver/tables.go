@@ -23,6 +23,23 @@ func wantsTable(r *http.Request) bool {
 	return strings.Contains(acc, "as=Table") && strings.Contains(acc, "g=meta.k8s.io")
 }
 
+// wantsPartial reports whether the client asked for metadata only
+// (client-go's metadata client: Accept ...;as=PartialObjectMetadata[List]).
+func wantsPartial(r *http.Request) bool {
+	acc := r.Header.Get("Accept")
+	return strings.Contains(acc, "as=PartialObjectMetadata") && strings.Contains(acc, "g=meta.k8s.io")
+}
+
+func partialOf(obj runtime.Object) *metav1.PartialObjectMetadata {
+	p := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadata"}}
+	if a, ok := obj.(metav1.ObjectMetaAccessor); ok {
+		if om, ok := a.GetObjectMeta().(*metav1.ObjectMeta); ok {
+			p.ObjectMeta = *om.DeepCopy()
+		}
+	}
+	return p
+}
+
 func includeObjectPolicy(r *http.Request) metav1.IncludeObjectPolicy {
 	switch p := metav1.IncludeObjectPolicy(r.URL.Query().Get("includeObject")); p {
 	case metav1.IncludeNone, metav1.IncludeObject, metav1.IncludeMetadata:

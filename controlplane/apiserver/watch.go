@@ -70,6 +70,7 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 	}
 
 	table := wantsTable(r)
+	partial := wantsPartial(r)
 	bookmarks := opts.AllowWatchBookmarks
 	bookmarkPrefix := []byte(`{"type":"BOOKMARK","object":{"kind":"` + req.reg.res.Kind + `","apiVersion":"` + req.reg.res.GroupVersion().String() + `","metadata":{"resourceVersion":"`)
 	buf := make([]byte, 0, 64<<10)
@@ -113,6 +114,12 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 			buf = append(buf, bookmarkPrefix...)
 			buf = strconv.AppendInt(buf, e.Rev, 10)
 			buf = append(buf, "\"}}}\n"...)
+		case partial:
+			pj, err := json.Marshal(partialOf(e.Obj.Obj))
+			if err != nil {
+				return nil
+			}
+			buf = appendFrame(buf, t, pj)
 		case table:
 			tbl, err := tableFor(r, e.Obj.Obj, !headers)
 			if errors.Is(err, errNoTable) {
