@@ -98,7 +98,11 @@ func (in *inspector) programs() ([]Program, error) {
 			pr.AttachPoint = fmt.Sprintf("cgroup id %d", p.CgroupID)
 		}
 		if p.Loaded > 0 && bootNow >= p.Loaded {
-			pr.Since = now.Add(-(bootNow - p.Loaded)).UTC().Truncate(time.Second)
+			pr.Loaded = now.Add(-(bootNow - p.Loaded)).UTC().Truncate(time.Second)
+		}
+		if p.LinkPath != "" {
+			pr.LinkPath = p.LinkPath
+			pr.Attached = in.sys.PinTime(p.LinkPath).UTC().Truncate(time.Second)
 		}
 		out = append(out, pr)
 	}

@@ -58,7 +58,13 @@ func (s *fakeSystem) Now() time.Time              { return time.Unix(0, int64(s.
 func (s *fakeSystem) Monotonic() time.Duration    { return s.mono }
 func (s *fakeSystem) Boottime() time.Duration     { return s.boot }
 func (s *fakeSystem) CgroupPath(id uint64) string { return s.cgroups[id] }
-func (s *fakeSystem) StatsEnabled() bool          { return s.stats }
+func (s *fakeSystem) PinTime(path string) time.Time {
+	if path == "" {
+		return time.Time{}
+	}
+	return time.Date(2026, 1, 2, 3, 4, 6, 0, time.UTC)
+}
+func (s *fakeSystem) StatsEnabled() bool { return s.stats }
 func (s *fakeSystem) EnableStats() (io.Closer, error) {
 	s.stats = true
 	return closerFunc(func() error { s.stats = false; return nil }), nil
@@ -145,7 +151,7 @@ func newFake() (*fakeSource, *fakeSystem) {
 		},
 		programs: []ebpf.ProgramInfo{
 			{Name: "waggle_connect4", ProgramID: 41, LinkID: 5, Type: "CGroupSockAddr", AttachType: "CGroupInet4Connect",
-				CgroupID: 77, Loaded: 900 * time.Second, Runs: 10, RunTime: 5 * time.Microsecond},
+				CgroupID: 77, Loaded: 900 * time.Second, Runs: 10, RunTime: 5 * time.Microsecond, LinkPath: "/sys/fs/bpf/waggle/fake/links/waggle_connect4"},
 			{Name: "waggle_bind4", ProgramID: 40, LinkID: 4, Type: "CGroupSockAddr", AttachType: "CGroupInet4Bind", CgroupID: 78},
 		},
 		meta: ebpf.Meta{Magic: ebpf.Magic, LayoutVersion: ebpf.LayoutVersion, Created: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)},

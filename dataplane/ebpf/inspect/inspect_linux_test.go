@@ -40,6 +40,7 @@ type fixture struct {
 	ns     *testutil.NetNS
 	reg    *prometheus.Registry
 	b      *ebpf.Backend
+	cfg    ebpf.Config
 }
 
 func ep(s string) dataplane.Endpoint {
@@ -98,6 +99,7 @@ func newFixture(t *testing.T, tweak ...func(*ebpf.Config)) *fixture {
 	for _, fn := range tweak {
 		fn(&cfg)
 	}
+	f.cfg = cfg
 	b, err := ebpf.New(cfg)
 	if err != nil {
 		t.Fatalf("ebpf.New: %v", err)
@@ -190,7 +192,8 @@ func (f *fixture) mask(v any) any {
 	progs := func(ps []Program) {
 		for i := range ps {
 			p := &ps[i]
-			p.ID, p.LinkID, p.CgroupID, p.Since = 0, 0, 0, time.Time{}
+			p.ID, p.LinkID, p.CgroupID, p.Attached, p.Loaded = 0, 0, 0, time.Time{}, time.Time{}
+			p.LinkPath = path(p.LinkPath)
 			p.StatsEnabled, p.Runs, p.RunTime, p.Window = false, 0, 0, 0
 			p.AttachPoint = path(p.AttachPoint)
 		}
@@ -525,7 +528,8 @@ func TestProgListEnableStatsCountsRunsInTheWindow(t *testing.T) {
 		if p.Name == "waggle_connect4" && (p.Runs < 5 || p.RunTime <= 0) {
 			t.Errorf("connect4 ran %d times in %s during the window, want at least the 5 connects", p.Runs, p.RunTime)
 		}
-		if p.ID == 0 || p.Since.IsZero() || !strings.HasPrefix(p.AttachPoint, "/") {
+		if p.ID == 0 || p.Loaded.IsZero() || p.Attached.IsZero() || p.Attached.After(p.Loaded.Add(time.Second)) ||
+			time.Since(p.Attached) > time.Minute || !strings.HasPrefix(p.AttachPoint, "/") {
 			t.Errorf("%s: want an ID, a load time and the cgroup path: %+v", p.Name, p)
 		}
 		if p.AttachPoint != f.cgroup {
@@ -799,5 +803,39 @@ func TestStatusWarnsWhenAMapIsNearlyFull(t *testing.T) {
 	}
 	if strings.Count(out, "WARNING") != 1 {
 		t.Errorf("want exactly one warning:\n%s", out)
+	}
+}
+
+// TestRestartKeepsAttachTimeAndMovesLoadTime: a restarted proxy swaps new
+// programs into the pinned links, so ATTACHED stays (load balancing never
+// stopped) while LOADED moves to the restart.
+func TestRestartKeepsAttachTimeAndMovesLoadTime(t *testing.T) {
+	f := newFixture(t)
+	before, err := f.inspector().programs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // times are shown to the second
+	f.b.Close()
+	cfg := f.cfg
+	cfg.Metrics = nil
+	b, err := ebpf.New(cfg)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	after, err := f.inspector().programs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) != 10 || len(after) != len(before) {
+		t.Fatalf("%d programs before, %d after", len(before), len(after))
+	}
+	for i := range after {
+		a, p := after[i], before[i]
+		if !a.Attached.Equal(p.Attached) || !a.Loaded.After(p.Loaded) || a.ID == p.ID || a.LinkID != p.LinkID {
+			t.Errorf("%s: before attached %s loaded %s (prog %d, link %d); after attached %s loaded %s (prog %d, link %d)",
+				a.Name, p.Attached, p.Loaded, p.ID, p.LinkID, a.Attached, a.Loaded, a.ID, a.LinkID)
+		}
 	}
 }

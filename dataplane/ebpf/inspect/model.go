@@ -42,6 +42,8 @@ type system interface {
 	CgroupPath(id uint64) string
 	// NetnsCookie resolves a client network namespace (see explain).
 	NetnsCookie(src string) (uint64, error)
+	// PinTime is when the file at path (on bpffs) was created.
+	PinTime(path string) time.Time
 	// StatsEnabled reports kernel.bpf_stats_enabled.
 	StatsEnabled() bool
 	// EnableStats turns BPF run statistics on until the closer is closed.
@@ -59,9 +61,15 @@ type Program struct {
 	AttachType  string `json:"attachType"`
 	AttachPoint string `json:"attachPoint"`
 	CgroupID    uint64 `json:"cgroupID"`
-	// Since is when the program was loaded (the kernel keeps no attach
-	// time; the proxy loads and attaches at once).
-	Since time.Time `json:"since"`
+	// Attached is when the link was pinned: the proxy pins it right after
+	// attaching, and a restarted proxy swaps its program into the same
+	// link, so this is when load balancing began on the cgroup (the
+	// kernel keeps no attach time itself).
+	Attached time.Time `json:"attached"`
+	// Loaded is when the program now in the link was loaded (the last
+	// proxy start).
+	Loaded   time.Time `json:"loaded"`
+	LinkPath string    `json:"linkPath"`
 	// Runs and RunTime count only while BPF statistics are enabled.
 	StatsEnabled bool          `json:"statsEnabled"`
 	Runs         uint64        `json:"runs"`

@@ -55,7 +55,7 @@ func orDash(s string) string {
 }
 
 func timeCell(t time.Time) string {
-	if t.IsZero() {
+	if t.IsZero() || t.Unix() <= 0 {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
@@ -76,9 +76,9 @@ func (s *Status) writeTable(w io.Writer) {
 	row(w, "Frontends:", s.Frontends)
 	row(w, "Backends:", s.Backends)
 	fmt.Fprintln(w)
-	row(w, "PROGRAM", "TYPE", "ATTACH TYPE", "ATTACH POINT", "SINCE")
+	row(w, "PROGRAM", "TYPE", "ATTACH TYPE", "ATTACH POINT", "ATTACHED", "LOADED")
 	for _, p := range s.Programs {
-		row(w, p.Name, p.Type, p.AttachType, p.AttachPoint, timeCell(p.Since))
+		row(w, p.Name, p.Type, p.AttachType, p.AttachPoint, timeCell(p.Attached), timeCell(p.Loaded))
 	}
 	if len(s.Programs) == 0 {
 		row(w, "(none attached)")
@@ -190,7 +190,7 @@ func (l SocketList) writeTable(w io.Writer) {
 }
 
 func (l ProgramList) writeTable(w io.Writer) {
-	row(w, "ID", "NAME", "TYPE", "ATTACH TYPE", "ATTACH POINT", "LINK", "SINCE", "RUNS", "RUN TIME", "AVG")
+	row(w, "ID", "NAME", "TYPE", "ATTACH TYPE", "ATTACH POINT", "LINK", "ATTACHED", "LOADED", "RUNS", "RUN TIME", "AVG")
 	for _, p := range l {
 		runs, rt, avg := "-", "-", "-"
 		if p.StatsEnabled {
@@ -199,7 +199,7 @@ func (l ProgramList) writeTable(w io.Writer) {
 				avg = dur(p.RunTime / time.Duration(p.Runs))
 			}
 		}
-		row(w, p.ID, p.Name, p.Type, p.AttachType, p.AttachPoint, p.LinkID, timeCell(p.Since), runs, rt, avg)
+		row(w, p.ID, p.Name, p.Type, p.AttachType, p.AttachPoint, p.LinkID, timeCell(p.Attached), timeCell(p.Loaded), runs, rt, avg)
 	}
 	if len(l) > 0 && !l[0].StatsEnabled {
 		fmt.Fprintln(w, "\nRun counts need BPF statistics: sysctl kernel.bpf_stats_enabled=1, or prog list --enable-stats 10s.")

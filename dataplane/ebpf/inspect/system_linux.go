@@ -218,6 +218,14 @@ func netnsPath(src string) (string, error) {
 	return filepath.Join("/run/netns", src), nil
 }
 
+func (s *linuxSystem) PinTime(path string) time.Time {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return time.Time{}
+	}
+	return fi.ModTime()
+}
+
 func (s *linuxSystem) StatsEnabled() bool {
 	b, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled")
 	return err == nil && strings.TrimSpace(string(b)) == "1"
