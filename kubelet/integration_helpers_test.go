@@ -1,6 +1,7 @@
 package kubelet_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -8,6 +9,8 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+
+	"github.com/containerd/containerd/namespaces"
 
 	"github.com/waggle-io/waggle/kubelet"
 )
@@ -53,3 +56,7 @@ func mustAddr(t interface{ Fatalf(string, ...any) }, s string) netip.Addr {
 
 // KubeletConfig is kubelet.Config, for option funcs.
 type KubeletConfig = kubelet.Config
+
+func namespacesCtx(n *node) context.Context {
+	return namespaces.WithNamespace(context.Background(), n.cfg.ContainerdNamespace)
+}

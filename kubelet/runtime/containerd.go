@@ -80,6 +80,26 @@ type Containerd struct {
 	pulls  singleflight.Group
 	// stopEvents ends the OOM event subscription.
 	stopEvents context.CancelFunc
+	// missing is when each container was first seen without a task.
+	missingMu sync.Mutex
+	missing   map[string]time.Time
+}
+
+// missingTaskGrace is how long a started container may lack its task
+// before it counts as exited.
+const missingTaskGrace = 5 * time.Second
+
+// missingFor records that id has no task and reports whether that has been
+// so for at least d.
+func (c *Containerd) missingFor(id string, d time.Duration) bool {
+	c.missingMu.Lock()
+	defer c.missingMu.Unlock()
+	first, ok := c.missing[id]
+	if !ok {
+		c.missing[id] = time.Now()
+		return false
+	}
+	return time.Since(first) >= d
 }
 
 var _ Runtime = (*Containerd)(nil)
@@ -113,7 +133,7 @@ func NewContainerd(opts ContainerdOptions) (*Containerd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd at %s: %w", opts.Address, err)
 	}
-	c := &Containerd{opts: opts, client: client, log: opts.Log}
+	c := &Containerd{opts: opts, client: client, log: opts.Log, missing: map[string]time.Time{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stopEvents = cancel
 	go c.watchOOM(ctx)
@@ -482,6 +502,11 @@ func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, in
 		return
 	}
 	task, err := ctr.Task(ctx, nil)
+	if err == nil {
+		c.missingMu.Lock()
+		delete(c.missing, rc.ID)
+		c.missingMu.Unlock()
+	}
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			// Another lister may have just recorded the exit and deleted
@@ -492,8 +517,13 @@ func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, in
 					return
 				}
 			}
-			// Created but never started (a start that failed half-way, or
-			// a task lost with its shim): it will not run.
+			// No task. Right after containerd restarts, tasks reappear as
+			// their shims are reloaded: only a task missing for a while is
+			// gone (a start that failed half-way, or a shim that died).
+			if !c.missingFor(rc.ID, missingTaskGrace) {
+				rc.State = StateUnknown
+				return
+			}
 			rc.State, rc.ExitCode, rc.Reason = StateExited, 128, "ContainerCannotRun"
 			rc.FinishedAt = info.UpdatedAt
 			return
