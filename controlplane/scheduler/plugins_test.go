@@ -303,3 +303,45 @@ func TestNormalizers(t *testing.T) {
 		})
 	}
 }
+
+func TestNumFeasibleNodesToFindFollowsKubernetes(t *testing.T) {
+	tests := []struct{ nodes, pct, want int }{
+		{50, 0, 50},       // small clusters: every node
+		{100, 0, 100},     // 50 - 0 = 50% of 100 = 50, raised to 100
+		{1000, 0, 420},    // 50 - 8 = 42%
+		{5000, 0, 500},    // 50 - 40 = 10%
+		{10000, 0, 500},   // floor of 5%
+		{1000, 100, 1000}, // everything
+		{1000, 20, 200},
+		{1000, 1, 100}, // never fewer than 100
+	}
+	for _, tt := range tests {
+		if got := numFeasibleNodesToFind(tt.nodes, tt.pct); got != tt.want {
+			t.Errorf("numFeasibleNodesToFind(%d, %d) = %d, want %d", tt.nodes, tt.pct, got, tt.want)
+		}
+	}
+}
+
+func TestLargeClusterDecisionsRotateOverEveryNode(t *testing.T) {
+	var nodes []*v1.Node
+	for i := range 1000 {
+		nodes = append(nodes, newNode(fmt.Sprintf("n%04d", i)))
+	}
+	s := &Scheduler{cache: cacheWith(nodes, nil), opts: Options{Parallelism: 2}}
+	evaluatedFrom := map[int]bool{}
+	for i := range 10 {
+		evaluatedFrom[s.nextStart] = true
+		d, err := s.decide(t.Context(), newPod(fmt.Sprintf("p%d", i)))
+		if err != nil || d.feasible != 420 {
+			t.Fatalf("decision %d: %v, %d feasible nodes evaluated, want 420", i, err, d.feasible)
+		}
+	}
+	if len(evaluatedFrom) != 10 {
+		t.Fatalf("decisions started from %d distinct nodes, want 10 (rotation)", len(evaluatedFrom))
+	}
+	// A pod that fits nowhere is checked against every node.
+	d, err := s.decide(t.Context(), newPod("huge", requests("64", "1Gi")))
+	if err == nil || d.message != "0/1000 nodes are available: 1000 Insufficient cpu." {
+		t.Fatalf("unschedulable in a large cluster: %v %q", err, d.message)
+	}
+}
