@@ -232,7 +232,13 @@ func (c *Controller) claimReplicaSets(ctx context.Context, d *appsv1.Deployment,
 		},
 		Copy: func(rs *appsv1.ReplicaSet) *appsv1.ReplicaSet { return rs.DeepCopy() },
 	}
-	return cl.Claim(ctx, all)
+	owned, err := cl.Claim(ctx, all)
+	// The sync updates these in place as it writes them: never the
+	// informer's shared copies.
+	for i, rs := range owned {
+		owned[i] = rs.DeepCopy()
+	}
+	return owned, err
 }
 
 // getAllReplicaSetsAndSyncRevision returns the new ReplicaSet (created when
