@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -89,6 +90,8 @@ type Config struct {
 	SyncFrequency time.Duration
 	// BackoffBase and BackoffMax bound CrashLoopBackOff (10 s and 5 min).
 	BackoffBase, BackoffMax time.Duration
+	// ParallelStarts bounds container starts in flight (default 4 per CPU).
+	ParallelStarts int
 	// StartNetwork starts the cross-node route controller (default true
 	// with the containerd runtime).
 	DisableRouteController bool
@@ -147,6 +150,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.ParallelStarts <= 0 {
+		c.ParallelStarts = 4 * runtime.NumCPU()
 	}
 	return c
 }

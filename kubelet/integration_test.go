@@ -62,7 +62,7 @@ func cniBinDir(t testing.TB) string {
 // node is one kubelet on real containerd, runc and waggle-cni, against a
 // real API server.
 type node struct {
-	t         *testing.T
+	t         testing.TB
 	name      string
 	cfg       kubelet.Config
 	ctrd      *ktest.Containerd
@@ -80,7 +80,7 @@ type node struct {
 
 var cidrSeq = time.Now().UnixNano() % 200
 
-func newNode(t *testing.T, mutate func(*kubelet.Config)) *node {
+func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	testutil.RequiresKernelFeature(t, testutil.Cgroup2)
@@ -238,7 +238,7 @@ func (n *node) ipsAllocated() int {
 	return c
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, f func() (bool, string)) {
+func waitFor(t testing.TB, d time.Duration, what string, f func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	last := ""
@@ -387,7 +387,7 @@ func (n *node) exec(pod, container string, websocket bool, stdin string, cmd ...
 	return out.String(), errb.String(), err
 }
 
-func dialEcho(t *testing.T, addr string) string {
+func dialEcho(t testing.TB, addr string) string {
 	t.Helper()
 	c := &http.Client{Timeout: 5 * time.Second}
 	var last error

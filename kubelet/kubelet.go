@@ -56,6 +56,7 @@ type Kubelet struct {
 	// only then are unknown containers and sandboxes orphans.
 	sourcesReady atomic.Bool
 	relistMu     sync.Mutex
+	startSlots   chan struct{}
 	relistKick   chan struct{}
 	relistDone   chan struct{}
 	backoff      *flowcontrol.Backoff
@@ -105,6 +106,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		workers:    map[types.UID]*podWorker{},
 		snapshot:   map[types.UID][]runtime.Container{},
 		relistKick: make(chan struct{}, 1),
+		startSlots: make(chan struct{}, cfg.ParallelStarts),
 		relistDone: make(chan struct{}),
 		backoff:    flowcontrol.NewBackOff(cfg.BackoffBase, cfg.BackoffMax),
 		health:     d.Health,
