@@ -484,7 +484,8 @@ func TestRestartKeepsLongLivedStreamAndNewConnects(t *testing.T) {
 }
 
 func TestMapFullNamesTheFrontendsLeftOut(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.MaxServices = 8 })
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, func(c *Config) { c.MaxServices = 8; c.Metrics = reg })
 	bes := e.backends(2, 8080, false)
 	// Each frontend needs 3 entries: 2 fit, the third does not.
 	st := state(frontend("10.96.0.1:80", dataplane.TCP, bes...), frontend("10.96.0.2:80", dataplane.TCP, bes...),
@@ -496,6 +497,12 @@ func TestMapFullNamesTheFrontendsLeftOut(t *testing.T) {
 	for _, vip := range []string{"10.96.0.1:80", "10.96.0.2:80"} {
 		if _, err := e.whoTCP(ap(vip)); err != nil {
 			t.Errorf("%s (fits) does not work: %v", vip, err)
+		}
+	}
+	for name, want := range map[string]float64{"waggle_ebpf_map_full_total": 1, "waggle_ebpf_sync_errors_total": 1,
+		"waggle_ebpf_frontends_programmed": 2, "waggle_ebpf_backends_programmed": 2} {
+		if got := gatherValue(t, reg, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
 }
@@ -527,6 +534,26 @@ func TestMetricsCountMapEntriesExactly(t *testing.T) {
 	if n, _ := testutil.GatherAndCount(reg, "waggle_ebpf_events_total"); n != int(statMax) {
 		t.Errorf("%d event counters, want %d", n, statMax)
 	}
+}
+
+// gatherValue returns the value of an unlabelled counter or gauge.
+func gatherValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			m := mf.GetMetric()[0]
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 // gaugeFor returns a collector with only the labelled sample of name.
