@@ -139,6 +139,8 @@ func TestBadInputIsRefusedWithStatusAndNothingStored(t *testing.T) {
 			wantCode: 201, stored: cms + "/m10"},
 		{name: "bad label selector", method: "GET", path: cms + "?labelSelector=a%20in%20(", wantCode: 400, wantReason: metav1.StatusReasonBadRequest},
 		{name: "unsupported field selector", method: "GET", path: pods + "?fieldSelector=spec.bogus%3Dx", wantCode: 400, wantReason: metav1.StatusReasonBadRequest},
+		{name: "streaming list (sendInitialEvents) is refused", method: "GET", path: pods + "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+			wantCode: 422, wantReason: metav1.StatusReasonInvalid, wantField: "sendInitialEvents"},
 		{name: "bad continue token", method: "GET", path: pods + "?limit=1&continue=garbage", wantCode: 400, wantReason: metav1.StatusReasonBadRequest},
 		{name: "unknown resource", method: "GET", path: "/api/v1/namespaces/default/widgets", wantCode: 404, wantReason: metav1.StatusReasonNotFound},
 		{name: "unknown path", method: "GET", path: "/nowhere", wantCode: 404, wantReason: metav1.StatusReasonNotFound},

@@ -12,6 +12,8 @@ import (
 	"github.com/waggle-io/waggle/controlplane/storage"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -26,6 +28,12 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 	pred, err := req.reg.predicate(req.ns, opts)
 	if err != nil {
 		return err
+	}
+	if opts.SendInitialEvents != nil {
+		// Streaming lists are not served; as kube-apiserver without the
+		// WatchList feature, say so and let the client fall back to LIST.
+		return apierrors.NewInvalid(schema.GroupKind{Group: "meta.k8s.io", Kind: "ListOptions"}, "",
+			field.ErrorList{field.Forbidden(field.NewPath("sendInitialEvents"), "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled")})
 	}
 	var from int64
 	switch opts.ResourceVersion {
