@@ -84,12 +84,16 @@ type Report struct {
 	Rows     []Row     `json:"rows"`
 	// Program: seconds to program ProgramServices × ProgramBackends.
 	Program *Stat `json:"programSeconds,omitempty"`
+	// ProgramCPU: CPU seconds (user + system) of the same programming.
+	ProgramCPU *Stat `json:"programCPUSeconds,omitempty"`
 	// ProgramSize describes what was programmed.
 	ProgramSize string `json:"programSize,omitempty"`
 	// ChangeLatency: endpoint change to map, milliseconds.
 	ChangeP50 float64 `json:"changeToMapP50ms,omitempty"`
 	ChangeP99 float64 `json:"changeToMapP99ms,omitempty"`
 	ChangeMax float64 `json:"changeToMapMaxms,omitempty"`
+	// ChangeCPUms: CPU milliseconds per endpoint change, on average.
+	ChangeCPUms float64 `json:"changeToMapCPUms,omitempty"`
 	// Skipped paths and why.
 	Skipped map[string]string `json:"skipped,omitempty"`
 }

@@ -572,6 +572,17 @@ func (s *Stat) summarize() {
 	}
 }
 
+// processCPU is the CPU time (user + system) this process used so far:
+// robust to other load on the machine, unlike wall time. The echo
+// servers are idle while it is read around programming.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // programBench times programming cfg.ProgramServices × ProgramBackends
 // from scratch into a fresh set of maps, then endpoint changes at that
 // scale.
@@ -601,21 +612,22 @@ func programBench(ctx context.Context, cfg Config, t *topo, rep *Report) error {
 	}
 	bcfg := ebpf.Config{NodeName: "bench-prog-" + t.suffix, CgroupPath: cg,
 		PinDir: filepath.Join(ebpf.DefaultPinRoot, "bench-prog-"+t.suffix), MaxServices: size, MaxBackends: size, Log: cfg.Log}
-	prog := &Stat{}
+	prog, progCPU := &Stat{}, &Stat{}
 	var b *ebpf.Backend
 	for round := range cfg.ProgramRounds {
 		var err error
 		if b, err = ebpf.New(bcfg); err != nil {
 			return err
 		}
-		start := time.Now()
+		start, cpu0 := time.Now(), processCPU()
 		err = b.Sync(ctx, st)
-		d := time.Since(start)
+		d, cpu := time.Since(start), processCPU()-cpu0
 		if err != nil {
 			b.Cleanup(ctx)
 			return fmt.Errorf("program %s: %w", rep.ProgramSize, err)
 		}
 		prog.Rounds = append(prog.Rounds, d.Seconds())
+		progCPU.Rounds = append(progCPU.Rounds, cpu.Seconds())
 		cfg.Log.Info("programmed from scratch", "size", rep.ProgramSize, "round", round, "took", d)
 		if round < cfg.ProgramRounds-1 {
 			if err := b.Cleanup(ctx); err != nil {
@@ -625,11 +637,13 @@ func programBench(ctx context.Context, cfg Config, t *topo, rep *Report) error {
 	}
 	defer b.Cleanup(ctx)
 	prog.summarize()
-	rep.Program = prog
+	progCPU.summarize()
+	rep.Program, rep.ProgramCPU = prog, progCPU
 	// Endpoint changes at scale: one service loses a backend and gains a
 	// new one; the time is the Sync of the whole state (what the proxy
 	// runs per change), until the kernel maps hold the change.
 	var lat []float64
+	cpu0 := processCPU()
 	for i := range cfg.LatencySamples {
 		f := &st.Frontends[(i*7919)%len(st.Frontends)]
 		k := n*m + i
@@ -640,6 +654,7 @@ func programBench(ctx context.Context, cfg Config, t *topo, rep *Report) error {
 		}
 		lat = append(lat, float64(time.Since(start).Microseconds())/1000)
 	}
+	rep.ChangeCPUms = float64((processCPU() - cpu0).Microseconds()) / 1000 / float64(len(lat))
 	slices.Sort(lat)
 	rep.ChangeP50 = lat[len(lat)/2]
 	rep.ChangeP99 = lat[min(len(lat)-1, len(lat)*99/100)]

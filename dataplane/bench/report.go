@@ -57,7 +57,11 @@ func (r *Report) print(cfg Config, paths []string) {
 	if r.Program != nil {
 		fmt.Fprintf(w, "\neBPF: programming %s from scratch: median %.3f s [%.3f–%.3f] over %d rounds\n",
 			r.ProgramSize, r.Program.Median, r.Program.Min, r.Program.Max, len(r.Program.Rounds))
-		fmt.Fprintf(w, "eBPF: endpoint change to map (full Sync of that state): p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
-			r.ChangeP50, r.ChangeP99, r.ChangeMax)
+		if r.ProgramCPU != nil {
+			fmt.Fprintf(w, "eBPF: CPU time of that programming (user + system, robust to other load): median %.3f s [%.3f–%.3f]\n",
+				r.ProgramCPU.Median, r.ProgramCPU.Min, r.ProgramCPU.Max)
+		}
+		fmt.Fprintf(w, "eBPF: endpoint change to map (full Sync of that state): p50 %.2f ms, p99 %.2f ms, max %.2f ms; CPU %.2f ms per change\n",
+			r.ChangeP50, r.ChangeP99, r.ChangeMax, r.ChangeCPUms)
 	}
 }
