@@ -156,7 +156,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 
 		reg := prometheus.NewRegistry()
 		factory := informers.NewSharedInformerFactory(cs, 0)
-		s, err := New(cs, factory, quietLog(), Options{Registerer: reg})
+		s, err := New(cs, factory, quietLog(), Options{Registerer: reg, BindConcurrency: envInt("WAGGLE_BENCH_BIND_CONCURRENCY", 0)})
 		if err != nil {
 			b.Fatal(err)
 		}
