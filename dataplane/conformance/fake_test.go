@@ -35,10 +35,16 @@ func waggleLines(dump string) string {
 	return b.String()
 }
 
-func TestFakeIPTables(t *testing.T) {
+func TestFakeIPTables(t *testing.T) { fakeIPTables(t, 0) }
+
+// TestFakeIPTablesCompact: the compact layout whenever a state has more
+// than one endpoint.
+func TestFakeIPTablesCompact(t *testing.T) { fakeIPTables(t, 1) }
+
+func fakeIPTables(t *testing.T, compactAbove int) {
 	Run(t, func(t *testing.T) *Target {
 		fr := iptables.NewFakeRunner(nodeIP)
-		b, err := iptables.New(iptables.Config{Runner: fr})
+		b, err := iptables.New(iptables.Config{Runner: fr, CompactAbove: compactAbove})
 		if err != nil {
 			t.Fatal(err)
 		}

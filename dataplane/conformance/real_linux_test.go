@@ -14,14 +14,20 @@ import (
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
-func TestRealIPTables(t *testing.T) {
+func TestRealIPTables(t *testing.T) { realIPTables(t, 0) }
+
+// TestRealIPTablesCompact runs the suite with the compact layout whenever
+// a state has more than one endpoint (so cases also switch layouts).
+func TestRealIPTablesCompact(t *testing.T) { realIPTables(t, 1) }
+
+func realIPTables(t *testing.T, compactAbove int) {
 	testutil.RequiresRoot(t)
 	testutil.RequiresBinary(t, "iptables-restore")
 	testutil.RequiresBinary(t, "nsenter")
 	Run(t, func(t *testing.T) *Target {
 		tp := NewTopology(t)
 		path := filepath.Join("/run/netns", tp.Node.Name)
-		b, err := iptables.New(iptables.Config{NetNSPath: path, Log: slog.New(slog.DiscardHandler)})
+		b, err := iptables.New(iptables.Config{NetNSPath: path, CompactAbove: compactAbove, Log: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

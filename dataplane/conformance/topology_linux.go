@@ -34,7 +34,9 @@ type Topology struct {
 	Node, Pods *testutil.NetNS
 }
 
-const dialTimeout = 500 * time.Millisecond
+// dialTimeout is generous: the machines running these tests are shared and
+// loaded, and a timeout here must mean "not served", not "slow".
+const dialTimeout = 2 * time.Second
 
 func NewTopology(t *testing.T) *Topology {
 	t.Helper()
@@ -49,6 +51,13 @@ func NewTopology(t *testing.T) *Topology {
 	tp.Pods.Run(t, "ip", "link", "set", "wgp0", "up")
 	for _, e := range Endpoints {
 		tp.serve(t, e)
+	}
+	// Warm up: resolve the neighbours and check every echo server answers
+	// directly before any backend is involved.
+	for _, e := range Endpoints {
+		if got, err := tp.Connect(dataplane.TCP, e); err != nil || got != e {
+			t.Fatalf("direct connection to %s: %s, %v", e, got, err)
+		}
 	}
 	return tp
 }

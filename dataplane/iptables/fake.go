@@ -449,7 +449,7 @@ func (f *FakeRunner) match(toks []string, p *packet) (bool, string, []string, er
 				mask, _ = strconv.ParseUint(m, 0, 32)
 			}
 			res = uint64(p.mark)&mask == val
-		case "--rcheck", "--set":
+		case "--rcheck", "--set", "--update":
 			recentOp = t
 			isMatch = false
 		case "--seconds":
@@ -473,10 +473,13 @@ func (f *FakeRunner) match(toks []string, p *packet) (bool, string, []string, er
 					f.recent = map[string]map[netip.Addr]time.Time{}
 				}
 				switch recentOp {
-				case "--rcheck":
+				case "--rcheck", "--update":
 					seen, found := f.recent[recentName][p.src]
 					if !found || (seconds > 0 && now().Sub(seen) > time.Duration(seconds)*time.Second) {
 						return false, "", nil, nil
+					}
+					if recentOp == "--update" {
+						f.recent[recentName][p.src] = now()
 					}
 				case "--set":
 					if f.recent[recentName] == nil {

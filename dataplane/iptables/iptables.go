@@ -68,6 +68,14 @@ type Config struct {
 	Log *slog.Logger
 	// Metrics, when set, receives the backend's metrics.
 	Metrics prometheus.Registerer
+	// ChunkChains bounds the chains of one iptables-restore when a sync
+	// writes many (default 2000; negative: one restore, one transaction).
+	// See restorePlan.
+	ChunkChains int
+	// CompactAbove switches to the compact layout (RenderOptions.Compact)
+	// when the State has more endpoints than this, over all frontends
+	// (default: never, the kube-proxy layout).
+	CompactAbove int
 	// Now is the clock (default time.Now), for tests.
 	Now func() time.Time
 }
@@ -103,6 +111,12 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.FullSyncPeriod == 0 {
 		cfg.FullSyncPeriod = time.Hour
+	}
+	if cfg.CompactAbove == 0 {
+		cfg.CompactAbove = -1
+	}
+	if cfg.ChunkChains == 0 {
+		cfg.ChunkChains = 2000
 	}
 	r := cfg.Runner
 	if r == nil {
@@ -175,8 +189,13 @@ func (b *Backend) Sync(ctx context.Context, st *dataplane.State) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	full := b.forceFull || b.cfg.Now().Sub(b.lastFull) >= b.cfg.FullSyncPeriod
+	eps := 0
+	for _, f := range st.Frontends {
+		eps += len(f.Endpoints)
+	}
+	opts := RenderOptions{Compact: b.cfg.CompactAbove >= 0 && eps > b.cfg.CompactAbove}
 	for _, fam := range []Family{IPv4, IPv6} {
-		want := Render(st, fam)
+		want := Render(st, fam, opts)
 		if len(want.order) == 0 && b.last[fam] == nil && !full {
 			continue
 		}
@@ -238,7 +257,14 @@ func (b *Backend) syncFamily(ctx context.Context, fam Family, want *Ruleset, ful
 			existing[k] = true
 		}
 	}
-	data := want.restoreInput(b.last[fam], existing, full)
+	chunks, data := want.restorePlan(b.last[fam], existing, full, b.cfg.ChunkChains)
+	for i, c := range chunks {
+		b.restoreBytes.Observe(float64(len(c)))
+		if err := b.runner.Restore(ctx, fam, c); err != nil {
+			b.syncs.WithLabelValues(kind, "error").Inc()
+			return fmt.Errorf("iptables-restore (%s, %s sync, chunk %d of %d): %w", fam, kind, i+1, len(chunks), err)
+		}
+	}
 	b.restoreBytes.Observe(float64(len(data)))
 	if err := b.runner.Restore(ctx, fam, data); err != nil {
 		b.syncs.WithLabelValues(kind, "error").Inc()
@@ -301,10 +327,9 @@ func cleanupFamily(ctx context.Context, r Runner, fam Family) error {
 }
 
 // RemoveChains deletes the jumps whose target chain exists, then flushes and
-// deletes, in one iptables-restore, every chain of the filter and nat tables
-// for which owns is true. Nothing there is success.
+// deletes every chain of the filter and nat tables for which owns is true.
+// Nothing there is success.
 func RemoveChains(ctx context.Context, r Runner, fam Family, owns func(chain string) bool, jumps []Jump) error {
-	var buf bytes.Buffer
 	exists := map[chainKey]bool{}
 	owned := map[string][]string{}
 	for _, table := range []string{"filter", "nat"} {
@@ -330,25 +355,32 @@ func RemoveChains(ctx context.Context, r Runner, fam Family, owns func(chain str
 			return fmt.Errorf("delete jump %s/%s (%s): %w", j.Table, j.Chain, fam, err)
 		}
 	}
-	for _, table := range []string{"filter", "nat"} {
-		names := owned[table]
-		if len(names) == 0 {
-			continue
+	// Flush every owned chain, then delete them, in restores of at most
+	// removeChunk chains: once all are flushed no chain references
+	// another, so the deletions can be split in any order (one restore of
+	// 100,000 chains takes iptables-nft minutes; see restorePlan).
+	const removeChunk = 2000
+	for _, op := range []string{"flush", "delete"} {
+		for _, table := range []string{"filter", "nat"} {
+			names := owned[table]
+			for len(names) > 0 {
+				n := min(len(names), removeChunk)
+				var buf bytes.Buffer
+				fmt.Fprintf(&buf, "*%s\n", table)
+				for _, c := range names[:n] {
+					if op == "flush" {
+						fmt.Fprintf(&buf, ":%s - [0:0]\n", c)
+					} else {
+						fmt.Fprintf(&buf, "-X %s\n", c)
+					}
+				}
+				buf.WriteString("COMMIT\n")
+				if err := r.Restore(ctx, fam, buf.Bytes()); err != nil {
+					return fmt.Errorf("%s chains (%s): %w", op, fam, err)
+				}
+				names = names[n:]
+			}
 		}
-		fmt.Fprintf(&buf, "*%s\n", table)
-		for _, n := range names {
-			fmt.Fprintf(&buf, ":%s - [0:0]\n", n) // flush first so -X sees no references
-		}
-		for _, n := range names {
-			fmt.Fprintf(&buf, "-X %s\n", n)
-		}
-		buf.WriteString("COMMIT\n")
-	}
-	if buf.Len() == 0 {
-		return nil
-	}
-	if err := r.Restore(ctx, fam, buf.Bytes()); err != nil {
-		return fmt.Errorf("remove chains (%s): %w", fam, err)
 	}
 	return nil
 }
@@ -371,8 +403,20 @@ type Ruleset struct {
 	chains map[chainKey]string
 }
 
+// RenderOptions choose the layout.
+type RenderOptions struct {
+	// Compact leaves out the per-endpoint WAGGLE-SEP- chains: each
+	// endpoint's rules go into its service chain. iptables-nft resolves
+	// every jump target by a linear search of the table's chains, so with
+	// tens of thousands of endpoints the kube-proxy layout takes minutes to
+	// restore; the compact one takes seconds. Hairpin traffic is then
+	// masqueraded when its source is any endpoint of the service, not only
+	// the one chosen.
+	Compact bool
+}
+
 // Render renders the chains of st's frontends of one family.
-func Render(st *dataplane.State, fam Family) *Ruleset {
+func Render(st *dataplane.State, fam Family, opts RenderOptions) *Ruleset {
 	rs := &Ruleset{chains: map[chainKey]string{}}
 	var (
 		filterSvc, filterFwd        strings.Builder
@@ -435,17 +479,44 @@ func Render(st *dataplane.State, fam Family) *Ruleset {
 			seps[i] = sepPrefix + hash(f.Kind, f.FrontendKey.String(), e.AddrPort().String())
 		}
 		epComment := fmt.Sprintf("%q", f.Service.String())
+		secs := 0
 		if f.AffinityTimeout > 0 {
-			secs := int(f.AffinityTimeout / time.Second)
-			if secs < 1 {
-				secs = 1
+			secs = max(int(f.AffinityTimeout/time.Second), 1)
+		}
+		n := len(f.Endpoints)
+		if opts.Compact {
+			// No per-endpoint chains: hairpin, affinity and DNAT rules
+			// live in the service chain (the recent lists keep the
+			// endpoint chain's name).
+			for _, e := range f.Endpoints {
+				fmt.Fprintf(sb, "-A %s -s %s/%d -m comment --comment %q -j %s\n", svcChain, e.Addr, bits, f.Service.String()+" hairpin "+e.AddrPort().String(), chainMarkMasq)
 			}
+			if secs > 0 {
+				for i, e := range f.Endpoints {
+					fmt.Fprintf(sb, "-A %s -p %s -m comment --comment %q -m recent --update --seconds %d --reap --name %s --mask %s --rsource -m %s -j DNAT --to-destination %s\n",
+						svcChain, proto(f.Protocol), f.Service.String()+" -> "+e.AddrPort().String(), secs, seps[i], fullMask(fam), proto(f.Protocol), e.AddrPort())
+				}
+			}
+			for i, e := range f.Endpoints {
+				stat := ""
+				if i < n-1 {
+					stat = " -m statistic --mode random --probability " + probability(n-i)
+				}
+				recent := ""
+				if secs > 0 {
+					recent = fmt.Sprintf(" -m recent --set --name %s --mask %s --rsource", seps[i], fullMask(fam))
+				}
+				fmt.Fprintf(sb, "-A %s -p %s -m comment --comment %q%s%s -m %s -j DNAT --to-destination %s\n",
+					svcChain, proto(f.Protocol), f.Service.String()+" -> "+e.AddrPort().String(), stat, recent, proto(f.Protocol), e.AddrPort())
+			}
+			continue
+		}
+		if secs > 0 {
 			for i, e := range f.Endpoints {
 				fmt.Fprintf(sb, "-A %s -m comment --comment %q -m recent --rcheck --seconds %d --reap --name %s --mask %s --rsource -j %s\n",
 					svcChain, f.Service.String()+" -> "+e.AddrPort().String(), secs, seps[i], fullMask(fam), seps[i])
 			}
 		}
-		n := len(f.Endpoints)
 		for i, e := range f.Endpoints {
 			c := fmt.Sprintf("%q", f.Service.String()+" -> "+e.AddrPort().String())
 			if i < n-1 {
@@ -456,7 +527,7 @@ func Render(st *dataplane.State, fam Family) *Ruleset {
 			ep := newChain(seps[i])
 			fmt.Fprintf(ep, "-A %s -s %s/%d -m comment --comment %s -j %s\n", seps[i], e.Addr, bits, epComment, chainMarkMasq)
 			recent := ""
-			if f.AffinityTimeout > 0 {
+			if secs > 0 {
 				recent = fmt.Sprintf(" -m recent --set --name %s --mask %s --rsource", seps[i], fullMask(fam))
 			}
 			fmt.Fprintf(ep, "-A %s -p %s -m comment --comment %s%s -m %s -j DNAT --to-destination %s\n", seps[i], proto(f.Protocol), epComment, recent, proto(f.Protocol), e.AddrPort())
@@ -495,18 +566,86 @@ func (rs *Ruleset) RestoreInput() []byte {
 // restoreInput writes the chains that differ from last (all when full), and
 // deletes the existing Waggle chains that are no longer wanted.
 func (rs *Ruleset) restoreInput(last map[chainKey]string, existing map[chainKey]bool, full bool) []byte {
+	_, final := rs.restorePlan(last, existing, full, 0)
+	return final
+}
+
+// restorePlan returns the iptables-restore inputs of a sync: chunks, to be
+// restored first, each rewriting whole services (a WAGGLE-SVC- chain with
+// its WAGGLE-SEP- chains) that nothing references yet or that switch
+// atomically; then final, which rewrites the dispatch chains and the other
+// changed chains and deletes the stale ones.
+//
+// Chunks exist because iptables-nft (1.8.9) finds the chain of every rule
+// and jump by a linear search of the chains its batch touches: one restore
+// of 10,000 services with 10 endpoints each costs minutes of CPU, while
+// restores of at most chunkChains chains each cost seconds in all. With
+// chunkChains 0, or few chains to write, everything is in final.
+func (rs *Ruleset) restorePlan(last map[chainKey]string, existing map[chainKey]bool, full bool, chunkChains int) (chunks [][]byte, final []byte) {
+	var write []chainKey
+	for _, k := range rs.order {
+		if k.table != "nat" || isDispatch(k.name) {
+			continue
+		}
+		if prev, had := last[k]; full || !had || prev != rs.chains[k] {
+			write = append(write, k)
+		}
+	}
+	chunked := map[chainKey]bool{}
+	if chunkChains > 0 && len(write) > chunkChains {
+		masq := chainKey{"nat", chainMarkMasq}
+		var cur []chainKey
+		flush := func() {
+			if len(cur) == 0 {
+				return
+			}
+			var b bytes.Buffer
+			b.WriteString("*nat\n")
+			fmt.Fprintf(&b, ":%s - [0:0]\n", chainMarkMasq) // endpoint chains jump to it
+			for _, k := range cur {
+				fmt.Fprintf(&b, ":%s - [0:0]\n", k.name)
+			}
+			b.WriteString(rs.chains[masq])
+			for _, k := range cur {
+				b.WriteString(rs.chains[k])
+				chunked[k] = true
+			}
+			b.WriteString("COMMIT\n")
+			chunks = append(chunks, b.Bytes())
+			cur = nil
+		}
+		for _, k := range write {
+			// Start a new chunk only at a service chain, so that a
+			// service and its endpoint chains switch together.
+			if strings.HasPrefix(k.name, svcPrefix) && len(cur) >= chunkChains {
+				flush()
+			}
+			cur = append(cur, k)
+		}
+		flush()
+	}
+	size := 0
+	for _, k := range rs.order {
+		size += len(rs.chains[k]) + len(k.name) + 16
+	}
 	var buf bytes.Buffer
+	buf.Grow(size + 64)
+	var body strings.Builder
+	body.Grow(size)
 	for _, table := range []string{"filter", "nat"} {
 		fmt.Fprintf(&buf, "*%s\n", table)
-		var body strings.Builder
+		body.Reset()
 		for _, k := range rs.order {
 			if k.table != table {
 				continue
 			}
 			rules := rs.chains[k]
 			prev, had := last[k]
-			if !full && had && prev == rules && !isDispatch(k.name) {
-				continue // unchanged per-service chain: left as it is
+			if !full && had && prev == rules {
+				continue // unchanged chain: left as it is
+			}
+			if chunked[k] {
+				continue // written by a chunk
 			}
 			fmt.Fprintf(&buf, ":%s - [0:0]\n", k.name)
 			body.WriteString(rules)
@@ -529,7 +668,7 @@ func (rs *Ruleset) restoreInput(last map[chainKey]string, existing map[chainKey]
 		}
 		buf.WriteString("COMMIT\n")
 	}
-	return buf.Bytes()
+	return chunks, buf.Bytes()
 }
 
 func isDispatch(name string) bool {

@@ -82,8 +82,8 @@ func golden(t *testing.T, name, got string) {
 
 func TestRenderGolden(t *testing.T) {
 	st := sampleState()
-	golden(t, "restore-ipv4.golden", string(Render(st, IPv4).RestoreInput()))
-	golden(t, "restore-ipv6.golden", string(Render(st, IPv6).RestoreInput()))
+	golden(t, "restore-ipv4.golden", string(Render(st, IPv4, RenderOptions{}).RestoreInput()))
+	golden(t, "restore-ipv6.golden", string(Render(st, IPv6, RenderOptions{}).RestoreInput()))
 }
 
 func TestSyncFakeSaveGolden(t *testing.T) {
@@ -104,7 +104,7 @@ func TestProbabilityHasKubeProxyPrecision(t *testing.T) {
 }
 
 func TestChainNamesFitIptablesLimit(t *testing.T) {
-	for _, k := range Render(sampleState(), IPv4).order {
+	for _, k := range Render(sampleState(), IPv4, RenderOptions{}).order {
 		if len(k.name) > 28 {
 			t.Errorf("chain %s is %d characters, iptables allows 28", k.name, len(k.name))
 		}
@@ -346,5 +346,65 @@ func TestRemovedUDPEndpointFlowsAreCleared(t *testing.T) {
 	}
 	if d := fr.ConntrackDeletes(); strings.Join(d, ";") != "IPv4 10.96.0.10:53 via 10.244.2.2" {
 		t.Errorf("conntrack deletes: %v", d)
+	}
+}
+
+func TestChunkedSyncEqualsOneTransaction(t *testing.T) {
+	ctx := context.Background()
+	st := bigState(60, 10)
+	dump := func(chunk int) (string, int) {
+		fr := NewFakeRunner()
+		b, err := New(Config{Runner: fr, ChunkChains: chunk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Sync(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+		// A partial sync that changes a third of the services.
+		st2 := bigState(60, 10)
+		for i := 0; i < 60; i += 3 {
+			st2.Frontends[i].Endpoints = st2.Frontends[i].Endpoints[1:]
+		}
+		if err := b.Sync(ctx, st2); err != nil {
+			t.Fatal(err)
+		}
+		return fr.Dump(IPv4), len(fr.Restores())
+	}
+	one, n1 := dump(-1)
+	chunked, n2 := dump(100)
+	if one != chunked {
+		t.Error("chunked restores left other tables than one restore")
+	}
+	if n2 <= n1 {
+		t.Errorf("%d restores with chunks of 100 chains, %d without: nothing was chunked", n2, n1)
+	}
+}
+
+func TestCompactLayoutTraces(t *testing.T) {
+	fr := NewFakeRunner(netip.MustParseAddr("192.168.1.10"))
+	b, err := New(Config{Runner: fr, CompactAbove: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(context.Background(), sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(fr.Dump(IPv4), ":"+sepPrefix) {
+		t.Error("compact layout made endpoint chains")
+	}
+	golden(t, "fake-save-compact-ipv4.golden", fr.Dump(IPv4))
+	client := netip.MustParseAddr("10.9.9.9")
+	first, err := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443"))
+	if err != nil || (first.Dst != ap("10.244.0.5:8443") && first.Dst != ap("10.244.1.5:8443")) {
+		t.Fatalf("affinity service: %+v %v", first, err)
+	}
+	for range 20 {
+		if v, _ := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443")); v.Dst != first.Dst {
+			t.Fatalf("compact affinity broken: %s then %s", first.Dst, v.Dst)
+		}
+	}
+	if v, _ := fr.Connect(IPv4, "tcp", client, ap("10.96.0.11:80")); !v.Rejected {
+		t.Error("service without endpoints not rejected")
 	}
 }
