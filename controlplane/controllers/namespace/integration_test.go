@@ -108,8 +108,14 @@ func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 		return gone(err)
 	})
 	for _, check := range []func() error{
-		func() error { _, err := cs.CoreV1().ConfigMaps("other").Get(ctx, "cfg", metav1.GetOptions{}); return err },
-		func() error { _, err := cs.AppsV1().Deployments("other").Get(ctx, "d", metav1.GetOptions{}); return err },
+		func() error {
+			_, err := cs.CoreV1().ConfigMaps("other").Get(ctx, "cfg", metav1.GetOptions{})
+			return err
+		},
+		func() error {
+			_, err := cs.AppsV1().Deployments("other").Get(ctx, "d", metav1.GetOptions{})
+			return err
+		},
 		func() error { _, err := cs.CoreV1().Pods("other").Get(ctx, "running", metav1.GetOptions{}); return err },
 	} {
 		if err := check(); err != nil {
