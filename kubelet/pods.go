@@ -311,6 +311,13 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 	}
 	syncErr := w.syncContainers(ctx, pod, ctrs)
 	ctrs = w.containers()
+	for _, c := range ctrs {
+		if c.State == runtime.StateUnknown {
+			// The runtime cannot tell right now (e.g. containerd just
+			// restarted): keep the last status rather than guess.
+			return false, syncErr
+		}
+	}
 	st := w.computeStatus(pod, ctrs, false)
 	if isTerminalPhase(st.Phase) {
 		w.terminal = true

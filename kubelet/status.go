@@ -124,11 +124,11 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 			continue
 		}
 		switch c := l[0]; c.State {
-		case runtime.StateRunning, runtime.StateCreated:
+		case runtime.StateRunning, runtime.StateCreated, runtime.StateUnknown:
 			running++
-		case runtime.StateExited, runtime.StateUnknown:
+		case runtime.StateExited:
 			exited++
-			if c.ExitCode == 0 && c.State == runtime.StateExited {
+			if c.ExitCode == 0 {
 				succeeded++
 			}
 			if shouldRestart(pod.Spec.RestartPolicy, c.ExitCode) {
