@@ -59,10 +59,19 @@ func testLogger(t testing.TB, name string) *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
-// fastLease is leader election shortened for tests.
+// fastLease is leader election shortened for the failover test.
 func fastLease(identity string) leaderelect.Config {
 	return leaderelect.Config{Enabled: true, LeaseName: "kube-controller-manager", LeaseNamespace: "kube-system",
 		Identity: identity, LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond}
+}
+
+// defaultLease is the production lease timing: on a loaded machine (a
+// -race run) a 2 s renew deadline can pass, and a manager that loses its
+// lease exits, as kube-controller-manager does.
+func defaultLease(identity string) leaderelect.Config {
+	cfg := DefaultConfig().LeaderElection
+	cfg.Identity = identity
+	return cfg
 }
 
 type manager struct {
@@ -97,7 +106,7 @@ func (c *cluster) startManager(identity string, mod func(*Config)) *manager {
 	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { cut.rt = rt; return cut }
 	cfg.RestConfig = rc
 	cfg.Port = 0
-	cfg.LeaderElection = fastLease(identity)
+	cfg.LeaderElection = defaultLease(identity)
 	cfg.Log = testLogger(c.t, identity)
 	if mod != nil {
 		mod(&cfg)

@@ -449,7 +449,10 @@ func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
 	t.Cleanup(cancel)
 	c.startKubelets(ctx, 1, nil)
 	port := freePort(t)
-	a := c.startManager("cm-a", func(cfg *Config) { cfg.BindAddress, cfg.Port = "127.0.0.1", port })
+	a := c.startManager("cm-a", func(cfg *Config) {
+		cfg.BindAddress, cfg.Port = "127.0.0.1", port
+		cfg.LeaderElection = fastLease("cm-a")
+	})
 	holder := func() string {
 		l, err := c.cs.CoordinationV1().Leases("kube-system").Get(ctx, "kube-controller-manager", metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil {
@@ -486,7 +489,7 @@ func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
 		}
 		return nil
 	})
-	c.startManager("cm-b", nil)
+	c.startManager("cm-b", func(cfg *Config) { cfg.LeaderElection = fastLease("cm-b") })
 	c.kubectlOK("create", "deployment", "one", "--image=x", "--replicas=1")
 	c.kubectlOK("rollout", "status", "deployment/one", "--timeout=60s")
 	rsA, err := c.cs.AppsV1().ReplicaSets("default").List(ctx, metav1.ListOptions{ResourceVersion: "0", LabelSelector: "app=one"})
