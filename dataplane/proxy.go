@@ -118,6 +118,13 @@ func (c *Config) validate() error {
 	if c.MinSyncPeriod < 0 || c.MinSyncPeriod > c.SyncPeriod {
 		return fmt.Errorf("%w: --min-sync-period must be between 0 and --sync-period", ErrBadConfig)
 	}
+	var cidrs []netip.Prefix
+	for _, p := range c.ClusterCIDRs {
+		if p.IsValid() { // an unset CIDR is no CIDR
+			cidrs = append(cidrs, p.Masked())
+		}
+	}
+	c.ClusterCIDRs = cidrs
 	switch c.Mode {
 	case ModeAuto, ModeEBPF, ModeIPTables, ModeIPVS:
 	default:
@@ -453,6 +460,9 @@ func (p *proxy) sync(ctx context.Context, full bool) error {
 	if err != nil {
 		return err
 	}
+	if len(nodes) == 0 {
+		p.warnOnce("no-node", "no Node object named like this node yet: NodePorts are served on 127.0.0.1 only (where the mode allows)", "node", p.cfg.NodeName)
+	}
 	byRef := map[ServiceRef]*v1.Service{}
 	for _, s := range services {
 		byRef[ServiceRef{s.Namespace, s.Name}] = s
@@ -526,6 +536,17 @@ func (p *proxy) sync(ctx context.Context, full bool) error {
 	}
 	p.log.Log(ctx, lvl, "dataplane programmed", "mode", p.backend.Name(), "kind", kind, "services", len(svcs), "frontends", len(st.Frontends), "endpoints", eps, "took", time.Since(start))
 	return nil
+}
+
+// warnOnce logs msg the first time key is seen.
+func (p *proxy) warnOnce(key, msg string, args ...any) {
+	p.mu.Lock()
+	_, seen := p.lastWarning[key]
+	p.lastWarning[key] = msg
+	p.mu.Unlock()
+	if !seen {
+		p.log.Warn(msg, args...)
+	}
 }
 
 // warn logs a Service's problem and records an Event on it, once per

@@ -356,3 +356,14 @@ func mustCounter(t *testing.T, h *proxyHarness) prometheus.Collector {
 	t.Fatal("no waggle_proxy_sync_errors_total")
 	return nil
 }
+
+func TestUnsetClusterCIDRIsIgnored(t *testing.T) {
+	cfg := Config{NodeName: "a", Mode: ModeAuto, SyncPeriod: time.Minute,
+		ClusterCIDRs: []netip.Prefix{{}, netip.MustParsePrefix("10.244.1.0/16")}}
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.ClusterCIDRs) != 1 || cfg.ClusterCIDRs[0] != netip.MustParsePrefix("10.244.0.0/16") {
+		t.Errorf("cluster CIDRs %v", cfg.ClusterCIDRs)
+	}
+}
