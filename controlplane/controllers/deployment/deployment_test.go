@@ -350,3 +350,40 @@ func TestProgressDeadlineExceededWhenNoProgress(t *testing.T) {
 		return nil
 	})
 }
+
+func TestRecreateScalesOldToZeroBeforeCreatingTheNewReplicaSet(t *testing.T) {
+	d := newDeployment(2, "nginx:2")
+	d.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	old := rsWith("web-old", 2, 2, 1)
+	old.Namespace, old.UID = "default", "old-uid"
+	old.Labels = map[string]string{"app": "web"}
+	old.Annotations = map[string]string{RevisionAnnotation: "1"}
+	old.Spec.Selector = d.Spec.Selector.DeepCopy()
+	old.Spec.Template = *d.Spec.Template.DeepCopy()
+	old.Spec.Template.Spec.Containers[0].Image = "nginx:1"
+	h := start(t, d, old)
+	// Step 1: the old ReplicaSet goes to zero and no new one exists while
+	// its pods may still run.
+	ctrltest.Eventually(t, 5*time.Second, func() error {
+		rss := h.replicaSets(t)
+		if len(rss) != 1 || *rss[0].Spec.Replicas != 0 {
+			return fmt.Errorf("%d replica sets", len(rss))
+		}
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond)
+	if rss := h.replicaSets(t); len(rss) != 1 {
+		t.Fatalf("a new replica set was created while old pods were still reported (%d)", len(rss))
+	}
+	// Step 2: the old pods are gone: the new ReplicaSet gets all replicas.
+	ctrltest.Eventually(t, 5*time.Second, func() error {
+		h.markAvailable(t)
+		rss := h.replicaSets(t)
+		for _, rs := range rss {
+			if rs.Spec.Template.Spec.Containers[0].Image == "nginx:2" && *rs.Spec.Replicas == 2 && rs.Annotations[RevisionAnnotation] == "2" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no complete new replica set among %d", len(rss))
+	})
+}

@@ -264,3 +264,77 @@ func TestTrackerWaitsForTheInformerToCatchUp(t *testing.T) {
 		t.Fatal("once gone from the cache it is not stale")
 	}
 }
+
+// FuzzPlanSlices checks the slice planner's invariants on arbitrary pod
+// sets and changes: every eligible pod appears exactly once, no slice holds
+// more than the maximum, and planning again from the result writes nothing.
+func FuzzPlanSlices(f *testing.F) {
+	f.Add([]byte{3, 200, 1, 7}, uint8(5))
+	f.Add([]byte{0}, uint8(1))
+	f.Add([]byte("some pods, some ready, some terminating"), uint8(3))
+	f.Fuzz(func(t *testing.T, spec []byte, maxPer uint8) {
+		if maxPer == 0 || len(spec) > 400 {
+			return
+		}
+		c := &Controller{log: ctrltest.Log(t), opts: Options{MaxEndpointsPerSlice: int(maxPer)}}
+		c.nodes = nil
+		svc := service(corev1.ServicePort{Name: "http", Port: 80, TargetPort: intstr.FromString("web")})
+		build := func(spec []byte) []*corev1.Pod {
+			var pods []*corev1.Pod
+			for i, b := range spec {
+				now := metav1.Now()
+				pods = append(pods, testPod(i, b&1 == 1, func(p *corev1.Pod) {
+					p.Spec.NodeName = ""
+					if b&2 == 2 {
+						p.DeletionTimestamp = &now
+					}
+					if b&4 == 4 {
+						p.Spec.Containers[0].Ports[0].ContainerPort = 9090
+					}
+					if b&8 == 8 {
+						p.Status.PodIP = ""
+					}
+				}))
+			}
+			return pods
+		}
+		pods := build(spec)
+		slices := apply(nil, plan(c, svc, pods, nil))
+		check := func(slices []*discoveryv1.EndpointSlice, pods []*corev1.Pod) {
+			seen := map[string]int{}
+			for _, s := range slices {
+				if len(s.Endpoints) > int(maxPer) {
+					t.Fatalf("slice with %d endpoints, max %d", len(s.Endpoints), maxPer)
+				}
+				for _, e := range s.Endpoints {
+					seen[e.TargetRef.Name]++
+				}
+			}
+			want := 0
+			for _, p := range pods {
+				if include(p) {
+					want++
+					if seen[p.Name] != 1 {
+						t.Fatalf("pod %s appears %d times", p.Name, seen[p.Name])
+					}
+				}
+			}
+			if len(seen) != want {
+				t.Fatalf("%d endpoints for %d eligible pods", len(seen), want)
+			}
+			if p := plan(c, svc, pods, slices); len(p.Create)+len(p.Update)+len(p.Delete) != 0 {
+				t.Fatalf("not idempotent: %d create, %d update, %d delete", len(p.Create), len(p.Update), len(p.Delete))
+			}
+		}
+		check(slices, pods)
+		// Change every other pod and plan from the existing slices.
+		changed := append([]byte(nil), spec...)
+		for i := range changed {
+			if i%2 == 0 {
+				changed[i] ^= 3
+			}
+		}
+		pods2 := build(changed)
+		check(apply(slices, plan(c, svc, pods2, slices)), pods2)
+	})
+}

@@ -236,3 +236,35 @@ func TestScalesDownTheNotReadyPodsFirstAndReportsReadiness(t *testing.T) {
 		return nil
 	})
 }
+
+func TestAvailableReplicasWaitForMinReadySeconds(t *testing.T) {
+	rs := newRS("web", 1)
+	rs.Spec.MinReadySeconds = 1
+	p := pod("p0", func(p *corev1.Pod) {
+		ready(time.Now().Unix())(p)
+		p.Labels = map[string]string{"app": "web"}
+		p.UID = "p0"
+		p.OwnerReferences = []metav1.OwnerReference{ctrlutil.NewControllerRef(rs, "apps/v1", "ReplicaSet")}
+	})
+	h := start(t, rs, p)
+	ctrltest.Eventually(t, 5*time.Second, func() error {
+		got, _ := h.c.client.AppsV1().ReplicaSets("default").Get(h.ctx, "web", metav1.GetOptions{})
+		if got.Status.ReadyReplicas != 1 {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+	got, _ := h.c.client.AppsV1().ReplicaSets("default").Get(h.ctx, "web", metav1.GetOptions{})
+	if got.Status.AvailableReplicas != 0 {
+		t.Fatalf("available %d before minReadySeconds passed", got.Status.AvailableReplicas)
+	}
+	// Without any further event the controller looks again when the pod
+	// becomes available.
+	ctrltest.Eventually(t, 5*time.Second, func() error {
+		got, _ := h.c.client.AppsV1().ReplicaSets("default").Get(h.ctx, "web", metav1.GetOptions{})
+		if got.Status.AvailableReplicas != 1 {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+}
