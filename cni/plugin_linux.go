@@ -100,7 +100,9 @@ func Attach(args *skel.CmdArgs) (_ *current.Result, _ *Config, err error) {
 			return types.NewError(types.ErrInvalidEnvironmentVariables,
 				fmt.Sprintf("interface %s already exists in the pod's netns (type %s) and is not Waggle's", args.IfName, l.Type()), "")
 		}
-		_, cont, err := ip.SetupVethWithName(args.IfName, hostName, cfg.MTU, "", hostNS)
+		// The pod's MAC follows from its address, so a reused address keeps
+		// its MAC and neighbours' cached entries stay right.
+		_, cont, err := ip.SetupVethWithName(args.IfName, hostName, cfg.MTU, macFor(addrs[0]).String(), hostNS)
 		if err != nil {
 			return ioError("create veth pair %s/%s: %v", args.IfName, hostName, err)
 		}
@@ -224,11 +226,14 @@ func release(cfg *Config, containerID, ifName string) error {
 	return nil
 }
 
-// bridgeMAC is a stable MAC for the bridge (locally administered 0a:58 and
-// the last four bytes of the gateway), so the pods' neighbour entries for the
-// gateway stay valid whatever ports come and go.
-func bridgeMAC(gw netip.Addr) net.HardwareAddr {
-	b := gw.AsSlice()
+// macFor derives a stable MAC from an address: locally administered 0a:58
+// and the address's last four bytes. The bridge takes its gateway's, so the
+// pods' neighbour entries for the gateway stay valid whatever ports come and
+// go; a pod takes its own, so when its address is reused by a new pod the
+// neighbours' cached entries (on the bridge, in other pods) stay valid
+// instead of sending traffic to a MAC that is gone until they expire.
+func macFor(a netip.Addr) net.HardwareAddr {
+	b := a.AsSlice()
 	b = b[len(b)-4:]
 	return net.HardwareAddr{0x0a, 0x58, b[0], b[1], b[2], b[3]}
 }
@@ -241,7 +246,7 @@ func ensureBridge(cfg *Config) (netlink.Link, error) {
 		}
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{
 			Name: cfg.Bridge, MTU: cfg.MTU, TxQLen: -1,
-			HardwareAddr: bridgeMAC(ipam.Gateway(cfg.PodCIDRs[0])),
+			HardwareAddr: macFor(ipam.Gateway(cfg.PodCIDRs[0])),
 		}}
 		if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, unix.EEXIST) {
 			return nil, ioError("create bridge %s: %v", cfg.Bridge, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,6 +63,7 @@ func startLab(t *testing.T) *env {
 
 	cfg := lab.Defaults()
 	cfg.Name, cfg.Bridge, cfg.Nodes = labName, labBridge, labNodes
+	cfg.Subnet = netip.MustParsePrefix(labSubnet)
 	dataDir := filepath.Join("/var/lib", "waggle-e2e-"+testutil.UniqueName(""))
 	e := &env{bin: filepath.Join(bin, "waggle"), dataDir: dataDir, kubeconfig: filepath.Join(dataDir, "control-plane", "admin.kubeconfig"), cfg: cfg}
 	t.Cleanup(func() {
