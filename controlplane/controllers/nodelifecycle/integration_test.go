@@ -65,7 +65,14 @@ func TestRealAPIServerNodeFailureEvictsPodsAndRecoveryRemovesTaints(t *testing.T
 	mkPod := func(name, node string, tols ...corev1.Toleration) {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 			Spec: corev1.PodSpec{NodeName: node, Tolerations: tols, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
-		if _, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		p, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The kubelet reports it running and ready.
+		p.Status.Phase = corev1.PodRunning
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+		if _, err := cs.CoreV1().Pods("default").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -141,6 +148,22 @@ func TestRealAPIServerNodeFailureEvictsPodsAndRecoveryRemovesTaints(t *testing.T
 	wait("pod tolerating 2 s evicted", func() bool { return evicted("after-2s") })
 	if evicted("defaults") || evicted("bystander") {
 		t.Fatal("evicted a pod within its 300 s default toleration, or one on the healthy node")
+	}
+	ready := func(name string) corev1.ConditionStatus {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				return c.Status
+			}
+		}
+		return ""
+	}
+	wait("pod kept on the failing node marked not ready", func() bool { return ready("defaults") == corev1.ConditionFalse })
+	if ready("bystander") != corev1.ConditionTrue {
+		t.Fatal("pod on the healthy node marked not ready")
 	}
 	if n := node("healthy"); readyStatus(n) != corev1.ConditionTrue || len(n.Spec.Taints) != 0 {
 		t.Fatalf("healthy node: ready %s, taints %v", readyStatus(n), taintKeys(n))

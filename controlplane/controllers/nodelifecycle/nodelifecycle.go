@@ -5,20 +5,23 @@
 // Unknown. From the Ready condition it keeps the node's NoExecute and
 // NoSchedule taints: node.kubernetes.io/unreachable when Unknown,
 // node.kubernetes.io/not-ready when False, none when True (so the taints go
-// when the node comes back). Pods on a node with NoExecute taints they do
-// not tolerate are evicted at once; pods that tolerate them for
-// tolerationSeconds are evicted that long after the taint was added.
+// when the node comes back). Pods on a node that is not Ready get their
+// Ready condition set to False at once, so EndpointSlices drop them; pods on
+// a node with NoExecute taints they do not tolerate are evicted at once, and
+// pods that tolerate them for tolerationSeconds that long after the taint
+// was added.
 //
 // Freshness is judged on this controller's own clock (when it saw a renewal
 // change), never by comparing a kubelet's timestamps with ours, so clock skew
-// between machines does not matter. It is not the pod garbage collector: pods
-// of deleted nodes are not force-deleted here.
+// between machines does not matter. It is not the pod garbage collector:
+// pods of deleted nodes are not force-deleted here.
 package nodelifecycle
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -166,7 +169,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 				return
 			}
 			c.nodeQueue.Add(n.Name)
-			if !sameTaints(noExecute(old.Spec.Taints), noExecute(n.Spec.Taints)) {
+			if !sameTaints(noExecute(old.Spec.Taints), noExecute(n.Spec.Taints)) || readyStatusOf(old) != readyStatusOf(n) {
 				c.enqueuePodsOn(n.Name)
 			}
 		},
@@ -240,6 +243,13 @@ func (c *Controller) Run(ctx context.Context, workers int) {
 		}
 	}
 	wg.Wait()
+}
+
+func readyStatusOf(n *corev1.Node) corev1.ConditionStatus {
+	if r := readyCondition(n); r != nil {
+		return r.Status
+	}
+	return ""
 }
 
 func readyCondition(n *corev1.Node) *corev1.NodeCondition {
@@ -458,6 +468,33 @@ func evictionDelay(pod *corev1.Pod, taints []corev1.Taint, now time.Time) (time.
 	return max(due.Sub(now), 0), true
 }
 
+// markPodNotReady sets Ready=False on a pod whose node is not Ready, as
+// Kubernetes does, so Services stop sending it traffic long before the pod
+// is evicted.
+func (c *Controller) markPodNotReady(ctx context.Context, pod *corev1.Pod, node *corev1.Node) error {
+	r := readyCondition(node)
+	if r == nil || r.Status == corev1.ConditionTrue {
+		return nil
+	}
+	i := slices.IndexFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady })
+	if i < 0 || pod.Status.Conditions[i].Status == corev1.ConditionFalse {
+		return nil
+	}
+	upd := pod.DeepCopy()
+	upd.Status.Conditions[i].Status = corev1.ConditionFalse
+	upd.Status.Conditions[i].Reason = "NodeNotReady"
+	upd.Status.Conditions[i].Message = fmt.Sprintf("node %s is not ready", node.Name)
+	upd.Status.Conditions[i].LastTransitionTime = metav1.NewTime(c.now())
+	if _, err := c.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("mark pod %s/%s not ready: %w", pod.Namespace, pod.Name, err)
+	}
+	c.log.Info("marked pod not ready", "pod", pod.Namespace+"/"+pod.Name, "node", node.Name)
+	return nil
+}
+
 func (c *Controller) syncPod(ctx context.Context, key string) error {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
@@ -476,6 +513,9 @@ func (c *Controller) syncPod(ctx context.Context, key string) error {
 	node, err := c.nodes.Get(pod.Spec.NodeName)
 	if err != nil {
 		return nil
+	}
+	if err := c.markPodNotReady(ctx, pod, node); err != nil {
+		return err
 	}
 	d, evict := evictionDelay(pod, noExecute(node.Spec.Taints), c.now())
 	if !evict {

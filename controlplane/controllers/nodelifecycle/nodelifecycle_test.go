@@ -134,7 +134,8 @@ func (c cluster) node(t *testing.T, name string) *corev1.Node {
 func (c cluster) createPod(t *testing.T, name, node string, tols ...corev1.Toleration) {
 	t.Helper()
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
-		Spec: corev1.PodSpec{NodeName: node, Tolerations: tols}}
+		Spec:   corev1.PodSpec{NodeName: node, Tolerations: tols},
+		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 	if _, err := c.cs.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -214,6 +215,10 @@ func TestSilentNodeBecomesUnknownTaintedAndItsPodsEvicted(t *testing.T) {
 	if !c.podExists(t, "forever") || !c.podExists(t, "elsewhere") {
 		t.Fatal("evicted a pod tolerating the taint forever, or one on a healthy node")
 	}
+	waitFor(t, "pod on the silent node marked not ready", func() bool { return podReady(t, c, "forever") == corev1.ConditionFalse })
+	if podReady(t, c, "elsewhere") != corev1.ConditionTrue {
+		t.Fatal("pod on a healthy node marked not ready")
+	}
 	if n := c.node(t, "alive"); readyStatus(n) != corev1.ConditionTrue || len(n.Spec.Taints) != 0 {
 		t.Fatalf("renewing node changed: ready %s taints %v", readyStatus(n), taintKeys(n))
 	}
@@ -253,4 +258,18 @@ func TestNodeThatNeverReportedIsMarkedUnknownAfterStartupGrace(t *testing.T) {
 		r := readyCondition(c.node(t, "mute"))
 		return r != nil && r.Status == corev1.ConditionUnknown && r.Reason == "NodeStatusNeverUpdated"
 	})
+}
+
+func podReady(t *testing.T, c cluster, name string) corev1.ConditionStatus {
+	t.Helper()
+	p, err := c.cs.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status
+		}
+	}
+	return ""
 }
