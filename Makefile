@@ -7,7 +7,8 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X $(PKG)/internal/version.Version=$(VERSION)
 # Debian packages the build and the tests need (binary:package).
 APT_DEPS := containerd:containerd runc:runc iptables:iptables clang:clang llvm-strip:llvm \
-	bpftool:bpftool ip:iproute2 nft:nftables conntrack:conntrack
+	bpftool:bpftool ip:iproute2 nft:nftables conntrack:conntrack \
+	docker-registry:docker-registry
 # Test tiers: TEST_FLAGS=-short gives the unit tier only.
 TEST_TIMEOUT ?= 20m
 TEST_FLAGS ?=

@@ -604,6 +604,13 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		return ctx.Err()
 	}
 	defer func() { <-k.startSlots }()
+	pullKey := "pull/" + backoffKey(pod.UID, c.Name)
+	if k.backoff.IsInBackOffSinceUpdate(pullKey, time.Now()) {
+		if wr := w.waiting[c.Name]; wr.reason == "ErrImagePull" || wr.reason == "ImagePullBackOff" {
+			w.waiting[c.Name] = waitReason{"ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q", c.Image)}
+		}
+		return nil
+	}
 	imageID, err := k.rt.EnsureImage(ctx, c.Image, pullPolicy(c))
 	tImage := time.Since(t0)
 	if err != nil {
@@ -612,8 +619,11 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 			reason = "ErrImageNeverPull"
 		}
 		w.waiting[c.Name] = waitReason{reason, err.Error()}
+		k.backoff.Next(pullKey, time.Now())
+		time.AfterFunc(k.backoff.Get(pullKey)+10*time.Millisecond, w.poke)
 		return err
 	}
+	k.backoff.Reset(pullKey)
 	env, err := k.makeEnv(ctx, pod, c, w.sb)
 	if err != nil {
 		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
