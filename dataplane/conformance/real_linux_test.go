@@ -11,6 +11,7 @@ import (
 
 	"github.com/waggle-io/waggle/dataplane/ebpf"
 	"github.com/waggle-io/waggle/dataplane/iptables"
+	"github.com/waggle-io/waggle/dataplane/ipvs"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
@@ -79,5 +80,25 @@ func TestRealEBPF(t *testing.T) {
 		})
 		testutil.EnterCgroup(t, cg)
 		return &Target{Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.Connect, UDPFlow: tp.UDPFlow}
+	})
+}
+
+// TestRealIPVS runs the suite on a kernel with IPVS (skipped, with the
+// reason, where there is none, as on Waggle's CI machine).
+func TestRealIPVS(t *testing.T) {
+	testutil.RequiresKernelFeature(t, testutil.IPVS)
+	Run(t, func(t *testing.T) *Target {
+		tp := NewTopology(t)
+		path := filepath.Join("/run/netns", tp.Node.Name)
+		b, err := ipvs.New(ipvs.Config{NetNSPath: path, Log: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := b.Cleanup(context.Background()); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		})
+		return &Target{Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.Connect}
 	})
 }

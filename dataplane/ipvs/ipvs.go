@@ -243,8 +243,17 @@ func (b *Backend) Sync(ctx context.Context, st *dataplane.State) error {
 			}
 		}
 	}
+	// Ours: what this process programmed, what sits on the dummy
+	// interface, and (left by an earlier process) virtual servers on this
+	// node's NodePort addresses.
+	nodeAddrs := map[netip.Addr]bool{}
+	for _, f := range st.Frontends {
+		if f.Kind == dataplane.NodePort {
+			nodeAddrs[f.Addr] = true
+		}
+	}
 	for k, vs := range have {
-		if want[k] || !(b.ours[k] || slices.Contains(bound, k.Addr)) {
+		if want[k] || !(b.ours[k] || slices.Contains(bound, k.Addr) || nodeAddrs[k.Addr]) {
 			continue
 		}
 		if err := b.handle.DelService(vs); err != nil {

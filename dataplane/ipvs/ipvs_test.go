@@ -312,3 +312,21 @@ func TestRealKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestartRemovesStaleNodePortServers: a virtual server on a NodePort
+// address left by an earlier proxy is removed by a new one.
+func TestRestartRemovesStaleNodePortServers(t *testing.T) {
+	f := newFakes(t, "")
+	ctx := context.Background()
+	stale := VirtualServer{Addr: netip.MustParseAddr("192.168.1.10"), Port: 30999, Protocol: dataplane.TCP, Scheduler: "rr"}
+	f.h.AddService(stale)
+	if err := f.b.Sync(ctx, sampleState()); err != nil {
+		t.Fatal(err)
+	}
+	vss, _ := f.h.Services()
+	for _, vs := range vss {
+		if vs == stale {
+			t.Error("stale NodePort virtual server kept")
+		}
+	}
+}
