@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/waggle-io/waggle/dataplane"
@@ -21,7 +23,7 @@ func runProxy(ctx context.Context, args []string) error {
 	var cidrs cliflag.StringList
 	var logLevel string
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path of the kubeconfig to reach the API server (empty: in-cluster)")
-	fs.StringVar(&cfg.NodeName, "hostname-override", "", "this node's name (required)")
+	fs.StringVar(&cfg.NodeName, "hostname-override", "", "this node's name (default: the host name, lower-cased, as the kubelet registers it)")
 	fs.StringVar(&nodeName, "node-name", "", "alias of --hostname-override")
 	fs.StringVar(&cfg.Mode, "mode", dataplane.ModeAuto, "proxy mode: auto (ebpf where the kernel allows, else iptables), ebpf, iptables or ipvs")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 directory the eBPF programs attach to (default: the cgroup2 mount's root)")
@@ -42,6 +44,13 @@ func runProxy(ctx context.Context, args []string) error {
 	}
 	if cfg.NodeName == "" {
 		cfg.NodeName = nodeName
+	}
+	if cfg.NodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("no --hostname-override and no host name: %w", err)
+		}
+		cfg.NodeName = strings.ToLower(h)
 	}
 	for _, c := range cidrs {
 		p, err := netip.ParsePrefix(c)

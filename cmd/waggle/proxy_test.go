@@ -16,7 +16,6 @@ func TestProxyRejectsBadFlags(t *testing.T) {
 	}{
 		{"bad cluster CIDR", []string{"proxy", "--hostname-override=a", "--cluster-cidr=10.0.0/8"}, `--cluster-cidr "10.0.0/8"`},
 		{"unknown mode", []string{"proxy", "--hostname-override=a", "--mode=userspace"}, `--mode="userspace"`},
-		{"no node name", []string{"proxy", "--mode=iptables"}, "--hostname-override"},
 		{"min sync period above sync period", []string{"proxy", "--hostname-override=a", "--sync-period=1s", "--min-sync-period=1m"}, "--min-sync-period"},
 		{"bad log level", []string{"proxy", "--log-level=loud"}, "log level"},
 	} {
