@@ -72,6 +72,22 @@ func TestDeploymentRolloutUndoAndScaleThroughKubectl(t *testing.T) {
 		return nil
 	})
 
+	// The controllers record what they did as Events, as on Kubernetes.
+	eventually(t, 30*time.Second, func() error {
+		evs, err := c.cs.CoreV1().Events("default").List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return err
+		}
+		reasons := map[string]bool{}
+		for _, e := range evs.Items {
+			reasons[e.InvolvedObject.Kind+"/"+e.Reason] = true
+		}
+		if !reasons["Deployment/ScalingReplicaSet"] || !reasons["ReplicaSet/SuccessfulCreate"] || !reasons["ReplicaSet/SuccessfulDelete"] {
+			return fmt.Errorf("event reasons %v", reasons)
+		}
+		return nil
+	})
+
 	c.kubectlOK("scale", "deployment/web", "--replicas=5")
 	c.kubectlOK("rollout", "status", "deployment/web", "--timeout=60s")
 	eventually(t, 30*time.Second, func() error {

@@ -34,6 +34,7 @@ import (
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	schedhelper "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
@@ -53,16 +54,18 @@ type Options struct {
 
 // Controller reconciles DaemonSets with nodes and pods.
 type Controller struct {
-	client kubernetes.Interface
-	log    *slog.Logger
-	opts   Options
-	queue  workqueue.TypedRateLimitingInterface[string]
-	dsl    appslisters.DaemonSetLister
-	nodes  corelisters.NodeLister
-	pods   corelisters.PodLister
-	synced []cache.InformerSynced
-	exp    *ctrlutil.Expectations
-	now    func() time.Time
+	client  kubernetes.Interface
+	log     *slog.Logger
+	opts    Options
+	queue   workqueue.TypedRateLimitingInterface[string]
+	dsl     appslisters.DaemonSetLister
+	nodes   corelisters.NodeLister
+	pods    corelisters.PodLister
+	synced  []cache.InformerSynced
+	exp     *ctrlutil.Expectations
+	now     func() time.Time
+	rec     record.EventRecorder
+	stopRec func()
 }
 
 // New wires the controller to the factory's DaemonSet, Node and Pod
@@ -80,6 +83,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		synced: []cache.InformerSynced{dsInf.Informer().HasSynced, nodeInf.Informer().HasSynced, podInf.Informer().HasSynced},
 		exp:    ctrlutil.NewExpectations(), now: time.Now,
 	}
+	c.rec, c.stopRec = ctrlutil.NewRecorder(client, "daemonset-controller")
 	dsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, cur any) { c.enqueue(cur) },
@@ -179,6 +183,7 @@ func (c *Controller) owner(p *corev1.Pod) string {
 
 // Run runs workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) {
+	defer c.stopRec()
 	ctrlutil.RunWorkers(ctx, c.log, Name, c.queue, workers, c.sync, c.synced...)
 }
 
@@ -428,11 +433,16 @@ func (c *Controller) manage(ctx context.Context, key string, ds *appsv1.DaemonSe
 		close(next)
 		done, err := replicaset.SlowStartBatch(len(create), 1, func() error {
 			node := <-next
-			_, err := c.client.CoreV1().Pods(ds.Namespace).Create(ctx, c.newPod(ds, node, hash), metav1.CreateOptions{})
+			created, err := c.client.CoreV1().Pods(ds.Namespace).Create(ctx, c.newPod(ds, node, hash), metav1.CreateOptions{})
 			if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 				return nil
 			}
-			return err
+			if err != nil {
+				c.rec.Eventf(ds, corev1.EventTypeWarning, "FailedCreate", "Error creating: %v", err)
+				return err
+			}
+			c.rec.Eventf(ds, corev1.EventTypeNormal, "SuccessfulCreate", "Created pod: %v", created.Name)
+			return nil
 		})
 		for i := done; i < len(create); i++ {
 			c.exp.CreationObserved(key)
@@ -449,6 +459,9 @@ func (c *Controller) manage(ctx context.Context, key string, ds *appsv1.DaemonSe
 		c.exp.ExpectDeletions(key, keys)
 		for i, p := range del {
 			err := c.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
+			if err == nil {
+				c.rec.Eventf(ds, corev1.EventTypeNormal, "SuccessfulDelete", "Deleted pod: %v", p.Name)
+			}
 			if err != nil {
 				c.exp.DeletionObserved(key, keys[i])
 				if !apierrors.IsNotFound(err) {

@@ -34,6 +34,7 @@ import (
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
@@ -47,14 +48,16 @@ type Options struct{}
 
 // Controller reconciles Deployments with their ReplicaSets.
 type Controller struct {
-	client kubernetes.Interface
-	log    *slog.Logger
-	queue  workqueue.TypedRateLimitingInterface[string]
-	dl     appslisters.DeploymentLister
-	rsl    appslisters.ReplicaSetLister
-	pods   corelisters.PodLister
-	synced []cache.InformerSynced
-	now    func() time.Time
+	client  kubernetes.Interface
+	log     *slog.Logger
+	queue   workqueue.TypedRateLimitingInterface[string]
+	dl      appslisters.DeploymentLister
+	rsl     appslisters.ReplicaSetLister
+	pods    corelisters.PodLister
+	synced  []cache.InformerSynced
+	now     func() time.Time
+	rec     record.EventRecorder
+	stopRec func()
 }
 
 // New wires the controller to the factory's Deployment, ReplicaSet and Pod
@@ -68,6 +71,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		dl: dInf.Lister(), rsl: rsInf.Lister(), pods: podInf.Lister(), now: time.Now,
 		synced: []cache.InformerSynced{dInf.Informer().HasSynced, rsInf.Informer().HasSynced, podInf.Informer().HasSynced},
 	}
+	c.rec, c.stopRec = ctrlutil.NewRecorder(client, "deployment-controller")
 	dInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, cur any) { c.enqueue(cur) },
@@ -156,6 +160,7 @@ func (c *Controller) rsChanged(rs *appsv1.ReplicaSet) {
 
 // Run runs workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) {
+	defer c.stopRec()
 	ctrlutil.RunWorkers(ctx, c.log, Name, c.queue, workers, c.sync, c.synced...)
 }
 
@@ -323,6 +328,7 @@ func (c *Controller) getNewReplicaSet(ctx context.Context, d *appsv1.Deployment,
 	case apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
 		return nil, err
 	case err != nil:
+		c.rec.Eventf(d, corev1.EventTypeWarning, FailedRSCreateReason, "Failed to create new replica set %q: %v", newRS.Name, err)
 		if _, ok := progressDeadline(d); ok {
 			SetCondition(&d.Status, newCondition(appsv1.DeploymentProgressing, corev1.ConditionFalse, FailedRSCreateReason,
 				fmt.Sprintf("Failed to create new replica set %q: %v", newRS.Name, err), c.now()))
@@ -332,6 +338,9 @@ func (c *Controller) getNewReplicaSet(ctx context.Context, d *appsv1.Deployment,
 	}
 	if !alreadyExists {
 		c.log.Info("created replica set", "deployment", d.Namespace+"/"+d.Name, "replicaset", created.Name, "replicas", n)
+		if n > 0 {
+			c.rec.Eventf(d, corev1.EventTypeNormal, "ScalingReplicaSet", "Scaled up replica set %s from 0 to %d", created.Name, n)
+		}
 	}
 	if err := c.setDeploymentRevision(ctx, d, newRevision); err != nil {
 		return nil, err
@@ -524,7 +533,12 @@ func (c *Controller) scaleReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet,
 		return false, rs, fmt.Errorf("scale replica set %s/%s to %d: %w", rs.Namespace, rs.Name, n, err)
 	}
 	if sizeChanged {
+		op := "up"
+		if n < rsReplicas(rs) {
+			op = "down"
+		}
 		c.log.Info("scaled replica set", "deployment", d.Namespace+"/"+d.Name, "replicaset", rs.Name, "from", rsReplicas(rs), "to", n)
+		c.rec.Eventf(d, corev1.EventTypeNormal, "ScalingReplicaSet", "Scaled %s replica set %s from %d to %d", op, rs.Name, rsReplicas(rs), n)
 	}
 	*rs = *updated
 	return sizeChanged, rs, nil

@@ -41,6 +41,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
@@ -78,6 +79,8 @@ type Controller struct {
 	eps      corelisters.EndpointsLister
 	synced   []cache.InformerSynced
 	tracker  *tracker
+	rec      record.EventRecorder
+	stopRec  func()
 }
 
 // New wires the controller to the factory's Service, Pod, Node,
@@ -97,6 +100,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 			nodeInf.Informer().HasSynced, sliceInf.Informer().HasSynced},
 		tracker: newTracker(),
 	}
+	c.rec, c.stopRec = ctrlutil.NewRecorder(client, "endpoint-slice-controller")
 	if !opts.SkipLegacyEndpoints {
 		epInf := factory.Core().V1().Endpoints()
 		c.eps = epInf.Lister()
@@ -188,6 +192,7 @@ func (c *Controller) nodeZoneChanged(node string) {
 
 // Run runs workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) {
+	defer c.stopRec()
 	ctrlutil.RunWorkers(ctx, c.log, Name, c.queue, workers, c.sync, c.synced...)
 }
 
@@ -230,6 +235,9 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	}
 	start := time.Now()
 	sliceErr := c.reconcileSlices(ctx, svc, pods, existing)
+	if sliceErr != nil {
+		c.rec.Eventf(svc, corev1.EventTypeWarning, "FailedToUpdateEndpointSlices", "Error updating Endpoint Slices for Service %s/%s: %v", svc.Namespace, svc.Name, sliceErr)
+	}
 	c.log.Debug("synced endpointslices", "service", key, "pods", len(pods), "took", time.Since(start))
 	var epErr error
 	if !c.opts.SkipLegacyEndpoints {

@@ -33,6 +33,7 @@ import (
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
@@ -59,6 +60,8 @@ type Controller struct {
 	synced   []cache.InformerSynced
 	exp      *ctrlutil.Expectations
 	now      func() time.Time
+	rec      record.EventRecorder
+	stopRec  func()
 }
 
 // New wires the controller to the factory's ReplicaSet and Pod informers.
@@ -75,6 +78,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		synced: []cache.InformerSynced{rsInf.Informer().HasSynced, podInf.Informer().HasSynced},
 		exp:    ctrlutil.NewExpectations(), now: time.Now,
 	}
+	c.rec, c.stopRec = ctrlutil.NewRecorder(client, "replicaset-controller")
 	c.watch(rsInf, podInf.Informer())
 	return c
 }
@@ -195,6 +199,7 @@ func (c *Controller) enqueueMatching(pod *corev1.Pod) {
 
 // Run runs workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) {
+	defer c.stopRec()
 	ctrlutil.RunWorkers(ctx, c.log, Name, c.queue, workers, c.sync, c.synced...)
 }
 
@@ -280,11 +285,16 @@ func (c *Controller) manage(ctx context.Context, key string, active []*corev1.Po
 		c.exp.ExpectCreations(key, n)
 		created, err := SlowStartBatch(n, 1, func() error {
 			pod := PodFromTemplate(rs, "apps/v1", "ReplicaSet")
-			_, err := c.client.CoreV1().Pods(rs.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+			created, err := c.client.CoreV1().Pods(rs.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 			if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 				return nil // the namespace is going away; nothing to do
 			}
-			return err
+			if err != nil {
+				c.rec.Eventf(rs, corev1.EventTypeWarning, "FailedCreate", "Error creating: %v", err)
+				return err
+			}
+			c.rec.Eventf(rs, corev1.EventTypeNormal, "SuccessfulCreate", "Created pod: %v", created.Name)
+			return nil
 		})
 		// Creations that were never attempted or failed will not be observed.
 		for i := created; i < n; i++ {
@@ -309,9 +319,13 @@ func (c *Controller) manage(ctx context.Context, key string, active []*corev1.Po
 			go func() {
 				defer wg.Done()
 				err := c.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
+				if err == nil {
+					c.rec.Eventf(rs, corev1.EventTypeNormal, "SuccessfulDelete", "Deleted pod: %v", p.Name)
+				}
 				if err != nil {
 					c.exp.DeletionObserved(key, keys[i])
 					if !apierrors.IsNotFound(err) {
+						c.rec.Eventf(rs, corev1.EventTypeWarning, "FailedDelete", "Error deleting: %v", err)
 						mu.Lock()
 						errs = append(errs, err)
 						mu.Unlock()

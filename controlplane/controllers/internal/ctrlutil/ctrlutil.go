@@ -24,7 +24,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 )
 
@@ -388,4 +392,14 @@ func ComputeHash(template *corev1.PodTemplateSpec, collisionCount *int32) string
 // resync): both copies have the same, non-empty resourceVersion.
 func SameVersion(old, cur metav1.Object) bool {
 	return old.GetResourceVersion() != "" && old.GetResourceVersion() == cur.GetResourceVersion()
+}
+
+// NewRecorder returns an event recorder that writes core/v1 Events as
+// component (e.g. "deployment-controller", as Kubernetes names its sources)
+// and a function that stops it. Events are best-effort: a failed write is
+// logged by client-go and dropped.
+func NewRecorder(client kubernetes.Interface, component string) (record.EventRecorder, func()) {
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component}), b.Shutdown
 }
