@@ -3,6 +3,9 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
 	"github.com/waggle-io/waggle/internal/leaderelect"
@@ -326,4 +330,58 @@ func TestRealAPIServerSchedulerFailover(t *testing.T) {
 	c.create(t, newPod("after"))
 	eventually(t, "sched-b leads", func() bool { return holder() == "sched-b" })
 	eventually(t, "pod scheduled by the new leader", func() bool { return c.get(t, "after").Spec.NodeName == "n1" })
+}
+
+func TestRealAPIServerDaemonServesHealthAndMetrics(t *testing.T) {
+	testutil.Privileged(t)
+	_, dir, _ := apiservertest.StartTestServer(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{Kubeconfig: filepath.Join(dir, "admin.kubeconfig"), HealthAddr: addr, LogLevel: "error",
+			LeaderElection: leaderelect.Config{Enabled: false}})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	})
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	eventually(t, "/readyz ok", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
+	if code, body := get("/healthz"); code != http.StatusOK || body != "ok" {
+		t.Fatalf("/healthz = %d %q", code, body)
+	}
+
+	rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "admin.kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := realCluster{cs: cs}
+	c.create(t, newNode("n1"), newPod("p"))
+	eventually(t, "pod bound by the daemon", func() bool { return c.get(t, "p").Spec.NodeName == "n1" })
+	eventually(t, "metrics", func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, `scheduler_schedule_attempts_total{result="scheduled"} 1`) &&
+			strings.Contains(body, `scheduler_pending_pods{queue="unschedulable"} 0`) &&
+			strings.Contains(body, "scheduler_scheduling_attempt_duration_seconds_bucket")
+	})
 }
