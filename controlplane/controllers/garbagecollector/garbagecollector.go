@@ -246,6 +246,25 @@ func (c *Controller) forget(obj any) {
 	}
 }
 
+// ownersSolidInGraph reports whether the object is not being deleted and
+// every owner it names is in the graph as an observed object (same UID)
+// that is neither being deleted nor waiting for its dependents.
+func (c *Controller) ownersSolidInGraph(uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[uid]
+	if n == nil || n.deleting || len(n.owners) == 0 {
+		return false
+	}
+	for _, o := range n.owners {
+		on := c.nodes[o.UID]
+		if on == nil || on.res.Kind == "" || on.deleting || on.res.Kind != o.Kind {
+			return false
+		}
+	}
+	return true
+}
+
 // snapshot copies what a worker needs of a node.
 type snapshot struct {
 	res        Resource
@@ -346,6 +365,12 @@ func (c *Controller) attemptToDelete(ctx context.Context, key string) error {
 	if !ok || s.virtual {
 		// A virtual node: an owner never observed; its dependents were
 		// enqueued themselves and check it live.
+		return nil
+	}
+	if c.ownersSolidInGraph(uid) {
+		// Every owner is an observed object that is not being deleted in
+		// the foreground: nothing to do, and no need to ask the API server
+		// (after a restart, every dependent passes here).
 		return nil
 	}
 	obj, err := c.live(ctx, s, uid)

@@ -146,3 +146,17 @@ func TestForegroundDeletionDeletesDependentsThenDropsTheFinalizer(t *testing.T) 
 		return nil
 	})
 }
+
+func TestLiveOwnersCostNoAPICalls(t *testing.T) {
+	objs := []runtime.Object{cm("owner", "o1", nil)}
+	for i := 0; i < 50; i++ {
+		objs = append(objs, cm(fmt.Sprintf("dep%d", i), types.UID(fmt.Sprintf("d%d", i)), ownedBy("owner", "o1", false)))
+	}
+	dyn, _ := run(t, objs...)
+	time.Sleep(500 * time.Millisecond)
+	for _, a := range dyn.Actions() {
+		if a.GetVerb() != "list" && a.GetVerb() != "watch" {
+			t.Fatalf("unexpected %s %s: the graph already shows every owner alive", a.GetVerb(), a.GetResource().Resource)
+		}
+	}
+}
