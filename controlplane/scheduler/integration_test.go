@@ -286,7 +286,7 @@ func TestRealAPIServerFillsNodesWithoutOverbooking(t *testing.T) {
 
 func TestRealAPIServerSchedulerFailover(t *testing.T) {
 	testutil.Privileged(t)
-	rc, dir, _ := apiservertest.StartTestServer(t)
+	rc, _, _ := apiservertest.StartTestServer(t)
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +294,7 @@ func TestRealAPIServerSchedulerFailover(t *testing.T) {
 	c := realCluster{cs: cs}
 	cfg := func(id string) Config {
 		return Config{
-			Kubeconfig: filepath.Join(dir, "admin.kubeconfig"), HealthAddr: "0", LogLevel: "error",
+			RestConfig: rc, HealthAddr: "0", Log: quietLog(),
 			PodInitialBackoff: 100 * time.Millisecond, PodMaxBackoff: time.Second,
 			LeaderElection: leaderelect.Config{Enabled: true, LeaseName: "kube-scheduler", LeaseNamespace: "kube-system", Identity: id,
 				LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond},

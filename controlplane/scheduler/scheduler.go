@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -35,14 +36,18 @@ import (
 // Config is `waggle scheduler`'s configuration, one field per flag.
 type Config struct {
 	// Kubeconfig is the path of the kubeconfig to reach the API server;
-	// Master overrides its server URL.
+	// Master overrides its server URL. RestConfig, when set (`waggle up`,
+	// tests), is used instead of both.
 	Kubeconfig, Master string
+	RestConfig         *rest.Config
 	// SchedulerName is the spec.schedulerName served (default-scheduler).
 	SchedulerName string
 	// HealthAddr serves /healthz, /readyz and /metrics ("" or "0": off).
 	HealthAddr string
-	// LogLevel is debug, info, warn or error.
+	// LogLevel is debug, info, warn or error; Log, when set, is used
+	// instead of a logger built from it.
 	LogLevel string
+	Log      *slog.Logger
 	// QPS and Burst limit the API client.
 	QPS   float32
 	Burst int
@@ -57,8 +62,19 @@ type Config struct {
 // ErrConfig marks a configuration error.
 var ErrConfig = errors.New("scheduler config")
 
-// RestConfig builds the API client configuration from Kubeconfig/Master.
-func (c Config) RestConfig() (*rest.Config, error) {
+// restConfig builds the API client configuration from RestConfig, or
+// Kubeconfig and Master.
+func (c Config) restConfig() (*rest.Config, error) {
+	if c.RestConfig != nil {
+		rc := rest.CopyConfig(c.RestConfig)
+		if c.QPS > 0 {
+			rc.QPS = c.QPS
+		}
+		if c.Burst > 0 {
+			rc.Burst = c.Burst
+		}
+		return rc, nil
+	}
 	if c.Kubeconfig == "" && c.Master == "" {
 		return nil, fmt.Errorf("%w: --kubeconfig (or --master) is required", ErrConfig)
 	}
@@ -82,14 +98,18 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.LogLevel == "" {
 		cfg.LogLevel = "info"
 	}
-	log, err := ops.NewLogger("scheduler", cfg.LogLevel)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+	log := cfg.Log
+	if log == nil {
+		l, err := ops.NewLogger("scheduler", cfg.LogLevel)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		log = l
 	}
 	if err := cfg.LeaderElection.Validate(); err != nil {
 		return err
 	}
-	rc, err := cfg.RestConfig()
+	rc, err := cfg.restConfig()
 	if err != nil {
 		return err
 	}
