@@ -1,0 +1,152 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
+	"github.com/waggle-io/waggle/kubelet/images"
+	"github.com/waggle-io/waggle/kubelet/internal/ktest"
+	"github.com/waggle-io/waggle/kubelet/runtime"
+)
+
+// runtimes returns the implementations under test: the fake always, the
+// containerd one when privileged tests can run.
+func runtimes(t *testing.T) map[string]runtime.Runtime {
+	fake := runtime.NewFake(images.EchoImage)
+	// The fake runs nothing; it answers `waggle-echo exit N` as the image would.
+	fake.ExecFunc = func(_ runtime.Container, cmd []string) int {
+		if len(cmd) == 3 && cmd[1] == "exit" {
+			n, _ := strconv.Atoi(cmd[2])
+			return n
+		}
+		return 0
+	}
+	out := map[string]runtime.Runtime{"fake": fake}
+	if testing.Short() {
+		return out
+	}
+	testutil.RequiresRoot(t)
+	c := ktest.StartContainerd(t)
+	ns := testutil.UniqueName("rt")
+	ktest.ImportEcho(t, c, ns)
+	rt, err := runtime.NewContainerd(runtime.ContainerdOptions{Address: c.Address(), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	out["containerd"] = rt
+	return out
+}
+
+func find(t *testing.T, rt runtime.Runtime, id string) runtime.Container {
+	t.Helper()
+	list, err := rt.ListContainers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range list {
+		if c.ID == id {
+			return c
+		}
+	}
+	return runtime.Container{}
+}
+
+// TestRuntimeConformance runs the same behaviour against every runtime.
+func TestRuntimeConformance(t *testing.T) {
+	for name, rt := range runtimes(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			if _, err := rt.EnsureImage(ctx, images.EchoImage, runtime.PullNever); err != nil {
+				t.Fatalf("present image with PullNever: %v", err)
+			}
+			if _, err := rt.EnsureImage(ctx, "example.invalid/absent:v1", runtime.PullNever); !errors.Is(err, runtime.ErrImageNotFound) {
+				t.Errorf("absent image with PullNever: err = %v, want ErrImageNotFound", err)
+			}
+			logPath := filepath.Join(t.TempDir(), "0.log")
+			cfg := runtime.ContainerConfig{PodUID: "u1", PodNamespace: "ns", PodName: "p", Name: "c", Attempt: 2,
+				Image: images.EchoImage, Command: []string{"/waggle-echo", "log", "2"}, Env: []string{"A=b"},
+				LogPath: logPath}
+			if name == "containerd" {
+				cfg.Command = []string{"/waggle-echo", "log", "2"}
+			}
+			id, err := rt.StartContainer(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := find(t, rt, id)
+			if c.State != runtime.StateRunning || c.PodUID != "u1" || c.Name != "c" || c.Attempt != 2 || c.LogPath != logPath {
+				t.Errorf("listed = %+v", c)
+			}
+			var out bytes.Buffer
+			code, err := rt.Exec(ctx, id, []string{"/waggle-echo", "exit", "5"}, runtime.ExecOptions{Stdout: &out})
+			if err != nil || code != 5 {
+				t.Errorf("exec exit 5: code %d err %v", code, err)
+			}
+			if name == "containerd" {
+				out.Reset()
+				if code, err := rt.Exec(ctx, id, []string{"/waggle-echo", "stdin-echo"}, runtime.ExecOptions{Stdin: strings.NewReader("abc"), Stdout: &out}); err != nil || code != 0 || out.String() != "abc" {
+					t.Errorf("exec stdin-echo: %d %v %q", code, err, out.String())
+				}
+				if _, err := rt.Stats(ctx, id); err != nil {
+					t.Errorf("stats: %v", err)
+				}
+				deadline := time.Now().Add(5 * time.Second)
+				for time.Now().Before(deadline) {
+					if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "line 2") {
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				if b, _ := os.ReadFile(logPath); !strings.Contains(string(b), "line 1\nline 2\n") {
+					t.Errorf("log file = %q", b)
+				}
+			}
+			if err := rt.StopContainer(ctx, id, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := rt.StopContainer(ctx, id, time.Second); err != nil {
+				t.Errorf("second stop: %v", err)
+			}
+			c = find(t, rt, id)
+			if c.State != runtime.StateExited && c.State != runtime.StateUnknown {
+				t.Errorf("after stop: %+v", c)
+			}
+			if _, err := rt.Exec(ctx, id, []string{"/waggle-echo", "env"}, runtime.ExecOptions{}); err == nil {
+				t.Error("exec in a stopped container succeeded")
+			}
+			if err := rt.RemoveContainer(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if err := rt.RemoveContainer(ctx, id); err != nil {
+				t.Errorf("second remove: %v", err)
+			}
+			if c := find(t, rt, id); c.ID != "" {
+				t.Errorf("removed container still listed: %+v", c)
+			}
+		})
+	}
+}
+
+func TestNormalizeImage(t *testing.T) {
+	for in, want := range map[string]string{
+		"nginx":                        "docker.io/library/nginx:latest",
+		"waggle.local/waggle-echo:dev": "waggle.local/waggle-echo:dev",
+		"127.0.0.1:5000/a/b:v1":        "127.0.0.1:5000/a/b:v1",
+	} {
+		if got, err := runtime.NormalizeImage(in); err != nil || got != want {
+			t.Errorf("NormalizeImage(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := runtime.NormalizeImage("UPPER/Case"); err == nil {
+		t.Error("invalid reference accepted")
+	}
+}
