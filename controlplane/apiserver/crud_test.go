@@ -2,7 +2,12 @@ package apiserver_test
 
 import (
 	"context"
+	"io"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/client-go/kubernetes/scheme"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -320,5 +325,48 @@ func TestMetadataClientGetsPartialObjectMetadata(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no metadata watch event")
+	}
+}
+
+// TestProtobufResponsesForClientsThatAskForThem: client-go's typed clients
+// prefer protobuf; get, list and write responses come in Kubernetes'
+// protobuf envelope and decode to the same objects.
+func TestProtobufResponsesForClientsThatAskForThem(t *testing.T) {
+	cs, srv := newClient(t)
+	ctx := context.Background()
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("pb", map[string]string{"k": "v"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	raw := newRaw(t, srv.Config)
+	codec := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
+	for _, tc := range []struct {
+		path string
+		into runtime.Object
+	}{{"/api/v1/namespaces/default/pods/pb", &corev1.Pod{}}, {"/api/v1/namespaces/default/pods", &corev1.PodList{}}, {"/api/v1/namespaces/default/pods?limit=1", &corev1.PodList{}}} {
+		req, _ := http.NewRequest("GET", raw.host+tc.path, nil)
+		req.Header.Set("Accept", "application/vnd.kubernetes.protobuf, */*")
+		resp, err := raw.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if ct := resp.Header.Get("Content-Type"); ct != "application/vnd.kubernetes.protobuf" {
+			t.Fatalf("%s: content type %q", tc.path, ct)
+		}
+		out, _, err := codec.Decode(b, nil, tc.into)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.path, err)
+		}
+		switch o := out.(type) {
+		case *corev1.Pod:
+			if o.Name != "pb" || o.Labels["k"] != "v" || o.ResourceVersion == "" {
+				t.Fatalf("pod: %+v", o.ObjectMeta)
+			}
+		case *corev1.PodList:
+			if len(o.Items) != 1 || o.Items[0].Name != "pb" || o.ResourceVersion == "" {
+				t.Fatalf("list: %+v", o)
+			}
+		}
 	}
 }

@@ -1,11 +1,13 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -219,11 +221,41 @@ func (s *Server) writeObject(w http.ResponseWriter, r *http.Request, reg *regist
 	if reg != nil {
 		obj.GetObjectKind().SetGroupVersionKind(reg.res.GroupVersionKind())
 	}
+	if wantsProtobuf(r) {
+		return writeProtobuf(w, code, obj)
+	}
 	b, err := json.Marshal(obj)
 	if err != nil {
 		return err
 	}
 	writeJSON(w, code, b)
+	return nil
+}
+
+// wantsProtobuf reports whether the client prefers Kubernetes protobuf
+// (client-go's typed clients: Accept: application/vnd.kubernetes.protobuf,
+// application/json) for a plain object, not a Table or metadata.
+func wantsProtobuf(r *http.Request) bool {
+	first, _, _ := strings.Cut(r.Header.Get("Accept"), ",")
+	mt, params, err := mime.ParseMediaType(strings.TrimSpace(first))
+	return err == nil && mt == protobufType && params["as"] == ""
+}
+
+// writeProtobuf writes obj in Kubernetes' protobuf envelope. Types without
+// a protobuf encoding fall back to JSON.
+func writeProtobuf(w http.ResponseWriter, code int, obj runtime.Object) error {
+	var buf bytes.Buffer
+	if err := protobufCodec.Encode(obj, &buf); err != nil {
+		b, jerr := json.Marshal(obj)
+		if jerr != nil {
+			return jerr
+		}
+		writeJSON(w, code, b)
+		return nil
+	}
+	w.Header().Set("Content-Type", protobufType)
+	w.WriteHeader(code)
+	w.Write(buf.Bytes())
 	return nil
 }
 
@@ -235,6 +267,10 @@ func (s *Server) serveGet(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	if wantsTable(r) || wantsPartial(r) {
 		return s.writeObject(w, r, req.reg, http.StatusOK, o.Obj.DeepCopyObject())
+	}
+	if wantsProtobuf(r) {
+		// The cached object is shared: encoding only reads it.
+		return writeProtobuf(w, http.StatusOK, o.Obj)
 	}
 	writeJSON(w, http.StatusOK, o.JSON)
 	return nil
@@ -269,6 +305,21 @@ func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.R
 		}
 		writeJSON(w, http.StatusOK, b)
 		return nil
+	}
+	if wantsProtobuf(r) && !wantsTable(r) {
+		list := req.reg.res.NewList()
+		objs := make([]runtime.Object, len(res.items))
+		for i, o := range res.items {
+			objs[i] = o.Obj
+		}
+		if err := setListItems(list, objs); err != nil {
+			return err
+		}
+		lm := list.(metav1.ListInterface)
+		lm.SetResourceVersion(strconv.FormatInt(res.rev, 10))
+		lm.SetContinue(res.cont)
+		list.GetObjectKind().SetGroupVersionKind(req.reg.res.GroupVersion().WithKind(req.reg.res.ListKind))
+		return writeProtobuf(w, http.StatusOK, list)
 	}
 	if wantsTable(r) {
 		list := req.reg.res.NewList()

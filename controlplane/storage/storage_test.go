@@ -166,34 +166,42 @@ func TestCacherSlowWatcherIsClosedWithoutSlowingOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan int)
+	seen := make(chan int, 1000)
 	go func() {
 		n := 0
 		for {
 			e, _, err := fast.Next(ctx, true)
 			if err != nil {
-				if n < 300 {
-					t.Errorf("fast watcher ended after %d events: %v", n, err)
-				}
+				close(seen)
 				return
 			}
 			if e.Type == watch.Added {
 				n++
-				if n == 300 {
-					got <- n
-				}
+				seen <- n
 			}
 		}
 	}()
-	for i := 0; i < 300; i++ {
-		if _, err := s.Create(ctx, fmt.Sprintf("/registry/pods/ns/p%03d", i), podJSON("p")); err != nil {
-			t.Fatal(err)
+	// Batches of 50, each consumed by the fast watcher before the next:
+	// its queue never holds more than 50 (limit 100), whatever the timing,
+	// while the slow one, reading nothing, passes the limit.
+	n := 0
+	for batch := 0; batch < 6; batch++ {
+		for i := 0; i < 50; i++ {
+			if _, err := s.Create(ctx, fmt.Sprintf("/registry/pods/ns/p%03d", batch*50+i), podJSON("p")); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	select {
-	case <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the fast watcher did not get all events")
+		for n < (batch+1)*50 {
+			select {
+			case got, ok := <-seen:
+				if !ok {
+					t.Fatalf("the fast watcher was closed after %d events", n)
+				}
+				n = got
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the fast watcher is stuck at %d events", n)
+			}
+		}
 	}
 	select {
 	case <-slow.Done():
