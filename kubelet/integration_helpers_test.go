@@ -11,6 +11,7 @@ import (
 	"os"
 
 	"github.com/containerd/containerd/namespaces"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/waggle-io/waggle/kubelet"
 )
@@ -60,3 +61,5 @@ type KubeletConfig = kubelet.Config
 func namespacesCtx(n *node) context.Context {
 	return namespaces.WithNamespace(context.Background(), n.cfg.ContainerdNamespace)
 }
+
+func intOrStr(i int) intstr.IntOrString { return intstr.FromInt(i) }
