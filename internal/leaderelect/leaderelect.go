@@ -114,6 +114,7 @@ func DefaultIdentity() string {
 //   - nil once ctx is cancelled, after run has returned and the Lease has
 //     been released (so a standby takes over at once, not after the lease
 //     duration);
+//   - nil once run returns by itself, after releasing the Lease;
 //   - ErrLeadershipLost if the Lease could not be renewed in time, after run
 //     (whose context is then cancelled) has returned;
 //   - an error wrapping ErrInvalidConfig for a bad cfg.
@@ -145,9 +146,10 @@ func Run(ctx context.Context, log *slog.Logger, cs kubernetes.Interface, cfg Con
 	defer electCancel()
 
 	var (
-		mu      sync.Mutex
-		started bool
-		runDone = make(chan struct{})
+		mu       sync.Mutex
+		started  bool
+		finished bool // run returned on its own, still leading
+		runDone  = make(chan struct{})
 	)
 	callbacks := leaderelection.LeaderCallbacks{
 		OnStartedLeading: func(leadCtx context.Context) {
@@ -167,6 +169,13 @@ func Run(ctx context.Context, log *slog.Logger, cs kubernetes.Interface, cfg Con
 			defer cancel()
 			defer close(runDone)
 			run(workCtx)
+			if leadCtx.Err() == nil && ctx.Err() == nil {
+				// The work ended by itself: give the lease up for a standby.
+				mu.Lock()
+				finished = true
+				mu.Unlock()
+				electCancel()
+			}
 		},
 		OnStoppedLeading: func() {},
 		OnNewLeader: func(identity string) {
@@ -209,6 +218,13 @@ func Run(ctx context.Context, log *slog.Logger, cs kubernetes.Interface, cfg Con
 	mu.Unlock()
 	if s {
 		<-runDone
+	}
+	mu.Lock()
+	f := finished
+	mu.Unlock()
+	if f {
+		log.Info("work ended, released the lease")
+		return nil
 	}
 	if ctx.Err() != nil {
 		log.Info("stopped leading and released the lease")

@@ -202,3 +202,24 @@ func TestCancelWhileWaitingReturnsWithoutRunning(t *testing.T) {
 	default:
 	}
 }
+
+func TestWorkThatEndsByItselfReleasesTheLease(t *testing.T) {
+	cs := fake.NewClientset()
+	done := make(chan error, 1)
+	go func() { done <- Run(context.Background(), quiet(), cs, fastConfig("a"), func(context.Context) {}) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the work ended")
+	}
+	l, err := cs.CoordinationV1().Leases("kube-system").Get(context.Background(), "test-lease", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+		t.Fatalf("lease still held by %q", *l.Spec.HolderIdentity)
+	}
+}
