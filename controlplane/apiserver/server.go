@@ -6,9 +6,10 @@
 // Status errors).
 //
 // It is not a general aggregation layer: the served resources are the fixed
-// list of package catalog; there are no CRDs, no protobuf encoding (clients
-// asking for protobuf get JSON, which client-go accepts) and no server-side
-// apply. README.md in this folder describes the data flow.
+// list of package catalog; there are no CRDs and no server-side apply.
+// Bodies may be JSON, YAML or protobuf; responses are protobuf for clients
+// that prefer it (client-go) except watches, which stream JSON (client-go
+// accepts both). README.md in this folder describes the data flow.
 package apiserver
 
 import (
