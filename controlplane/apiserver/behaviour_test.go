@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -184,6 +185,16 @@ func TestAPIBehaviour(t *testing.T) {
 		}
 		if _, err := pods.Get(ctx, "bound", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Fatalf("grace 0 must remove: %v", err)
+		}
+		// Eviction deletes through pods/eviction (protobuf body from client-go).
+		if _, err := pods.Create(ctx, pod("evicted", nil), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := pods.EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "evicted"}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pods.Get(ctx, "evicted", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("evicted pod: %v", err)
 		}
 	})
 
