@@ -457,6 +457,21 @@ func TestDaemonSetRunsOnePodPerEligibleNodeAndRollsOut(t *testing.T) {
 	if s := got.Status; s.DesiredNumberScheduled != 2 || s.UpdatedNumberScheduled != 2 || s.NumberAvailable != 2 || s.NumberMisscheduled != 0 {
 		t.Fatalf("status %+v", s)
 	}
+
+	// With maxSurge the new pod starts beside the old one first.
+	c.kubectlOK("patch", "daemonset/agent", "-p", `{"spec":{"updateStrategy":{"rollingUpdate":{"maxSurge":1,"maxUnavailable":0}}}}`)
+	c.kubectlOK("set", "image", "daemonset/agent", "a=agent:3")
+	c.kubectlOK("rollout", "status", "daemonset/agent", "--timeout=60s")
+	eventually(t, 30*time.Second, func() error {
+		m, err := nodesOf()
+		if err != nil {
+			return err
+		}
+		if len(m) != 2 || m["node-0"] != "agent:3" || m["node-1"] != "agent:3" {
+			return fmt.Errorf("images by node %v", m)
+		}
+		return nil
+	})
 }
 
 func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {

@@ -5,7 +5,8 @@
 // nodeAffinity matchFields metadata.name In [node] — so the scheduler binds
 // it; pods on nodes that no longer qualify are deleted, failed ones
 // replaced; RollingUpdate replaces pods whose controller-revision-hash is
-// stale, never more than maxUnavailable unavailable at a time; and status
+// stale, never more than maxUnavailable unavailable at a time (or, with
+// maxSurge, starting the new pod beside the old one first); and status
 // (desired, current, misscheduled, ready, available, updated, unavailable,
 // observedGeneration) is what `kubectl rollout status ds` reads.
 //
@@ -300,19 +301,42 @@ func (c *Controller) newPod(ds *appsv1.DaemonSet, node, hash string) *corev1.Pod
 	return pod
 }
 
+// rollingParams resolves maxSurge (rounded up) and maxUnavailable (rounded
+// up, as Kubernetes does for daemon sets) against the desired node count.
+// Both zero would never progress and becomes maxUnavailable 1.
+func rollingParams(ds *appsv1.DaemonSet, desired int) (surge, unavailable int, err error) {
+	u, sg := intstr.FromInt32(1), intstr.FromInt32(0)
+	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru != nil {
+		if ru.MaxUnavailable != nil {
+			u = *ru.MaxUnavailable
+		}
+		if ru.MaxSurge != nil {
+			sg = *ru.MaxSurge
+		}
+	}
+	if unavailable, err = intstr.GetScaledValueFromIntOrPercent(&u, desired, true); err != nil {
+		return 0, 0, fmt.Errorf("maxUnavailable: %w", err)
+	}
+	if surge, err = intstr.GetScaledValueFromIntOrPercent(&sg, desired, true); err != nil {
+		return 0, 0, fmt.Errorf("maxSurge: %w", err)
+	}
+	if surge == 0 && unavailable == 0 {
+		unavailable = 1
+	}
+	return surge, unavailable, nil
+}
+
 func maxUnavailable(ds *appsv1.DaemonSet, desired int) (int, error) {
-	v := intstr.FromInt32(1)
-	if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru != nil && ru.MaxUnavailable != nil {
-		v = *ru.MaxUnavailable
+	_, u, err := rollingParams(ds, desired)
+	return u, err
+}
+
+func surgeEnabled(ds *appsv1.DaemonSet) bool {
+	if ds.Spec.UpdateStrategy.Type == appsv1.OnDeleteDaemonSetStrategyType {
+		return false
 	}
-	n, err := intstr.GetScaledValueFromIntOrPercent(&v, desired, true)
-	if err != nil {
-		return 0, fmt.Errorf("maxUnavailable: %w", err)
-	}
-	if n == 0 {
-		n = 1 // maxSurge is not supported, so 0 would never progress
-	}
-	return n, nil
+	s, _, err := rollingParams(ds, 100)
+	return err == nil && s > 0
 }
 
 func (c *Controller) sync(ctx context.Context, key string) error {
@@ -396,9 +420,26 @@ func (c *Controller) manage(ctx context.Context, key string, ds *appsv1.DaemonSe
 				alive = append(alive, p)
 			}
 			if len(alive) > 1 {
-				// Keep the oldest; delete the duplicates.
+				// Keep the oldest; delete the duplicates. While surging, a
+				// node may hold one old and one updated pod: keep the
+				// oldest of each.
 				sort.Slice(alive, func(i, j int) bool { return alive[i].CreationTimestamp.Before(&alive[j].CreationTimestamp) })
-				del = append(del, alive[1:]...)
+				if surgeEnabled(ds) {
+					keptOld, keptNew := false, false
+					for _, p := range alive {
+						isNew := p.Labels[appsv1.DefaultDaemonSetUniqueLabelKey] == hash
+						switch {
+						case isNew && !keptNew:
+							keptNew = true
+						case !isNew && !keptOld:
+							keptOld = true
+						default:
+							del = append(del, p)
+						}
+					}
+				} else {
+					del = append(del, alive[1:]...)
+				}
 			}
 		case !cont:
 			del = append(del, pods...)
@@ -411,11 +452,19 @@ func (c *Controller) manage(ctx context.Context, key string, ds *appsv1.DaemonSe
 		}
 	}
 	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType && len(create) == 0 && len(del) == 0 {
-		d, err := c.rollingUpdateVictims(ds, nodes, byNode, hash, desired)
-		if err != nil {
-			return err
+		if surgeEnabled(ds) {
+			cr, d, err := c.surgeUpdate(ds, nodes, byNode, hash, desired)
+			if err != nil {
+				return err
+			}
+			create, del = append(create, cr...), append(del, d...)
+		} else {
+			d, err := c.rollingUpdateVictims(ds, nodes, byNode, hash, desired)
+			if err != nil {
+				return err
+			}
+			del = append(del, d...)
 		}
-		del = append(del, d...)
 	}
 	if len(create) > c.opts.BurstReplicas {
 		create = create[:c.opts.BurstReplicas]
@@ -519,6 +568,51 @@ func (c *Controller) rollingUpdateVictims(ds *appsv1.DaemonSet, nodes []*corev1.
 	return free, nil
 }
 
+// surgeUpdate is the rolling update with maxSurge > 0: an updated pod is
+// started next to an old one (at most maxSurge nodes at a time; at once where
+// the old pod is unavailable anyway), and the old pod is deleted once the
+// updated one is available.
+func (c *Controller) surgeUpdate(ds *appsv1.DaemonSet, nodes []*corev1.Node, byNode map[string][]*corev1.Pod, hash string, desired int) ([]string, []*corev1.Pod, error) {
+	maxSurge, _, err := rollingParams(ds, desired)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := c.now()
+	surging := 0
+	var create, candidates []string
+	var del []*corev1.Pod
+	for _, node := range nodes {
+		if run, _ := NodeShouldRun(node, ds); !run {
+			continue
+		}
+		var oldPod, newPod *corev1.Pod
+		for _, p := range byNode[node.Name] {
+			if p.Labels[appsv1.DefaultDaemonSetUniqueLabelKey] == hash {
+				newPod = p
+			} else {
+				oldPod = p
+			}
+		}
+		switch {
+		case oldPod == nil:
+		case newPod == nil && !ctrlutil.IsPodAvailable(oldPod, ds.Spec.MinReadySeconds, now):
+			create = append(create, node.Name) // nothing to lose here
+		case newPod == nil:
+			candidates = append(candidates, node.Name)
+		default:
+			surging++
+			if ctrlutil.IsPodAvailable(newPod, ds.Spec.MinReadySeconds, now) {
+				del = append(del, oldPod)
+			}
+		}
+	}
+	sort.Strings(candidates)
+	if room := maxSurge - surging; room > 0 {
+		create = append(create, candidates[:min(room, len(candidates))]...)
+	}
+	return create, del, nil
+}
+
 func (c *Controller) updateStatus(ctx context.Context, ds *appsv1.DaemonSet, nodes []*corev1.Node, byNode map[string][]*corev1.Pod, hash string) error {
 	var st appsv1.DaemonSetStatus
 	now := c.now()
@@ -536,15 +630,21 @@ func (c *Controller) updateStatus(ctx context.Context, ds *appsv1.DaemonSet, nod
 			continue
 		}
 		st.CurrentNumberScheduled++
-		sort.Slice(pods, func(i, j int) bool { return pods[i].CreationTimestamp.Before(&pods[j].CreationTimestamp) })
-		p := pods[0]
-		if ctrlutil.IsPodReady(p) {
-			st.NumberReady++
-			if ctrlutil.IsPodAvailable(p, ds.Spec.MinReadySeconds, now) {
-				st.NumberAvailable++
-			}
+		// A node counts once: ready/available if one of its daemon pods is
+		// (during a surge it has two), updated if one carries the hash.
+		ready, available, updated := false, false, false
+		for _, p := range pods {
+			ready = ready || ctrlutil.IsPodReady(p)
+			available = available || ctrlutil.IsPodAvailable(p, ds.Spec.MinReadySeconds, now)
+			updated = updated || p.Labels[appsv1.DefaultDaemonSetUniqueLabelKey] == hash
 		}
-		if p.Labels[appsv1.DefaultDaemonSetUniqueLabelKey] == hash {
+		if ready {
+			st.NumberReady++
+		}
+		if available {
+			st.NumberAvailable++
+		}
+		if updated {
 			st.UpdatedNumberScheduled++
 		}
 	}

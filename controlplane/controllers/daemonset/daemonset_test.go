@@ -166,3 +166,39 @@ func TestCreatesOnePinnedPodPerEligibleNodeAndReportsStatus(t *testing.T) {
 		return nil
 	})
 }
+
+func TestSurgeStartsTheNewPodBesideTheOldAndDeletesTheOldOnceAvailable(t *testing.T) {
+	ds := daemonSet()
+	zero, one := intstr.FromInt32(0), intstr.FromInt32(1)
+	ds.Spec.UpdateStrategy.RollingUpdate = &appsv1.RollingUpdateDaemonSet{MaxSurge: &one, MaxUnavailable: &zero}
+	hash := Hash(ds)
+	nodes := []*corev1.Node{node("n0", nil), node("n1", nil), node("n2", nil)}
+	c := &Controller{now: time.Now}
+
+	// All old and available: one node surges.
+	byNode := map[string][]*corev1.Pod{}
+	for _, n := range nodes {
+		byNode[n.Name] = []*corev1.Pod{daemonPod(ds, n.Name, "old", true)}
+	}
+	create, del, err := c.surgeUpdate(ds, nodes, byNode, hash, 3)
+	if err != nil || len(create) != 1 || len(del) != 0 {
+		t.Fatalf("create %v delete %d err %v; want one surge pod, no deletion", create, len(del), err)
+	}
+	// n0 surging with a new pod not yet available: nothing more (budget 1).
+	newPod := daemonPod(ds, "n0", hash, false)
+	newPod.Name = "agent-n0-new"
+	byNode["n0"] = append(byNode["n0"], newPod)
+	if create, del, _ := c.surgeUpdate(ds, nodes, byNode, hash, 3); len(create) != 0 || len(del) != 0 {
+		t.Fatalf("create %v delete %d while the surge pod is not available", create, len(del))
+	}
+	// It became available: its old pod goes.
+	byNode["n0"][1] = daemonPod(ds, "n0", hash, true)
+	if _, del, _ := c.surgeUpdate(ds, nodes, byNode, hash, 3); len(del) != 1 || del[0].Labels[appsv1.DefaultDaemonSetUniqueLabelKey] != "old" {
+		t.Fatalf("deleted %v, want n0's old pod", del)
+	}
+	// An unavailable old pod is replaced at once, beyond the surge budget.
+	byNode["n2"] = []*corev1.Pod{daemonPod(ds, "n2", "old", false)}
+	if create, _, _ := c.surgeUpdate(ds, nodes, byNode, hash, 3); len(create) != 1 || create[0] != "n2" {
+		t.Fatalf("create %v, want n2 at once", create)
+	}
+}
