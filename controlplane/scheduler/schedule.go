@@ -184,6 +184,10 @@ func (s *Scheduler) responsible(pod *v1.Pod) bool {
 	return name == s.opts.SchedulerName
 }
 
+// gated reports whether the pod still has scheduling gates: it waits, not
+// tried, until they are all removed (as Kubernetes' SchedulingGates).
+func gated(pod *v1.Pod) bool { return len(pod.Spec.SchedulingGates) > 0 }
+
 func terminal(pod *v1.Pod) bool {
 	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
 }
@@ -199,7 +203,7 @@ func (s *Scheduler) onPodAdd(obj any) {
 		if !terminal(pod) {
 			s.cache.AddPod(pod)
 		}
-	case s.responsible(pod) && !terminal(pod) && !s.cache.IsAssumed(podKey(pod)):
+	case s.responsible(pod) && !terminal(pod) && !gated(pod) && !s.cache.IsAssumed(podKey(pod)):
 		s.queue.Add(pod)
 	}
 }
@@ -230,7 +234,7 @@ func (s *Scheduler) onPodUpdate(oldObj, newObj any) {
 		} else {
 			s.cache.AddPod(pod)
 		}
-	case !s.responsible(pod) || terminal(pod):
+	case !s.responsible(pod) || terminal(pod) || gated(pod):
 		s.queue.Delete(podKey(pod))
 	case s.cache.IsAssumed(podKey(pod)):
 	case specChanged(old, pod):

@@ -247,3 +247,20 @@ func watchesStarted(cs *fake.Clientset) func(t *testing.T, n int32) {
 		time.Sleep(50 * time.Millisecond) // the default reactor opens it just after
 	}
 }
+
+func TestGatedPodWaitsUntilItsGatesAreRemoved(t *testing.T) {
+	f := newFakeCluster(t)
+	f.create(t, newNode("n"))
+	f.start(t, Options{})
+	f.create(t, newPod("gated", func(p *v1.Pod) { p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: "example.com/quota"}} }))
+	time.Sleep(300 * time.Millisecond)
+	if p := f.pod(t, "gated"); p.Spec.NodeName != "" {
+		t.Fatalf("gated pod was bound to %s", p.Spec.NodeName)
+	}
+	p := f.pod(t, "gated")
+	p.Spec.SchedulingGates = nil
+	if _, err := f.cs.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pod bound once its gates are gone", func() bool { return f.pod(t, "gated").Spec.NodeName == "n" })
+}
