@@ -76,6 +76,7 @@ type node struct {
 	done      chan error
 	kubelet   *kubelet.Kubelet
 	clientTLS *tls.Config
+	apiDir    string
 }
 
 var cidrSeq = time.Now().UnixNano() % 200
@@ -87,7 +88,7 @@ func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 	ctrd := ktest.StartContainerd(t)
 	ns := testutil.UniqueName("wk")
 	ktest.ImportEcho(t, ctrd, ns)
-	rc, _, _ := apiservertest.StartTestServer(t)
+	rc, apiDir, _ := apiservertest.StartTestServer(t)
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
@@ -111,8 +112,15 @@ func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Clients: the test's own certificate and the API server's (its
+	// cluster CA signs the certificate it presents to kubelets).
 	caFile := filepath.Join(dir, "client-ca.crt")
-	os.WriteFile(caFile, bundle.CAPEM(), 0o644)
+	apiCA, err := os.ReadFile(filepath.Join(apiDir, "pki", "ca.crt"))
+	if err != nil {
+		t.Fatalf("API server CA: %v", err)
+	}
+	os.WriteFile(caFile, append(bundle.CAPEM(), apiCA...), 0o644)
+	n.apiDir = apiDir
 	certPEM, keyPEM, err := bundle.IssueClient("kube-apiserver-kubelet-client", []string{"system:masters"})
 	if err != nil {
 		t.Fatal(err)

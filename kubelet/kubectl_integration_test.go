@@ -1,0 +1,60 @@
+package kubelet_test
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+// TestKubectlLogsAndExecThroughAPIServer drives the real kubectl, old
+// (SPDY) and new (WebSocket v5), through the API server's pods/log and
+// pods/exec to this kubelet.
+func TestKubectlLogsAndExecThroughAPIServer(t *testing.T) {
+	testutil.RequiresBinary(t, "kubectl")
+	n := newNode(t, nil)
+	n.create(echoPod(n, "kc", func(p *v1.Pod) {
+		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: "logger", Image: p.Spec.Containers[0].Image,
+			ImagePullPolicy: v1.PullNever, Command: []string{"/waggle-echo", "log", "5"}})
+	}))
+	n.waitPod("kc", "running", 60*time.Second, runningReady)
+	kubeconfig := filepath.Join(n.apiDir, "admin.kubeconfig")
+	kubectls := []string{"kubectl"}
+	for _, v := range []string{"1.27", "1.33"} {
+		if p, err := exec.LookPath("/usr/lib/google-cloud-sdk/bin/kubectl." + v); err == nil {
+			kubectls = append(kubectls, p)
+		}
+	}
+	for _, kc := range kubectls {
+		t.Run(filepath.Base(kc), func(t *testing.T) {
+			run := func(args ...string) (string, error) {
+				cmd := exec.Command(kc, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+				out, err := cmd.CombinedOutput()
+				return string(out), err
+			}
+			out, err := run("logs", "kc", "-c", "logger", "--tail", "2")
+			if err != nil || out != "line 4\nline 5\n" {
+				t.Errorf("kubectl logs --tail 2: %v %q", err, out)
+			}
+			out, err = run("exec", "kc", "-c", "echo", "--", "/waggle-echo", "env")
+			if err != nil || !strings.Contains(out, "POD_NAME=kc") {
+				t.Errorf("kubectl exec env: %v %q", err, out)
+			}
+			cmd := exec.Command(kc, "--kubeconfig", kubeconfig, "exec", "-i", "kc", "-c", "echo", "--", "/waggle-echo", "stdin-echo")
+			cmd.Stdin = strings.NewReader("through the apiserver\n")
+			b, err := cmd.CombinedOutput()
+			if err != nil || string(b) != "through the apiserver\n" {
+				t.Errorf("kubectl exec -i: %v %q", err, b)
+			}
+			out, err = run("exec", "kc", "-c", "echo", "--", "/waggle-echo", "exit", "7")
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 {
+				t.Errorf("kubectl exec exit 7: %v %q", err, out)
+			}
+		})
+	}
+}
