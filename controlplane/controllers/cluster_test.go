@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +31,53 @@ import (
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
+
+// childEnv, when set, makes the test binary run a controller-manager instead
+// of the tests (see TestMain): a separate process the failover test can kill.
+const childEnv = "WAGGLE_TEST_CHILD_CONTROLLER_MANAGER"
+
+func TestMain(m *testing.M) {
+	if id := os.Getenv(childEnv); id != "" {
+		os.Exit(runChild(id))
+	}
+	os.Exit(m.Run())
+}
+
+// runChild runs a controller-manager with the fast test lease, against the
+// kubeconfig in $KUBECONFIG, until SIGTERM (or SIGKILL).
+func runChild(identity string) int {
+	cfg := DefaultConfig()
+	cfg.Kubeconfig = os.Getenv("KUBECONFIG")
+	cfg.Port = 0
+	cfg.LeaderElection = fastLease(identity)
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("manager", identity)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// startChild starts a controller-manager process (this test binary in
+// child mode) and returns it; the test's cleanup kills it.
+func (c *cluster) startChild(identity string) *exec.Cmd {
+	c.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+identity, "KUBECONFIG="+c.kubeconfig)
+	if os.Getenv("WAGGLE_TEST_CONTROLLER_LOG") != "" {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
 
 // cluster is a real API server (embedded etcd, HTTPS) with simulated nodes,
 // for the controller-manager's integration tests.

@@ -570,3 +570,42 @@ func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
 		t.Fatalf("stale write: got %v, want a conflict", err)
 	}
 }
+
+func TestKilledLeaderProcessIsReplacedWithinTheLeaseDuration(t *testing.T) {
+	c := newCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c.startKubelets(ctx, 1, nil)
+	holder := func() string {
+		l, err := c.cs.CoordinationV1().Leases("kube-system").Get(ctx, "kube-controller-manager", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	child := c.startChild("cm-process")
+	eventually(t, 30*time.Second, func() error {
+		if h := holder(); h != "cm-process" {
+			return fmt.Errorf("holder %q", h)
+		}
+		return nil
+	})
+	c.startManager("cm-b", func(cfg *Config) { cfg.LeaderElection = fastLease("cm-b") })
+	c.kubectlOK("create", "deployment", "k", "--image=x", "--replicas=1")
+	c.kubectlOK("rollout", "status", "deployment/k", "--timeout=60s")
+
+	// SIGKILL: no release of the lease, no goodbye.
+	killedAt := time.Now()
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		if h := holder(); h != "cm-b" {
+			return fmt.Errorf("holder %q", h)
+		}
+		return nil
+	})
+	t.Logf("handover %v after SIGKILL of the leader (lease duration %v)", time.Since(killedAt).Round(100*time.Millisecond), fastLease("").LeaseDuration)
+	c.kubectlOK("scale", "deployment/k", "--replicas=2")
+	c.kubectlOK("rollout", "status", "deployment/k", "--timeout=60s")
+}
