@@ -12,9 +12,12 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/waggle-io/waggle/controlplane/storage"
 	kubeletclient "github.com/waggle-io/waggle/kubelet/client"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // kubeletTransport is the API server's client to kubelets: it presents a
@@ -63,6 +66,11 @@ func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Req
 		target, err = kubeletclient.NodeProxyURL(node, req.proxyPath, r.URL.RawQuery)
 		if err != nil {
 			return apierrors.NewServiceUnavailable(err.Error())
+		}
+	case req.reg.res.Resource == "services" && req.sub == "proxy":
+		target, err = s.serviceTarget(ctx, r, req)
+		if err != nil {
+			return err
 		}
 	case req.reg.res.Resource == "pods":
 		target, err = s.podTarget(ctx, r, req)
@@ -201,4 +209,68 @@ func logOptions(q url.Values) (*corev1.PodLogOptions, error) {
 		}
 	}
 	return opts, nil
+}
+
+// serviceTarget resolves services/<[scheme:]name[:port]>/proxy/<path> to a
+// ready endpoint of the Service, as kube-apiserver does: the port is the
+// Service port's name or number (the only port when omitted).
+func (s *Server) serviceTarget(ctx context.Context, r *http.Request, req *request) (*url.URL, error) {
+	parts := strings.Split(req.name, ":")
+	scheme := "http"
+	if len(parts) == 3 {
+		scheme, parts = parts[0], parts[1:]
+	}
+	if scheme != "http" && scheme != "https" {
+		return nil, apierrors.NewBadRequest("invalid scheme " + strconv.Quote(scheme))
+	}
+	name, portName := parts[0], ""
+	if len(parts) == 2 {
+		portName = parts[1]
+	}
+	o, err := req.reg.get(ctx, req.ns, name, "")
+	if err != nil {
+		return nil, err
+	}
+	svc := o.Obj.(*corev1.Service)
+	var sp *corev1.ServicePort
+	for i := range svc.Spec.Ports {
+		p := &svc.Spec.Ports[i]
+		if portName == "" && len(svc.Spec.Ports) == 1 || p.Name == portName || strconv.Itoa(int(p.Port)) == portName {
+			sp = p
+			break
+		}
+	}
+	if sp == nil {
+		return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("no service port %q found for service %q", portName, name))
+	}
+	slices, _, err := s.registries["endpointslices"].cache.List(ctx, 0, storagePredicateForService(s, req.ns, name))
+	if err != nil {
+		return nil, err
+	}
+	for _, so := range slices {
+		sl := so.Obj.(*discoveryv1.EndpointSlice)
+		var port int32
+		for _, p := range sl.Ports {
+			if p.Port != nil && (p.Name == nil && sp.Name == "" || p.Name != nil && *p.Name == sp.Name) {
+				port = *p.Port
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready || len(ep.Addresses) == 0 {
+				continue
+			}
+			return &url.URL{Scheme: scheme, Host: net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(port))), Path: "/" + req.proxyPath, RawQuery: r.URL.RawQuery}, nil
+		}
+	}
+	return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("no endpoints available for service %q", name))
+}
+
+func storagePredicateForService(s *Server, ns, name string) storage.Predicate {
+	return storage.Predicate{
+		KeyPrefix: s.registries["endpointslices"].prefix(ns),
+		Label:     labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: name}),
+	}
 }

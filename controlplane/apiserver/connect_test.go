@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -79,6 +80,25 @@ func TestLogsAndProxiesReachTheNode(t *testing.T) {
 	b, err = cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/namespaces/default/pods/logged:" + appPort + "/proxy/index.html").DoRaw(ctx)
 	if err != nil || string(b) != "app /index.html" {
 		t.Fatalf("pod proxy: %q %v", b, err)
+	}
+	// services/<name>:<port>/proxy reaches a ready endpoint of the Service.
+	ap, _ := strconv.Atoi(appPort)
+	if _, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "app"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "web", Port: 8080}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	port32, name, ready := int32(ap), "web", true
+	if _, err := cs.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "app-1", Labels: map[string]string{discoveryv1.LabelServiceName: "app"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"127.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port32}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err = cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/namespaces/default/services/app:web/proxy/hello").DoRaw(ctx)
+	if err != nil || string(b) != "app /hello" {
+		t.Fatalf("service proxy: %q %v", b, err)
 	}
 	// A pod that is not scheduled has no logs to reach: 400.
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("pending", nil), metav1.CreateOptions{}); err != nil {
