@@ -7,8 +7,8 @@
 // CIDR twice.
 //
 // It is not the pods' IPAM (that is the CNI plugin's, per node) and not the
-// service CIDR allocator (the API server's). It allocates one CIDR per node
-// (single stack).
+// service CIDR allocator (the API server's). A dual-stack cluster CIDR
+// ("10.244.0.0/16,fd00:10:244::/56") gives each node one CIDR per family.
 package nodeipam
 
 import (
@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,33 +42,58 @@ const DefaultNodeCIDRMaskSize = 24
 
 // Options configure the controller.
 type Options struct {
-	// ClusterCIDR is the pod network, e.g. "10.244.0.0/16" (--cluster-cidr).
+	// ClusterCIDR is the pod network (--cluster-cidr): one CIDR, or an IPv4
+	// and an IPv6 CIDR separated by a comma for dual-stack nodes, e.g.
+	// "10.244.0.0/16,fd00:10:244::/56".
 	ClusterCIDR string
-	// NodeCIDRMaskSize is the prefix length of each node's podCIDR
-	// (--node-cidr-mask-size; 0 means 24 for IPv4, 64 for IPv6).
+	// NodeCIDRMaskSize is the prefix length of each node's IPv4 podCIDR, or
+	// of the single family's (--node-cidr-mask-size; 0 means 24 for IPv4, 64
+	// for IPv6).
 	NodeCIDRMaskSize int
+	// NodeCIDRMaskSizeIPv6 is the IPv6 prefix length in a dual-stack cluster
+	// (--node-cidr-mask-size-ipv6; 0 means 64).
+	NodeCIDRMaskSizeIPv6 int
 }
 
 // Validate parses the options; New on invalid options returns a controller
 // whose Run logs the error and returns.
 func (o Options) Validate() error {
-	_, err := o.cidrSet()
+	_, err := o.cidrSets()
 	return err
 }
 
-func (o Options) cidrSet() (*CIDRSet, error) {
-	p, err := netip.ParsePrefix(o.ClusterCIDR)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --cluster-cidr %q: %w", ErrInvalidCIDR, o.ClusterCIDR, err)
+// cidrSets returns one CIDRSet per cluster CIDR, in the order given.
+func (o Options) cidrSets() ([]*CIDRSet, error) {
+	parts := strings.Split(o.ClusterCIDR, ",")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("%w: --cluster-cidr %q: at most one IPv4 and one IPv6 CIDR", ErrInvalidCIDR, o.ClusterCIDR)
 	}
-	mask := o.NodeCIDRMaskSize
-	if mask == 0 {
-		mask = DefaultNodeCIDRMaskSize
-		if p.Addr().Is6() {
-			mask = 64
+	var sets []*CIDRSet
+	for _, part := range parts {
+		p, err := netip.ParsePrefix(strings.TrimSpace(part))
+		if err != nil {
+			return nil, fmt.Errorf("%w: --cluster-cidr %q: %w", ErrInvalidCIDR, o.ClusterCIDR, err)
 		}
+		mask := o.NodeCIDRMaskSize
+		if p.Addr().Is6() && len(parts) == 2 {
+			mask = o.NodeCIDRMaskSizeIPv6
+		}
+		if mask == 0 {
+			mask = DefaultNodeCIDRMaskSize
+			if p.Addr().Is6() {
+				mask = 64
+			}
+		}
+		set, err := NewCIDRSet(p, mask)
+		if err != nil {
+			return nil, err
+		}
+		if len(sets) == 1 && sets[0].cluster.Addr().Is6() == p.Addr().Is6() {
+			return nil, fmt.Errorf("%w: --cluster-cidr %q: two CIDRs of the same family", ErrInvalidCIDR, o.ClusterCIDR)
+		}
+		sets = append(sets, set)
 	}
-	return NewCIDRSet(p, mask)
+	return sets, nil
 }
 
 // Controller allocates node podCIDRs.
@@ -76,11 +103,11 @@ type Controller struct {
 	nodes  corelisters.NodeLister
 	queue  workqueue.TypedRateLimitingInterface[string]
 	synced cache.InformerSynced
-	set    *CIDRSet
+	sets   []*CIDRSet
 	err    error
 
 	mu     sync.Mutex
-	byNode map[string]netip.Prefix // allocated or occupied, by node
+	byNode map[string][]netip.Prefix // allocated or occupied, by node, one per set
 	owner  map[netip.Prefix]string
 }
 
@@ -91,9 +118,9 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 	c := &Controller{
 		client: client, log: log.With("controller", Name),
 		nodes: inf.Lister(), queue: ctrlutil.NewQueue(Name), synced: inf.Informer().HasSynced,
-		byNode: map[string]netip.Prefix{}, owner: map[netip.Prefix]string{},
+		byNode: map[string][]netip.Prefix{}, owner: map[netip.Prefix]string{},
 	}
-	c.set, c.err = opts.cidrSet()
+	c.sets, c.err = opts.cidrSets()
 	enqueue := func(obj any) {
 		if n, ok := ctrlutil.Unwrap(obj).(*corev1.Node); ok {
 			c.queue.Add(n.Name)
@@ -124,70 +151,118 @@ func (c *Controller) Run(ctx context.Context, workers int) {
 		c.log.Error("list nodes", "err", err)
 	}
 	for _, n := range nodes {
-		c.occupy(n)
+		if n.Spec.PodCIDR != "" {
+			c.occupy(n)
+		}
 	}
-	used, total := c.set.InUse()
-	c.log.Info("node CIDRs rebuilt from existing nodes", "used", used, "total", total)
+	for _, set := range c.sets {
+		used, total := set.InUse()
+		c.log.Info("node CIDRs rebuilt from existing nodes", "cluster", set.cluster, "used", used, "total", total)
+	}
 	ctrlutil.RunWorkers(ctx, c.log, Name, c.queue, workers, c.sync, c.synced)
 }
 
-// occupy records the podCIDR a node already has. It reports false when the
-// CIDR is held by another node (or unusable).
+// setFor returns the CIDRSet p belongs to.
+func (c *Controller) setFor(p netip.Prefix) (*CIDRSet, error) {
+	for _, set := range c.sets {
+		if set.cluster.Addr().Is6() == p.Addr().Is6() {
+			if _, err := set.index(p); err != nil {
+				return nil, err
+			}
+			return set, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s: no cluster CIDR of its family", ErrOutOfRange, p)
+}
+
+// occupy records the podCIDRs a node already has. It reports false when one
+// is held by another node or unusable.
 func (c *Controller) occupy(n *corev1.Node) bool {
-	p, err := netip.ParsePrefix(n.Spec.PodCIDR)
-	if err != nil {
-		c.log.Warn("node has an unparsable podCIDR", "node", n.Name, "podCIDR", n.Spec.PodCIDR)
-		return false
+	specs := n.Spec.PodCIDRs
+	if len(specs) == 0 {
+		specs = []string{n.Spec.PodCIDR}
+	}
+	var want []netip.Prefix
+	for _, str := range specs {
+		p, err := netip.ParsePrefix(str)
+		if err != nil {
+			c.log.Warn("node has an unparsable podCIDR", "node", n.Name, "podCIDR", str)
+			return false
+		}
+		want = append(want, p)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cur, ok := c.byNode[n.Name]; ok && cur == p {
+	if slices.Equal(c.byNode[n.Name], want) {
 		return true
 	}
-	if other, ok := c.owner[p]; ok && other != n.Name {
-		c.log.Warn("podCIDR is already assigned to another node", "node", n.Name, "podCIDR", p, "other", other)
-		return false
+	for _, p := range want {
+		if other, ok := c.owner[p]; ok && other != n.Name {
+			c.log.Warn("podCIDR is already assigned to another node", "node", n.Name, "podCIDR", p, "other", other)
+			return false
+		}
+		if _, err := c.setFor(p); err != nil {
+			c.log.Warn("node's podCIDR is outside the cluster CIDR", "node", n.Name, "err", err)
+			return false
+		}
 	}
-	if _, err := c.set.Occupy(p); err != nil {
-		c.log.Warn("node's podCIDR is outside the cluster CIDR", "node", n.Name, "err", err)
-		return false
+	c.releaseLocked(n.Name) // a reservation the node did not take
+	for _, p := range want {
+		set, _ := c.setFor(p)
+		_, _ = set.Occupy(p)
+		c.owner[p] = n.Name
 	}
-	if old, ok := c.byNode[n.Name]; ok { // a reservation the node did not take
-		delete(c.owner, old)
-		_ = c.set.Release(old)
-	}
-	c.byNode[n.Name] = p
-	c.owner[p] = n.Name
+	c.byNode[n.Name] = want
 	return true
 }
 
-// reserve returns the CIDR reserved for a node, allocating one if needed.
-func (c *Controller) reserve(name string) (netip.Prefix, error) {
+// reserve returns the CIDRs reserved for a node, one per cluster CIDR,
+// allocating them if needed.
+func (c *Controller) reserve(name string) ([]netip.Prefix, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p, ok := c.byNode[name]; ok {
-		return p, nil
+	if ps, ok := c.byNode[name]; ok {
+		return ps, nil
 	}
-	p, err := c.set.Allocate()
-	if err != nil {
-		return netip.Prefix{}, err
+	var got []netip.Prefix
+	for _, set := range c.sets {
+		p, err := set.Allocate()
+		if err != nil {
+			for i, q := range got {
+				_ = c.sets[i].Release(q)
+			}
+			return nil, err
+		}
+		got = append(got, p)
 	}
-	c.byNode[name] = p
-	c.owner[p] = name
-	return p, nil
+	c.byNode[name] = got
+	for _, p := range got {
+		c.owner[p] = name
+	}
+	return got, nil
 }
 
 func (c *Controller) release(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p, ok := c.byNode[name]
+	if ps := c.releaseLocked(name); len(ps) > 0 {
+		c.log.Info("released node CIDRs", "node", name, "podCIDRs", ps)
+	}
+}
+
+func (c *Controller) releaseLocked(name string) []netip.Prefix {
+	ps, ok := c.byNode[name]
 	if !ok {
-		return
+		return nil
 	}
 	delete(c.byNode, name)
-	delete(c.owner, p)
-	_ = c.set.Release(p)
-	c.log.Info("released node CIDR", "node", name, "podCIDR", p)
+	for _, p := range ps {
+		delete(c.owner, p)
+		if set, err := c.setFor(p); err == nil {
+			_ = set.Release(p)
+		}
+	}
+	return ps
 }
 
 // retryWaiting requeues the nodes still without a podCIDR (a CIDR was freed).
@@ -217,13 +292,16 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		c.occupy(node)
 		return nil
 	}
-	p, err := c.reserve(name)
+	ps, err := c.reserve(name)
 	if err != nil {
-		return fmt.Errorf("allocate a podCIDR for node %s: %w", name, err)
+		return fmt.Errorf("allocate podCIDRs for node %s: %w", name, err)
 	}
 	upd := node.DeepCopy()
-	upd.Spec.PodCIDR = p.String()
-	upd.Spec.PodCIDRs = []string{p.String()}
+	upd.Spec.PodCIDR = ps[0].String()
+	upd.Spec.PodCIDRs = nil
+	for _, p := range ps {
+		upd.Spec.PodCIDRs = append(upd.Spec.PodCIDRs, p.String())
+	}
 	// Update carries the node's resourceVersion: a stale writer (say, a
 	// paused former leader) is refused instead of overwriting.
 	if _, err := c.client.CoreV1().Nodes().Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
@@ -231,9 +309,9 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 			c.release(name)
 			return nil
 		}
-		return fmt.Errorf("set podCIDR %s on node %s: %w", p, name, err)
+		return fmt.Errorf("set podCIDRs %v on node %s: %w", upd.Spec.PodCIDRs, name, err)
 	}
-	c.log.Info("allocated node CIDR", "node", name, "podCIDR", p)
+	c.log.Info("allocated node CIDRs", "node", name, "podCIDRs", upd.Spec.PodCIDRs)
 	return nil
 }
 

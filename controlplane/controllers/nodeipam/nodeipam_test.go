@@ -8,6 +8,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,6 +95,10 @@ func TestOptionsValidate(t *testing.T) {
 		{"IPv4 /26", Options{ClusterCIDR: "10.244.0.0/16", NodeCIDRMaskSize: 26}, true, "10.244.0.0/26"},
 		{"IPv6 default /64", Options{ClusterCIDR: "fd00:10:244::/56"}, true, "fd00:10:244::/64"},
 		{"unmasked host bits are masked", Options{ClusterCIDR: "10.244.3.7/16"}, true, "10.244.0.0/24"},
+		{"dual-stack", Options{ClusterCIDR: "10.244.0.0/16,fd00:10:244::/56", NodeCIDRMaskSize: 24, NodeCIDRMaskSizeIPv6: 64}, true, "10.244.0.0/24,fd00:10:244::/64"},
+		{"dual-stack, IPv6 first, default masks", Options{ClusterCIDR: "fd00::/48, 10.0.0.0/16"}, true, "fd00::/64,10.0.0.0/24"},
+		{"two IPv4 CIDRs", Options{ClusterCIDR: "10.0.0.0/16,10.1.0.0/16"}, false, ""},
+		{"three CIDRs", Options{ClusterCIDR: "10.0.0.0/16,fd00::/48,10.1.0.0/16"}, false, ""},
 		{"empty", Options{}, false, ""},
 		{"garbage", Options{ClusterCIDR: "ten"}, false, ""},
 		{"mask shorter than cluster", Options{ClusterCIDR: "10.0.0.0/16", NodeCIDRMaskSize: 8}, false, ""},
@@ -112,9 +117,17 @@ func TestOptionsValidate(t *testing.T) {
 				}
 				return
 			}
-			s, _ := tt.opts.cidrSet()
-			if p, err := s.Allocate(); err != nil || p.String() != tt.cidr {
-				t.Fatalf("first allocation %v %v, want %s", p, err, tt.cidr)
+			sets, _ := tt.opts.cidrSets()
+			var got []string
+			for _, s := range sets {
+				p, err := s.Allocate()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, p.String())
+			}
+			if strings.Join(got, ",") != tt.cidr {
+				t.Fatalf("first allocation %v, want %s", got, tt.cidr)
 			}
 		})
 	}
@@ -130,14 +143,15 @@ func FuzzOptionsValidate(f *testing.F) {
 		if o.Validate() != nil {
 			return
 		}
-		s, _ := o.cidrSet()
-		p, err := s.Allocate()
-		if err != nil {
-			t.Fatalf("valid options %+v cannot allocate: %v", o, err)
-		}
-		cluster, _ := netip.ParsePrefix(cidr)
-		if !cluster.Masked().Contains(p.Addr()) || s.Release(p) != nil {
-			t.Fatalf("allocated %s outside %s", p, cidr)
+		sets, _ := o.cidrSets()
+		for _, s := range sets {
+			p, err := s.Allocate()
+			if err != nil {
+				t.Fatalf("valid options %+v cannot allocate: %v", o, err)
+			}
+			if !s.cluster.Contains(p.Addr()) || s.Release(p) != nil {
+				t.Fatalf("allocated %s outside %s", p, s.cluster)
+			}
 		}
 	})
 }
@@ -259,5 +273,19 @@ func watchesStarted(cs *fake.Clientset) func(t *testing.T, n int32) {
 			}
 		}
 		time.Sleep(50 * time.Millisecond) // the default reactor opens it just after
+	}
+}
+
+func TestDualStackNodesGetOneCIDRPerFamily(t *testing.T) {
+	cs := startController(t, Options{ClusterCIDR: "10.244.0.0/16,fd00:10:244::/56"},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "old"}, Spec: corev1.NodeSpec{PodCIDR: "10.244.0.0/24", PodCIDRs: []string{"10.244.0.0/24", "fd00:10:244::/64"}}},
+		node("new", ""))
+	waitFor(t, "new node allocated", func() bool { return podCIDRs(t, cs)["new"] != "" })
+	n, err := cs.CoreV1().Nodes().Get(context.Background(), "new", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"10.244.1.0/24", "fd00:10:244:1::/64"}; fmt.Sprint(n.Spec.PodCIDRs) != fmt.Sprint(want) || n.Spec.PodCIDR != want[0] {
+		t.Fatalf("podCIDR %s podCIDRs %v, want %v (the existing node's pair kept)", n.Spec.PodCIDR, n.Spec.PodCIDRs, want)
 	}
 }
