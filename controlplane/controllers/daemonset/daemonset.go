@@ -41,7 +41,6 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
-	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
 )
 
 // Name is the controller's name.
@@ -289,8 +288,7 @@ func Hash(ds *appsv1.DaemonSet) string {
 }
 
 func (c *Controller) newPod(ds *appsv1.DaemonSet, node, hash string) *corev1.Pod {
-	rs := &appsv1.ReplicaSet{ObjectMeta: ds.ObjectMeta, Spec: appsv1.ReplicaSetSpec{Template: ds.Spec.Template}}
-	pod := replicaset.PodFromTemplate(rs, "apps/v1", "DaemonSet")
+	pod := ctrlutil.PodFromTemplate(ds, &ds.Spec.Template, "apps/v1", "DaemonSet")
 	if pod.Labels == nil {
 		pod.Labels = map[string]string{}
 	}
@@ -480,7 +478,7 @@ func (c *Controller) manage(ctx context.Context, key string, ds *appsv1.DaemonSe
 			next <- n
 		}
 		close(next)
-		done, err := replicaset.SlowStartBatch(len(create), 1, func() error {
+		done, err := ctrlutil.SlowStartBatch(len(create), 1, func() error {
 			node := <-next
 			created, err := c.client.CoreV1().Pods(ds.Namespace).Create(ctx, c.newPod(ds, node, hash), metav1.CreateOptions{})
 			if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {

@@ -283,8 +283,8 @@ func (c *Controller) manage(ctx context.Context, key string, active []*corev1.Po
 	case diff < 0:
 		n := min(-diff, c.opts.BurstReplicas)
 		c.exp.ExpectCreations(key, n)
-		created, err := SlowStartBatch(n, 1, func() error {
-			pod := PodFromTemplate(rs, "apps/v1", "ReplicaSet")
+		created, err := ctrlutil.SlowStartBatch(n, 1, func() error {
+			pod := ctrlutil.PodFromTemplate(rs, &rs.Spec.Template, "apps/v1", "ReplicaSet")
 			created, err := c.client.CoreV1().Pods(rs.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 			if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 				return nil // the namespace is going away; nothing to do
@@ -339,63 +339,6 @@ func (c *Controller) manage(ctx context.Context, key string, active []*corev1.Po
 		}
 	}
 	return nil
-}
-
-// SlowStartBatch calls fn count times in batches of growing size (initial,
-// 2*initial, ...), concurrently within a batch, stopping after the first
-// batch with a failure. It returns how many calls succeeded, so a controller
-// hitting quota or a broken webhook fails once, not count times.
-func SlowStartBatch(count, initial int, fn func() error) (int, error) {
-	done := 0
-	for batch := min(count, initial); batch > 0; batch = min(2*batch, count-done) {
-		errc := make(chan error, batch)
-		var wg sync.WaitGroup
-		for i := 0; i < batch; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := fn(); err != nil {
-					errc <- err
-				}
-			}()
-		}
-		wg.Wait()
-		close(errc)
-		done += batch - len(errc)
-		if err := <-errc; err != nil {
-			return done, err
-		}
-	}
-	return done, nil
-}
-
-// PodFromTemplate returns a new pod for controller owner from its template,
-// named with generateName "<owner>-".
-func PodFromTemplate(rs *appsv1.ReplicaSet, apiVersion, kind string) *corev1.Pod {
-	t := rs.Spec.Template
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			GenerateName:    rs.Name + "-",
-			Namespace:       rs.Namespace,
-			Labels:          copyMap(t.Labels),
-			Annotations:     copyMap(t.Annotations),
-			Finalizers:      append([]string(nil), t.Finalizers...),
-			OwnerReferences: []metav1.OwnerReference{ctrlutil.NewControllerRef(rs, apiVersion, kind)},
-		},
-		Spec: *t.Spec.DeepCopy(),
-	}
-	return pod
-}
-
-func copyMap(m map[string]string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // PodsToDelete picks the n least valuable pods, as Kubernetes ranks them:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,37 +29,6 @@ func newRS(name string, replicas int32) *appsv1.ReplicaSet {
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
 			},
 		},
-	}
-}
-
-func TestSlowStartBatchGrowsBatchesAndStopsAfterAFailedBatch(t *testing.T) {
-	tests := []struct {
-		name      string
-		count     int
-		failAfter int64 // calls beyond this fail; -1 never
-		wantDone  int
-		wantCalls int64
-		wantErr   bool
-	}{
-		{"all succeed", 10, -1, 10, 10, false},
-		{"zero", 0, -1, 0, 0, false},
-		// Batches 1, 2, 4: the third batch has failures, the fourth never runs.
-		{"stops after the failing batch", 20, 4, 4, 7, true},
-		{"first call fails", 5, 0, 0, 1, true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var calls atomic.Int64
-			done, err := SlowStartBatch(tc.count, 1, func() error {
-				if n := calls.Add(1); tc.failAfter >= 0 && n > tc.failAfter {
-					return errors.New("quota exceeded")
-				}
-				return nil
-			})
-			if done != tc.wantDone || calls.Load() != tc.wantCalls || (err != nil) != tc.wantErr {
-				t.Fatalf("done=%d calls=%d err=%v; want done=%d calls=%d err=%v", done, calls.Load(), err, tc.wantDone, tc.wantCalls, tc.wantErr)
-			}
-		})
 	}
 }
 

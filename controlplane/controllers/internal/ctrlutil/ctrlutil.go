@@ -403,3 +403,59 @@ func NewRecorder(client kubernetes.Interface, component string) (record.EventRec
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component}), b.Shutdown
 }
+
+// SlowStartBatch calls fn count times in batches of growing size (initial,
+// 2*initial, ...), concurrently within a batch, stopping after the first
+// batch with a failure. It returns how many calls succeeded, so a controller
+// hitting quota or a broken webhook fails once, not count times.
+func SlowStartBatch(count, initial int, fn func() error) (int, error) {
+	done := 0
+	for batch := min(count, initial); batch > 0; batch = min(2*batch, count-done) {
+		errc := make(chan error, batch)
+		var wg sync.WaitGroup
+		for i := 0; i < batch; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := fn(); err != nil {
+					errc <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errc)
+		done += batch - len(errc)
+		if err := <-errc; err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// PodFromTemplate returns a new pod for controller owner from a template,
+// named with generateName "<owner>-" and carrying the controller
+// ownerReference.
+func PodFromTemplate(owner metav1.Object, t *corev1.PodTemplateSpec, apiVersion, kind string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName:    owner.GetName() + "-",
+			Namespace:       owner.GetNamespace(),
+			Labels:          copyMap(t.Labels),
+			Annotations:     copyMap(t.Annotations),
+			Finalizers:      append([]string(nil), t.Finalizers...),
+			OwnerReferences: []metav1.OwnerReference{NewControllerRef(owner, apiVersion, kind)},
+		},
+		Spec: *t.Spec.DeepCopy(),
+	}
+}
+
+func copyMap(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
