@@ -385,3 +385,34 @@ func TestRealAPIServerDaemonServesHealthAndMetrics(t *testing.T) {
 			strings.Contains(body, "scheduler_scheduling_attempt_duration_seconds_bucket")
 	})
 }
+
+func TestRealAPIServerTwoSchedulersSideBySide(t *testing.T) {
+	c := startReal(t) // default-scheduler
+	factory := informers.NewSharedInformerFactory(c.cs, 0)
+	second, err := New(c.cs, factory, quietLog(), Options{SchedulerName: "batch-scheduler"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { second.Run(ctx); close(done) }()
+	stopSecond := func() { cancel(); <-done; factory.Shutdown() }
+	t.Cleanup(stopSecond)
+
+	c.create(t, newNode("n1"))
+	batch := func(p *v1.Pod) { p.Spec.SchedulerName = "batch-scheduler" }
+	nobody := func(p *v1.Pod) { p.Spec.SchedulerName = "absent-scheduler" }
+	c.create(t, newPod("web"), newPod("job", batch), newPod("orphan", nobody))
+	eventually(t, "each scheduler binds its own pod", func() bool {
+		return c.get(t, "web").Spec.NodeName == "n1" && c.get(t, "job").Spec.NodeName == "n1"
+	})
+	stopSecond()
+	c.create(t, newPod("job-2", batch))
+	time.Sleep(500 * time.Millisecond)
+	if n := c.get(t, "job-2").Spec.NodeName; n != "" {
+		t.Fatalf("default-scheduler bound a batch-scheduler pod to %s", n)
+	}
+	if n := c.get(t, "orphan").Spec.NodeName; n != "" {
+		t.Fatalf("a pod naming no running scheduler was bound to %s", n)
+	}
+}
