@@ -300,7 +300,8 @@ type decision struct {
 	message  string // why no node fits
 }
 
-// decide filters and scores every node for pod and picks the best.
+// decide filters and scores nodes for pod (all of them when none fits,
+// else until enough feasible ones are found) and picks the best.
 func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 	st, err := newCycleState(pod)
 	if err != nil {
