@@ -119,6 +119,7 @@ func kubeletArgs(cfg *Config, st *State, n NodeState, nodeDir string) []string {
 		"--node-name", n.Name,
 		"--node-ip", n.Addr,
 		"--root-dir", filepath.Join(nodeDir, "kubelet"),
+		"--netns-dir", filepath.Join(nodeDir, "netns"),
 		"--containerd-address", containerdSocket(cfg.DataDir),
 		"--containerd-namespace", "waggle-" + n.Name,
 		"--cgroup-root", n.CgroupDir,

@@ -32,6 +32,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", "", "cluster pod CIDR, not masqueraded (goes into the CNI config)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup under which pods' cgroups are made (default /waggle/<node>)")
 	fs.StringVar(&cfg.RootDir, "root-dir", "", "kubelet state dir (default /var/lib/waggle/kubelet/<node>)")
+	fs.StringVar(&cfg.NetNSDir, "netns-dir", "/run/netns", "where pod network namespaces are bind-mounted")
 	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "static pod manifests dir")
 	fs.StringVar(&cfg.ImageDir, "image-dir", "", "dir of OCI/Docker image archives imported at start")
 	fs.StringVar(&cfg.Address, "address", "0.0.0.0", "kubelet API address")
