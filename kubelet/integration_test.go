@@ -87,7 +87,6 @@ func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 	testutil.RequiresKernelFeature(t, testutil.Cgroup2)
 	ctrd := ktest.StartContainerd(t)
 	ns := testutil.UniqueName("wk")
-	ktest.ImportEcho(t, ctrd, ns)
 	rc, apiDir, _ := apiservertest.StartTestServer(t)
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -97,6 +96,12 @@ func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 	n := &node{t: t, name: testutil.UniqueName("node-"), ctrd: ctrd, client: cs, rc: rc,
 		bridge: testutil.UniqueName("wgk"), podCIDR: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+cidrSeq%50, cidrSeq%250))}
 	dir := t.TempDir()
+	// The echo image reaches the node's namespace through --image-dir.
+	imageDir := filepath.Join(dir, "images")
+	os.MkdirAll(imageDir, 0o755)
+	if err := os.Rename(ktest.EchoArchive(t), filepath.Join(imageDir, "waggle-echo.tar")); err != nil {
+		t.Fatal(err)
+	}
 	n.ipamDir = filepath.Join(dir, "ipam")
 	confDir := filepath.Join(dir, "net.d")
 	os.MkdirAll(confDir, 0o755)
@@ -138,7 +143,7 @@ func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 		CgroupRoot: "/" + testutil.UniqueName("wkt") + "/" + n.name, RootDir: filepath.Join(dir, "kubelet"),
 		Address: "127.0.0.1", Port: 0, ClientCAFile: caFile,
 		SyncFrequency: 200 * time.Millisecond, BackoffBase: time.Second, BackoffMax: 4 * time.Second,
-		DisableRouteController: true,
+		DisableRouteController: true, ImageDir: imageDir,
 	}
 	if os.Getenv("WAGGLE_TEST_KUBELET_LOG") != "" {
 		n.cfg.Log = newLogger()

@@ -242,6 +242,9 @@ func (k *Kubelet) Run(ctx context.Context) error {
 
 	n, err := k.registerNode(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("register node: %w", err)
 	}
 	k.setNode(n)
@@ -290,7 +293,9 @@ func (k *Kubelet) Run(ctx context.Context) error {
 	// The handler's own HasSynced: every listed pod has reached a worker
 	// before anything else may be called an orphan.
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced, reg.HasSynced) {
-		return ctx.Err()
+		factory.Shutdown()
+		srv.Close()
+		return nil // stopped before the pods were listed
 	}
 	if k.cfg.PodManifestPath != "" {
 		k.static = newStaticSource(k)

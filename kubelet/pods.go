@@ -656,6 +656,7 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		Name: c.Name, Attempt: attempt, Init: init, Image: c.Image, ImageID: imageID,
 		State: runtime.StateRunning, CreatedAt: now, StartedAt: now, LogPath: cfg.LogPath}
 	w.pending[id] = rc
+	k.kickRelist()
 	if c.Lifecycle != nil && c.Lifecycle.PostStart != nil {
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := k.runHandler(hctx, pod, rc, c, c.Lifecycle.PostStart)

@@ -148,19 +148,26 @@ func (p *provider) Container(ns, pod, container string, previous bool) (runtime.
 	if w == nil {
 		return runtime.Container{}, "", fmt.Errorf("%w: pod %s/%s on node %s", server.ErrNotFound, ns, pod, k.cfg.NodeName)
 	}
-	k.mu.Lock()
-	list := append([]runtime.Container(nil), k.snapshot[w.uid]...)
-	k.mu.Unlock()
-	l := byName(list)[container]
 	if container == "" {
 		podObj, _ := w.snapshot()
 		if len(podObj.Spec.Containers) > 0 {
-			l = byName(list)[podObj.Spec.Containers[0].Name]
+			container = podObj.Spec.Containers[0].Name
 		}
 	}
 	idx := 0
 	if previous {
 		idx = 1
+	}
+	lookup := func() []runtime.Container {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return byName(k.snapshot[w.uid])[container]
+	}
+	l := lookup()
+	if len(l) <= idx || (!previous && l[0].State != runtime.StateRunning) {
+		// Just started or just exited: the last relist may lag behind.
+		k.relist(context.Background())
+		l = lookup()
 	}
 	if len(l) <= idx {
 		what := "container"
