@@ -207,7 +207,9 @@ func TestScalesDownTheNotReadyPodsFirstAndReportsReadiness(t *testing.T) {
 
 func TestAvailableReplicasWaitForMinReadySeconds(t *testing.T) {
 	rs := newRS("web", 1)
-	rs.Spec.MinReadySeconds = 1
+	// Ready since now (in whole seconds, as the API stores it): available
+	// 1-2 s from now.
+	rs.Spec.MinReadySeconds = 2
 	p := pod("p0", func(p *corev1.Pod) {
 		ready(time.Now().Unix())(p)
 		p.Labels = map[string]string{"app": "web"}
