@@ -2,6 +2,7 @@ package apiserver_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
@@ -368,5 +369,57 @@ func TestProtobufResponsesForClientsThatAskForThem(t *testing.T) {
 				t.Fatalf("list: %+v", o)
 			}
 		}
+	}
+}
+
+// TestWatchStreamFramesAndTimeout reads a watch as raw chunked JSON: one
+// frame per line with type and an object carrying apiVersion and kind, and
+// the stream ends by itself after timeoutSeconds.
+func TestWatchStreamFramesAndTimeout(t *testing.T) {
+	cs, srv := newClient(t)
+	ctx := context.Background()
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "framed"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	raw := newRaw(t, srv.Config)
+	start := time.Now()
+	resp, err := raw.c.Get(raw.host + "/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		t.Fatalf("watch response: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	body, err := io.ReadAll(resp.Body) // returns when the server ends the stream
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(start) > 30*time.Second {
+		t.Fatal("timeoutSeconds did not end the watch")
+	}
+	lines := strings.Split(strings.TrimSpace(string(body)), "\n")
+	var frame struct {
+		Type   string `json:"type"`
+		Object struct {
+			Kind       string `json:"kind"`
+			APIVersion string `json:"apiVersion"`
+			Metadata   struct {
+				Name            string `json:"name"`
+				ResourceVersion string `json:"resourceVersion"`
+			} `json:"metadata"`
+		} `json:"object"`
+	}
+	found := false
+	for _, l := range lines {
+		if err := json.Unmarshal([]byte(l), &frame); err != nil {
+			t.Fatalf("frame %q: %v", l, err)
+		}
+		if frame.Object.Metadata.Name == "framed" {
+			found = frame.Type == "ADDED" && frame.Object.Kind == "ConfigMap" && frame.Object.APIVersion == "v1" && frame.Object.Metadata.ResourceVersion != ""
+		}
+	}
+	if !found {
+		t.Fatalf("no well-formed ADDED frame for the configmap in %q", body)
 	}
 }
