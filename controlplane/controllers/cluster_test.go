@@ -92,13 +92,12 @@ type cluster struct {
 func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	testutil.Privileged(t)
-	kubectl := testutil.RequiresBinary(t, "kubectl")
 	rc, dir, _ := apiservertest.StartTestServer(t)
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &cluster{t: t, rc: rc, cs: cs, kubeconfig: filepath.Join(dir, "admin.kubeconfig"), kubectl: kubectl}
+	return &cluster{t: t, rc: rc, cs: cs, kubeconfig: filepath.Join(dir, "admin.kubeconfig")}
 }
 
 func testLogger(t testing.TB, name string) *slog.Logger {
@@ -182,6 +181,9 @@ func (m *manager) stop() error {
 
 // run runs kubectl against the cluster and returns its combined output.
 func (c *cluster) run(args ...string) (string, error) {
+	if c.kubectl == "" {
+		c.kubectl = testutil.RequiresBinary(c.t, "kubectl")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, c.kubectl, append([]string{"--kubeconfig", c.kubeconfig}, args...)...)

@@ -212,8 +212,9 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if svc.Spec.Selector == nil {
-		// Endpoints of selector-less services are the user's to manage.
+	if svc.Spec.Selector == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
+		// Endpoints of selector-less services are the user's to manage;
+		// ExternalName services get none (as Kubernetes, issue 105986).
 		return nil
 	}
 	pods, err := c.pods.Pods(ns).List(labels.SelectorFromSet(svc.Spec.Selector))

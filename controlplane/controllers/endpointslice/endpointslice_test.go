@@ -1,6 +1,7 @@
 package endpointslice
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -337,4 +338,36 @@ func FuzzPlanSlices(f *testing.F) {
 		pods2 := build(changed)
 		check(apply(slices, plan(c, svc, pods2, slices)), pods2)
 	})
+}
+
+func TestSyncPublishesSelectedPodsButNothingForExternalNameOrSelectorless(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*corev1.Service)
+		want int // slices
+	}{
+		{"selector", func(*corev1.Service) {}, 1},
+		{"ExternalName", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName; s.Spec.ExternalName = "example.com" }, 0},
+		{"no selector", func(s *corev1.Service) { s.Spec.Selector = nil }, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := service(corev1.ServicePort{Name: "http", Port: 80})
+			tc.mod(svc)
+			c := newTestController(t, 100, svc, testPod(1, true, nil), testPod(2, false, nil))
+			if err := c.sync(context.Background(), "default/svc"); err != nil {
+				t.Fatal(err)
+			}
+			l, err := c.client.DiscoveryV1().EndpointSlices("default").List(context.Background(), metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(l.Items) != tc.want {
+				t.Fatalf("%d slices, want %d", len(l.Items), tc.want)
+			}
+			if tc.want == 1 && len(l.Items[0].Endpoints) != 2 {
+				t.Fatalf("%d endpoints, want 2", len(l.Items[0].Endpoints))
+			}
+		})
+	}
 }
