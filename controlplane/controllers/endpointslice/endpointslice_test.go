@@ -347,7 +347,10 @@ func TestSyncPublishesSelectedPodsButNothingForExternalNameOrSelectorless(t *tes
 		want int // slices
 	}{
 		{"selector", func(*corev1.Service) {}, 1},
-		{"ExternalName", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName; s.Spec.ExternalName = "example.com" }, 0},
+		{"ExternalName", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeExternalName
+			s.Spec.ExternalName = "example.com"
+		}, 0},
 		{"no selector", func(s *corev1.Service) { s.Spec.Selector = nil }, 0},
 	}
 	for _, tc := range tests {
