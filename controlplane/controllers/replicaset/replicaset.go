@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -343,11 +344,18 @@ func (c *Controller) manage(ctx context.Context, key string, active []*corev1.Po
 
 // PodsToDelete picks the n least valuable pods, as Kubernetes ranks them:
 // unscheduled before scheduled, pending before unknown before running, not
-// ready before ready, ready for less time before ready for longer, more
-// restarts before fewer, newer before older.
+// ready before ready, lower controller.kubernetes.io/pod-deletion-cost
+// first, pods doubled up on a node before lone ones, ready for less time
+// before ready for longer, more restarts before fewer, newer before older.
 func PodsToDelete(pods []*corev1.Pod, n int) []*corev1.Pod {
 	s := append([]*corev1.Pod(nil), pods...)
-	sort.SliceStable(s, func(i, j int) bool { return lessValuable(s[i], s[j]) })
+	onNode := map[string]int{}
+	for _, p := range s {
+		if p.Spec.NodeName != "" {
+			onNode[p.Spec.NodeName]++
+		}
+	}
+	sort.SliceStable(s, func(i, j int) bool { return lessValuable(s[i], s[j], onNode) })
 	if n > len(s) {
 		n = len(s)
 	}
@@ -356,7 +364,17 @@ func PodsToDelete(pods []*corev1.Pod, n int) []*corev1.Pod {
 
 var phaseRank = map[corev1.PodPhase]int{corev1.PodPending: 0, corev1.PodUnknown: 1, corev1.PodRunning: 2}
 
-func lessValuable(a, b *corev1.Pod) bool {
+// deletionCost reads the controller.kubernetes.io/pod-deletion-cost
+// annotation (0 when absent or invalid).
+func deletionCost(p *corev1.Pod) int64 {
+	v, err := strconv.ParseInt(p.Annotations[corev1.PodDeletionCost], 10, 32)
+	if err != nil {
+		return 0
+	}
+	return v
+}
+
+func lessValuable(a, b *corev1.Pod, onNode map[string]int) bool {
 	if (a.Spec.NodeName == "") != (b.Spec.NodeName == "") {
 		return a.Spec.NodeName == ""
 	}
@@ -366,6 +384,12 @@ func lessValuable(a, b *corev1.Pod) bool {
 	ar, br := ctrlutil.IsPodReady(a), ctrlutil.IsPodReady(b)
 	if ar != br {
 		return !ar
+	}
+	if ca, cb := deletionCost(a), deletionCost(b); ca != cb {
+		return ca < cb
+	}
+	if na, nb := onNode[a.Spec.NodeName], onNode[b.Spec.NodeName]; na != nb {
+		return na > nb
 	}
 	if ar && br {
 		at, bt := ctrlutil.PodReadyCondition(a).LastTransitionTime, ctrlutil.PodReadyCondition(b).LastTransitionTime

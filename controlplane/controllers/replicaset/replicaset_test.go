@@ -65,6 +65,13 @@ func TestPodsToDeleteRanksLeastValuableFirst(t *testing.T) {
 			pod("notready", func(p *corev1.Pod) { p.Spec.NodeName = "n1"; p.Status.Phase = corev1.PodRunning })}, []string{"notready"}},
 		{"ready more recently before ready longer", []*corev1.Pod{
 			pod("old", ready(100)), pod("recent", ready(200))}, []string{"recent"}},
+		{"lower deletion cost first", []*corev1.Pod{
+			pod("expensive", func(p *corev1.Pod) { ready(100)(p); p.Annotations = map[string]string{corev1.PodDeletionCost: "100"} }),
+			pod("cheap", func(p *corev1.Pod) { ready(200)(p); p.Annotations = map[string]string{corev1.PodDeletionCost: "-5"} })}, []string{"cheap"}},
+		{"doubled up on a node first", []*corev1.Pod{
+			pod("alone", func(p *corev1.Pod) { ready(200)(p); p.Spec.NodeName = "n2" }),
+			pod("crowded-a", func(p *corev1.Pod) { ready(100)(p); p.Spec.NodeName = "n1" }),
+			pod("crowded-b", func(p *corev1.Pod) { ready(100)(p); p.Spec.NodeName = "n1" })}, []string{"crowded-b"}},
 		{"more restarts first", []*corev1.Pod{
 			pod("calm", ready(100)), pod("crashy", func(p *corev1.Pod) {
 				ready(100)(p)
