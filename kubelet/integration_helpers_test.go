@@ -9,6 +9,9 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
+	"testing"
 
 	"github.com/containerd/containerd/namespaces"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -63,3 +66,37 @@ func namespacesCtx(n *node) context.Context {
 }
 
 func intOrStr(i int) intstr.IntOrString { return intstr.FromInt(i) }
+
+func cgroupMounts() []string {
+	b, _ := os.ReadFile("/proc/self/mounts")
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && (f[2] == "cgroup" || f[2] == "cgroup2") {
+			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
+// removeTree removes an empty cgroup tree, children first.
+func removeTree(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			removeTree(filepath.Join(dir, e.Name()))
+		}
+	}
+	os.Remove(dir)
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if cniDir != "" {
+		os.RemoveAll(cniDir)
+	}
+	os.Exit(code)
+}

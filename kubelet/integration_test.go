@@ -168,9 +168,11 @@ func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 			}
 			n.stop()
 		}
-		root, _ := testutil.Cgroup2Root()
-		os.Remove(filepath.Join(root, n.cfg.CgroupRoot))
-		os.Remove(filepath.Dir(filepath.Join(root, n.cfg.CgroupRoot)))
+		// runc made the node's cgroup in every hierarchy (v1 controllers
+		// and v2): remove what is left, deepest first.
+		for _, m := range cgroupMounts() {
+			removeTree(filepath.Join(m, filepath.Dir(n.cfg.CgroupRoot)))
+		}
 	})
 	return n
 }

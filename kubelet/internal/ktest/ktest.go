@@ -115,8 +115,9 @@ func StartContainerd(t testing.TB) *Containerd {
 		if c.Client != nil {
 			c.Client.Close()
 		}
-		KillAll(t, d.Address())
-		d.Stop(context.Background())
+		// c.Daemon, not d: Restart replaces the daemon.
+		KillAll(t, c.Daemon.Address())
+		c.Daemon.Stop(context.Background())
 		// Snapshots are overlay mounts under root; unmount whatever is left.
 		exec.Command("sh", "-c", "grep -o ' "+dir+"[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l").Run()
 		os.RemoveAll(dir)
