@@ -41,6 +41,9 @@ type Target struct {
 	Endpoints []netip.AddrPort
 	// NodeIP is the node's own address (NodePort frontends live on it).
 	NodeIP netip.Addr
+	// Endpoints6, when set, are two IPv6 endpoints like Endpoints, for the
+	// IPv6 case.
+	Endpoints6 []netip.AddrPort
 	// Connect opens a new connection (TCP) or a new socket (UDP) to addr,
 	// makes one request and returns the endpoint that answered, or an error
 	// wrapping ErrRefused or ErrNotServed.
@@ -58,6 +61,7 @@ type Target struct {
 type Setup func(t *testing.T) *Target
 
 var (
+	clusterIP6 = netip.MustParseAddr("fd00:96::10")
 	clusterIP  = netip.MustParseAddr("10.96.0.10")
 	externalIP = netip.MustParseAddr("203.0.113.10")
 )
@@ -105,6 +109,17 @@ func Run(t *testing.T, setup Setup) {
 			eps := tg.Endpoints[:3]
 			sync(t, tg, state(frontend(dataplane.ClusterIP, clusterIP, svcPort, dataplane.UDP, eps)))
 			reachesAll(t, tg, dataplane.UDP, netip.AddrPortFrom(clusterIP, svcPort), eps)
+		}},
+		{"IPv6 ClusterIP reaches every endpoint over TCP and UDP", func(t *testing.T, tg *Target) {
+			if len(tg.Endpoints6) < 2 {
+				t.Skip("target has no IPv6 endpoints")
+			}
+			eps := tg.Endpoints6[:2]
+			sync(t, tg, state(
+				frontend(dataplane.ClusterIP, clusterIP6, svcPort, dataplane.TCP, eps),
+				frontend(dataplane.ClusterIP, clusterIP6, svcPort, dataplane.UDP, eps)))
+			reachesAll(t, tg, dataplane.TCP, netip.AddrPortFrom(clusterIP6, svcPort), eps)
+			reachesAll(t, tg, dataplane.UDP, netip.AddrPortFrom(clusterIP6, svcPort), eps)
 		}},
 		{"NodePort on the node IP reaches the endpoints", func(t *testing.T, tg *Target) {
 			eps := tg.Endpoints[:2]

@@ -13,8 +13,10 @@ import (
 )
 
 var (
-	nodeIP  = netip.MustParseAddr("10.99.0.254")
-	testEPs = []netip.AddrPort{
+	testEPs6 = []netip.AddrPort{netip.MustParseAddrPort("[fd00:99::1]:8080"), netip.MustParseAddrPort("[fd00:99::2]:8080")}
+	nodeIP6  = netip.MustParseAddr("fd00:99::fe")
+	nodeIP   = netip.MustParseAddr("10.99.0.254")
+	testEPs  = []netip.AddrPort{
 		netip.MustParseAddrPort("10.99.0.1:8080"), netip.MustParseAddrPort("10.99.0.2:8080"),
 		netip.MustParseAddrPort("10.99.0.3:8080"), netip.MustParseAddrPort("10.99.0.4:8080"),
 	}
@@ -43,21 +45,25 @@ func TestFakeIPTablesCompact(t *testing.T) { fakeIPTables(t, 1) }
 
 func fakeIPTables(t *testing.T, compactAbove int) {
 	Run(t, func(t *testing.T) *Target {
-		fr := iptables.NewFakeRunner(nodeIP)
+		fr := iptables.NewFakeRunner(nodeIP, nodeIP6)
 		b, err := iptables.New(iptables.Config{Runner: fr, CompactAbove: compactAbove})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return &Target{
-			Backend: b, Endpoints: testEPs, NodeIP: nodeIP,
+			Backend: b, Endpoints: testEPs, Endpoints6: testEPs6, NodeIP: nodeIP,
 			Connect: func(proto dataplane.Protocol, addr netip.AddrPort) (netip.AddrPort, error) {
-				v, err := fr.Connect(iptables.IPv4, string(proto), nodeIP, addr)
+				fam, src := iptables.IPv4, nodeIP
+				if addr.Addr().Is6() {
+					fam, src = iptables.IPv6, nodeIP6
+				}
+				v, err := fr.Connect(fam, string(proto), src, addr)
 				switch {
 				case err != nil:
 					return netip.AddrPort{}, err
 				case v.Rejected:
 					return netip.AddrPort{}, ErrRefused
-				case slices.Contains(testEPs, v.Dst):
+				case slices.Contains(testEPs, v.Dst), slices.Contains(testEPs6, v.Dst):
 					return v.Dst, nil
 				}
 				return netip.AddrPort{}, ErrNotServed
@@ -69,16 +75,20 @@ func fakeIPTables(t *testing.T, compactAbove int) {
 
 func TestFakeIPVS(t *testing.T) {
 	Run(t, func(t *testing.T) *Target {
-		fr := iptables.NewFakeRunner(nodeIP)
+		fr := iptables.NewFakeRunner(nodeIP, nodeIP6)
 		fh, fl := ipvs.NewFakeHandle(), ipvs.NewFakeLink()
 		b, err := ipvs.New(ipvs.Config{Handle: fh, Link: fl, Runner: fr})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return &Target{
-			Backend: b, Endpoints: testEPs, NodeIP: nodeIP,
+			Backend: b, Endpoints: testEPs, Endpoints6: testEPs6, NodeIP: nodeIP,
 			Connect: func(proto dataplane.Protocol, addr netip.AddrPort) (netip.AddrPort, error) {
-				v, err := fr.Connect(iptables.IPv4, string(proto), nodeIP, addr)
+				fam, src := iptables.IPv4, nodeIP
+				if addr.Addr().Is6() {
+					fam, src = iptables.IPv6, nodeIP6
+				}
+				v, err := fr.Connect(fam, string(proto), src, addr)
 				if err != nil {
 					return netip.AddrPort{}, err
 				}
@@ -88,10 +98,10 @@ func TestFakeIPVS(t *testing.T) {
 				// IPVS sees only packets to local addresses: the node's
 				// and those bound to the dummy interface.
 				bound, _ := fl.Addrs(ipvs.DummyInterface)
-				if addr.Addr() != nodeIP && !slices.Contains(bound, addr.Addr()) {
+				if addr.Addr() != src && !slices.Contains(bound, addr.Addr()) {
 					return netip.AddrPort{}, ErrNotServed
 				}
-				ep, err := fh.Connect(dataplane.FrontendKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}, nodeIP)
+				ep, err := fh.Connect(dataplane.FrontendKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}, src)
 				fh.CloseAll() // each connection is short
 				switch {
 				case errors.Is(err, ipvs.ErrNoRealServer):

@@ -39,7 +39,7 @@ func realIPTables(t *testing.T, compactAbove int) {
 		})
 		runner := &iptables.ExecRunner{NetNSPath: path}
 		return &Target{
-			Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.Connect, UDPFlow: tp.UDPFlow,
+			Backend: b, Endpoints: testEPs, Endpoints6: Endpoints6, NodeIP: nodeIP, Connect: tp.Connect, UDPFlow: tp.UDPFlow,
 			Dump: func() string {
 				var out string
 				for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
@@ -79,7 +79,7 @@ func TestRealEBPF(t *testing.T) {
 			syscall.Rmdir("/sys/fs/bpf/waggle-conformance")
 		})
 		testutil.EnterCgroup(t, cg)
-		return &Target{Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.Connect, UDPFlow: tp.UDPFlow}
+		return &Target{Backend: b, Endpoints: testEPs, Endpoints6: Endpoints6, NodeIP: nodeIP, Connect: tp.Connect, UDPFlow: tp.UDPFlow}
 	})
 }
 
@@ -99,6 +99,6 @@ func TestRealIPVS(t *testing.T) {
 				t.Errorf("cleanup: %v", err)
 			}
 		})
-		return &Target{Backend: b, Endpoints: testEPs, NodeIP: nodeIP, Connect: tp.Connect}
+		return &Target{Backend: b, Endpoints: testEPs, Endpoints6: Endpoints6, NodeIP: nodeIP, Connect: tp.Connect}
 	})
 }

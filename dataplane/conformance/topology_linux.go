@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,6 +26,10 @@ var (
 		netip.MustParseAddrPort("10.99.0.1:8080"), netip.MustParseAddrPort("10.99.0.2:8080"),
 		netip.MustParseAddrPort("10.99.0.3:8080"), netip.MustParseAddrPort("10.99.0.4:8080"),
 	}
+	NodeIP6    = netip.MustParseAddr("fd00:99::fe")
+	Endpoints6 = []netip.AddrPort{
+		netip.MustParseAddrPort("[fd00:99::1]:8080"), netip.MustParseAddrPort("[fd00:99::2]:8080"),
+	}
 )
 
 // Topology is the real fixture: a "node" network namespace (the client, and
@@ -42,21 +47,47 @@ func NewTopology(t *testing.T) *Topology {
 	t.Helper()
 	tp := &Topology{Node: testutil.NewNetNS(t), Pods: testutil.NewNetNS(t)}
 	tp.Node.Run(t, "ip", "link", "add", "wgn0", "type", "veth", "peer", "name", "wgp0", "netns", tp.Pods.Name)
+	// No duplicate address detection: link-local addresses are usable at
+	// once (neighbour discovery needs them).
+	tp.Node.Run(t, "sysctl", "-qw", "net.ipv6.conf.wgn0.accept_dad=0")
+	tp.Pods.Run(t, "sysctl", "-qw", "net.ipv6.conf.wgp0.accept_dad=0")
 	tp.Node.Run(t, "ip", "addr", "add", NodeIP.String()+"/24", "dev", "wgn0")
 	tp.Node.Run(t, "ip", "link", "set", "wgn0", "up")
 	tp.Node.Run(t, "ip", "route", "add", "default", "via", Endpoints[0].Addr().String())
+	tp.Node.Run(t, "ip", "addr", "add", NodeIP6.String()+"/64", "dev", "wgn0", "nodad")
 	for _, e := range Endpoints {
 		tp.Pods.Run(t, "ip", "addr", "add", e.Addr().String()+"/24", "dev", "wgp0")
 	}
+	for _, e := range Endpoints6 {
+		tp.Pods.Run(t, "ip", "addr", "add", e.Addr().String()+"/64", "dev", "wgp0", "nodad")
+	}
 	tp.Pods.Run(t, "ip", "link", "set", "wgp0", "up")
-	for _, e := range Endpoints {
+	tp.Node.Run(t, "ip", "-6", "route", "add", "default", "via", Endpoints6[0].Addr().String())
+	// Connections that no backend translated reach the pods namespace with
+	// a service address: answer them at once with "no route to host"
+	// instead of letting them time out.
+	tp.Pods.Run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	tp.Pods.Run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+	for _, p := range []string{"10.96.0.0/12", "203.0.113.0/24"} {
+		tp.Pods.Run(t, "ip", "route", "add", "prohibit", p)
+	}
+	tp.Pods.Run(t, "ip", "-6", "route", "add", "prohibit", "fd00:96::/64")
+	all := append(slices.Clone(Endpoints), Endpoints6...)
+	for _, e := range all {
 		tp.serve(t, e)
 	}
 	// Warm up: resolve the neighbours and check every echo server answers
 	// directly before any backend is involved.
-	for _, e := range Endpoints {
-		if got, err := tp.Connect(dataplane.TCP, e); err != nil || got != e {
-			t.Fatalf("direct connection to %s: %s, %v", e, got, err)
+	for _, e := range all {
+		for deadline := time.Now().Add(15 * time.Second); ; {
+			got, err := tp.Connect(dataplane.TCP, e)
+			if err == nil && got == e {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("direct connection to %s: %s, %v", e, got, err)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	return tp
