@@ -1,0 +1,70 @@
+package network
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+func TestFakeAllocatesUniqueAddressesAndReleases(t *testing.T) {
+	f := NewFake(netip.MustParsePrefix("10.1.0.0/29"))
+	ctx := context.Background()
+	seen := map[string]bool{}
+	for _, uid := range []string{"a", "b", "c", "d", "e", "f"} {
+		sb, err := f.SetUp(ctx, Pod{UID: uid})
+		if err != nil {
+			t.Fatalf("pod %s: %v", uid, err)
+		}
+		if seen[sb.IPs[0]] {
+			t.Fatalf("address %s handed out twice", sb.IPs[0])
+		}
+		seen[sb.IPs[0]] = true
+	}
+	if again, _ := f.SetUp(ctx, Pod{UID: "a"}); !seen[again.IPs[0]] {
+		t.Error("a repeated SetUp gave a new address")
+	}
+	if _, err := f.SetUp(ctx, Pod{UID: "g"}); err == nil {
+		t.Error("exhausted prefix still allocates")
+	}
+	f.TearDown(ctx, Pod{UID: "a"}, Sandbox{})
+	if f.InUse() != 5 {
+		t.Errorf("in use = %d, want 5", f.InUse())
+	}
+	if _, err := f.SetUp(ctx, Pod{UID: "g"}); err != nil {
+		t.Errorf("released address not reused: %v", err)
+	}
+}
+
+func TestNetNSCreateRemove(t *testing.T) {
+	testutil.RequiresRoot(t)
+	p := filepath.Join(t.TempDir(), "ns1")
+	if err := createNetNS(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := createNetNS(p); err != nil {
+		t.Errorf("second create of the same netns: %v", err)
+	}
+	if err := removeNetNS(p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Errorf("netns file left: %v", err)
+	}
+	if err := removeNetNS(p); err != nil {
+		t.Errorf("removing a removed netns: %v", err)
+	}
+}
+
+func TestCNIWithoutConfigIsNotReady(t *testing.T) {
+	c := NewCNI(CNIOptions{ConfDir: t.TempDir()})
+	if err := c.Ready(); err == nil {
+		t.Error("ready without any config")
+	}
+	if _, err := c.SetUp(context.Background(), Pod{UID: "x"}); err == nil {
+		t.Error("set up without any config")
+	}
+}
