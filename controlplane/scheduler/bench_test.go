@@ -120,6 +120,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	// after the scheduler (A B A, the machine is shared and noisy): the same
 	// number of bindings posted straight to the API server, no scheduling,
 	// as many in flight as the scheduler allows.
+	inFlight := envInt("WAGGLE_BENCH_BIND_CONCURRENCY", DefaultBindConcurrency)
 	rawBinds := func(ns string) time.Duration {
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
@@ -131,7 +132,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 			return err
 		})
 		start := time.Now()
-		parallelN(64, nPods, func(i int) error {
+		parallelN(inFlight, nPods, func(i int) error {
 			return cs.CoreV1().Pods(ns).Bind(ctx, &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: benchPod(i).Name},
 				Target: v1.ObjectReference{Kind: "Node", Name: nodes[i%len(nodes)].Name}}, metav1.CreateOptions{})
 		})
@@ -156,7 +157,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 
 		reg := prometheus.NewRegistry()
 		factory := informers.NewSharedInformerFactory(cs, 0)
-		s, err := New(cs, factory, quietLog(), Options{Registerer: reg, BindConcurrency: envInt("WAGGLE_BENCH_BIND_CONCURRENCY", 0)})
+		s, err := New(cs, factory, quietLog(), Options{Registerer: reg, BindConcurrency: inFlight})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -206,8 +207,8 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		b.ReportMetric(rate, "pods/s")
 		b.ReportMetric(rawRate, "raw-binds/s")
 		b.Logf("%d pods onto %d nodes: scheduled and bound in %v = %.0f pods/s; pods per node %d..%d", nPods, nNodes, dur.Round(time.Millisecond), rate, lo, hi)
-		b.Logf("same API server, same run, before and after: %d bare pods/binding posts (64 in flight, no scheduling) took %v and %v = %.0f and %.0f binds/s; scheduler / mean bare = %.2f",
-			nPods, rawBefore.Round(time.Millisecond), rawAfter.Round(time.Millisecond),
+		b.Logf("same API server, same run, before and after: %d bare pods/binding posts (%d in flight, no scheduling) took %v and %v = %.0f and %.0f binds/s; scheduler / mean bare = %.2f",
+			nPods, inFlight, rawBefore.Round(time.Millisecond), rawAfter.Round(time.Millisecond),
 			float64(nPods)/rawBefore.Seconds(), float64(nPods)/rawAfter.Seconds(), rate/rawRate)
 		b.Logf("creating the pods (16 clients) took %v = %.0f creates/s", createDur.Round(time.Millisecond), float64(nPods)/createDur.Seconds())
 	}

@@ -32,6 +32,9 @@ import (
 // unless told otherwise.
 const DefaultSchedulerName = v1.DefaultSchedulerName
 
+// DefaultBindConcurrency is how many bindings may be in flight at once.
+const DefaultBindConcurrency = 256
+
 // Options tune a Scheduler. Zero values take the defaults named on each.
 type Options struct {
 	// SchedulerName is the spec.schedulerName of the pods to schedule
@@ -50,7 +53,8 @@ type Options struct {
 	// feasible, the rest are not evaluated (0: adaptive as Kubernetes, 50 %
 	// of 100 nodes down to 5 % of 5,000; never fewer than 100 nodes).
 	PercentageOfNodesToScore int
-	// BindConcurrency caps bindings in flight (default 64).
+	// BindConcurrency caps bindings and status writes in flight (default
+	// 256: a binding is one API round trip, mostly waiting).
 	BindConcurrency int
 	// Registerer receives the scheduler's metrics; nil exports none.
 	Registerer prometheus.Registerer
@@ -73,7 +77,7 @@ func (o *Options) setDefaults() {
 		o.Parallelism = 16
 	}
 	if o.BindConcurrency <= 0 {
-		o.BindConcurrency = 64
+		o.BindConcurrency = DefaultBindConcurrency
 	}
 }
 
