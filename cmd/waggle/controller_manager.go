@@ -22,7 +22,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.ConcurrentDeploymentSyncs, "concurrent-deployment-syncs", cfg.ConcurrentDeploymentSyncs, "Deployment workers")
 	fs.IntVar(&cfg.ConcurrentDaemonSetSyncs, "concurrent-daemonset-syncs", cfg.ConcurrentDaemonSetSyncs, "DaemonSet workers")
 	fs.IntVar(&cfg.ConcurrentEndpointSliceSyncs, "concurrent-service-endpoint-syncs", cfg.ConcurrentEndpointSliceSyncs, "EndpointSlice workers")
-	fs.IntVar(&cfg.ConcurrentEndpointSyncs, "concurrent-endpoint-syncs", cfg.ConcurrentEndpointSyncs, "accepted for kube-controller-manager compatibility; the Endpoints mirror runs in the EndpointSlice workers")
+	fs.IntVar(&cfg.ConcurrentEndpointSyncs, "concurrent-endpoint-syncs", cfg.ConcurrentEndpointSyncs, "workers writing the legacy Endpoints objects")
 	fs.IntVar(&cfg.ConcurrentGCSyncs, "concurrent-gc-syncs", cfg.ConcurrentGCSyncs, "garbage collector workers")
 	fs.IntVar(&cfg.ConcurrentNamespaceSyncs, "concurrent-namespace-syncs", cfg.ConcurrentNamespaceSyncs, "namespace workers")
 	fs.IntVar(&cfg.ConcurrentServiceAccountSyncs, "concurrent-serviceaccount-syncs", cfg.ConcurrentServiceAccountSyncs, "service account workers")

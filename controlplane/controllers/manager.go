@@ -343,7 +343,8 @@ func starters() []starter {
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentDaemonSetSyncs) }, nil
 		}},
 		{name: endpointslice.Name, build: func(d Deps) (func(context.Context), error) {
-			c := endpointslice.New(d.Client, d.Factory, d.Log, endpointslice.Options{MaxEndpointsPerSlice: d.Config.MaxEndpointsPerSlice})
+			c := endpointslice.New(d.Client, d.Factory, d.Log, endpointslice.Options{
+				MaxEndpointsPerSlice: d.Config.MaxEndpointsPerSlice, EndpointsWorkers: d.Config.ConcurrentEndpointSyncs})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentEndpointSliceSyncs) }, nil
 		}},
 		{name: serviceaccount.Name, build: func(d Deps) (func(context.Context), error) {

@@ -64,6 +64,10 @@ type Options struct {
 	MaxEndpointsPerSlice int
 	// SkipLegacyEndpoints turns off the core/v1 Endpoints mirror.
 	SkipLegacyEndpoints bool
+	// EndpointsWorkers is how many workers write the Endpoints mirror (its
+	// own queue, so a slow Endpoints write never delays a slice); 0 means
+	// as many as the slice workers.
+	EndpointsWorkers int
 }
 
 // Controller publishes Services' endpoints.
@@ -72,6 +76,7 @@ type Controller struct {
 	log      *slog.Logger
 	opts     Options
 	queue    workqueue.TypedRateLimitingInterface[string]
+	epQueue  workqueue.TypedRateLimitingInterface[string] // nil without the mirror
 	services corelisters.ServiceLister
 	pods     corelisters.PodLister
 	nodes    corelisters.NodeLister
@@ -104,10 +109,16 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 	if !opts.SkipLegacyEndpoints {
 		epInf := factory.Core().V1().Endpoints()
 		c.eps = epInf.Lister()
+		c.epQueue = ctrlutil.NewQueue(EndpointsName)
 		c.synced = append(c.synced, epInf.Informer().HasSynced)
+		epEnqueue := func(obj any) {
+			if k := ctrlutil.KeyFunc(obj); k != "" {
+				c.epQueue.Add(k)
+			}
+		}
 		epInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-			UpdateFunc: func(_, cur any) { c.enqueue(cur) },
-			DeleteFunc: c.enqueue,
+			UpdateFunc: func(_, cur any) { epEnqueue(cur) },
+			DeleteFunc: epEnqueue,
 		})
 	}
 	svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -156,7 +167,15 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 
 func (c *Controller) enqueue(obj any) {
 	if k := ctrlutil.KeyFunc(obj); k != "" {
-		c.queue.Add(k)
+		c.add(k)
+	}
+}
+
+// add queues a service for both its slices and its Endpoints.
+func (c *Controller) add(key string) {
+	c.queue.Add(key)
+	if c.epQueue != nil {
+		c.epQueue.Add(key)
 	}
 }
 
@@ -173,7 +192,7 @@ func (c *Controller) podChanged(pod, old *corev1.Pod) {
 		}
 		sel := labels.SelectorFromSet(s.Spec.Selector)
 		if sel.Matches(labels.Set(pod.Labels)) || (old != nil && sel.Matches(labels.Set(old.Labels))) {
-			c.queue.Add(s.Namespace + "/" + s.Name)
+			c.add(s.Namespace + "/" + s.Name)
 		}
 	}
 }
@@ -190,10 +209,57 @@ func (c *Controller) nodeZoneChanged(node string) {
 	}
 }
 
+// EndpointsName names the Endpoints mirror's queue (as Kubernetes'
+// "endpoint" controller).
+const EndpointsName = "endpoint"
+
 // Run runs workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) {
 	defer c.stopRec()
+	var wg sync.WaitGroup
+	if c.epQueue != nil {
+		n := c.opts.EndpointsWorkers
+		if n <= 0 {
+			n = workers
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctrlutil.RunWorkers(ctx, c.log, EndpointsName, c.epQueue, n, c.syncEndpoints, c.synced...)
+		}()
+	}
 	ctrlutil.RunWorkers(ctx, c.log, Name, c.queue, workers, c.sync, c.synced...)
+	wg.Wait()
+}
+
+// syncEndpoints writes one service's legacy Endpoints object.
+func (c *Controller) syncEndpoints(ctx context.Context, key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	svc, err := c.services.Services(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		ep, err := c.eps.Endpoints(ns).Get(name)
+		if err != nil || ep.Labels[discoveryv1.LabelSkipMirror] != "true" {
+			return nil // gone, or not ours
+		}
+		if err := c.client.CoreV1().Endpoints(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete endpoints %s: %w", key, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if svc.Spec.Selector == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil
+	}
+	pods, err := c.pods.Pods(ns).List(labels.SelectorFromSet(svc.Spec.Selector))
+	if err != nil {
+		return err
+	}
+	return c.reconcileEndpoints(ctx, svc, pods)
 }
 
 func (c *Controller) sync(ctx context.Context, key string) error {
@@ -240,11 +306,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		c.rec.Eventf(svc, corev1.EventTypeWarning, "FailedToUpdateEndpointSlices", "Error updating Endpoint Slices for Service %s/%s: %v", svc.Namespace, svc.Name, sliceErr)
 	}
 	c.log.Debug("synced endpointslices", "service", key, "pods", len(pods), "took", time.Since(start))
-	var epErr error
-	if !c.opts.SkipLegacyEndpoints {
-		epErr = c.reconcileEndpoints(ctx, svc, pods)
-	}
-	return errors.Join(sliceErr, epErr)
+	return sliceErr
 }
 
 func (c *Controller) deleteAll(ctx context.Context, ns, name string) error {
@@ -257,13 +319,6 @@ func (c *Controller) deleteAll(ctx context.Context, ns, name string) error {
 	for _, s := range existing {
 		if err := c.client.DiscoveryV1().EndpointSlices(ns).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, err)
-		}
-	}
-	if !c.opts.SkipLegacyEndpoints {
-		if ep, err := c.eps.Endpoints(ns).Get(name); err == nil && ep.Labels[discoveryv1.LabelSkipMirror] == "true" {
-			if err := c.client.CoreV1().Endpoints(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				errs = append(errs, err)
-			}
 		}
 	}
 	return errors.Join(errs...)

@@ -371,6 +371,23 @@ func TestSyncPublishesSelectedPodsButNothingForExternalNameOrSelectorless(t *tes
 			if tc.want == 1 && len(l.Items[0].Endpoints) != 2 {
 				t.Fatalf("%d endpoints, want 2", len(l.Items[0].Endpoints))
 			}
+			if err := c.syncEndpoints(context.Background(), "default/svc"); err != nil {
+				t.Fatal(err)
+			}
+			ep, err := c.client.CoreV1().Endpoints("default").Get(context.Background(), "svc", metav1.GetOptions{})
+			if tc.want == 0 {
+				if err == nil {
+					t.Fatalf("legacy Endpoints written: %+v", ep.Subsets)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ep.Subsets) != 1 || len(ep.Subsets[0].Addresses) != 1 || len(ep.Subsets[0].NotReadyAddresses) != 1 ||
+				ep.Labels[discoveryv1.LabelSkipMirror] != "true" {
+				t.Fatalf("legacy Endpoints %+v labels %v", ep.Subsets, ep.Labels)
+			}
 		})
 	}
 }
