@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -232,11 +233,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var wg sync.WaitGroup
 	errc := make(chan error, 1)
-	if cfg.Health == nil {
+	if cfg.Health == nil && cfg.HealthBindAddress != "" && cfg.HealthBindAddress != "0" {
+		// Listen now, so that a taken port is an error at start-up.
+		ln, err := net.Listen("tcp", cfg.HealthBindAddress)
+		if err != nil {
+			return fmt.Errorf("--health-bind-address %s: %w", cfg.HealthBindAddress, err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := ops.Serve(ctx, log, cfg.HealthBindAddress, health.Handler()); err != nil {
+			if err := ops.ServeListener(ctx, log, ln, health.Handler()); err != nil {
 				select {
 				case errc <- err:
 				default:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -365,5 +366,21 @@ func TestUnsetClusterCIDRIsIgnored(t *testing.T) {
 	}
 	if len(cfg.ClusterCIDRs) != 1 || cfg.ClusterCIDRs[0] != netip.MustParsePrefix("10.244.0.0/16") {
 		t.Errorf("cluster CIDRs %v", cfg.ClusterCIDRs)
+	}
+}
+
+func TestRunFailsAtOnceWhenTheHealthPortIsTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := Config{NodeName: "a", Mode: ModeIPTables, SyncPeriod: time.Minute, Client: fake.NewClientset(),
+		HealthBindAddress: ln.Addr().String(), Log: slog.New(slog.DiscardHandler),
+		Modes: []Mode{fakeMode(ModeIPTables, newRecordingBackend(), nil, nil)}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := Run(ctx, cfg); err == nil || !strings.Contains(err.Error(), "--health-bind-address") {
+		t.Fatalf("Run = %v, want an error naming --health-bind-address", err)
 	}
 }
