@@ -53,7 +53,7 @@ lint: ## gofmt and go vet
 
 bench: deps build ## run the benchmarks and print their tables
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./controlplane/...
-	$(GO) test -run '^$$' -bench PodStartup -benchtime 1x -timeout 15m ./kubelet/
+	$(GO) test -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 15m ./kubelet/
 	$(GO) test -run '^$$' -bench AddDel -benchtime 1000x ./cni/
 	$(BIN)/waggle bench dataplane --output $(BIN)/bench-dataplane.json $(BENCH_DATAPLANE_FLAGS)
 
