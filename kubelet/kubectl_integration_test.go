@@ -22,7 +22,14 @@ func TestKubectlLogsAndExecThroughAPIServer(t *testing.T) {
 		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: "logger", Image: p.Spec.Containers[0].Image,
 			ImagePullPolicy: v1.PullNever, Command: []string{"/waggle-echo", "log", "5"}})
 	}))
+	n.create(echoPod(n, "crashy", func(p *v1.Pod) {
+		p.Spec.RestartPolicy = v1.RestartPolicyOnFailure
+		p.Spec.Containers[0].Command = []string{"/waggle-echo", "log", "3", "1"}
+	}))
 	n.waitPod("kc", "running", 60*time.Second, runningReady)
+	n.waitPod("crashy", "restarted", 60*time.Second, func(p *v1.Pod) bool {
+		return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].RestartCount >= 1
+	})
 	kubeconfig := filepath.Join(n.apiDir, "admin.kubeconfig")
 	kubectls := []string{"kubectl"}
 	for _, v := range []string{"1.27", "1.33"} {
@@ -40,6 +47,15 @@ func TestKubectlLogsAndExecThroughAPIServer(t *testing.T) {
 			out, err := run("logs", "kc", "-c", "logger", "--tail", "2")
 			if err != nil || out != "line 4\nline 5\n" {
 				t.Errorf("kubectl logs --tail 2: %v %q", err, out)
+			}
+			out, err = run("logs", "crashy", "--previous")
+			if err != nil || out != "line 1\nline 2\nline 3\n" {
+				t.Errorf("kubectl logs --previous: %v %q", err, out)
+			}
+			// -f ends when the followed container does.
+			out, err = run("logs", "-f", "crashy", "--request-timeout=60s")
+			if err != nil || !strings.HasSuffix(out, "line 3\n") {
+				t.Errorf("kubectl logs -f: %v %q", err, out)
 			}
 			out, err = run("exec", "kc", "-c", "echo", "--", "/waggle-echo", "env")
 			if err != nil || !strings.Contains(out, "POD_NAME=kc") {
