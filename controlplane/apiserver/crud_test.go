@@ -333,6 +333,38 @@ func TestMetadataClientGetsPartialObjectMetadata(t *testing.T) {
 // prefer protobuf; get, list and write responses come in Kubernetes'
 // protobuf envelope and decode to the same objects.
 func TestProtobufResponsesForClientsThatAskForThem(t *testing.T) {
+	t.Run("watch streams length-delimited WatchEvents", func(t *testing.T) {
+		cs, srv := newClient(t)
+		ctx := context.Background()
+		if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("pbw", nil), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		raw := newRaw(t, srv.Config)
+		req, _ := http.NewRequest("GET", raw.host+"/api/v1/namespaces/default/pods?watch=1&timeoutSeconds=1", nil)
+		req.Header.Set("Accept", "application/vnd.kubernetes.protobuf, */*")
+		resp, err := raw.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if ct := resp.Header.Get("Content-Type"); ct != "application/vnd.kubernetes.protobuf;stream=watch" {
+			t.Fatalf("watch content type %q", ct)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if len(b) < 4 {
+			t.Fatalf("no frame: %q", b)
+		}
+		n := int(b[0])<<24 | int(b[1])<<16 | int(b[2])<<8 | int(b[3])
+		var ev metav1.WatchEvent
+		if len(b) < 4+n || ev.Unmarshal(b[4:4+n]) != nil || ev.Type != "ADDED" {
+			t.Fatalf("first frame: %d bytes of %d, event %+v", n, len(b), ev.Type)
+		}
+		obj, _, err := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme).Decode(ev.Object.Raw, nil, nil)
+		if p, ok := obj.(*corev1.Pod); err != nil || !ok || p.Name != "pbw" {
+			t.Fatalf("frame object: %T %v", obj, err)
+		}
+	})
+
 	cs, srv := newClient(t)
 	ctx := context.Background()
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("pb", map[string]string{"k": "v"}), metav1.CreateOptions{}); err != nil {

@@ -1,7 +1,9 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
@@ -12,6 +14,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/storage"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/watch"
@@ -59,7 +62,14 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 	watcher, err := req.reg.cache.Watch(wctx, from, pred)
 	wcancel()
 
-	w.Header().Set("Content-Type", "application/json")
+	table := wantsTable(r)
+	partial := wantsPartial(r)
+	pb := wantsProtobuf(r) && !table && !partial
+	if pb {
+		w.Header().Set("Content-Type", protobufType+";stream=watch")
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+	}
 	w.Header().Set("Cache-Control", "no-cache")
 	var ce *storage.CompactedError
 	if errors.As(err, &ce) {
@@ -77,8 +87,6 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 		return nil
 	}
 
-	table := wantsTable(r)
-	partial := wantsPartial(r)
 	bookmarks := opts.AllowWatchBookmarks
 	bookmarkPrefix := []byte(`{"type":"BOOKMARK","object":{"kind":"` + req.reg.res.Kind + `","apiVersion":"` + req.reg.res.GroupVersion().String() + `","metadata":{"resourceVersion":"`)
 	buf := make([]byte, 0, 64<<10)
@@ -99,7 +107,11 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 			if errors.As(err, &ce) {
 				// As kube-apiserver: the stream carries a 410 ERROR event.
-				writeErrorEvent(w, statusFor(err, req.reg.gr, ""))
+				if pb {
+					writeProtobufErrorEvent(w, statusFor(err, req.reg.gr, ""))
+				} else {
+					writeErrorEvent(w, statusFor(err, req.reg.gr, ""))
+				}
 			}
 			return nil // timeout, shutdown, client gone or closed as slow: end cleanly
 		}
@@ -115,6 +127,25 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 			continue
 		}
 		switch {
+		case pb:
+			if t == watch.Bookmark && !bookmarks {
+				continue
+			}
+			var raw []byte
+			if t == watch.Bookmark {
+				bm := req.reg.res.New()
+				objectMeta(bm).SetResourceVersion(strconv.FormatInt(e.Rev, 10))
+				bm.GetObjectKind().SetGroupVersionKind(req.reg.res.GroupVersionKind())
+				raw, err = encodeProtobuf(bm)
+			} else {
+				raw, err = e.Obj.Alternate(encodeProtobuf)
+			}
+			if err != nil {
+				return nil
+			}
+			if buf, err = appendProtobufFrame(buf, t, raw); err != nil {
+				return nil
+			}
 		case t == watch.Bookmark:
 			if !bookmarks {
 				continue
@@ -175,4 +206,41 @@ func writeErrorEvent(w http.ResponseWriter, se *apierrors.StatusError) {
 	b, _ := json.Marshal(&st)
 	w.Write(appendFrame(nil, watch.Error, b))
 	http.NewResponseController(w).Flush()
+}
+
+func encodeProtobuf(obj runtime.Object) ([]byte, error) {
+	var b bytes.Buffer
+	if err := protobufCodec.Encode(obj, &b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// appendProtobufFrame appends one frame of a protobuf watch stream: a 4-byte
+// big-endian length, then a metav1.WatchEvent whose object is the
+// envelope-encoded object (what client-go's protobuf stream decoder reads).
+func appendProtobufFrame(buf []byte, t watch.EventType, obj []byte) ([]byte, error) {
+	ev := metav1.WatchEvent{Type: string(t), Object: runtime.RawExtension{Raw: obj}}
+	b, err := ev.Marshal()
+	if err != nil {
+		return buf, err
+	}
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(b)))
+	return append(buf, b...), nil
+}
+
+func writeProtobufErrorEvent(w http.ResponseWriter, se *apierrors.StatusError) {
+	st := se.ErrStatus
+	st.Kind, st.APIVersion = "Status", "v1"
+	if st.Status == "" {
+		st.Status = metav1.StatusFailure
+	}
+	raw, err := encodeProtobuf(&st)
+	if err != nil {
+		return
+	}
+	if b, err := appendProtobufFrame(nil, watch.Error, raw); err == nil {
+		w.Write(b)
+		http.NewResponseController(w).Flush()
+	}
 }

@@ -31,6 +31,17 @@ type Object struct {
 	// Labels and Fields are what selectors match against.
 	Labels labels.Set
 	Fields fields.Set
+
+	altOnce sync.Once
+	alt     []byte
+	altErr  error
+}
+
+// Alternate returns Obj in a second encoding (the API server's protobuf),
+// computed by enc on first use and then shared by every watcher, like JSON.
+func (o *Object) Alternate(enc func(runtime.Object) ([]byte, error)) ([]byte, error) {
+	o.altOnce.Do(func() { o.alt, o.altErr = enc(o.Obj) })
+	return o.alt, o.altErr
 }
 
 // Codec turns stored values into Objects for the cache.
