@@ -7,9 +7,9 @@
 //
 // It is not a general aggregation layer: the served resources are the fixed
 // list of package catalog; there are no CRDs and no server-side apply.
-// Bodies may be JSON, YAML or protobuf; responses are protobuf for clients
-// that prefer it (client-go) except watches, which stream JSON (client-go
-// accepts both). README.md in this folder describes the data flow.
+// Bodies may be JSON, YAML or protobuf; responses, watch streams included,
+// are protobuf for clients that prefer it (client-go) and JSON otherwise.
+// README.md in this folder describes the data flow.
 package apiserver
 
 import (
