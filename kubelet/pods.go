@@ -123,6 +123,8 @@ type podWorker struct {
 	volumesAt  time.Time
 	// statusReset asks the run goroutine to rewrite the status.
 	statusReset atomic.Bool
+	// ips are the pod's addresses, readable from any goroutine.
+	ips atomic.Pointer[[]string]
 }
 
 func (w *podWorker) update(p *v1.Pod) {
@@ -343,6 +345,10 @@ func (w *podWorker) setAllWaiting(pod *v1.Pod, reason, msg string) {
 func (w *podWorker) ensureSandbox(ctx context.Context, pod *v1.Pod) error {
 	k := w.k
 	if w.sb != nil && !w.sb.Torn {
+		if w.ips.Load() == nil {
+			ips := w.sb.IPs
+			w.ips.Store(&ips)
+		}
 		return nil
 	}
 	sb := &sandboxState{UID: pod.UID, Namespace: pod.Namespace, Name: pod.Name,
@@ -366,6 +372,8 @@ func (w *podWorker) ensureSandbox(ctx context.Context, pod *v1.Pod) error {
 		return fmt.Errorf("save sandbox: %w", err)
 	}
 	w.sb = sb
+	ips := sb.IPs
+	w.ips.Store(&ips)
 	return nil
 }
 

@@ -3,6 +3,8 @@ package kubelet_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/waggle-io/waggle/internal/testutil"
@@ -81,6 +85,36 @@ func TestEchoPodRunsAnswersAndServesLogsExecStats(t *testing.T) {
 			}
 		})
 	}
+
+	// Port forwarding (SPDY, as kubectl port-forward).
+	t.Run("port-forward", func(t *testing.T) {
+		rt, upgrader, err := spdy.RoundTripperFor(n.restConfigForKubelet())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, "POST", mustURL(n.kubeletURL()+"/portForward/default/echo"))
+		stop, ready := make(chan struct{}), make(chan struct{})
+		fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{"0:8080"}, stop, ready, io.Discard, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- fw.ForwardPorts() }()
+		defer func() { close(stop); <-errc }()
+		select {
+		case <-ready:
+		case err := <-errc:
+			t.Fatalf("port-forward: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("port-forward not ready")
+		}
+		ports, _ := fw.GetPorts()
+		body := dialEcho(t, fmt.Sprintf("127.0.0.1:%d", ports[0].Local))
+		// Dialled inside the pod, on its loopback, as Kubernetes does.
+		if !strings.HasPrefix(body, "pod=echo client=127.0.0.1:") {
+			t.Errorf("through port-forward: %q", body)
+		}
+	})
 
 	// Stats.
 	code, sum := n.httpGet("/stats/summary")

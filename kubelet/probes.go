@@ -267,8 +267,10 @@ func (k *Kubelet) podHost(pod *v1.Pod) string {
 	k.mu.Lock()
 	w := k.workers[pod.UID]
 	k.mu.Unlock()
-	if w != nil && w.sb != nil && len(w.sb.IPs) > 0 {
-		return w.sb.IPs[0]
+	if w != nil {
+		if ips := w.ips.Load(); ips != nil && len(*ips) > 0 {
+			return (*ips)[0]
+		}
 	}
 	if sb, err := k.loadSandbox(pod.UID); err == nil && len(sb.IPs) > 0 {
 		return sb.IPs[0]

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 
 	"github.com/waggle-io/waggle/cni/routes"
 	"github.com/waggle-io/waggle/kubelet/images"
+	"github.com/waggle-io/waggle/kubelet/network"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 	"github.com/waggle-io/waggle/kubelet/server"
 )
@@ -140,6 +142,32 @@ func (p *provider) Pods() []*v1.Pod {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name })
 	return out
+}
+
+func (p *provider) PodUID(ns, pod string) (types.UID, error) {
+	k := (*Kubelet)(p)
+	w := k.workerByName(ns, pod)
+	if w == nil {
+		return "", fmt.Errorf("%w: pod %s/%s on node %s", server.ErrNotFound, ns, pod, k.cfg.NodeName)
+	}
+	return w.uid, nil
+}
+
+// PortForwardDial dials the port on the pod's loopback from inside its
+// network namespace, as Kubernetes' kubelet does; a host-network pod is
+// dialled on the node's loopback.
+func (p *provider) PortForwardDial(ctx context.Context, ns, pod string, port int32) (net.Conn, error) {
+	k := (*Kubelet)(p)
+	uid, err := p.PodUID(ns, pod)
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
+	if sb, err := k.loadSandbox(uid); err == nil && sb.NetNS != "" && !sb.Torn {
+		return network.DialInNetNS(ctx, sb.NetNS, addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
 }
 
 func (p *provider) Container(ns, pod, container string, previous bool) (runtime.Container, types.UID, error) {

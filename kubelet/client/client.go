@@ -113,6 +113,17 @@ func streamURL(node *v1.Node, kind, ns, pod string, opts *v1.PodExecOptions) (*u
 	return u, nil
 }
 
+// PortForwardURL is the kubelet URL of pods/portforward (ports travel in
+// the client's stream headers, as kubectl sends them).
+func PortForwardURL(node *v1.Node, ns, pod string) (*url.URL, error) {
+	u, err := Endpoint(node)
+	if err != nil {
+		return nil, err
+	}
+	u.Path = "/portForward/" + url.PathEscape(ns) + "/" + url.PathEscape(pod)
+	return u, nil
+}
+
 // NodeProxyURL is the kubelet URL that nodes/proxy/<path> reaches.
 func NodeProxyURL(node *v1.Node, path string, rawQuery string) (*url.URL, error) {
 	u, err := Endpoint(node)

@@ -1,8 +1,10 @@
 package network
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -70,4 +72,20 @@ func removeNetNS(path string) error {
 		return fmt.Errorf("remove netns %s: %w", path, err)
 	}
 	return nil
+}
+
+// DialInNetNS dials addr (TCP) from inside the network namespace at path,
+// as a process of the pod would: 127.0.0.1 is the pod's loopback.
+func DialInNetNS(ctx context.Context, path, addr string) (net.Conn, error) {
+	var conn net.Conn
+	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
+		var d net.Dialer
+		var err error
+		conn, err = d.DialContext(ctx, "tcp", addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial %s in %s: %w", addr, path, err)
+	}
+	return conn, nil
 }

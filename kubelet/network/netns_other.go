@@ -2,9 +2,16 @@
 
 package network
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"net"
+)
 
 var errNotLinux = errors.New("pod network namespaces need Linux")
 
 func createNetNS(string) error { return errNotLinux }
 func removeNetNS(string) error { return nil }
+
+// DialInNetNS needs Linux.
+func DialInNetNS(context.Context, string, string) (net.Conn, error) { return nil, errNotLinux }

@@ -46,6 +46,11 @@ type Provider interface {
 	Pods() []*v1.Pod
 	// Summary returns the node's and pods' resource usage.
 	Summary(ctx context.Context) (*statsapi.Summary, error)
+	// PortForwardDial connects to a TCP port of the pod as a process in it
+	// would (the pod's 127.0.0.1), and returns the pod's UID.
+	PortForwardDial(ctx context.Context, ns, pod string, port int32) (net.Conn, error)
+	// PodUID returns the UID of a pod the kubelet runs.
+	PodUID(ns, pod string) (types.UID, error)
 	// Runtime runs execs.
 	Runtime() runtime.Runtime
 	// Metrics serves /metrics.
@@ -131,6 +136,7 @@ func (s *Server) Handler() http.Handler {
 	auth.HandleFunc("/exec/{ns}/{pod}/{container}", s.exec)
 	auth.HandleFunc("/exec/{ns}/{pod}/{uid}/{container}", s.exec)
 	auth.HandleFunc("POST /run/{ns}/{pod}/{container}", s.run)
+	auth.HandleFunc("/portForward/{ns}/{pod}", s.portForward)
 	auth.HandleFunc("GET /stats/summary", s.summary)
 	auth.HandleFunc("GET /stats/summary/", s.summary)
 	auth.Handle("GET /metrics", s.p.Metrics())

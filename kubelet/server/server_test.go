@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -116,7 +117,11 @@ func (p *fakeProvider) Container(ns, pod, c string, previous bool) (runtime.Cont
 	}
 	return p.cur, "uid", nil
 }
-func (p *fakeProvider) Pods() []*v1.Pod { return []*v1.Pod{{}} }
+func (p *fakeProvider) Pods() []*v1.Pod                          { return []*v1.Pod{{}} }
+func (p *fakeProvider) PodUID(string, string) (types.UID, error) { return "", ErrNotFound }
+func (p *fakeProvider) PortForwardDial(context.Context, string, string, int32) (net.Conn, error) {
+	return nil, ErrNotFound
+}
 func (p *fakeProvider) Summary(context.Context) (*statsapi.Summary, error) {
 	return &statsapi.Summary{Node: statsapi.NodeStats{NodeName: "n1"}}, nil
 }
