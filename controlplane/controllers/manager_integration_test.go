@@ -264,6 +264,46 @@ func TestEndpointSlicesFollowPodReadiness(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A selector change moves the endpoints to the newly selected pods.
+	s, _ := c.cs.CoreV1().Services("default").Get(ctx, "api", metav1.GetOptions{})
+	s.Spec.Selector = map[string]string{"app": "api", "pick": "me"}
+	if _, err := c.cs.CoreV1().Services("default").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p, _ = c.cs.CoreV1().Pods("default").Get(ctx, "api-2", metav1.GetOptions{})
+	p.Labels["pick"] = "me"
+	if _, err := c.cs.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		eps, _, err := state()
+		if err != nil {
+			return err
+		}
+		if _, ok := eps["api-2"]; !ok || len(eps) != 1 {
+			return fmt.Errorf("endpoints %v", eps)
+		}
+		return nil
+	})
+
+	// Deleting the Service takes its slices and Endpoints with it.
+	if err := c.cs.CoreV1().Services("default").Delete(ctx, "api", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		l, err := c.cs.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{ResourceVersion: "0", LabelSelector: discoveryv1.LabelServiceName + "=api"})
+		if err != nil {
+			return err
+		}
+		if len(l.Items) != 0 {
+			return fmt.Errorf("%d slices left", len(l.Items))
+		}
+		if _, err := c.cs.CoreV1().Endpoints("default").Get(ctx, "api", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("endpoints still there (err %v)", err)
+		}
+		return nil
+	})
 }
 
 func TestEndpointSlicesHoldAtMost100Endpoints(t *testing.T) {
