@@ -649,3 +649,73 @@ func TestKilledLeaderProcessIsReplacedWithinTheLeaseDuration(t *testing.T) {
 	c.kubectlOK("scale", "deployment/k", "--replicas=2")
 	c.kubectlOK("rollout", "status", "deployment/k", "--timeout=60s")
 }
+
+func TestReplicaSetAdoptsOrphansAndReleasesRelabelledPods(t *testing.T) {
+	c := newCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c.startKubelets(ctx, 1, nil)
+	c.startManager("cm-0", nil)
+	orphan := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "orphan", Namespace: "default", Labels: map[string]string{"app": "rs"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
+	if _, err := c.cs.CoreV1().Pods("default").Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	two := int32(2)
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "rs", Namespace: "default"},
+		Spec: appsv1.ReplicaSetSpec{Replicas: &two, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "rs"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "rs"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}}}
+	created, err := c.cs.AppsV1().ReplicaSets("default").Create(ctx, rs, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := func() (map[string]bool, error) {
+		l, err := c.cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return nil, err
+		}
+		m := map[string]bool{}
+		for _, p := range l.Items {
+			if ref := metav1.GetControllerOf(&p); ref != nil && ref.UID == created.UID && p.DeletionTimestamp == nil {
+				m[p.Name] = true
+			}
+		}
+		return m, nil
+	}
+	eventually(t, 30*time.Second, func() error {
+		m, err := owned()
+		if err != nil {
+			return err
+		}
+		if len(m) != 2 || !m["orphan"] {
+			return fmt.Errorf("owned pods %v, want the adopted orphan and one new pod", m)
+		}
+		got, _ := c.cs.AppsV1().ReplicaSets("default").Get(ctx, "rs", metav1.GetOptions{})
+		if got.Status.ReadyReplicas != 2 || got.Status.ObservedGeneration != got.Generation {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+	// Relabel the adopted pod: it is released (its ownerReference removed)
+	// and replaced.
+	p, _ := c.cs.CoreV1().Pods("default").Get(ctx, "orphan", metav1.GetOptions{})
+	p.Labels = map[string]string{"app": "debug"}
+	if _, err := c.cs.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		m, err := owned()
+		if err != nil {
+			return err
+		}
+		if len(m) != 2 || m["orphan"] {
+			return fmt.Errorf("owned pods %v", m)
+		}
+		p, err := c.cs.CoreV1().Pods("default").Get(ctx, "orphan", metav1.GetOptions{})
+		if err != nil || len(p.OwnerReferences) != 0 {
+			return fmt.Errorf("released pod: err %v, owners %v", err, p.OwnerReferences)
+		}
+		return nil
+	})
+}
