@@ -512,6 +512,34 @@ func TestDaemonSetRunsOnePodPerEligibleNodeAndRollsOut(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A node that joins gets its daemon pod; one that leaves loses it.
+	if _, err := c.cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-new"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		m, err := nodesOf()
+		if err != nil {
+			return err
+		}
+		if len(m) != 3 || m["node-new"] != "agent:3" {
+			return fmt.Errorf("images by node %v", m)
+		}
+		return nil
+	})
+	if err := c.cs.CoreV1().Nodes().Delete(ctx, "node-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		m, err := nodesOf()
+		if err != nil {
+			return err
+		}
+		if _, ok := m["node-0"]; ok || len(m) != 2 {
+			return fmt.Errorf("images by node %v", m)
+		}
+		return nil
+	})
 }
 
 func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
