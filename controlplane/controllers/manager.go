@@ -88,6 +88,7 @@ type Config struct {
 	AllocateNodeCIDRs      bool
 	ClusterCIDR            string
 	NodeCIDRMaskSize       int
+	NodeCIDRMaskSizeIPv6   int
 	NodeMonitorGracePeriod time.Duration
 	NodeMonitorPeriod      time.Duration
 	NodeStartupGracePeriod time.Duration
@@ -189,10 +190,16 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Errorf("--max-endpoints-per-slice %d must be within 1..1000", c.MaxEndpointsPerSlice))
 	}
 	if c.AllocateNodeCIDRs {
-		if p, err := netip.ParsePrefix(c.ClusterCIDR); err != nil {
-			errs = append(errs, fmt.Errorf("--allocate-node-cidrs needs --cluster-cidr: %q: %w", c.ClusterCIDR, err))
-		} else if c.NodeCIDRMaskSize != 0 && (c.NodeCIDRMaskSize < p.Bits() || c.NodeCIDRMaskSize > p.Addr().BitLen()) {
-			errs = append(errs, fmt.Errorf("--node-cidr-mask-size %d does not fit --cluster-cidr %s", c.NodeCIDRMaskSize, p))
+		// One CIDR, or IPv4,IPv6 for dual-stack; the node IPAM controller
+		// checks the masks against them.
+		for _, part := range strings.Split(c.ClusterCIDR, ",") {
+			if _, err := netip.ParsePrefix(strings.TrimSpace(part)); err != nil {
+				errs = append(errs, fmt.Errorf("--allocate-node-cidrs needs --cluster-cidr: %q: %w", c.ClusterCIDR, err))
+				break
+			}
+		}
+		if c.NodeCIDRMaskSize < 0 || c.NodeCIDRMaskSize > 128 || c.NodeCIDRMaskSizeIPv6 < 0 || c.NodeCIDRMaskSizeIPv6 > 128 {
+			errs = append(errs, fmt.Errorf("--node-cidr-mask-size %d / --node-cidr-mask-size-ipv6 %d out of range", c.NodeCIDRMaskSize, c.NodeCIDRMaskSizeIPv6))
 		}
 	}
 	if c.NodeMonitorGracePeriod <= 0 || c.NodeMonitorPeriod <= 0 {
@@ -359,7 +366,8 @@ func starters() []starter {
 			if !d.Config.AllocateNodeCIDRs {
 				return nil, errors.New("--allocate-node-cidrs is off")
 			}
-			c := nodeipam.New(d.Client, d.Factory, d.Log, nodeipam.Options{ClusterCIDR: d.Config.ClusterCIDR, NodeCIDRMaskSize: d.Config.NodeCIDRMaskSize})
+			c := nodeipam.New(d.Client, d.Factory, d.Log, nodeipam.Options{ClusterCIDR: d.Config.ClusterCIDR,
+				NodeCIDRMaskSize: d.Config.NodeCIDRMaskSize, NodeCIDRMaskSizeIPv6: d.Config.NodeCIDRMaskSizeIPv6})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: nodelifecycle.Name, build: func(d Deps) (func(context.Context), error) {

@@ -55,8 +55,11 @@ func TestRunRejectsBadConfigBeforeContactingAnything(t *testing.T) {
 		{"port out of range", func(c *Config) { c.Port = 70000 }, "--port"},
 		{"slice size", func(c *Config) { c.MaxEndpointsPerSlice = 0 }, "--max-endpoints-per-slice"},
 		{"node CIDRs without a cluster CIDR", func(c *Config) { c.AllocateNodeCIDRs = true }, "--cluster-cidr"},
-		{"node mask wider than the cluster CIDR", func(c *Config) {
-			c.AllocateNodeCIDRs, c.ClusterCIDR, c.NodeCIDRMaskSize = true, "10.244.0.0/16", 8
+		{"bad dual-stack CIDR", func(c *Config) {
+			c.AllocateNodeCIDRs, c.ClusterCIDR = true, "10.244.0.0/16,nonsense"
+		}, "--cluster-cidr"},
+		{"node mask out of range", func(c *Config) {
+			c.AllocateNodeCIDRs, c.ClusterCIDR, c.NodeCIDRMaskSize = true, "10.244.0.0/16", 200
 		}, "--node-cidr-mask-size"},
 		{"lease shorter than renew deadline", func(c *Config) { c.LeaderElection.LeaseDuration = time.Second }, "lease duration"},
 	}
@@ -79,8 +82,10 @@ func TestRunReportsAnUnreadableKubeconfig(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Kubeconfig = "/nonexistent/kubeconfig"
 	cfg.Port = 0
+	// A valid dual-stack configuration gets past validation.
+	cfg.AllocateNodeCIDRs, cfg.ClusterCIDR = true, "10.244.0.0/16,fd00:10:244::/56"
 	err := Run(context.Background(), cfg)
-	if err == nil || !strings.Contains(err.Error(), "/nonexistent/kubeconfig") {
+	if errors.Is(err, ErrInvalidConfig) || err == nil || !strings.Contains(err.Error(), "/nonexistent/kubeconfig") {
 		t.Fatalf("got %v, want an error naming the kubeconfig", err)
 	}
 }
