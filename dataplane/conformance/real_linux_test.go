@@ -25,8 +25,9 @@ func realIPTables(t *testing.T, compactAbove int) {
 	testutil.RequiresRoot(t)
 	testutil.RequiresBinary(t, "iptables-restore")
 	testutil.RequiresBinary(t, "nsenter")
+	tp := NewTopology(t) // shared by the cases; each starts from no conntrack state
 	Run(t, func(t *testing.T) *Target {
-		tp := NewTopology(t)
+		tp.Reset(t)
 		path := filepath.Join("/run/netns", tp.Node.Name)
 		b, err := iptables.New(iptables.Config{NetNSPath: path, CompactAbove: compactAbove, Log: slog.New(slog.DiscardHandler)})
 		if err != nil {
@@ -60,8 +61,9 @@ func realIPTables(t *testing.T, compactAbove int) {
 func TestRealEBPF(t *testing.T) {
 	testutil.RequiresKernelFeature(t, testutil.CgroupSockAddr)
 	testutil.RequiresKernelFeature(t, testutil.BTF)
+	tp := NewTopology(t) // shared by the cases; each starts from no conntrack state
 	Run(t, func(t *testing.T) *Target {
-		tp := NewTopology(t)
+		tp.Reset(t)
 		cg := testutil.NewCgroup(t)
 		node := testutil.UniqueName("conf")
 		pin := filepath.Join("/sys/fs/bpf/waggle-conformance", node)
@@ -87,8 +89,9 @@ func TestRealEBPF(t *testing.T) {
 // reason, where there is none, as on Waggle's CI machine).
 func TestRealIPVS(t *testing.T) {
 	testutil.RequiresKernelFeature(t, testutil.IPVS)
+	tp := NewTopology(t) // shared by the cases; each starts from no conntrack state
 	Run(t, func(t *testing.T) *Target {
-		tp := NewTopology(t)
+		tp.Reset(t)
 		path := filepath.Join("/run/netns", tp.Node.Name)
 		b, err := ipvs.New(ipvs.Config{NetNSPath: path, Log: slog.New(slog.DiscardHandler)})
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -45,6 +46,8 @@ const dialTimeout = 2 * time.Second
 
 func NewTopology(t *testing.T) *Topology {
 	t.Helper()
+	testutil.RequiresRoot(t)
+	testutil.RequiresBinary(t, "conntrack")
 	tp := &Topology{Node: testutil.NewNetNS(t), Pods: testutil.NewNetNS(t)}
 	tp.Node.Run(t, "ip", "link", "add", "wgn0", "type", "veth", "peer", "name", "wgp0", "netns", tp.Pods.Name)
 	// No duplicate address detection: link-local addresses are usable at
@@ -192,4 +195,14 @@ func (tp *Topology) UDPFlow(addr netip.AddrPort) (func() (netip.AddrPort, error)
 
 func classify(err error) error {
 	return Classify(err, errors.Is(err, syscall.ECONNREFUSED))
+}
+
+// Reset forgets the connection tracking state of earlier cases (a UDP
+// socket reusing a source port would otherwise follow an old translation).
+func (tp *Topology) Reset(t *testing.T) {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", tp.Node.Name, "conntrack", "-F").CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "flow entries have been deleted") {
+		t.Fatalf("conntrack -F: %v: %s", err, out)
+	}
 }
