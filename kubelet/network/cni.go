@@ -10,10 +10,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 
 	wcni "github.com/waggle-io/waggle/cni"
 )
@@ -37,7 +38,6 @@ type CNIOptions struct {
 type CNI struct {
 	opts CNIOptions
 	cni  *libcni.CNIConfig
-	mu   sync.Mutex
 }
 
 var _ Manager = (*CNI)(nil)
@@ -56,7 +56,10 @@ func NewCNI(opts CNIOptions) *CNI {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &CNI{opts: opts, cni: libcni.NewCNIConfigWithCacheDir(opts.BinDirs, opts.CacheDir, nil)}
+	// An explicit exec: libcni sets its default lazily, which races when
+	// pods are set up in parallel.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	return &CNI{opts: opts, cni: libcni.NewCNIConfigWithCacheDir(opts.BinDirs, opts.CacheDir, exec)}
 }
 
 // confFiles lists the config dir's network configurations in name order.
