@@ -408,3 +408,72 @@ func TestCompactLayoutTraces(t *testing.T) {
 		t.Error("service without endpoints not rejected")
 	}
 }
+
+// checkingRunner traces every frontend after each restore.
+type checkingRunner struct {
+	*FakeRunner
+	check func(step int)
+	steps int
+}
+
+func (c *checkingRunner) Restore(ctx context.Context, fam Family, data []byte) error {
+	if err := c.FakeRunner.Restore(ctx, fam, data); err != nil {
+		return err
+	}
+	c.steps++
+	c.check(c.steps)
+	return nil
+}
+
+// TestChunkedSyncIsMakeBeforeBreak: during a chunked sync that changes many
+// services, after every single restore each frontend present before and
+// after the sync still reaches one of its old or new endpoints.
+func TestChunkedSyncIsMakeBeforeBreak(t *testing.T) {
+	ctx := context.Background()
+	before := bigState(40, 5)
+	after := bigState(40, 5)
+	for i := range after.Frontends {
+		// Every other service moves to new endpoints; the rest stay.
+		if i%2 == 0 {
+			for j := range after.Frontends[i].Endpoints {
+				after.Frontends[i].Endpoints[j].Port = 9090
+			}
+		}
+	}
+	after.Frontends = after.Frontends[:30] // and ten services go away
+	allowed := map[dataplane.FrontendKey]map[netip.AddrPort]bool{}
+	for _, st := range []*dataplane.State{before, after} {
+		for _, f := range st.Frontends {
+			if allowed[f.FrontendKey] == nil {
+				allowed[f.FrontendKey] = map[netip.AddrPort]bool{}
+			}
+			for _, e := range f.Endpoints {
+				allowed[f.FrontendKey][e.AddrPort()] = true
+			}
+		}
+	}
+	cr := &checkingRunner{FakeRunner: NewFakeRunner()}
+	b, err := New(Config{Runner: cr, ChunkChains: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr.check = func(int) {}
+	if err := b.Sync(ctx, before); err != nil {
+		t.Fatal(err)
+	}
+	start := cr.steps
+	cr.check = func(step int) {
+		for _, f := range after.Frontends {
+			v, err := cr.Connect(IPv4, "tcp", netip.MustParseAddr("192.0.2.1"), netip.AddrPortFrom(f.Addr, f.Port))
+			if err != nil || v.Rejected || !allowed[f.FrontendKey][v.Dst] {
+				t.Fatalf("after restore %d, %s went to %s (rejected %v, %v)", step, f.FrontendKey, v.Dst, v.Rejected, err)
+			}
+		}
+	}
+	if err := b.Sync(ctx, after); err != nil {
+		t.Fatal(err)
+	}
+	if cr.steps-start < 3 {
+		t.Fatalf("only %d restores: the sync was not chunked", cr.steps-start)
+	}
+}
