@@ -554,3 +554,30 @@ func TestConfigValidation(t *testing.T) {
 		})
 	}
 }
+
+func TestCNIConfigWrittenFromNodePodCIDR(t *testing.T) {
+	confDir := filepath.Join(t.TempDir(), "net.d")
+	cs := fake.NewSimpleClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: v1.NodeSpec{PodCIDR: "10.44.3.0/24"}})
+	cfg := Config{NodeName: node, RootDir: t.TempDir(), Address: "127.0.0.1", Port: 0, CNIConfDir: confDir,
+		DisableRouteController: true, SyncFrequency: 50 * time.Millisecond}
+	k, err := New(cfg, Deps{Client: cs, Runtime: runtime.NewFake(), Network: network.NewCNI(network.CNIOptions{ConfDir: confDir})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, 10*time.Second, "conflist written", func() (bool, string) {
+		b, err := os.ReadFile(filepath.Join(confDir, "10-waggle.conflist"))
+		return err == nil && strings.Contains(string(b), "10.44.3.0/24"), fmt.Sprint(err)
+	})
+	// The node reports Ready once the network has a config.
+	k.updateNodeStatus(ctx)
+	n, _ := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady && c.Status != v1.ConditionTrue {
+			t.Errorf("node not Ready with a CNI config: %+v", c)
+		}
+	}
+}
