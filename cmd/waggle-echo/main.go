@@ -221,7 +221,7 @@ var tools = map[string]func(args []string) int{
 		}
 		return 0
 	},
-	"echo": func(args []string) int { fmt.Println(strings.Join(args, " ")); return 0 },
+	"echo":     func(args []string) int { fmt.Println(strings.Join(args, " ")); return 0 },
 	"hostname": func([]string) int { fmt.Println(hostname()); return 0 },
 	"pwd": func([]string) int {
 		d, _ := os.Getwd()
