@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/waggle-io/waggle/internal/cgroupfs"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
 
@@ -33,16 +34,10 @@ func cgroupPath(root string) string {
 
 // cgroupMountPoints lists every cgroup (v1 and v2) mount point.
 func cgroupMountPoints() []string {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 3 && (f[2] == "cgroup" || f[2] == "cgroup2") {
-			out = append(out, f[1])
-		}
+	ms, _ := cgroupfs.Mounts()
+	out := make([]string, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.Path)
 	}
 	return out
 }

@@ -18,6 +18,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/internal/cgroupfs"
 )
 
 const bpffsRoot = "/sys/fs/bpf/waggle"
@@ -48,7 +50,7 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 		return err
 	}
 	st.Bridge, st.BridgeAddr = cfg.Bridge, cfg.BridgeAddr().String()
-	cg2, err := cgroup2Root()
+	cg2, err := cgroupfs.V2Root()
 	if err != nil {
 		return err
 	}
@@ -445,22 +447,6 @@ func zombie(pid int) bool {
 	return i >= 0 && len(s) > i+2 && s[i+2] == 'Z'
 }
 
-func cgroup2Root() (string, error) {
-	f, err := os.Open("/proc/self/mounts")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) >= 3 && fields[2] == "cgroup2" {
-			return fields[1], nil
-		}
-	}
-	return "", errors.New("no cgroup v2 hierarchy mounted")
-}
-
 // killCgroupTree kills every process in a cgroup v2 subtree (the node's pods)
 // and waits for them to go.
 func killCgroupTree(dir string) error {
@@ -484,7 +470,7 @@ func killCgroupTree(dir string) error {
 // relative to every cgroup mount (runc on a hybrid host also makes the v1
 // controllers' directories), deepest first.
 func removeCgroupEverywhere(v2dir string) error {
-	root, err := cgroup2Root()
+	root, err := cgroupfs.V2Root()
 	if err != nil {
 		return err
 	}
@@ -492,32 +478,15 @@ func removeCgroupEverywhere(v2dir string) error {
 	if err != nil {
 		return err
 	}
-	mounts, err := cgroupMounts()
+	mounts, err := cgroupfs.Mounts()
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, m := range mounts {
-		errs = append(errs, rmdirTree(filepath.Join(m, rel)))
+		errs = append(errs, rmdirTree(filepath.Join(m.Path, rel)))
 	}
 	return errors.Join(errs...)
-}
-
-func cgroupMounts() ([]string, error) {
-	f, err := os.Open("/proc/self/mounts")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) >= 3 && (fields[2] == "cgroup2" || fields[2] == "cgroup") {
-			out = append(out, fields[1])
-		}
-	}
-	return out, s.Err()
 }
 
 // rmdirTree removes a cgroup directory tree bottom-up (cgroup directories

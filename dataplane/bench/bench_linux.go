@@ -23,6 +23,7 @@ import (
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/dataplane/ebpf"
 	"github.com/waggle-io/waggle/dataplane/iptables"
+	"github.com/waggle-io/waggle/internal/cgroupfs"
 )
 
 // pathDirectIPT is the direct path measured from the iptables client
@@ -181,19 +182,7 @@ func (t *topo) close() {
 	}
 }
 
-func cgroup2Root() (string, error) {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return "", err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 3 && f[2] == "cgroup2" {
-			return f[1], nil
-		}
-	}
-	return "", errors.New("no cgroup2 mount")
-}
+func cgroup2Root() (string, error) { return cgroupfs.V2Root() }
 
 // inNS runs fn on a thread in the named namespace.
 func inNS(name string, fn func() error) error {

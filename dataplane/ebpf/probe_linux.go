@@ -1,15 +1,14 @@
 package ebpf
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"os"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
+
+	"github.com/waggle-io/waggle/internal/cgroupfs"
 )
 
 func probeKernel() error {
@@ -34,18 +33,4 @@ func probeKernel() error {
 }
 
 // cgroup2Root returns the cgroup v2 mount point.
-func cgroup2Root() (string, error) {
-	f, err := os.Open("/proc/self/mounts")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) >= 3 && fields[2] == "cgroup2" {
-			return fields[1], nil
-		}
-	}
-	return "", errors.New("no cgroup v2 hierarchy mounted")
-}
+func cgroup2Root() (string, error) { return cgroupfs.V2Root() }

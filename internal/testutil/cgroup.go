@@ -1,31 +1,16 @@
 package testutil
 
 import (
-	"bufio"
-	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/waggle-io/waggle/internal/cgroupfs"
 )
 
 // Cgroup2Root returns the mount point of the cgroup v2 hierarchy
 // (/sys/fs/cgroup on unified hosts, /sys/fs/cgroup/unified on hybrid ones).
-func Cgroup2Root() (string, error) {
-	f, err := os.Open("/proc/self/mounts")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) >= 3 && fields[2] == "cgroup2" {
-			return fields[1], nil
-		}
-	}
-	return "", errors.New("no cgroup2 mount in /proc/self/mounts")
-}
+func Cgroup2Root() (string, error) { return cgroupfs.V2Root() }
 
 // NewCgroup creates a fresh cgroup v2 directory for t and removes it when t
 // ends (processes still in it are the test's own to stop first).

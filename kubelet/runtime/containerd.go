@@ -29,6 +29,8 @@ import (
 	"github.com/distribution/reference"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/waggle-io/waggle/internal/cgroupfs"
 )
 
 // Labels the kubelet keeps on its containerd containers: everything it needs
@@ -601,22 +603,8 @@ func (c *Containerd) oomKilled(cgroup string) bool {
 // cgroupMounts returns the cgroup2 mount and the cgroup v1 memory
 // controller's mount (either may be "").
 func cgroupMounts() (v2, v1mem string) {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return "", ""
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 4 {
-			continue
-		}
-		switch {
-		case f[2] == "cgroup2" && v2 == "":
-			v2 = f[1]
-		case f[2] == "cgroup" && strings.Contains(","+f[3]+",", ",memory,"):
-			v1mem = f[1]
-		}
-	}
+	v2, _ = cgroupfs.V2Root()
+	v1mem, _ = cgroupfs.V1Controller("memory")
 	return v2, v1mem
 }
 

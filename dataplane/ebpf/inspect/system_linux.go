@@ -1,7 +1,6 @@
 package inspect
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/dataplane/ebpf"
+	"github.com/waggle-io/waggle/internal/cgroupfs"
 )
 
 const bpffsRoot = "/sys/fs/bpf"
@@ -133,19 +133,8 @@ func (s *linuxSystem) Monotonic() time.Duration { return clock(unix.CLOCK_MONOTO
 func (s *linuxSystem) Boottime() time.Duration  { return clock(unix.CLOCK_BOOTTIME) }
 
 func cgroup2Root() string {
-	f, err := os.Open("/proc/self/mounts")
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 3 && fields[2] == "cgroup2" {
-			return fields[1]
-		}
-	}
-	return ""
+	root, _ := cgroupfs.V2Root()
+	return root
 }
 
 // CgroupPath finds the cgroup v2 directory whose inode is id (a cgroup's
