@@ -118,7 +118,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ServiceClusterIPRange: cfg.ServiceClusterIPRange,
 		ServiceNodePortRange:  cfg.ServiceNodePortRange,
 		LogLevel:              cfg.LogLevel,
-		Log:                   log.With("component", "apiserver"),
+		Log:                   componentLog("apiserver", cfg.LogLevel),
 	})
 	if err != nil {
 		return err
@@ -160,7 +160,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.ClusterCIDR = cfg.ClusterCIDR
 		cm.NodeMonitorGracePeriod = cfg.NodeMonitorGracePeriod
 		cm.LogLevel = cfg.LogLevel
-		cm.Log = log.With("component", "controller-manager")
+		cm.Log = componentLog("controller-manager", cfg.LogLevel)
 		cm.LeaderElection = leaderElection("kube-controller-manager")
 		return controllers.Run(gctx, cm)
 	})
@@ -196,7 +196,7 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		addr = systemContainerd
 	}
 	if addr == "" {
-		d, err := ctrdsup.Start(ctx, ctrdsup.Options{Dir: filepath.Join(cfg.DataDir, "containerd"), Log: log.With("component", "containerd")})
+		d, err := ctrdsup.Start(ctx, ctrdsup.Options{Dir: filepath.Join(cfg.DataDir, "containerd"), Log: componentLog("containerd", cfg.LogLevel)})
 		if err != nil {
 			return fmt.Errorf("start containerd: %w", err)
 		}
@@ -233,7 +233,7 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		ImageDir:            cfg.ImageDir,
 		Port:                10250,
 		ClientCAFile:        filepath.Join(cfg.DataDir, "pki", "ca.crt"),
-		Log:                 log.With("component", "kubelet"),
+		Log:                 componentLog("kubelet", cfg.LogLevel),
 	}
 	g.Go(func() error { return kubelet.Run(ctx, kcfg) })
 	nodeName := cfg.NodeName
@@ -260,7 +260,7 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 			HealthBindAddress: "127.0.0.1:10256",
 			SyncPeriod:        30 * time.Second,
 			MinSyncPeriod:     time.Second,
-			Log:               log.With("component", "proxy"),
+			Log:               componentLog("proxy", cfg.LogLevel),
 		})
 	})
 	return nil
@@ -273,4 +273,14 @@ func serves(sock string) bool {
 	}
 	c.Close()
 	return true
+}
+
+// componentLog is the logger of one component, tagged with its own name as
+// when it runs as its own process (the level was validated by Run).
+func componentLog(name, level string) *slog.Logger {
+	l, err := ops.NewLogger(name, level)
+	if err != nil {
+		return slog.Default().With("component", name)
+	}
+	return l
 }
