@@ -12,9 +12,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"k8s.io/klog/v2"
 
 	"github.com/waggle-io/waggle/internal/version"
 )
@@ -50,6 +53,9 @@ func main() {
 }
 
 func run(args []string, stderr io.Writer) int {
+	// client-go and the other Kubernetes libraries log through klog: send
+	// that through slog too, so a daemon's log has one format.
+	klog.SetSlogLogger(slog.New(slog.NewTextHandler(stderr, nil)).With("component", "client-go"))
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {
