@@ -218,15 +218,6 @@ func Restart(dataDir, node, name string) error {
 	return st.save(dataDir)
 }
 
-func (s *State) process(node, name string) (int, error) {
-	for i, p := range s.Processes {
-		if p.Node == node && p.Name == name {
-			return i, nil
-		}
-	}
-	return -1, fmt.Errorf("the lab has no process %q on node %q", name, node)
-}
-
 type progress struct {
 	out   io.Writer
 	n, of int

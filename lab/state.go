@@ -75,3 +75,13 @@ func (s *State) save(dataDir string) error {
 
 // ErrNoLab means there is no lab state under the data dir.
 var ErrNoLab = errors.New("no lab here (run `waggle lab up` first)")
+
+// process finds the index of a recorded process.
+func (s *State) process(node, name string) (int, error) {
+	for i, p := range s.Processes {
+		if p.Node == node && p.Name == name {
+			return i, nil
+		}
+	}
+	return -1, fmt.Errorf("the lab has no process %q on node %q", name, node)
+}

@@ -1,0 +1,77 @@
+package lab
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestValidateRefusesBadConfigsBeforeMakingAnything(t *testing.T) {
+	for name, mutate := range map[string]func(*Config){
+		"no nodes":          func(c *Config) { c.Nodes = 0 },
+		"too many nodes":    func(c *Config) { c.Nodes = 201 },
+		"IPv6 subnet":       func(c *Config) { c.Subnet = netip.MustParsePrefix("fd00::/64") },
+		"subnet too small":  func(c *Config) { c.Subnet = netip.MustParsePrefix("10.250.0.0/28") },
+		"long bridge name":  func(c *Config) { c.Bridge = "a-bridge-name-too-long" },
+		"relative data dir": func(c *Config) { c.DataDir = "lab" },
+		"name with a slash": func(c *Config) { c.Name = "a/b" },
+		"upper-case name":   func(c *Config) { c.Name = "Lab" },
+		"name too long":     func(c *Config) { c.Name = "ninechars" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := Defaults()
+			mutate(&c)
+			if err := c.Validate(); err == nil {
+				t.Fatalf("config accepted: %+v", c)
+			}
+		})
+	}
+	d := Defaults()
+	if err := d.Validate(); err != nil {
+		t.Fatalf("defaults refused: %v", err)
+	}
+}
+
+func TestAddressesAndNamesFollowTheSubnetAndName(t *testing.T) {
+	c := Defaults()
+	c.Name, c.Subnet = "e2e", netip.MustParsePrefix("10.251.0.0/24")
+	if got := c.BridgeAddr().String(); got != "10.251.0.1/24" {
+		t.Errorf("bridge address %s", got)
+	}
+	if got := c.NodeAddr(2).String(); got != "10.251.0.12/24" {
+		t.Errorf("node 2 address %s", got)
+	}
+	if c.NodeName(3) != "e2e-node3" || c.CgroupParent() != "waggle-e2e" {
+		t.Errorf("names: %s %s", c.NodeName(3), c.CgroupParent())
+	}
+}
+
+func TestStateRoundTripsAndAMissingLabIsErrNoLab(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := LoadState(dir); !errors.Is(err, ErrNoLab) {
+		t.Fatalf("empty dir: %v, want ErrNoLab", err)
+	}
+	st := &State{Initialized: true, Bridge: "wglab0", Processes: []Process{{Name: "proxy", Node: "lab-node1", PID: 42, Args: []string{"waggle", "proxy"}}}}
+	if err := st.save(dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadState(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i, err := got.process("lab-node1", "proxy"); err != nil || got.Processes[i].PID != 42 {
+		t.Fatalf("process lookup: %d %v", i, err)
+	}
+	if _, err := got.process("lab-node2", "proxy"); err == nil {
+		t.Fatal("found a process the lab never started")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lab.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadState(dir); err == nil || !strings.Contains(err.Error(), "lab state") {
+		t.Fatalf("corrupt state: %v", err)
+	}
+}
