@@ -6,9 +6,11 @@ PKG := github.com/waggle-io/waggle
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X $(PKG)/internal/version.Version=$(VERSION)
 # Debian packages the build and the tests need (binary:package).
+# A path is checked with test -e (headers), a name with command -v.
 APT_DEPS := containerd:containerd runc:runc iptables:iptables clang:clang llvm-strip:llvm \
-	bpftool:bpftool ip:iproute2 nft:nftables conntrack:conntrack \
-	docker-registry:docker-registry
+	bpftool:bpftool ip:iproute2 nft:nftables conntrack:conntrack nsenter:util-linux \
+	docker-registry:docker-registry /usr/include/bpf/bpf_helpers.h:libbpf-dev \
+	/usr/include/linux/bpf.h:linux-libc-dev
 # Test tiers: TEST_FLAGS=-short gives the unit tier only.
 TEST_TIMEOUT ?= 20m
 TEST_FLAGS ?=
@@ -21,7 +23,8 @@ help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 deps: ## install the Debian packages the build and tests need (apt, only what is missing)
-	@missing=""; for d in $(APT_DEPS); do command -v $${d%%:*} >/dev/null 2>&1 || missing="$$missing $${d##*:}"; done; \
+	@missing=""; for d in $(APT_DEPS); do w=$${d%%:*}; \
+		case $$w in /*) [ -e $$w ] ;; *) command -v $$w >/dev/null 2>&1 ;; esac || missing="$$missing $${d##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
