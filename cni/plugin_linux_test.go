@@ -328,13 +328,13 @@ func cycles(def int) int {
 	return def
 }
 
-// TestAddDelCyclesLeaveNothingBehind runs 200 ADD/DEL cycles (1,000 with
-// WAGGLE_CNI_CYCLES=1000 and in BenchmarkAddDel) through the plugin's
+// TestAddDelCyclesLeaveNothingBehind runs 1,000 ADD/DEL cycles, as the
+// issue asks (WAGGLE_CNI_CYCLES overrides the count), through the plugin's
 // functions in process.
 func TestAddDelCyclesLeaveNothingBehind(t *testing.T) {
 	n := newNode(t, "10.80.0.0/22", "", nil)
 	pod := testutil.NewNetNS(t)
-	for i := range cycles(200) {
+	for i := range cycles(1000) {
 		id := fmt.Sprintf("cycle-%d", i)
 		if _, err := n.add(id, "eth0", pod); err != nil {
 			t.Fatalf("cycle %d ADD: %v", i, err)
