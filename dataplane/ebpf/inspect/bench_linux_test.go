@@ -16,7 +16,7 @@ import (
 // BenchmarkCommands10kServices measures reading and printing the pinned
 // state of 10,000 frontends with 2 backends each (30,000 services-map
 // entries): how long `waggle bpf` takes on a big node, excluding process
-// start. Run: go test -run XXX -bench Commands10k ./dataplane/ebpf/inspect
+// start. Run: go test -run '^$' -bench Commands10k ./dataplane/ebpf/inspect
 func BenchmarkCommands10kServices(b *testing.B) {
 	testutil.RequiresRoot(b)
 	testutil.RequiresKernelFeature(b, testutil.CgroupSockAddr)
