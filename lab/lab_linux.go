@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/internal/cgroupfs"
+	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
 )
 
 const bpffsRoot = "/sys/fs/bpf/waggle"
@@ -117,6 +118,7 @@ func Down(ctx context.Context, dataDir string, out io.Writer) error {
 		if p.Name == "containerd" {
 			fmt.Fprintf(out, "stopping containerd (pid %d)\n", p.PID)
 			errs = append(errs, stopProcess(p, 15*time.Second))
+			errs = append(errs, ctrdsup.KillShims(containerdSocket(dataDir)))
 		}
 	}
 	for _, n := range st.Nodes {

@@ -118,6 +118,10 @@ func StartContainerd(t testing.TB) *Containerd {
 		// c.Daemon, not d: Restart replaces the daemon.
 		KillAll(t, c.Daemon.Address())
 		c.Daemon.Stop(context.Background())
+		// A task created while KillAll ran leaves a shim behind.
+		if err := containerd.KillShims(c.Daemon.Address()); err != nil {
+			t.Errorf("containerd shims left behind: %v", err)
+		}
 		// Snapshots are overlay mounts under root; unmount whatever is left.
 		exec.Command("sh", "-c", "grep -o ' "+dir+"[^ ]*' /proc/self/mounts | sort -r | xargs -r -n1 umount -l").Run()
 		os.RemoveAll(dir)
