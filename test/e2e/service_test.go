@@ -118,7 +118,10 @@ func TestLab(t *testing.T) {
 				// that became ready: every attempt must succeed, and the
 				// spread must reach all three backends soon.
 				eventually(t, 30*time.Second, fmt.Sprintf("from %s over %s, all 3 backends answer", n, proto.name), func() error {
-					out := e.kubectl(t, "exec", "client-"+n, "--", "/waggle-echo", "dial", "-n", "30", proto.name, vip+":"+proto.port)
+					out, err := e.kubectlErr("exec", "client-"+n, "--", "/waggle-echo", "dial", "-n", "30", proto.name, vip+":"+proto.port)
+					if err != nil {
+						return fmt.Errorf("%v:\n%s", err, out)
+					}
 					if b := answering(out); len(b) != 3 {
 						return fmt.Errorf("%d distinct backends answered:\n%s", len(b), out)
 					}
@@ -131,13 +134,16 @@ func TestLab(t *testing.T) {
 	t.Run("NodePortFromANode", func(t *testing.T) {
 		for i, n := range nodes {
 			addr := fmt.Sprintf("%s:30080", e.cfg.NodeAddr(i+1).Addr())
-			out, err := e.nodeExec(n, e.echoBin(), "dial", "-n", "10", "tcp", addr)
-			if err != nil {
-				t.Fatalf("dial NodePort %s from node %s: %v\n%s", addr, n, err, out)
-			}
-			if len(answering(out)) == 0 {
-				t.Errorf("no backend answered on %s: %s", addr, out)
-			}
+			eventually(t, 30*time.Second, "NodePort "+addr+" answers from node "+n, func() error {
+				out, err := e.nodeExec(n, e.echoBin(), "dial", "-n", "10", "tcp", addr)
+				if err != nil {
+					return fmt.Errorf("%v:\n%s", err, out)
+				}
+				if len(answering(out)) == 0 {
+					return fmt.Errorf("no backend answered: %s", out)
+				}
+				return nil
+			})
 		}
 	})
 
@@ -235,10 +241,13 @@ func TestLab(t *testing.T) {
 			}
 			return nil
 		})
-		out := e.kubectl(t, "exec", "client-"+nodes[0], "--", "/waggle-echo", "dial", "-n", "20", "tcp", vip+":80")
-		if len(answering(out)) == 0 {
-			t.Errorf("the Service stopped answering: %s", out)
-		}
+		eventually(t, 30*time.Second, "every connect to the Service succeeds", func() error {
+			out, err := e.kubectlErr("exec", "client-"+nodes[0], "--", "/waggle-echo", "dial", "-n", "20", "tcp", vip+":80")
+			if err != nil {
+				return fmt.Errorf("%v:\n%s", err, out)
+			}
+			return nil
+		})
 	})
 }
 
