@@ -435,19 +435,24 @@ func (c *Controller) attemptToDelete(ctx context.Context, key string) error {
 }
 
 // processForeground handles an owner in foreground deletion: delete its
-// dependents; when none that blocks remains, remove the finalizer.
+// dependents; when none that blocks remains and every other one is at least
+// being deleted (or has let go of this owner), remove the finalizer.
+//
+// Waiting for the non-blocking ones too matters: once the finalizer is gone
+// the owner no longer reads as waiting for its dependents, and a dependent
+// not yet processed would then see a live owner and be kept.
 func (c *Controller) processForeground(ctx context.Context, s snapshot, obj *unstructured.Unstructured) error {
 	uid := obj.GetUID()
-	var blockers int
+	var pending int
 	for _, d := range s.dependents {
-		if blocking(d, uid) {
-			blockers++
+		if blocking(d, uid) || !d.deleting {
+			pending++
 		}
 		if !d.deleting {
 			c.toDelete.Add(string(d.uid))
 		}
 	}
-	if blockers > 0 {
+	if pending > 0 {
 		return nil
 	}
 	return c.removeFinalizer(ctx, s.res, s.namespace, s.name, uid, metav1.FinalizerDeleteDependents)
