@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/internal/cgroupfs"
+	"github.com/waggle-io/waggle/internal/procfs"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
 )
 
@@ -375,7 +375,7 @@ func startProcess(cfg *Config, name, node, netns string, args []string) (Process
 		return Process{}, fmt.Errorf("start %s: %w", name, err)
 	}
 	pid := cmd.Process.Pid
-	st, err := procStartTime(pid)
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return Process{}, err
 	}
@@ -383,31 +383,14 @@ func startProcess(cfg *Config, name, node, netns string, args []string) (Process
 	if err := cmd.Process.Release(); err != nil {
 		return Process{}, err
 	}
-	return Process{Name: name, Node: node, PID: pid, StartTime: st, Log: logPath, NetNS: netns, Args: args}, nil
+	return Process{Name: name, Node: node, PID: pid, StartTime: st.StartTime, Log: logPath, NetNS: netns, Args: args}, nil
 }
 
-// procStartTime reads field 22 of /proc/PID/stat.
-func procStartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
-}
-
-// alive reports whether p is still the process the lab started.
+// alive reports whether p is still the process the lab started and has not
+// exited (a zombie child of `lab up` has).
 func alive(p Process) bool {
-	st, err := procStartTime(p.PID)
-	return err == nil && st == p.StartTime
+	st, err := procfs.ReadStat(p.PID)
+	return err == nil && st.StartTime == p.StartTime && st.State != 'Z'
 }
 
 // stopProcess sends SIGTERM, waits up to grace, then SIGKILL — only while the
@@ -419,7 +402,7 @@ func stopProcess(p Process, grace time.Duration) error {
 	_ = syscall.Kill(p.PID, syscall.SIGTERM)
 	deadline := time.Now().Add(grace)
 	for time.Now().Before(deadline) {
-		if !alive(p) || zombie(p.PID) {
+		if !alive(p) {
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -428,16 +411,6 @@ func stopProcess(p Process, grace time.Duration) error {
 		_ = syscall.Kill(p.PID, syscall.SIGKILL)
 	}
 	return nil
-}
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && len(s) > i+2 && s[i+2] == 'Z'
 }
 
 // killCgroupTree kills every process in a cgroup v2 subtree (the node's pods)

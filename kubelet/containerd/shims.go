@@ -1,7 +1,6 @@
 package containerd
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/procfs"
 )
 
 // KillShims kills the containerd shims (and so their containers) that were
@@ -51,7 +52,7 @@ func shimsOf(address string) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		if isShimOf(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), address) && !zombie(pid) {
+		if isShimOf(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), address) && !procfs.Gone(pid) {
 			pids = append(pids, pid)
 		}
 	}
@@ -68,14 +69,4 @@ func isShimOf(argv []string, address string) bool {
 		}
 	}
 	return false
-}
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return errors.Is(err, os.ErrNotExist)
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && len(s) > i+2 && s[i+2] == 'Z'
 }
