@@ -343,16 +343,23 @@ func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.R
 	return nil
 }
 
-func (s *Server) serveCreate(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+// decodeWrite reads a create or update: its write options, then its body
+// decoded under the request's fieldValidation directive.
+func decodeWrite(r *http.Request, req *request) (runtime.Object, writeOpts, []string, error) {
 	wo, fv, err := parseWriteOpts(r)
 	if err != nil {
-		return err
+		return nil, wo, nil, err
 	}
 	body, err := readBody(r)
 	if err != nil {
-		return err
+		return nil, wo, nil, err
 	}
 	obj, warnings, err := decodeObject(req.reg.res, body, r.Header.Get("Content-Type"), fv)
+	return obj, wo, warnings, err
+}
+
+func (s *Server) serveCreate(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
+	obj, wo, warnings, err := decodeWrite(r, req)
 	if err != nil {
 		return err
 	}
@@ -365,15 +372,7 @@ func (s *Server) serveCreate(ctx context.Context, w http.ResponseWriter, r *http
 }
 
 func (s *Server) serveUpdate(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
-	wo, fv, err := parseWriteOpts(r)
-	if err != nil {
-		return err
-	}
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
-	obj, warnings, err := decodeObject(req.reg.res, body, r.Header.Get("Content-Type"), fv)
+	obj, wo, warnings, err := decodeWrite(r, req)
 	if err != nil {
 		return err
 	}
