@@ -217,27 +217,29 @@ func neigh(l netlink.Link, n Neighbor) (*netlink.Neigh, error) {
 }
 
 func (netlinkDP) SetNeighbor(dev string, n Neighbor) error {
-	l, err := link(dev)
-	if err != nil {
-		return err
-	}
-	nn, err := neigh(l, n)
-	if err != nil {
-		return err
-	}
-	return netlink.NeighSet(nn)
+	return neighOp(dev, func(l netlink.Link) (*netlink.Neigh, error) { return neigh(l, n) }, netlink.NeighSet)
 }
 
 func (netlinkDP) DeleteNeighbor(dev string, n Neighbor) error {
+	return neighOp(dev, func(l netlink.Link) (*netlink.Neigh, error) { return neigh(l, n) }, neighDel)
+}
+
+// neighOp builds a neighbour (or FDB) entry on dev and applies op to it.
+func neighOp(dev string, build func(netlink.Link) (*netlink.Neigh, error), op func(*netlink.Neigh) error) error {
 	l, err := link(dev)
 	if err != nil {
 		return err
 	}
-	nn, err := neigh(l, n)
+	n, err := build(l)
 	if err != nil {
 		return err
 	}
-	if err := netlink.NeighDel(nn); err != nil && !errors.Is(err, unix.ENOENT) {
+	return op(n)
+}
+
+// neighDel deletes an entry; one already gone is not an error.
+func neighDel(n *netlink.Neigh) error {
+	if err := netlink.NeighDel(n); err != nil && !errors.Is(err, unix.ENOENT) {
 		return err
 	}
 	return nil
@@ -272,28 +274,9 @@ func fdb(l netlink.Link, e FDBEntry) (*netlink.Neigh, error) {
 }
 
 func (netlinkDP) SetFDB(dev string, e FDBEntry) error {
-	l, err := link(dev)
-	if err != nil {
-		return err
-	}
-	n, err := fdb(l, e)
-	if err != nil {
-		return err
-	}
-	return netlink.NeighSet(n)
+	return neighOp(dev, func(l netlink.Link) (*netlink.Neigh, error) { return fdb(l, e) }, netlink.NeighSet)
 }
 
 func (netlinkDP) DeleteFDB(dev string, e FDBEntry) error {
-	l, err := link(dev)
-	if err != nil {
-		return err
-	}
-	n, err := fdb(l, e)
-	if err != nil {
-		return err
-	}
-	if err := netlink.NeighDel(n); err != nil && !errors.Is(err, unix.ENOENT) {
-		return err
-	}
-	return nil
+	return neighOp(dev, func(l netlink.Link) (*netlink.Neigh, error) { return fdb(l, e) }, neighDel)
 }
