@@ -170,12 +170,8 @@ func (c *Controller) dsByKey(key string) (*appsv1.DaemonSet, error) {
 }
 
 func (c *Controller) owner(p *corev1.Pod) string {
-	ref := metav1.GetControllerOf(p)
-	if ref == nil || ref.Kind != "DaemonSet" {
-		return ""
-	}
-	ds, err := c.dsl.DaemonSets(p.Namespace).Get(ref.Name)
-	if err != nil || ds.UID != ref.UID {
+	ds, ok := ctrlutil.ResolveController(p, "DaemonSet", func(ns, name string) (*appsv1.DaemonSet, error) { return c.dsl.DaemonSets(ns).Get(name) })
+	if !ok {
 		return ""
 	}
 	return p.Namespace + "/" + ds.Name

@@ -126,14 +126,7 @@ func (c *Controller) enqueue(obj any) {
 }
 
 func (c *Controller) ownerOf(rs *appsv1.ReplicaSet) *appsv1.Deployment {
-	ref := metav1.GetControllerOf(rs)
-	if ref == nil || ref.Kind != "Deployment" {
-		return nil
-	}
-	d, err := c.dl.Deployments(rs.Namespace).Get(ref.Name)
-	if err != nil || d.UID != ref.UID {
-		return nil
-	}
+	d, _ := ctrlutil.ResolveController(rs, "Deployment", func(ns, name string) (*appsv1.Deployment, error) { return c.dl.Deployments(ns).Get(name) })
 	return d
 }
 

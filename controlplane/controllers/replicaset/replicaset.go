@@ -171,12 +171,8 @@ func (c *Controller) rsByKey(key string) (*appsv1.ReplicaSet, error) {
 // resolveRef returns the key of the ReplicaSet that controls pod, if it is
 // one this controller knows (same UID).
 func (c *Controller) resolveRef(pod *corev1.Pod) string {
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil || ref.Kind != "ReplicaSet" {
-		return ""
-	}
-	rs, err := c.rsLister.ReplicaSets(pod.Namespace).Get(ref.Name)
-	if err != nil || rs.UID != ref.UID {
+	rs, ok := ctrlutil.ResolveController(pod, "ReplicaSet", func(ns, name string) (*appsv1.ReplicaSet, error) { return c.rsLister.ReplicaSets(ns).Get(name) })
+	if !ok {
 		return ""
 	}
 	return pod.Namespace + "/" + rs.Name

@@ -261,6 +261,22 @@ func IsPodTerminal(p *corev1.Pod) bool {
 
 // NewControllerRef returns the controller ownerReference that owner's
 // dependents carry.
+// ResolveController returns obj's controller if it is of kind and get (a
+// lister) finds it with the UID the reference names: a same-named object from
+// an earlier life is not the controller.
+func ResolveController[T metav1.Object](obj metav1.Object, kind string, get func(ns, name string) (T, error)) (T, bool) {
+	var zero T
+	ref := metav1.GetControllerOf(obj)
+	if ref == nil || ref.Kind != kind {
+		return zero, false
+	}
+	o, err := get(obj.GetNamespace(), ref.Name)
+	if err != nil || o.GetUID() != ref.UID {
+		return zero, false
+	}
+	return o, true
+}
+
 func NewControllerRef(owner metav1.Object, apiVersion, kind string) metav1.OwnerReference {
 	t := true
 	return metav1.OwnerReference{

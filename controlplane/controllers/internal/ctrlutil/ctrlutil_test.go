@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -133,3 +134,28 @@ func TestClaimAdoptsReleasesAndLeavesOthersAlone(t *testing.T) {
 }
 
 func ptrTrue() *bool { b := true; return &b }
+
+func TestResolveControllerNeedsKindAndUID(t *testing.T) {
+	owner := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "rs", UID: "u1"}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p",
+		OwnerReferences: []metav1.OwnerReference{NewControllerRef(owner, "apps/v1", "ReplicaSet")}}}
+	get := func(cur *appsv1.ReplicaSet) func(ns, name string) (*appsv1.ReplicaSet, error) {
+		return func(ns, name string) (*appsv1.ReplicaSet, error) {
+			if ns != "ns" || name != "rs" {
+				t.Fatalf("looked up %s/%s", ns, name)
+			}
+			return cur, nil
+		}
+	}
+	if got, ok := ResolveController(pod, "ReplicaSet", get(owner)); !ok || got != owner {
+		t.Fatalf("same UID: %v %v", got, ok)
+	}
+	reborn := owner.DeepCopy()
+	reborn.UID = "u2"
+	if _, ok := ResolveController(pod, "ReplicaSet", get(reborn)); ok {
+		t.Fatal("a same-named owner with another UID was taken for the controller")
+	}
+	if _, ok := ResolveController(pod, "DaemonSet", get(owner)); ok {
+		t.Fatal("the controller matched another kind")
+	}
+}
