@@ -109,11 +109,7 @@ func nodeKubeconfig(cfg *Config, component, nodeDir string) (string, error) {
 	return dst, clientcmd.WriteToFile(*kc, dst)
 }
 
-func kubeletArgs(cfg *Config, st *State, n NodeState, nodeDir string) []string {
-	kc, err := nodeKubeconfig(cfg, "kubelet", nodeDir)
-	if err != nil {
-		kc = err.Error() // surfaces in the kubelet's log as a bad path
-	}
+func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {
 	return []string{cfg.Binary, "kubelet",
 		"--kubeconfig", kc,
 		"--node-name", n.Name,
@@ -132,12 +128,7 @@ func kubeletArgs(cfg *Config, st *State, n NodeState, nodeDir string) []string {
 	}
 }
 
-func proxyArgs(cfg *Config, st *State, n NodeState) []string {
-	nodeDir := filepath.Join(cfg.DataDir, "nodes", n.Name)
-	kc, err := nodeKubeconfig(cfg, "proxy", nodeDir)
-	if err != nil {
-		kc = err.Error()
-	}
+func proxyArgs(cfg *Config, n NodeState, kc string) []string {
 	return []string{cfg.Binary, "proxy",
 		"--kubeconfig", kc,
 		"--node-name", n.Name,

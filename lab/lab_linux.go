@@ -281,12 +281,20 @@ func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
 	if err := os.MkdirAll(nodeDir, 0o755); err != nil {
 		return err
 	}
+	kubeletKC, err := nodeKubeconfig(cfg, "kubelet", nodeDir)
+	if err != nil {
+		return err
+	}
+	proxyKC, err := nodeKubeconfig(cfg, "proxy", nodeDir)
+	if err != nil {
+		return err
+	}
 	for _, c := range []struct {
 		name string
 		args []string
 	}{
-		{"kubelet", kubeletArgs(cfg, st, n, nodeDir)},
-		{"proxy", proxyArgs(cfg, st, n)},
+		{"kubelet", kubeletArgs(cfg, n, nodeDir, kubeletKC)},
+		{"proxy", proxyArgs(cfg, n, proxyKC)},
 	} {
 		p, err := startProcess(cfg, c.name, name, ns, c.args)
 		if err != nil {
