@@ -7,6 +7,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 )
 
 // cycleState is what one scheduling attempt computes once from the pod and
@@ -62,7 +63,7 @@ func filterNodeUnschedulable(st *cycleState, n *nodeInfo) []string {
 		return nil
 	}
 	taint := &v1.Taint{Key: v1.TaintNodeUnschedulable, Effect: v1.TaintEffectNoSchedule}
-	if corev1helpers.TolerationsTolerateTaint(st.pod.Spec.Tolerations, taint) {
+	if corev1helpers.TolerationsTolerateTaint(klog.Background(), st.pod.Spec.Tolerations, taint, false) {
 		return nil
 	}
 	return []string{reasonUnschedulable}
@@ -76,9 +77,9 @@ func filterNodeName(st *cycleState, n *nodeInfo) []string {
 }
 
 func filterTaintToleration(st *cycleState, n *nodeInfo) []string {
-	taint, bad := corev1helpers.FindMatchingUntoleratedTaint(n.node.Spec.Taints, st.pod.Spec.Tolerations, func(t *v1.Taint) bool {
+	taint, bad := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.node.Spec.Taints, st.pod.Spec.Tolerations, func(t *v1.Taint) bool {
 		return t.Effect == v1.TaintEffectNoSchedule || t.Effect == v1.TaintEffectNoExecute
-	})
+	}, false)
 	if !bad {
 		return nil
 	}
@@ -204,7 +205,7 @@ func scorePreferNoScheduleTaints(st *cycleState, n *nodeInfo) int64 {
 		tolerated := false
 		for j := range st.pod.Spec.Tolerations {
 			tol := &st.pod.Spec.Tolerations[j]
-			if (tol.Effect == "" || tol.Effect == v1.TaintEffectPreferNoSchedule) && tol.ToleratesTaint(t) {
+			if (tol.Effect == "" || tol.Effect == v1.TaintEffectPreferNoSchedule) && tol.ToleratesTaint(klog.Background(), t, false) {
 				tolerated = true
 				break
 			}

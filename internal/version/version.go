@@ -19,9 +19,9 @@ var (
 // Kubernetes API version that Waggle serves (the k8s.io/api it is built on).
 const (
 	KubeMajor = "1"
-	KubeMinor = "32"
+	KubeMinor = "37"
 	// KubeGitVersion is what /version and Node.status.nodeInfo report.
-	KubeGitVersion = "v1.32.3-waggle"
+	KubeGitVersion = "v1.37.2+waggle"
 )
 
 // Commit returns the git commit of the build, from -X or the Go build info.

@@ -11,11 +11,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/httpstream/wsstream"
 	remotecommandconsts "k8s.io/apimachinery/pkg/util/remotecommand"
-	"k8s.io/client-go/tools/remotecommand"
-	kremote "k8s.io/kubelet/pkg/cri/streaming/remotecommand"
+	kremote "k8s.io/cri-streaming/pkg/streaming/remotecommand"
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
@@ -32,7 +30,7 @@ type executor struct {
 	id string
 }
 
-func (e executor) ExecInContainer(ctx context.Context, _ string, _ types.UID, _ string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan remotecommand.TerminalSize, _ time.Duration) error {
+func (e executor) ExecInContainer(ctx context.Context, _ string, _ string, _ string, cmd []string, in io.Reader, out, errw io.WriteCloser, tty bool, resize <-chan kremote.TerminalSize, _ time.Duration) error {
 	opts := runtime.ExecOptions{TTY: tty}
 	if in != nil {
 		opts.Stdin = in
@@ -93,7 +91,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		s.execV5(w, r, ex, cmd, opts)
 		return
 	}
-	kremote.ServeExec(w, r, ex, pod, uid, name, cmd, opts, streamIdleTimeout, streamCreationTimeout, remotecommandconsts.SupportedStreamingProtocols)
+	kremote.ServeExec(w, r, ex, pod, string(uid), name, cmd, opts, streamIdleTimeout, streamCreationTimeout, remotecommandconsts.SupportedStreamingProtocols)
 }
 
 func wantsV5(r *http.Request) bool {
@@ -144,14 +142,14 @@ func (s *Server) execV5(w http.ResponseWriter, r *http.Request, ex executor, cmd
 	if opts.Stderr && !opts.TTY {
 		errw = streams[2]
 	}
-	var resize chan remotecommand.TerminalSize
+	var resize chan kremote.TerminalSize
 	if opts.TTY {
-		resize = make(chan remotecommand.TerminalSize)
+		resize = make(chan kremote.TerminalSize)
 		go func() {
 			defer close(resize)
 			dec := json.NewDecoder(streams[4])
 			for {
-				var sz remotecommand.TerminalSize
+				var sz kremote.TerminalSize
 				if err := dec.Decode(&sz); err != nil {
 					return
 				}

@@ -7,8 +7,7 @@ import (
 	"net"
 	"net/http"
 
-	"k8s.io/apimachinery/pkg/types"
-	kportforward "k8s.io/kubelet/pkg/cri/streaming/portforward"
+	kportforward "k8s.io/cri-streaming/pkg/streaming/portforward"
 )
 
 // forwarder copies a port-forward stream to and from a port of the pod.
@@ -17,7 +16,7 @@ type forwarder struct {
 	ns, pod string
 }
 
-func (f forwarder) PortForward(ctx context.Context, _ string, _ types.UID, port int32, stream io.ReadWriteCloser) error {
+func (f forwarder) PortForward(ctx context.Context, _ string, _ string, port int32, stream io.ReadWriteCloser) error {
 	defer stream.Close()
 	conn, err := f.p.PortForwardDial(ctx, f.ns, f.pod, port)
 	if err != nil {
@@ -46,5 +45,5 @@ func (s *Server) portForward(w http.ResponseWriter, r *http.Request) {
 		httpError(w, badRequest{err.Error()})
 		return
 	}
-	kportforward.ServePortForward(w, r, forwarder{p: s.p, ns: ns, pod: pod}, pod, uid, opts, streamIdleTimeout, streamCreationTimeout, []string{"portforward.k8s.io"})
+	kportforward.ServePortForward(w, r, forwarder{p: s.p, ns: ns, pod: pod}, pod, string(uid), opts, streamIdleTimeout, streamCreationTimeout, []string{"portforward.k8s.io"})
 }

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/waggle-io/waggle/internal/version"
 )
 
 // TestKubectlVersionsSmoke runs a smaller set against every kubectl from
@@ -19,7 +21,7 @@ func TestKubectlVersionsSmoke(t *testing.T) {
 			bin := filepath.Join(sdkBin, "kubectl."+v)
 			requireE2E(t, bin)
 			k := newKC(t, bin, s)
-			if out := k.run("version", "-o", "json"); !strings.Contains(out, `"gitVersion": "v1.32.3-waggle"`) {
+			if out := k.run("version", "-o", "json"); !strings.Contains(out, `"gitVersion": "`+version.KubeGitVersion+`"`) {
 				t.Errorf("version: %s", out)
 			}
 			res := k.run("api-resources", "-o", "name")

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	gofuzz "github.com/google/gofuzz"
@@ -418,6 +419,14 @@ func FuzzTable(f *testing.F) {
 			func(f *metav1.FieldsV1, c gofuzz.Continue) { f.Raw = []byte(`{"f:a":{}}`) },
 			func(q *resource.Quantity, c gofuzz.Continue) {
 				*q = *resource.NewMilliQuantity(c.Int63n(1e9), resource.DecimalSI)
+			},
+			// An IntOrString is an int or a string, never a third type.
+			func(v *intstr.IntOrString, c gofuzz.Continue) {
+				if c.RandBool() {
+					*v = intstr.FromInt32(c.Int31())
+				} else {
+					*v = intstr.FromString(c.RandString())
+				}
 			},
 		).Fuzz(obj)
 		tbl, err := Table(obj, Options{Now: now, IncludeObject: metav1.IncludeObject})

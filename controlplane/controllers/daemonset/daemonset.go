@@ -39,6 +39,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	schedhelper "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
 )
@@ -265,14 +266,14 @@ func NodeShouldRun(node *corev1.Node, ds *appsv1.DaemonSet) (shouldRun, shouldCo
 	if ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node); err != nil || !ok {
 		return false, false
 	}
-	if _, untolerated := schedhelper.FindMatchingUntoleratedTaint(node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
+	if _, untolerated := schedhelper.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
 		return t.Effect == corev1.TaintEffectNoExecute
-	}); untolerated {
+	}, false); untolerated {
 		return false, false
 	}
-	if _, untolerated := schedhelper.FindMatchingUntoleratedTaint(node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
+	if _, untolerated := schedhelper.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
 		return t.Effect == corev1.TaintEffectNoSchedule
-	}); untolerated {
+	}, false); untolerated {
 		return false, true
 	}
 	return true, true

@@ -36,6 +36,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
 )
@@ -442,7 +443,7 @@ func evictionDelay(pod *corev1.Pod, taints []corev1.Taint, now time.Time) (time.
 		tolerated := false
 		for j := range pod.Spec.Tolerations {
 			tol := &pod.Spec.Tolerations[j]
-			if (tol.Effect != "" && tol.Effect != corev1.TaintEffectNoExecute) || !tol.ToleratesTaint(t) {
+			if (tol.Effect != "" && tol.Effect != corev1.TaintEffectNoExecute) || !tol.ToleratesTaint(klog.Background(), t, false) {
 				continue
 			}
 			tolerated = true
