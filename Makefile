@@ -9,8 +9,7 @@ LDFLAGS := -s -w -X $(PKG)/internal/version.Version=$(VERSION)
 # A path is checked with test -e (headers), a name with command -v.
 APT_DEPS := containerd:containerd runc:runc iptables:iptables clang:clang llvm-strip:llvm \
 	bpftool:bpftool ip:iproute2 nft:nftables conntrack:conntrack nsenter:util-linux \
-	docker-registry:docker-registry /usr/include/bpf/bpf_helpers.h:libbpf-dev \
-	/usr/include/linux/bpf.h:linux-libc-dev
+	docker-registry:docker-registry
 # Test tiers: TEST_FLAGS=-short gives the unit tier only.
 TEST_TIMEOUT ?= 20m
 TEST_FLAGS ?=
@@ -41,7 +40,7 @@ images: ## build the waggle-echo workload image as an OCI archive (bin/images/wa
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
 	$(BIN)/waggle images build-echo --binary $(BIN)/waggle-echo --output $(BIN)/images/waggle-echo.tar
 
-generate: ## regenerate the eBPF objects (bpf2go, the pinned clang)
+generate: ## regenerate the eBPF objects (bpf2go, the pinned clang, the headers vendored in bpf/include)
 	$(GO) generate ./...
 
 test: deps ## run every test tier this machine can run (unit, integration as root, end-to-end)

@@ -1,3 +1,3 @@
 package ebpf
 
-//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type lb_service_key -type lb_service -type lb_backend -type lb_rev_nat -type lb_reverse_sk_key -type lb_reverse_sk -type lb_affinity_key -type lb_affinity -type lb_meta -type lb_svc_name sockLB ../../bpf/sock_lb.c -- -I../../bpf/lib -I/usr/include/x86_64-linux-gnu
+//go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror" -target bpfel -type lb_service_key -type lb_service -type lb_backend -type lb_rev_nat -type lb_reverse_sk_key -type lb_reverse_sk -type lb_affinity_key -type lb_affinity -type lb_meta -type lb_svc_name sockLB ../../bpf/sock_lb.c -- -nostdinc -I../../bpf/include -I../../bpf/lib
