@@ -5,6 +5,10 @@ BIN := bin
 PKG := github.com/waggle-io/waggle
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X $(PKG)/internal/version.Version=$(VERSION)
+# static_build drops containerd's Go-plugin loader (Waggle loads no containerd
+# plugins); Go's plugin package makes the linker keep every exported symbol,
+# about a quarter of the binary (106 MB -> 81 MB).
+BUILD_TAGS := static_build
 # Debian packages the build and the tests need (binary:package).
 # A path is checked with test -e (headers), a name with command -v.
 APT_DEPS := containerd:containerd runc:runc iptables:iptables clang:clang llvm-strip:llvm \
@@ -31,13 +35,13 @@ deps: ## install the Debian packages the build and tests need (apt, only what is
 	@mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 
 build: ## build bin/waggle and the CNI plugin (bin/waggle-cni, installed for CNI as bin/cni/waggle)
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle-cni ./cmd/waggle-cni
+	$(GO) build -tags $(BUILD_TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
+	$(GO) build -tags $(BUILD_TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/waggle-cni ./cmd/waggle-cni
 	@mkdir -p $(BIN)/cni && ln -f $(BIN)/waggle-cni $(BIN)/cni/waggle
 
 images: ## build the waggle-echo workload image as an OCI archive (bin/images/waggle-echo.tar, no Docker)
 	CGO_ENABLED=0 $(GO) build -ldflags '-s -w' -o $(BIN)/waggle-echo ./cmd/waggle-echo
-	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
+	$(GO) build -tags $(BUILD_TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
 	$(BIN)/waggle images build-echo --binary $(BIN)/waggle-echo --output $(BIN)/images/waggle-echo.tar
 
 generate: ## regenerate the eBPF objects (bpf2go, the pinned clang, the headers vendored in bpf/include)

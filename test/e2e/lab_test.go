@@ -51,7 +51,7 @@ func startLab(t *testing.T) *env {
 		{filepath.Join(bin, "cni", "waggle"), "./cmd/waggle-cni"},
 		{filepath.Join(bin, "waggle-echo"), "./cmd/waggle-echo"},
 	} {
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		cmd := exec.Command("go", "build", "-tags", "static_build", "-o", b.out, b.pkg)
 		cmd.Dir = repoRoot(t)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {

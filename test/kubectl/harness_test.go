@@ -49,7 +49,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	waggleBin = filepath.Join(dir, "waggle")
-	build := exec.Command("go", "build", "-o", waggleBin, "github.com/waggle-io/waggle/cmd/waggle")
+	build := exec.Command("go", "build", "-tags", "static_build", "-o", waggleBin, "github.com/waggle-io/waggle/cmd/waggle")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintf(os.Stderr, "build waggle: %v\n", err)
