@@ -23,7 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	gofuzz "github.com/google/gofuzz"
+	"sigs.k8s.io/randfill"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 )
@@ -414,21 +414,21 @@ func FuzzTable(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, which uint8) {
 		r := resources[int(which)%len(resources)]
 		obj := r.New()
-		gofuzz.NewFromGoFuzz(data).NilChance(0.3).NumElements(0, 3).Funcs(
+		randfill.NewFromGoFuzz(data).NilChance(0.3).NumElements(0, 3).Funcs(
 			// Raw JSON and quantities get valid values, as stored objects have.
-			func(f *metav1.FieldsV1, c gofuzz.Continue) { f.Raw = []byte(`{"f:a":{}}`) },
-			func(q *resource.Quantity, c gofuzz.Continue) {
+			func(f *metav1.FieldsV1, c randfill.Continue) { f.Raw = []byte(`{"f:a":{}}`) },
+			func(q *resource.Quantity, c randfill.Continue) {
 				*q = *resource.NewMilliQuantity(c.Int63n(1e9), resource.DecimalSI)
 			},
 			// An IntOrString is an int or a string, never a third type.
-			func(v *intstr.IntOrString, c gofuzz.Continue) {
-				if c.RandBool() {
+			func(v *intstr.IntOrString, c randfill.Continue) {
+				if c.Bool() {
 					*v = intstr.FromInt32(c.Int31())
 				} else {
-					*v = intstr.FromString(c.RandString())
+					*v = intstr.FromString(c.String(0))
 				}
 			},
-		).Fuzz(obj)
+		).Fill(obj)
 		tbl, err := Table(obj, Options{Now: now, IncludeObject: metav1.IncludeObject})
 		if err != nil {
 			t.Fatalf("%s: %v", r.Resource, err)
