@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -51,6 +52,13 @@ type Config struct {
 	BindAddress      string
 	SecurePort       int
 	AdvertiseAddress string
+	// ComponentsBindAddress, SchedulerPort and ControllerManagerPort are
+	// where the scheduler and the controller-manager serve /healthz and
+	// /metrics; a lab binds them to its own bridge address so that several
+	// control planes share one host namespace.
+	ComponentsBindAddress string
+	SchedulerPort         int
+	ControllerManagerPort int
 	// ClusterCIDR is the pod network (nodes get /24s of it);
 	// ServiceClusterIPRange and ServiceNodePortRange the Services'.
 	ClusterCIDR           string
@@ -80,6 +88,9 @@ func Defaults() Config {
 		Node:                   true,
 		BindAddress:            "0.0.0.0",
 		SecurePort:             6443,
+		ComponentsBindAddress:  "127.0.0.1",
+		SchedulerPort:          10259,
+		ControllerManagerPort:  controllers.DefaultPort,
 		ClusterCIDR:            "10.244.0.0/16",
 		ServiceClusterIPRange:  "10.96.0.0/12",
 		ServiceNodePortRange:   "30000-32767",
@@ -142,7 +153,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return scheduler.Run(gctx, scheduler.Config{
 			Kubeconfig:        kc("scheduler"),
 			SchedulerName:     scheduler.DefaultSchedulerName,
-			HealthAddr:        "127.0.0.1:10259",
+			HealthAddr:        net.JoinHostPort(cfg.ComponentsBindAddress, strconv.Itoa(cfg.SchedulerPort)),
 			LogLevel:          cfg.LogLevel,
 			QPS:               200,
 			Burst:             400,
@@ -155,7 +166,8 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error {
 		cm := controllers.DefaultConfig()
 		cm.Kubeconfig = kc("controller-manager")
-		cm.BindAddress = "127.0.0.1"
+		cm.BindAddress = cfg.ComponentsBindAddress
+		cm.Port = cfg.ControllerManagerPort
 		cm.AllocateNodeCIDRs = true
 		cm.ClusterCIDR = cfg.ClusterCIDR
 		cm.NodeMonitorGracePeriod = cfg.NodeMonitorGracePeriod

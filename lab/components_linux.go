@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -68,6 +69,11 @@ func startControlPlane(ctx context.Context, cfg *Config, st *State) error {
 		"--data-dir", dir,
 		"--node=false",
 		"--advertise-address", cfg.BridgeAddr().Addr().String(),
+		"--bind-address", cfg.BridgeAddr().Addr().String(),
+		"--secure-port", strconv.Itoa(cfg.APIPort),
+		"--components-bind-address", cfg.BridgeAddr().Addr().String(),
+		"--scheduler-port", strconv.Itoa(cfg.SchedulerPort),
+		"--controller-manager-port", strconv.Itoa(cfg.ControllerManagerPort),
 		"--cluster-cidr", cfg.ClusterCIDR.String(),
 		"--service-cluster-ip-range", cfg.ServiceCIDR.String(),
 		"--node-monitor-grace-period", cfg.NodeMonitorGracePeriod.String(),
@@ -103,7 +109,7 @@ func nodeKubeconfig(cfg *Config, component, nodeDir string) (string, error) {
 		return "", fmt.Errorf("%s kubeconfig: %w", component, err)
 	}
 	for _, c := range kc.Clusters {
-		c.Server = fmt.Sprintf("https://%s:6443", cfg.BridgeAddr().Addr())
+		c.Server = cfg.APIServer()
 	}
 	dst := filepath.Join(nodeDir, component+".kubeconfig")
 	return dst, clientcmd.WriteToFile(*kc, dst)

@@ -42,6 +42,11 @@ type Config struct {
 	ClusterCIDR netip.Prefix
 	// ServiceCIDR is the Service ClusterIP range.
 	ServiceCIDR netip.Prefix
+	// APIPort, SchedulerPort and ControllerManagerPort are the control
+	// plane's ports. It listens on the bridge address only, so two labs
+	// with different subnets may keep the defaults; different ports let a
+	// lab run beside a `waggle up` (which listens on every address).
+	APIPort, SchedulerPort, ControllerManagerPort int
 	// ProxyMode is passed to every node's proxy (auto, ebpf, iptables).
 	ProxyMode string
 	// ImageDir holds OCI image archives every node imports at start.
@@ -63,6 +68,9 @@ func Defaults() Config {
 		ServiceCIDR:            netip.MustParsePrefix("10.96.0.0/12"),
 		Name:                   "lab",
 		ProxyMode:              "auto",
+		APIPort:                6443,
+		SchedulerPort:          10259,
+		ControllerManagerPort:  10257,
 		ReadyTimeout:           3 * time.Minute,
 		NodeMonitorGracePeriod: 40 * time.Second,
 	}
@@ -79,6 +87,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("bridge name %q: want 1 to 15 characters", c.Bridge)
 	case c.DataDir == "" || !filepath.IsAbs(c.DataDir):
 		return fmt.Errorf("data dir %q: want an absolute path", c.DataDir)
+	case !validPort(c.APIPort) || !validPort(c.SchedulerPort) || !validPort(c.ControllerManagerPort):
+		return fmt.Errorf("ports %d, %d, %d: want 1 to 65535", c.APIPort, c.SchedulerPort, c.ControllerManagerPort)
 	case !labName.MatchString(c.Name):
 		return fmt.Errorf("lab name %q: want 1 to 8 lower-case letters and digits", c.Name)
 	}
@@ -89,6 +99,13 @@ func (c *Config) Validate() error {
 // listens for the nodes.
 func (c *Config) BridgeAddr() netip.Prefix {
 	return netip.PrefixFrom(c.Subnet.Masked().Addr().Next(), c.Subnet.Bits())
+}
+
+func validPort(p int) bool { return p > 0 && p < 65536 }
+
+// APIServer is the URL nodes (and the host) reach the lab's API server at.
+func (c *Config) APIServer() string {
+	return fmt.Sprintf("https://%s", netip.AddrPortFrom(c.BridgeAddr().Addr(), uint16(c.APIPort)))
 }
 
 var labName = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)

@@ -68,7 +68,7 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 		return err
 	}
 
-	step.next("control plane on %s:6443", cfg.BridgeAddr().Addr())
+	step.next("control plane on %s", cfg.APIServer())
 	if err := startControlPlane(ctx, &cfg, st); err != nil {
 		return err
 	}
