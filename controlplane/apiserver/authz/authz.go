@@ -33,6 +33,9 @@ type Attributes struct {
 	Name            string
 	Path            string
 	ResourceRequest bool
+	// FieldSelector is the request's raw fieldSelector (lists and
+	// watches), which the Node authorizer checks.
+	FieldSelector string
 }
 
 // String is a short human form used in denial messages and logs.
@@ -195,8 +198,11 @@ func AttributesFrom(r *http.Request, user *authn.User) Attributes {
 	}
 	// A list or watch narrowed to one name by field selector is about that
 	// name (kubectl get pod x -w does this), as in Kubernetes.
+	if a.Verb == "list" || a.Verb == "watch" || a.Verb == "deletecollection" {
+		a.FieldSelector = q.Get("fieldSelector")
+	}
 	if (a.Verb == "list" || a.Verb == "watch" || a.Verb == "deletecollection") && a.Name == "" {
-		if fs := q.Get("fieldSelector"); fs != "" {
+		if fs := a.FieldSelector; fs != "" {
 			if sel, err := fields.ParseSelector(fs); err == nil {
 				if name, ok := sel.RequiresExactMatch("metadata.name"); ok {
 					a.Name = name

@@ -1,0 +1,186 @@
+// Package bootstrap holds the default RBAC policy the API server reconciles
+// at every start: upstream Kubernetes 1.37's bootstrap roles and bindings
+// (policy/*.yaml, the objects kube-apiserver creates, as a cluster dump
+// shows them: cluster-admin, admin/edit/view and their aggregation,
+// system:basic-user, system:discovery, system:public-info-viewer,
+// system:node, system:kube-scheduler, system:kube-controller-manager,
+// system:node-proxier, the system:controller:* roles, ...), plus what
+// Waggle's own components need beyond them (Extra).
+//
+// It is data only: reconciling it (adding what is missing, never removing
+// what users added, skipping objects annotated
+// rbac.authorization.kubernetes.io/autoupdate=false) is the API server's
+// job, through k8s.io/component-helpers/auth/rbac/reconciliation.
+package bootstrap
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+//go:embed policy/*.yaml
+var files embed.FS
+
+// Policy is a set of RBAC objects.
+type Policy struct {
+	ClusterRoles        []rbacv1.ClusterRole
+	ClusterRoleBindings []rbacv1.ClusterRoleBinding
+	Roles               []rbacv1.Role
+	RoleBindings        []rbacv1.RoleBinding
+}
+
+// Well-known identities of Waggle's components.
+const (
+	SchedulerUser         = "system:kube-scheduler"
+	ControllerManagerUser = "system:kube-controller-manager"
+	ProxyUser             = "system:kube-proxy"
+	NodesGroup            = "system:nodes"
+	NodeUserPrefix        = "system:node:"
+	// KubeletAPIUser is the API server's client identity towards kubelets.
+	KubeletAPIUser = "kube-apiserver-kubelet-client"
+)
+
+var (
+	once   sync.Once
+	policy Policy
+	errP   error
+)
+
+// Default returns the default policy (a fresh copy each call).
+func Default() (*Policy, error) {
+	once.Do(func() { errP = load(&policy) })
+	if errP != nil {
+		return nil, errP
+	}
+	out := &Policy{}
+	for i := range policy.ClusterRoles {
+		out.ClusterRoles = append(out.ClusterRoles, *policy.ClusterRoles[i].DeepCopy())
+	}
+	for i := range policy.ClusterRoleBindings {
+		out.ClusterRoleBindings = append(out.ClusterRoleBindings, *policy.ClusterRoleBindings[i].DeepCopy())
+	}
+	for i := range policy.Roles {
+		out.Roles = append(out.Roles, *policy.Roles[i].DeepCopy())
+	}
+	for i := range policy.RoleBindings {
+		out.RoleBindings = append(out.RoleBindings, *policy.RoleBindings[i].DeepCopy())
+	}
+	return out, nil
+}
+
+// ClusterRole returns the default ClusterRole name.
+func (p *Policy) ClusterRole(name string) (*rbacv1.ClusterRole, bool) {
+	for i := range p.ClusterRoles {
+		if p.ClusterRoles[i].Name == name {
+			return &p.ClusterRoles[i], true
+		}
+	}
+	return nil, false
+}
+
+func load(p *Policy) error {
+	entries, err := files.ReadDir("policy")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		data, err := files.ReadFile("policy/" + e.Name())
+		if err != nil {
+			return err
+		}
+		var list struct {
+			Items []json.RawMessage `json:"items"`
+		}
+		if err := yaml.Unmarshal(data, &list); err != nil {
+			return fmt.Errorf("bootstrap policy %s: %w", e.Name(), err)
+		}
+		for _, raw := range list.Items {
+			var tm metav1.TypeMeta
+			if err := json.Unmarshal(raw, &tm); err != nil {
+				return err
+			}
+			dec := json.NewDecoder(bytes.NewReader(raw))
+			dec.DisallowUnknownFields()
+			switch tm.Kind {
+			case "ClusterRole":
+				var o rbacv1.ClusterRole
+				err = dec.Decode(&o)
+				p.ClusterRoles = append(p.ClusterRoles, o)
+			case "ClusterRoleBinding":
+				var o rbacv1.ClusterRoleBinding
+				err = dec.Decode(&o)
+				p.ClusterRoleBindings = append(p.ClusterRoleBindings, o)
+			case "Role":
+				var o rbacv1.Role
+				err = dec.Decode(&o)
+				p.Roles = append(p.Roles, o)
+			case "RoleBinding":
+				var o rbacv1.RoleBinding
+				err = dec.Decode(&o)
+				p.RoleBindings = append(p.RoleBindings, o)
+			default:
+				err = fmt.Errorf("unexpected kind %q", tm.Kind)
+			}
+			if err != nil {
+				return fmt.Errorf("bootstrap policy %s: %w", e.Name(), err)
+			}
+		}
+	}
+	extra(p)
+	return nil
+}
+
+func meta(name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:        name,
+		Labels:      map[string]string{"kubernetes.io/bootstrapping": "rbac-defaults"},
+		Annotations: map[string]string{"rbac.authorization.kubernetes.io/autoupdate": "true"},
+	}
+}
+
+// extra adds what Waggle's components need beyond upstream's policy:
+//
+//   - The controller-manager runs every controller under its own identity
+//     (it does not yet mint per-controller ServiceAccount credentials), so
+//     each system:controller:* role upstream binds to a kube-system
+//     ServiceAccount is also bound to system:kube-controller-manager, by a
+//     binding named waggle:controller-manager:<controller>.
+//   - Waggle's proxy enforces NetworkPolicy at each pod's veth, so beyond
+//     system:node-proxier it reads pods, namespaces and NetworkPolicies
+//     (ClusterRole waggle:proxy).
+func extra(p *Policy) {
+	for _, r := range p.ClusterRoles {
+		ctrl, ok := strings.CutPrefix(r.Name, "system:controller:")
+		if !ok {
+			continue
+		}
+		p.ClusterRoleBindings = append(p.ClusterRoleBindings, rbacv1.ClusterRoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+			ObjectMeta: meta("waggle:controller-manager:" + ctrl),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: r.Name},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}},
+		})
+	}
+	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: meta("waggle:proxy"),
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: []string{"get", "list", "watch"}},
+			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "list", "watch"}},
+		},
+	})
+	p.ClusterRoleBindings = append(p.ClusterRoleBindings, rbacv1.ClusterRoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+		ObjectMeta: meta("waggle:proxy"),
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "waggle:proxy"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ProxyUser}},
+	})
+}
