@@ -26,6 +26,12 @@ import (
 // ErrInvalidConfig marks a configuration the kubelet cannot run with.
 var ErrInvalidConfig = errors.New("invalid kubelet config")
 
+// The runtimes of Config.Runtime.
+const (
+	RuntimeContainerd = "containerd"
+	RuntimeHollow     = "hollow"
+)
+
 // Config is everything the kubelet runs with.
 type Config struct {
 	// NodeName is the Node's name (default: the hostname).
@@ -43,7 +49,9 @@ type Config struct {
 	RegisterWithTaints []string
 	// MaxPods is the pods capacity (default 110).
 	MaxPods int
-	// Runtime is "containerd" (default) or "fake" (hollow node).
+	// Runtime is RuntimeContainerd (default) or RuntimeHollow (a hollow
+	// node for control-plane scale tests: in-memory containers and
+	// addresses, probes pass). "fake" is accepted as an older name of hollow.
 	Runtime string
 	// ContainerdAddress and ContainerdNamespace select containerd and the
 	// namespace of this node's images and containers.
@@ -107,7 +115,10 @@ func (c Config) WithDefaults() Config {
 		c.MaxPods = 110
 	}
 	if c.Runtime == "" {
-		c.Runtime = "containerd"
+		c.Runtime = RuntimeContainerd
+	}
+	if c.Runtime == "fake" {
+		c.Runtime = RuntimeHollow
 	}
 	if c.ContainerdAddress == "" {
 		c.ContainerdAddress = "/run/containerd/containerd.sock"
@@ -165,8 +176,8 @@ func (c Config) Validate() error {
 	if c.Kubeconfig == "" && c.RestConfig == nil {
 		return fmt.Errorf("%w: no kubeconfig given (--kubeconfig)", ErrInvalidConfig)
 	}
-	if c.Runtime != "containerd" && c.Runtime != "fake" {
-		return fmt.Errorf("%w: --runtime=%q (want containerd or fake)", ErrInvalidConfig, c.Runtime)
+	if c.Runtime != RuntimeContainerd && c.Runtime != RuntimeHollow {
+		return fmt.Errorf("%w: --runtime=%q (want containerd or hollow)", ErrInvalidConfig, c.Runtime)
 	}
 	for _, p := range []struct{ name, v string }{{"--pod-cidr", c.PodCIDR}, {"--cluster-cidr", c.ClusterCIDR}} {
 		if p.v != "" {

@@ -16,7 +16,7 @@ import (
 	"github.com/waggle-io/waggle/kubelet"
 )
 
-// TestHollowNodes runs several --runtime=fake kubelets against a real API
+// TestHollowNodes runs several --runtime=hollow kubelets against a real API
 // server: they register, and their pods go Running and Ready at once with
 // addresses from each node's pod CIDR, as kubemark's hollow nodes do.
 func TestHollowNodes(t *testing.T) {
@@ -36,7 +36,7 @@ func TestHollowNodes(t *testing.T) {
 		}
 	})
 	for i := 0; i < nodes; i++ {
-		cfg := kubelet.Config{NodeName: fmt.Sprintf("hollow-%d", i), RestConfig: rc, Runtime: "fake",
+		cfg := kubelet.Config{NodeName: fmt.Sprintf("hollow-%d", i), RestConfig: rc, Runtime: kubelet.RuntimeHollow,
 			PodCIDR: fmt.Sprintf("10.77.%d.0/24", i), RootDir: t.TempDir(), Address: "127.0.0.1", Port: 0, NodeIP: "127.0.0.1",
 			SyncFrequency: 200 * time.Millisecond}
 		go func() { done <- kubelet.Run(ctx, cfg) }()

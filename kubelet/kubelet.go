@@ -35,7 +35,9 @@ type Deps struct {
 	Client  kubernetes.Interface
 	Runtime runtime.Runtime
 	Network network.Manager
-	Health  *ops.Health
+	// Prober runs probes (nil: from the Config; hollow nodes pass every probe).
+	Prober Prober
+	Health *ops.Health
 }
 
 // Kubelet is one running node agent.
@@ -45,6 +47,7 @@ type Kubelet struct {
 	client kubernetes.Interface
 	rt     runtime.Runtime
 	net    network.Manager
+	prober Prober
 	health *ops.Health
 	nodeIP string
 
@@ -113,6 +116,14 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		client:     d.Client,
 		rt:         d.Runtime,
 		net:        d.Network,
+		prober:     d.Prober,
+	}
+	if k.prober == nil {
+		if cfg.Runtime == RuntimeHollow {
+			k.prober = hollowProber{}
+		} else {
+			k.prober = actionProber{k}
+		}
 	}
 	k.nodeIP = cfg.NodeIP
 	if k.nodeIP == "" {
@@ -328,9 +339,8 @@ func (k *Kubelet) stopWorkers() {
 }
 
 func (k *Kubelet) buildRuntime(ctx context.Context) error {
-	switch k.cfg.Runtime {
-	case "fake":
-		k.rt = runtime.NewFake()
+	if k.cfg.Runtime == RuntimeHollow {
+		k.rt = runtime.NewHollow()
 		return nil
 	}
 	c, err := runtime.NewContainerd(runtime.ContainerdOptions{
@@ -355,9 +365,9 @@ func (k *Kubelet) buildRuntime(ctx context.Context) error {
 }
 
 func (k *Kubelet) buildNetwork() {
-	if k.cfg.Runtime == "fake" {
+	if k.cfg.Runtime == RuntimeHollow {
 		p, _ := netip.ParsePrefix(k.cfg.PodCIDR)
-		k.net = network.NewFake(p)
+		k.net = network.NewHollow(p)
 		return
 	}
 	k.net = network.NewCNI(network.CNIOptions{
@@ -366,46 +376,44 @@ func (k *Kubelet) buildNetwork() {
 	})
 }
 
-// ensureCNIConfig writes the CNI config from the node's pod CIDR when the
-// config dir has none, waiting for the pod CIDR if need be.
+// ensureCNIConfig configures the network from the node's pod CIDR (for CNI:
+// writes the conflist when the config dir has none), waiting for the pod
+// CIDR if need be. Managers that take no configuration are left alone.
 func (k *Kubelet) ensureCNIConfig(ctx context.Context) error {
-	if k.cfg.Runtime == "fake" {
-		if _, ok := k.net.(*network.Fake); ok && k.cfg.PodCIDR == "" {
-			if n := k.node(); n != nil && n.Spec.PodCIDR != "" {
-				p, _ := netip.ParsePrefix(n.Spec.PodCIDR)
-				k.net = network.NewFake(p)
-			}
+	conf, ok := k.net.(network.Configurer)
+	if !ok || k.net.Ready() == nil {
+		return nil
+	}
+	configure := func() bool {
+		cidr := k.cfg.PodCIDR
+		if n := k.node(); n != nil && n.Spec.PodCIDR != "" {
+			cidr = n.Spec.PodCIDR
 		}
-		return nil
+		if cidr == "" {
+			return false
+		}
+		pod, err := netip.ParsePrefix(cidr)
+		if err != nil {
+			k.log.Error("node pod CIDR", "cidr", cidr, "err", err)
+			return false
+		}
+		var cluster netip.Prefix
+		if k.cfg.ClusterCIDR != "" {
+			cluster, _ = netip.ParsePrefix(k.cfg.ClusterCIDR)
+		}
+		changed, err := conf.Configure(pod, cluster)
+		if err != nil {
+			k.log.Error("configure pod network", "err", err)
+		} else if changed {
+			k.log.Info("configured pod network", "podCIDR", cidr)
+		}
+		return true
 	}
-	if _, ok := k.net.(*network.CNI); !ok {
-		return nil
-	}
-	if k.net.Ready() == nil {
+	if configure() {
 		return nil
 	}
 	go func() {
 		for {
-			cidr := k.cfg.PodCIDR
-			if n := k.node(); n != nil && n.Spec.PodCIDR != "" {
-				cidr = n.Spec.PodCIDR
-			}
-			if cidr != "" {
-				pod, err := netip.ParsePrefix(cidr)
-				var cluster netip.Prefix
-				if k.cfg.ClusterCIDR != "" {
-					cluster, _ = netip.ParsePrefix(k.cfg.ClusterCIDR)
-				}
-				if err == nil {
-					wrote, err := network.WriteConfig(k.cfg.CNIConfDir, pod, cluster)
-					if err != nil {
-						k.log.Error("write CNI config", "err", err)
-					} else if wrote {
-						k.log.Info("wrote CNI config", "podCIDR", cidr, "dir", k.cfg.CNIConfDir)
-					}
-					return
-				}
-			}
 			select {
 			case <-ctx.Done():
 				return
@@ -413,6 +421,9 @@ func (k *Kubelet) ensureCNIConfig(ctx context.Context) error {
 			}
 			if n, err := k.client.CoreV1().Nodes().Get(ctx, k.cfg.NodeName, metav1.GetOptions{}); err == nil {
 				k.setNode(n)
+			}
+			if configure() {
+				return
 			}
 		}
 	}()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,10 +16,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/waggle-io/waggle/kubelet/network"
 	"github.com/waggle-io/waggle/kubelet/runtime"
+	"github.com/waggle-io/waggle/kubelet/runtime/runtimetest"
 )
 
 const node = "n1"
@@ -27,8 +30,8 @@ type harness struct {
 	t      *testing.T
 	k      *Kubelet
 	cs     *fake.Clientset
-	rt     *runtime.Fake
-	net    *network.Fake
+	rt     *runtimetest.Fake
+	net    *network.Hollow
 	cancel context.CancelFunc
 	done   chan error
 	cfg    Config
@@ -36,8 +39,8 @@ type harness struct {
 
 func newHarness(t *testing.T, mutate func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, cs: fake.NewSimpleClientset(), rt: runtime.NewFake(), net: network.NewFake(netipPrefix("10.9.0.0/24"))}
-	h.cfg = Config{NodeName: node, RootDir: t.TempDir(), Runtime: "fake", Port: 0, Address: "127.0.0.1",
+	h := &harness{t: t, cs: fake.NewSimpleClientset(), rt: runtimetest.NewFake(), net: network.NewHollow(netipPrefix("10.9.0.0/24"))}
+	h.cfg = Config{NodeName: node, RootDir: t.TempDir(), Port: 0, Address: "127.0.0.1", DisableRouteController: true,
 		SyncFrequency: 50 * time.Millisecond, BackoffBase: 300 * time.Millisecond, BackoffMax: 2 * time.Second,
 		NodeLabels: map[string]string{"tier": "test"}, RegisterWithTaints: []string{"dedicated=x:NoSchedule"}}
 	if mutate != nil {
@@ -509,12 +512,56 @@ spec:
 	})
 }
 
-func TestProbesGateReadinessInHollowMode(t *testing.T) {
+// TestReadinessProbeGatesReady runs a readiness probe through the runtime's
+// exec: while the probe command fails the pod is Running but not Ready, and it
+// turns Ready once the command succeeds.
+func TestReadinessProbeGatesReady(t *testing.T) {
+	var exitCode, probed atomic.Int32
+	exitCode.Store(1)
 	h := newHarness(t, nil)
+	h.rt.ExecFunc = func(_ runtime.Container, cmd []string) int {
+		if len(cmd) == 1 && cmd[0] == "ready-check" {
+			probed.Add(1)
+		}
+		return int(exitCode.Load())
+	}
 	h.create(echoPod("probed", func(p *v1.Pod) {
-		p.Spec.Containers[0].ReadinessProbe = &v1.Probe{PeriodSeconds: 1, ProbeHandler: v1.ProbeHandler{Exec: &v1.ExecAction{Command: []string{"true"}}}}
+		p.Spec.Containers[0].ReadinessProbe = &v1.Probe{PeriodSeconds: 1, ProbeHandler: v1.ProbeHandler{Exec: &v1.ExecAction{Command: []string{"ready-check"}}}}
 	}))
-	h.waitPod("probed", "ready", running)
+	// The marker: the kubelet has written a Running status and the probe
+	// has failed at least twice; only then does "not Ready" mean anything
+	// (without a working probe the pod is Ready as soon as it runs).
+	h.waitPod("probed", "running with failed probes", func(p *v1.Pod) bool {
+		return p.Status.Phase == v1.PodRunning && probed.Load() >= 2
+	})
+	if p := h.pod("probed"); cond(p, v1.PodReady) == v1.ConditionTrue || cond(p, v1.ContainersReady) == v1.ConditionTrue {
+		t.Fatalf("pod Ready while its readiness probe fails: %+v", p.Status.Conditions)
+	}
+	exitCode.Store(0)
+	h.waitPod("probed", "ready once the probe passes", running)
+}
+
+// TestHollowModePassesProbesWithoutRunningThem: a hollow node's containers
+// run nothing, so its prober passes every probe without calling the runtime.
+func TestHollowModePassesProbesWithoutRunningThem(t *testing.T) {
+	k, err := New(Config{NodeName: node, Runtime: RuntimeHollow, RootDir: t.TempDir()}, Deps{Client: fake.NewSimpleClientset()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := k.prober.(hollowProber); !ok {
+		t.Fatalf("hollow mode prober is %T", k.prober)
+	}
+	k2, err := New(Config{NodeName: node, RootDir: t.TempDir()}, Deps{Client: fake.NewSimpleClientset()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := k2.prober.(actionProber); !ok {
+		t.Fatalf("containerd mode prober is %T", k2.prober)
+	}
+	p := &v1.Probe{ProbeHandler: v1.ProbeHandler{TCPSocket: &v1.TCPSocketAction{Port: intstr.FromInt32(1)}}}
+	if err := k.probe(context.Background(), &v1.Pod{}, &v1.Container{}, runtime.Container{}, p); err != nil {
+		t.Errorf("hollow probe failed: %v", err)
+	}
 }
 
 func TestResourcesMapToCgroupSettings(t *testing.T) {
@@ -560,7 +607,7 @@ func TestCNIConfigWrittenFromNodePodCIDR(t *testing.T) {
 	cs := fake.NewSimpleClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: v1.NodeSpec{PodCIDR: "10.44.3.0/24"}})
 	cfg := Config{NodeName: node, RootDir: t.TempDir(), Address: "127.0.0.1", Port: 0, CNIConfDir: confDir,
 		DisableRouteController: true, SyncFrequency: 50 * time.Millisecond}
-	k, err := New(cfg, Deps{Client: cs, Runtime: runtime.NewFake(), Network: network.NewCNI(network.CNIOptions{ConfDir: confDir})})
+	k, err := New(cfg, Deps{Client: cs, Runtime: runtimetest.NewFake(), Network: network.NewCNI(network.CNIOptions{ConfDir: confDir})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -281,7 +281,7 @@ func importImageDir(ctx context.Context, c *runtime.Containerd, dir string, log 
 }
 
 func (k *Kubelet) startRouteController(ctx context.Context, wg *sync.WaitGroup) {
-	if k.cfg.Runtime == "fake" || k.cfg.DisableRouteController {
+	if k.cfg.Runtime == RuntimeHollow || k.cfg.DisableRouteController {
 		return
 	}
 	wg.Add(1)

@@ -22,7 +22,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.Var(&labels, "node-labels", "extra node labels, key=value[,key=value...]")
 	fs.Var(&taints, "register-with-taints", "taints set at registration, key=value:Effect[,...]")
 	fs.IntVar(&cfg.MaxPods, "max-pods", 110, "pods capacity")
-	fs.StringVar(&cfg.Runtime, "runtime", "containerd", "container runtime: containerd, or fake (hollow node for scale tests)")
+	fs.StringVar(&cfg.Runtime, "runtime", "containerd", "container runtime: containerd, or hollow (in-memory containers and addresses, probes pass: a hollow node for control-plane scale tests)")
 	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", "/run/containerd/containerd.sock", "containerd socket")
 	fs.StringVar(&cfg.ContainerdNamespace, "containerd-namespace", "waggle", "containerd namespace of this node's images and containers")
 	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI network configuration dir (written from the node's pod CIDR when empty)")

@@ -217,3 +217,11 @@ func WriteConfig(dir string, podCIDR, clusterCIDR netip.Prefix, opts ...wcni.Con
 	}
 	return true, nil
 }
+
+var _ Configurer = (*CNI)(nil)
+
+// Configure implements Configurer: it writes the waggle configuration for
+// podCIDR into the config dir unless one is there.
+func (c *CNI) Configure(podCIDR, clusterCIDR netip.Prefix) (bool, error) {
+	return WriteConfig(c.opts.ConfDir, podCIDR, clusterCIDR)
+}

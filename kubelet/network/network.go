@@ -3,8 +3,7 @@
 // the node's CNI plugin through containernetworking/cni's libcni, with the
 // configuration list found in the CNI config dir. It also writes that
 // configuration (CNI type "waggle") from the node's pod CIDR when none is
-// there, and offers a fake that hands out addresses in memory for the hollow
-// node.
+// there, and offers Hollow, the hollow node's in-memory address allocator.
 //
 // It is not the CNI plugin (cmd/waggle-cni, package cni) and not the
 // cross-node route controller (cni/routes).
@@ -50,65 +49,98 @@ type Manager interface {
 	Ready() error
 }
 
-// Fake hands out addresses from a prefix in memory and creates no
-// namespace: the hollow node's network.
-type Fake struct {
+// Configurer is a Manager whose configuration comes from the node's pod
+// CIDR once it is known: the kubelet calls Configure when the Manager is not
+// Ready and the Node has a pod CIDR. configured reports whether anything changed.
+type Configurer interface {
+	Configure(podCIDR, clusterCIDR netip.Prefix) (changed bool, err error)
+}
+
+// Hollow is the hollow node's network (--runtime=hollow): addresses from the
+// pod CIDR handed out in memory, no namespace, no interface. It is not Ready
+// until it has a prefix (given to NewHollow or later to Configure).
+type Hollow struct {
 	mu     sync.Mutex
 	prefix netip.Prefix
 	used   map[netip.Addr]string
 	next   netip.Addr
 }
 
-// NewFake returns a fake manager allocating from prefix (e.g. the node's pod
-// CIDR); an invalid prefix means 10.244.0.0/16.
-func NewFake(prefix netip.Prefix) *Fake {
+var _ Configurer = (*Hollow)(nil)
+
+// NewHollow returns a hollow manager allocating from prefix (e.g. the node's
+// pod CIDR); an invalid prefix leaves it unconfigured.
+func NewHollow(prefix netip.Prefix) *Hollow {
+	h := &Hollow{used: map[netip.Addr]string{}}
+	h.Configure(prefix, netip.Prefix{})
+	return h
+}
+
+// Configure implements Configurer: allocation continues from the new prefix.
+func (h *Hollow) Configure(prefix, _ netip.Prefix) (bool, error) {
 	if !prefix.IsValid() {
-		prefix = netip.MustParsePrefix("10.244.0.0/16")
+		return false, nil
 	}
 	prefix = prefix.Masked()
-	return &Fake{prefix: prefix, used: map[netip.Addr]string{}, next: prefix.Addr().Next().Next()}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.prefix == prefix {
+		return false, nil
+	}
+	h.prefix, h.next = prefix, prefix.Addr().Next().Next()
+	return true, nil
 }
 
 // SetUp implements Manager.
-func (f *Fake) SetUp(_ context.Context, pod Pod) (Sandbox, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for ip, uid := range f.used {
+func (h *Hollow) SetUp(_ context.Context, pod Pod) (Sandbox, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.prefix.IsValid() {
+		return Sandbox{}, ErrNoConfig
+	}
+	for ip, uid := range h.used {
 		if uid == pod.UID {
 			return Sandbox{IPs: []string{ip.String()}, ContainerID: pod.UID}, nil
 		}
 	}
-	start := f.next
+	start := h.next
 	for {
-		a := f.next
-		f.next = f.next.Next()
-		if !f.prefix.Contains(f.next) {
-			f.next = f.prefix.Addr().Next().Next()
+		a := h.next
+		h.next = h.next.Next()
+		if !h.prefix.Contains(h.next) {
+			h.next = h.prefix.Addr().Next().Next()
 		}
-		if _, taken := f.used[a]; !taken && f.prefix.Contains(a) {
-			f.used[a] = pod.UID
+		if _, taken := h.used[a]; !taken && h.prefix.Contains(a) {
+			h.used[a] = pod.UID
 			return Sandbox{IPs: []string{a.String()}, ContainerID: pod.UID}, nil
 		}
-		if f.next == start {
-			return Sandbox{}, fmt.Errorf("fake network: %s is exhausted", f.prefix)
+		if h.next == start {
+			return Sandbox{}, fmt.Errorf("hollow network: %s is exhausted", h.prefix)
 		}
 	}
 }
 
 // TearDown implements Manager.
-func (f *Fake) TearDown(_ context.Context, pod Pod, _ Sandbox) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for ip, uid := range f.used {
+func (h *Hollow) TearDown(_ context.Context, pod Pod, _ Sandbox) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ip, uid := range h.used {
 		if uid == pod.UID {
-			delete(f.used, ip)
+			delete(h.used, ip)
 		}
 	}
 	return nil
 }
 
 // Ready implements Manager.
-func (f *Fake) Ready() error { return nil }
+func (h *Hollow) Ready() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.prefix.IsValid() {
+		return ErrNoConfig
+	}
+	return nil
+}
 
 // InUse returns how many addresses are allocated.
-func (f *Fake) InUse() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.used) }
+func (h *Hollow) InUse() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.used) }

@@ -10,8 +10,8 @@ import (
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
-func TestFakeAllocatesUniqueAddressesAndReleases(t *testing.T) {
-	f := NewFake(netip.MustParsePrefix("10.1.0.0/29"))
+func TestHollowAllocatesUniqueAddressesAndReleases(t *testing.T) {
+	f := NewHollow(netip.MustParsePrefix("10.1.0.0/29"))
 	ctx := context.Background()
 	seen := map[string]bool{}
 	for _, uid := range []string{"a", "b", "c", "d", "e", "f"} {
@@ -36,6 +36,26 @@ func TestFakeAllocatesUniqueAddressesAndReleases(t *testing.T) {
 	}
 	if _, err := f.SetUp(ctx, Pod{UID: "g"}); err != nil {
 		t.Errorf("released address not reused: %v", err)
+	}
+}
+
+func TestHollowIsNotReadyUntilConfigured(t *testing.T) {
+	h := NewHollow(netip.Prefix{})
+	if h.Ready() == nil {
+		t.Fatal("unconfigured hollow network is Ready")
+	}
+	if _, err := h.SetUp(context.Background(), Pod{UID: "a"}); err == nil {
+		t.Fatal("unconfigured hollow network allocates")
+	}
+	if changed, _ := h.Configure(netip.MustParsePrefix("10.2.3.0/24"), netip.Prefix{}); !changed || h.Ready() != nil {
+		t.Fatalf("Configure: changed=%v ready=%v", changed, h.Ready())
+	}
+	sb, err := h.SetUp(context.Background(), Pod{UID: "a"})
+	if err != nil || !netip.MustParsePrefix("10.2.3.0/24").Contains(netip.MustParseAddr(sb.IPs[0])) {
+		t.Fatalf("SetUp = %v, %v", sb, err)
+	}
+	if changed, _ := h.Configure(netip.MustParsePrefix("10.2.3.0/24"), netip.Prefix{}); changed {
+		t.Error("the same prefix again counts as a change")
 	}
 }
 

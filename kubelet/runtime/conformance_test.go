@@ -15,12 +15,13 @@ import (
 	"github.com/waggle-io/waggle/kubelet/images"
 	"github.com/waggle-io/waggle/kubelet/internal/ktest"
 	"github.com/waggle-io/waggle/kubelet/runtime"
+	"github.com/waggle-io/waggle/kubelet/runtime/runtimetest"
 )
 
 // runtimes returns the implementations under test: the fake always, the
 // containerd one when privileged tests can run.
 func runtimes(t *testing.T) map[string]runtime.Runtime {
-	fake := runtime.NewFake(images.EchoImage)
+	fake := runtimetest.NewFake(images.EchoImage)
 	// The fake runs nothing; it answers `waggle-echo exit N` as the image would.
 	fake.ExecFunc = func(_ runtime.Container, cmd []string) int {
 		if len(cmd) == 3 && cmd[1] == "exit" {

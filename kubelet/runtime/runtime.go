@@ -2,7 +2,8 @@
 // (images, containers, exec, stats) with the real implementation on
 // containerd (runc, its own containerd namespace, logs in files, every fact
 // the kubelet needs after a restart kept in container labels) and an
-// in-memory fake used by unit tests and by the hollow node (--runtime=fake).
+// in-memory Hollow runtime for hollow nodes (--runtime=hollow); the test
+// double lives in runtimetest.
 //
 // It is not the pod logic: sandboxes (network namespaces, CNI, cgroups) and
 // restart policies belong to the kubelet's pod workers.

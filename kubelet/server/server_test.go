@@ -21,6 +21,7 @@ import (
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
+	"github.com/waggle-io/waggle/kubelet/runtime/runtimetest"
 )
 
 func TestParseLogOptions(t *testing.T) {
@@ -103,7 +104,7 @@ func TestSeekTail(t *testing.T) {
 
 // fakeProvider serves one pod with a current and a previous container.
 type fakeProvider struct {
-	rt  *runtime.Fake
+	rt  *runtimetest.Fake
 	cur runtime.Container
 	old runtime.Container
 }
@@ -136,7 +137,7 @@ func TestHandlerAuthAndLogs(t *testing.T) {
 	cur, old := filepath.Join(dir, "1.log"), filepath.Join(dir, "0.log")
 	os.WriteFile(cur, []byte("one\ntwo\nthree\n"), 0o644)
 	os.WriteFile(old, []byte("previous run\n"), 0o644)
-	p := &fakeProvider{rt: runtime.NewFake(),
+	p := &fakeProvider{rt: runtimetest.NewFake(),
 		cur: runtime.Container{ID: "c1", State: runtime.StateExited, LogPath: cur},
 		old: runtime.Container{ID: "c0", State: runtime.StateExited, LogPath: old}}
 	s := &Server{p: p}

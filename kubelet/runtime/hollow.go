@@ -1,0 +1,131 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Hollow is the hollow node's runtime (--runtime=hollow, as kubemark's
+// hollow kubelet): containers are records in memory, running from the
+// moment they are started until they are stopped, and nothing is executed.
+// It lets one machine carry hundreds of nodes for control-plane scale
+// tests. Every image is present except under imagePullPolicy Never, where
+// only images pulled before count.
+type Hollow struct {
+	mu         sync.Mutex
+	containers map[string]*Container
+	images     map[string]bool
+	next       int
+}
+
+var _ Runtime = (*Hollow)(nil)
+
+// NewHollow returns a hollow runtime whose image store holds images.
+func NewHollow(images ...string) *Hollow {
+	h := &Hollow{containers: map[string]*Container{}, images: map[string]bool{}}
+	for _, i := range images {
+		h.images[i] = true
+	}
+	return h
+}
+
+// Version implements Runtime.
+func (h *Hollow) Version(context.Context) (string, string, error) { return "hollow", "0.0.0", nil }
+
+// EnsureImage implements Runtime.
+func (h *Hollow) EnsureImage(_ context.Context, image string, policy PullPolicy) (string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.images[image] {
+		if policy == PullNever {
+			return "", fmt.Errorf("%w: %s (imagePullPolicy is Never)", ErrImageNotFound, image)
+		}
+		h.images[image] = true
+	}
+	return "sha256:hollow-" + image, nil
+}
+
+// StartContainer implements Runtime.
+func (h *Hollow) StartContainer(_ context.Context, cfg ContainerConfig) (string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.next++
+	id := fmt.Sprintf("hollow%06d", h.next)
+	now := time.Now()
+	h.containers[id] = &Container{
+		ID: id, PodUID: cfg.PodUID, PodName: cfg.PodName, PodNamespace: cfg.PodNamespace,
+		Name: cfg.Name, Attempt: cfg.Attempt, Init: cfg.Init, Image: cfg.Image, ImageID: "sha256:hollow-" + cfg.Image,
+		State: StateRunning, PID: uint32(1000 + h.next), CreatedAt: now, StartedAt: now, LogPath: cfg.LogPath,
+	}
+	return id, nil
+}
+
+// Exit ends a running container with code and reason, as if its process
+// had ended (a hollow node's containers otherwise run until stopped).
+func (h *Hollow) Exit(id string, code int32, reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c, ok := h.containers[id]; ok && c.State == StateRunning {
+		c.State, c.ExitCode, c.Reason, c.FinishedAt = StateExited, code, reason, time.Now()
+	}
+}
+
+// StopContainer implements Runtime.
+func (h *Hollow) StopContainer(_ context.Context, id string, _ time.Duration) error {
+	h.Exit(id, 137, "Error")
+	return nil
+}
+
+// RemoveContainer implements Runtime.
+func (h *Hollow) RemoveContainer(_ context.Context, id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.containers, id)
+	return nil
+}
+
+// ListContainers implements Runtime.
+func (h *Hollow) ListContainers(context.Context) ([]Container, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]Container, 0, len(h.containers))
+	for _, c := range h.containers {
+		out = append(out, *c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Get returns container id as recorded.
+func (h *Hollow) Get(id string) (Container, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c, ok := h.containers[id]
+	if !ok {
+		return Container{}, false
+	}
+	return *c, true
+}
+
+// Exec implements Runtime: a hollow container runs nothing, so every
+// command "succeeds" with exit code 0 and no output.
+func (h *Hollow) Exec(_ context.Context, id string, _ []string, _ ExecOptions) (int, error) {
+	if c, ok := h.Get(id); !ok || c.State != StateRunning {
+		return -1, fmt.Errorf("%w: running container %s", ErrNotFound, id)
+	}
+	return 0, nil
+}
+
+// Stats implements Runtime with small constant figures.
+func (h *Hollow) Stats(_ context.Context, id string) (*ContainerStats, error) {
+	if _, ok := h.Get(id); !ok {
+		return nil, fmt.Errorf("%w: container %s", ErrNotFound, id)
+	}
+	return &ContainerStats{Time: time.Now(), CPUUsageNanos: 1e6, MemoryUsage: 4 << 20, MemoryWorkingSet: 4 << 20}, nil
+}
+
+// Close implements Runtime.
+func (h *Hollow) Close() error { return nil }
