@@ -32,15 +32,22 @@ import (
 // ErrInvalidImage marks an image description that cannot be built.
 var ErrInvalidImage = errors.New("invalid image")
 
-// File is one regular file or directory of an image's single layer.
+// File is one regular file, directory or symbolic link of an image's single
+// layer.
 type File struct {
 	// Path inside the image, e.g. "/waggle-echo" (leading slash optional).
 	Path string
-	// Mode is the permission bits (0o755 for an executable).
+	// Mode is the permission bits (0o755 for an executable), with the
+	// setuid, setgid and sticky bits where wanted (0o1777 for /tmp).
 	Mode int64
-	// Dir makes this a directory; Data is then ignored.
-	Dir  bool
-	Data []byte
+	// Dir makes this a directory; Data is then ignored. The same directory
+	// may be given more than once (trees merged from several packages).
+	Dir bool
+	// Link makes this a symbolic link to Link; Data is then ignored.
+	Link string
+	// UID and GID own the entry (0: root).
+	UID, GID int
+	Data     []byte
 }
 
 // Spec describes an image to build.
@@ -56,6 +63,9 @@ type Spec struct {
 	Env          []string
 	WorkingDir   string
 	ExposedPorts []string
+	// User ("1000", "nginx", "1000:50000") and StopSignal ("SIGQUIT") go
+	// into the image config too.
+	User, StopSignal string
 	// OS and Architecture default to linux and amd64.
 	OS, Architecture string
 }
@@ -90,6 +100,8 @@ func Build(w io.Writer, spec Spec) error {
 			Cmd:        spec.Cmd,
 			Env:        spec.Env,
 			WorkingDir: spec.WorkingDir,
+			User:       spec.User,
+			StopSignal: spec.StopSignal,
 		},
 		RootFS: ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{diffID}},
 	}
@@ -187,13 +199,20 @@ func buildLayer(files []File) (gz []byte, diffID digest.Digest, err error) {
 		if p == "" || p == "." {
 			return nil, "", fmt.Errorf("%w: file path %q", ErrInvalidImage, f.Path)
 		}
-		if _, dup := entries[p]; dup {
+		if old, dup := entries[p]; dup {
+			if old.Dir && f.Dir {
+				f.Path = p
+				entries[p] = f // the later (explicit) mode and owner win
+				continue
+			}
 			return nil, "", fmt.Errorf("%w: file %q given twice", ErrInvalidImage, f.Path)
 		}
 		f.Path = p
 		entries[p] = f
 		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
 			if e, ok := entries[d]; ok && !e.Dir {
+				// A file below a symbolic link would land wherever the
+				// link points when unpacked: refuse it as well.
 				return nil, "", fmt.Errorf("%w: %q is a file and a directory", ErrInvalidImage, d)
 			}
 			if _, ok := entries[d]; !ok {
@@ -218,16 +237,22 @@ func buildLayer(files []File) (gz []byte, diffID digest.Digest, err error) {
 				mode = 0o755
 			}
 		}
-		hdr := &tar.Header{Name: n, Mode: mode, ModTime: epoch, Typeflag: tar.TypeReg, Size: int64(len(f.Data)), Format: tar.FormatPAX}
-		if f.Dir {
+		hdr := &tar.Header{Name: n, Mode: mode, Uid: f.UID, Gid: f.GID, ModTime: epoch, Typeflag: tar.TypeReg, Size: int64(len(f.Data)), Format: tar.FormatPAX}
+		switch {
+		case f.Dir:
 			hdr.Name += "/"
 			hdr.Typeflag = tar.TypeDir
+			hdr.Size = 0
+		case f.Link != "":
+			hdr.Typeflag = tar.TypeSymlink
+			hdr.Linkname = f.Link
+			hdr.Mode = 0o777
 			hdr.Size = 0
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, "", fmt.Errorf("layer %s: %w", n, err)
 		}
-		if !f.Dir {
+		if hdr.Typeflag == tar.TypeReg {
 			if _, err := tw.Write(f.Data); err != nil {
 				return nil, "", fmt.Errorf("layer %s: %w", n, err)
 			}
