@@ -1,0 +1,308 @@
+package policy
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+type check struct {
+	from, to string // pod keys; from "" is the node
+	proto    string
+	port     int
+	want     bool
+}
+
+func (e *env) expect(t *testing.T, checks []check) {
+	t.Helper()
+	for _, c := range checks {
+		var from *tpod
+		if c.from != "" {
+			from = e.pods[c.from]
+		}
+		proto := c.proto
+		if proto == "" {
+			proto = "tcp"
+		}
+		port := c.port
+		if port == 0 {
+			port = 80
+		}
+		if got := e.reach(from, e.pods[c.to], proto, port); got != c.want {
+			t.Errorf("%s -> %s %s/%d: reachable=%v, want %v", or(c.from, "node"), c.to, proto, port, got, c.want)
+		}
+	}
+}
+
+func or(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a
+}
+
+// TestConformance is the policy conformance table on the real kernel: pods
+// in network namespaces on a bridge, the tcx programs on their veths.
+func TestConformance(t *testing.T) {
+	cases := []struct {
+		name   string
+		policy func() []*networkingv1.NetworkPolicy
+		checks []check
+	}{
+		{
+			name:   "no policy: everything reaches everything",
+			checks: []check{{"x/a", "x/b", "", 0, true}, {"y/c", "x/b", "udp", 80, true}, {"x/b", "y/c", "", 81, true}},
+		},
+		{
+			name: "default-deny ingress isolates the namespace's pods, not their egress; the node still reaches them",
+			policy: func() []*networkingv1.NetworkPolicy {
+				return []*networkingv1.NetworkPolicy{np("x", "deny-in", sel(), ingress)}
+			},
+			checks: []check{
+				{"x/a", "x/b", "", 0, false}, {"y/c", "x/b", "udp", 80, false}, {"x/b", "y/c", "", 0, true},
+				{"", "x/b", "", 0, true},
+			},
+		},
+		{
+			name: "default-deny egress: nothing leaves, replies to allowed ingress still do",
+			policy: func() []*networkingv1.NetworkPolicy {
+				return []*networkingv1.NetworkPolicy{np("x", "deny-out", sel(), egress)}
+			},
+			checks: []check{
+				{"x/b", "y/c", "", 0, false}, {"x/b", "x/a", "udp", 80, false},
+				{"y/c", "x/b", "", 0, true}, {"y/c", "x/b", "udp", 80, true},
+			},
+		},
+		{
+			name: "allow from a namespace",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("x", "from-y", sel("app", "b"), ingress)
+				p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("ns", "y")}}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			checks: []check{{"y/c", "x/b", "", 0, true}, {"y/d", "x/b", "", 0, true}, {"x/a", "x/b", "", 0, false}, {"z/e", "x/b", "", 0, false}},
+		},
+		{
+			name: "allow from a pod in another namespace (namespaceSelector and podSelector together)",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("x", "from-y-c", sel("app", "b"), ingress)
+				p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: sel("ns", "y"), PodSelector: sel("app", "c")}}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			checks: []check{{"y/c", "x/b", "", 0, true}, {"y/d", "x/b", "", 0, false}, {"x/a", "x/b", "", 0, false}},
+		},
+		{
+			name: "podSelector alone means the policy's namespace",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("x", "from-a", sel("app", "b"), ingress)
+				p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "a")}}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			checks: []check{{"x/a", "x/b", "", 0, true}, {"z/a", "x/b", "", 0, false}},
+		},
+		{
+			name: "egress to an ipBlock with except",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("x", "to-block", sel("app", "a"), egress)
+				p.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.77.0.0/24", Except: []string{"10.77.0.13/32"}}}}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			// x/a is .11, x/b .12, y/c .13, y/d .14
+			checks: []check{{"x/a", "x/b", "", 0, true}, {"x/a", "y/c", "", 0, false}, {"x/a", "y/d", "udp", 80, true}},
+		},
+		{
+			name: "ingress from an ipBlock with except",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("x", "from-block", sel("app", "b"), ingress)
+				p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.77.0.8/29", Except: []string{"10.77.0.11/32"}}}}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			checks: []check{{"x/a", "x/b", "", 0, false}, {"y/c", "x/b", "", 0, true}, {"y/d", "x/b", "", 0, true}, {"z/e", "x/b", "", 0, true}},
+		},
+		{
+			name: "named port resolved on the destination pod",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("x", "named", sel("app", "b"), ingress)
+				proto := v1.ProtocolTCP
+				port := intstr.FromString("web")
+				p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &proto, Port: &port}}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			checks: []check{{"x/a", "x/b", "", 81, true}, {"x/a", "x/b", "", 80, false}, {"x/a", "x/b", "udp", 80, false}},
+		},
+		{
+			name: "egress named port resolved per destination pod",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("y", "named-out", sel("app", "c"), egress)
+				port := intstr.FromString("web")
+				p.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &port}}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			// x/b names 81 "web", z/e names 82 "web".
+			checks: []check{{"y/c", "x/b", "", 81, true}, {"y/c", "x/b", "", 82, false}, {"y/c", "z/e", "", 82, true}, {"y/c", "z/e", "", 81, false}},
+		},
+		{
+			name: "endPort range",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("x", "range", sel("app", "b"), ingress)
+				pp := tcpPort(81)
+				end := int32(82)
+				pp.EndPort = &end
+				p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{pp}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			checks: []check{{"x/a", "x/b", "", 80, false}, {"x/a", "x/b", "", 81, true}, {"x/a", "x/b", "", 82, true}},
+		},
+		{
+			name: "protocol only: UDP on every port, not TCP",
+			policy: func() []*networkingv1.NetworkPolicy {
+				p := np("x", "udp", sel("app", "b"), ingress)
+				proto := v1.ProtocolUDP
+				p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &proto}}}}
+				return []*networkingv1.NetworkPolicy{p}
+			},
+			checks: []check{{"x/a", "x/b", "udp", 80, true}, {"x/a", "x/b", "", 80, false}},
+		},
+		{
+			name: "policies add up: a deny-all plus an allow",
+			policy: func() []*networkingv1.NetworkPolicy {
+				deny := np("x", "deny", sel(), ingress, egress)
+				allow := np("x", "allow-a", sel("app", "b"), ingress)
+				allow.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "a")}}, Ports: []networkingv1.NetworkPolicyPort{tcpPort(80)}}}
+				out := np("x", "a-out", sel("app", "a"), egress)
+				out.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "b")}}}}
+				return []*networkingv1.NetworkPolicy{deny, allow, out}
+			},
+			checks: []check{{"x/a", "x/b", "", 80, true}, {"x/a", "x/b", "", 81, false}, {"y/c", "x/b", "", 80, false}, {"x/b", "x/a", "", 80, false}},
+		},
+	}
+	e := newEnv(t)
+	e.addPod("x", "a", map[string]string{"app": "a"})
+	e.addPod("x", "b", map[string]string{"app": "b"}, v1.ContainerPort{Name: "web", ContainerPort: 81})
+	e.addPod("y", "c", map[string]string{"app": "c"})
+	e.addPod("y", "d", map[string]string{"app": "d"})
+	e.addPod("z", "e", map[string]string{"app": "e"}, v1.ContainerPort{Name: "web", ContainerPort: 82})
+	e.addPod("z", "a", map[string]string{"app": "a"})
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var pols []*networkingv1.NetworkPolicy
+			if tc.policy != nil {
+				pols = tc.policy()
+			}
+			for _, p := range pols {
+				e.setPolicy(p)
+			}
+			e.expect(t, tc.checks)
+			for _, p := range pols {
+				e.deletePolicy(p.Namespace, p.Name)
+			}
+		})
+	}
+}
+
+// TestPolicyUnderAnOpenConnection: Waggle re-checks an established flow
+// against a changed policy (upstream leaves it to the implementation): a
+// policy that no longer allows the flow cuts it; one that still allows it
+// (or its removal) leaves it running.
+func TestPolicyUnderAnOpenConnection(t *testing.T) {
+	e := newEnv(t)
+	a := e.addPod("x", "a", map[string]string{"app": "a"})
+	b := e.addPod("x", "b", map[string]string{"app": "b"})
+	c := e.addPod("x", "c", map[string]string{"app": "c"})
+	open := func(from, to *tpod) net.Conn {
+		conn := e.dialFrom(from.netns, "tcp", fmt.Sprintf("%s:80", to.ip))
+		if conn == nil {
+			t.Fatalf("%s -> %s denied before any policy", from.name, to.name)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	fromA, fromC := open(a, b), open(c, b)
+	if !e.roundTrip(fromA) || !e.roundTrip(fromC) {
+		t.Fatal("open connections carry no data before any policy")
+	}
+	allowA := np("x", "allow-a", sel("app", "b"), ingress)
+	allowA.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "a")}}}}
+	e.setPolicy(allowA)
+	if !e.roundTrip(fromA) {
+		t.Error("a's established connection was cut by a policy that allows it")
+	}
+	if e.roundTrip(fromC) {
+		t.Error("c's established connection still runs under a policy that denies it")
+	}
+	e.deletePolicy("x", "allow-a")
+	if !e.roundTrip(fromA) {
+		t.Error("a's connection was cut when the policy was removed")
+	}
+	if !e.reach(c, b, "tcp", 80) {
+		t.Error("c cannot connect again after the policy was removed")
+	}
+	// Replies of a connection b opened stay allowed when b becomes isolated
+	// for ingress (the flow started as b's egress).
+	fromB := open(b, e.addPod("y", "d", map[string]string{"app": "d"}))
+	e.setPolicy(np("x", "deny-in", sel(), ingress))
+	if !e.roundTrip(fromB) {
+		t.Error("replies to b's own connection were dropped by an ingress policy")
+	}
+	if e.reach(a, b, "tcp", 80) {
+		t.Error("deny-in did not isolate b")
+	}
+}
+
+// TestPodsCreatedAfterThePolicy: the policy applies to pods that appear
+// later, as subjects and as peers, and to relabelled pods.
+func TestPodsCreatedAfterThePolicy(t *testing.T) {
+	e := newEnv(t)
+	p := np("x", "from-client", sel("app", "server"), ingress)
+	p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("role", "client")}}}}
+	e.setPolicy(p)
+	server := e.addPod("x", "server", map[string]string{"app": "server"})
+	client := e.addPod("x", "client", map[string]string{"role": "client"})
+	other := e.addPod("x", "other", map[string]string{"role": "other"})
+	if !e.reach(client, server, "tcp", 80) {
+		t.Error("a client created after the policy is denied")
+	}
+	if e.reach(other, server, "tcp", 80) {
+		t.Error("a non-client created after the policy is allowed")
+	}
+	// Relabel other as a client: same policy, new identity.
+	other.obj.Labels = map[string]string{"role": "client"}
+	e.c.SetPod(other.obj, other.ifindex)
+	e.sync()
+	if !e.reach(other, server, "tcp", 80) {
+		t.Error("a pod relabelled as a client is denied")
+	}
+	// A second server created later is isolated at once.
+	server2 := e.addPod("x", "server2", map[string]string{"app": "server"})
+	if e.reach(e.addPod("y", "stranger", map[string]string{"role": "client"}), server2, "tcp", 80) {
+		t.Error("a client of another namespace reaches a server created after the policy")
+	}
+	// The pod is deleted: its endpoint and links go.
+	e.c.DeletePod("x", "server2")
+	e.sync()
+	var v polBPFPolEndpoint
+	if err := e.dp.objs.WagglePolEndpoints.Lookup(server2.ifindex, &v); err == nil {
+		t.Error("a deleted pod's endpoint is still in the map")
+	}
+}
+
+// TestSCTPIsRefusedClearly: an SCTP port is reported and allows nothing.
+func TestSCTPIsRefusedClearly(t *testing.T) {
+	c := NewCompiler("n")
+	p := np("x", "sctp", sel(), ingress)
+	proto := v1.ProtocolSCTP
+	port := intstr.FromInt32(9)
+	p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &proto, Port: &port}}}}
+	if err := c.SetPolicy(p); err != nil {
+		t.Fatal(err)
+	}
+	ch := c.Compile()
+	if len(ch.Warnings) != 1 || !strings.Contains(ch.Warnings[0], "SCTP is not supported") {
+		t.Errorf("warnings = %q, want one about SCTP", ch.Warnings)
+	}
+}
