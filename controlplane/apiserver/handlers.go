@@ -24,8 +24,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // createOnUpdate lists the resources whose PUT creates a missing object,
@@ -177,6 +179,11 @@ func parseWriteOpts(r *http.Request) (writeOpts, string, error) {
 	default:
 		return wo, "", apierrors.NewBadRequest(fmt.Sprintf("fieldValidation must be one of Strict, Warn, Ignore, not %q", fv))
 	}
+	if errs := metav1validation.ValidateFieldManager(q.Get("fieldManager"), field.NewPath("fieldManager")); len(errs) > 0 {
+		kind := map[string]string{http.MethodPost: "CreateOptions", http.MethodPut: "UpdateOptions", http.MethodPatch: "PatchOptions"}[r.Method]
+		return wo, "", apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: kind}, "", errs)
+	}
+	wo.manager = fieldManagerName(q.Get("fieldManager"), r.UserAgent())
 	return wo, fv, nil
 }
 
@@ -672,6 +679,7 @@ func (s *Server) serveScale(ctx context.Context, w http.ResponseWriter, r *http.
 		patchType = mediaType(r.Header.Get("Content-Type"))
 	}
 	var result *autoscalingv1.Scale
+	wo.fmSub = "scale"
 	_, err = req.reg.guaranteedUpdate(ctx, req.ns, req.name, "", wo, func(cur runtime.Object) (runtime.Object, error) {
 		sc, err := scaleOf(cur)
 		if err != nil {

@@ -7,6 +7,14 @@ import (
 	"mime"
 	"net/http"
 
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/apiserver/decode"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/yaml"
+
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -60,15 +68,100 @@ func applyPatch(patchType string, current, patch []byte, schema runtime.Object) 
 			return nil, apierrors.NewBadRequest("invalid strategic merge patch: " + err.Error())
 		}
 		return out, nil
-	case types.ApplyYAMLPatchType, types.ApplyCBORPatchType:
-		return nil, unsupportedPatch(patchType)
 	}
 	return nil, unsupportedPatch(patchType)
 }
 
 func unsupportedPatch(ct string) error {
 	return apierrors.NewGenericServerResponse(http.StatusUnsupportedMediaType, "patch", schemaGR, "",
-		fmt.Sprintf("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json; got %q", ct), 0, false)
+		fmt.Sprintf("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got %q", ct), 0, false)
+}
+
+// patchOptions decodes and validates the PatchOptions of a request (force
+// only with apply, fieldManager required for apply), as kube-apiserver.
+func patchOptions(r *http.Request, req *request, pt types.PatchType) (*metav1.PatchOptions, error) {
+	opts := &metav1.PatchOptions{}
+	if err := catalog.ParameterCodec.DecodeParameters(r.URL.Query(), req.reg.res.GroupVersion(), opts); err != nil {
+		return nil, apierrors.NewBadRequest(err.Error())
+	}
+	if errs := metav1validation.ValidatePatchOptions(opts, pt); len(errs) > 0 {
+		return nil, apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "PatchOptions"}, "", errs)
+	}
+	return opts, nil
+}
+
+// serveApply serves a server-side apply (application/apply-patch+yaml):
+// the field manager merges the applied configuration into the live object
+// (or a new one: apply creates), owning what it sets and answering 409
+// with the conflicting managers and fields unless force is set.
+func (s *Server) serveApply(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request, wo writeOpts, fv string, body []byte, opts *metav1.PatchOptions) error {
+	fm := req.reg.fms[req.sub]
+	if fm == nil {
+		return apierrors.NewMethodNotSupported(req.reg.gr, "apply")
+	}
+	applied := &unstructured.Unstructured{Object: map[string]any{}}
+	if err := yaml.Unmarshal(body, &applied.Object); err != nil {
+		return apierrors.NewBadRequest(fmt.Sprintf("error decoding patch: %v", err))
+	}
+	var warnings []string
+	if fv == decode.Strict || fv == decode.Warn {
+		if err := yaml.UnmarshalStrict(body, &map[string]any{}); err != nil {
+			if fv == decode.Strict {
+				return apierrors.NewBadRequest(fmt.Sprintf("error strict decoding patch: %v", err))
+			}
+			warnings = append(warnings, err.Error())
+		}
+	}
+	force := opts.Force != nil && *opts.Force
+	pinned := applied.GetResourceVersion() != ""
+	wo.manager, wo.applied = opts.FieldManager, true
+	merge := func(live runtime.Object) (runtime.Object, error) {
+		obj, err := fm.Apply(live, applied.DeepCopy(), opts.FieldManager, force)
+		if err != nil {
+			// Conflicts and bad patches are Status errors; the rest (a
+			// field the schema does not declare) answer 500, as upstream.
+			return nil, err
+		}
+		if !pinned {
+			objectMeta(obj).SetResourceVersion("")
+		}
+		return obj, nil
+	}
+	for attempt := 0; ; attempt++ {
+		out, err := req.reg.guaranteedUpdate(ctx, req.ns, req.name, req.sub, wo, merge)
+		if err == nil {
+			warn(w, warnings)
+			return s.writeObject(w, r, req.reg, http.StatusOK, out)
+		}
+		if !apierrors.IsNotFound(err) || req.sub != "" || attempt > 3 {
+			return err
+		}
+		// Apply to a missing object creates it.
+		live := req.reg.res.New()
+		live.GetObjectKind().SetGroupVersionKind(req.reg.res.GroupVersionKind())
+		obj, err := merge(live)
+		if err != nil {
+			return err
+		}
+		m := objectMeta(obj)
+		if m.GetName() == "" {
+			m.SetName(req.name)
+		} else if m.GetName() != req.name {
+			return apierrors.NewBadRequest(fmt.Sprintf("the name of the object (%s) does not match the name on the URL (%s)", m.GetName(), req.name))
+		}
+		if pinned {
+			return apierrors.NewNotFound(req.reg.gr, req.name)
+		}
+		out, err = req.reg.create(ctx, req.ns, obj, wo)
+		if apierrors.IsAlreadyExists(err) {
+			continue // created meanwhile: apply to it
+		}
+		if err != nil {
+			return err
+		}
+		warn(w, warnings)
+		return s.writeObject(w, r, req.reg, http.StatusCreated, out)
+	}
 }
 
 func (s *Server) servePatch(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
@@ -78,9 +171,13 @@ func (s *Server) servePatch(ctx context.Context, w http.ResponseWriter, r *http.
 	}
 	pt := mediaType(r.Header.Get("Content-Type"))
 	switch types.PatchType(pt) {
-	case types.JSONPatchType, types.MergePatchType, types.StrategicMergePatchType:
+	case types.JSONPatchType, types.MergePatchType, types.StrategicMergePatchType, types.ApplyYAMLPatchType:
 	default:
 		return unsupportedPatch(pt)
+	}
+	opts, err := patchOptions(r, req, types.PatchType(pt))
+	if err != nil {
+		return err
 	}
 	body, err := readBody(r)
 	if err != nil {
@@ -88,6 +185,9 @@ func (s *Server) servePatch(ctx context.Context, w http.ResponseWriter, r *http.
 	}
 	if err := checkDepth(body); err != nil {
 		return apierrors.NewBadRequest(err.Error())
+	}
+	if types.PatchType(pt) == types.ApplyYAMLPatchType {
+		return s.serveApply(ctx, w, r, req, wo, fv, body, opts)
 	}
 	var warnings []string
 	out, err := req.reg.guaranteedUpdate(ctx, req.ns, req.name, req.sub, wo, func(cur runtime.Object) (runtime.Object, error) {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/managedfields"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -37,6 +38,9 @@ type registry struct {
 	codec *storageCodec
 	st    *strategy
 	srv   *Server
+	// fms are the field managers keeping managedFields, by the subresource
+	// written through ("" for the resource itself).
+	fms map[string]*managedfields.FieldManager
 }
 
 func (r *registry) key(ns, name string) string {
@@ -241,6 +245,43 @@ type writeOpts struct {
 	user   *userInfo
 	// fieldValidation: "Strict", "Warn" or "Ignore".
 	strictErrs []string
+	// manager is the field manager the write is recorded under.
+	manager string
+	// applied: managedFields were already merged by a server-side apply.
+	applied bool
+	// fmSub names the field manager when it differs from the written
+	// subresource (scale writes the parent object as a spec update).
+	fmSub string
+}
+
+// trackFields records the write of obj (over old; nil for a create) in
+// obj's managedFields, as kube-apiserver's handlers do before admission.
+func (r *registry) trackFields(obj, old runtime.Object, sub string, wo writeOpts) runtime.Object {
+	if wo.applied {
+		return obj
+	}
+	if wo.fmSub != "" {
+		sub = wo.fmSub
+	}
+	fm := r.fms[sub]
+	if fm == nil {
+		// Writes that kube-apiserver does not track (pods/binding) keep
+		// the managedFields they had.
+		if old != nil {
+			objectMeta(obj).SetManagedFields(objectMeta(old).GetManagedFields())
+		} else {
+			objectMeta(obj).SetManagedFields(nil)
+		}
+		return obj
+	}
+	if old == nil {
+		old = r.res.New()
+	}
+	manager := wo.manager
+	if manager == "" {
+		manager = "waggle-apiserver" // the server's own writes (bootstrap)
+	}
+	return fm.UpdateNoErrors(old, obj, manager)
 }
 
 type userInfo struct {
@@ -276,7 +317,6 @@ func (r *registry) create(ctx context.Context, ns string, obj runtime.Object, wo
 	m.SetResourceVersion("")
 	m.SetDeletionTimestamp(nil)
 	m.SetDeletionGracePeriodSeconds(nil)
-	m.SetManagedFields(nil)
 	m.SetSelfLink("")
 	if r.st.generation {
 		m.SetGeneration(1)
@@ -289,6 +329,8 @@ func (r *registry) create(ctx context.Context, ns string, obj runtime.Object, wo
 	if r.st.defaults != nil {
 		r.st.defaults(obj)
 	}
+	obj = r.trackFields(obj, nil, "", wo)
+	m = objectMeta(obj)
 	if err := r.srv.admit(ctx, &AdmissionAttributes{Operation: OpCreate, Resource: r.res, Namespace: ns, Name: m.GetName(), Object: obj, DryRun: wo.dryRun}); err != nil {
 		return nil, err
 	}
@@ -416,14 +458,24 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 	m.SetDeletionGracePeriodSeconds(om.GetDeletionGracePeriodSeconds())
 	m.SetGeneration(om.GetGeneration())
 	m.SetGenerateName(om.GetGenerateName())
-	m.SetManagedFields(nil)
 	m.SetSelfLink("")
 	switch sub {
 	case "status":
-		// Status writes change status only (and nothing of metadata but
-		// what kube-apiserver lets through).
+		// Status writes change status and metadata, never spec, and not
+		// the metadata fields the kind's status strategy resets.
 		copyField(obj, old, "Spec")
-		metav1.ResetObjectMetaForStatus(m, om)
+		for _, f := range r.st.statusMetaResets {
+			switch f {
+			case "labels":
+				m.SetLabels(om.GetLabels())
+			case "annotations":
+				m.SetAnnotations(om.GetAnnotations())
+			case "finalizers":
+				m.SetFinalizers(om.GetFinalizers())
+			case "ownerReferences":
+				m.SetOwnerReferences(om.GetOwnerReferences())
+			}
+		}
 	case "":
 		if r.st.hasStatus {
 			copyField(obj, old, "Status")
@@ -435,6 +487,8 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 	if r.st.defaults != nil {
 		r.st.defaults(obj)
 	}
+	obj = r.trackFields(obj, old, sub, wo)
+	m = objectMeta(obj)
 	if r.st.generation && sub == "" && !specEqual(obj, old) {
 		m.SetGeneration(om.GetGeneration() + 1)
 	}

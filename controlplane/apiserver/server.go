@@ -258,7 +258,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			Resource: res.Resource, Prefix: res.EtcdPrefix(), Codec: codec,
 			BookmarkInterval: cfg.BookmarkInterval, Log: log,
 		})
-		reg := &registry{res: &res, gr: res.GroupResource(), store: s.store, cache: cache, codec: codec, st: st, srv: s}
+		// Each kind brings its own schema; custom resources will pass
+		// their CRD's (managedfields.NewTypeConverter).
+		tc, err := BuiltinTypeConverter(&res)
+		if err != nil {
+			return nil, fmt.Errorf("apiserver: schema of %s: %w", res.Resource, err)
+		}
+		fms, err := fieldManagers(&res, st, tc)
+		if err != nil {
+			return nil, fmt.Errorf("apiserver: %w", err)
+		}
+		reg := &registry{res: &res, gr: res.GroupResource(), store: s.store, cache: cache, codec: codec, st: st, srv: s, fms: fms}
 		s.registries[res.Resource] = reg
 		s.byGVR[res.Group+"/"+res.Version+"/"+res.Resource] = reg
 		s.bg.Add(1)

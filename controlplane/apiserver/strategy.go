@@ -21,6 +21,11 @@ import (
 type strategy struct {
 	hasStatus  bool
 	generation bool
+	// statusMetaResets are the metadata fields a status write may not
+	// change ("labels", "annotations", "finalizers", "ownerReferences");
+	// spec never changes through status. Upstream's status strategies
+	// differ per kind: most keep metadata changes.
+	statusMetaResets []string
 	// fieldLabels are the field selector keys the resource supports.
 	fieldLabels map[string]bool
 	fieldSet    func(runtime.Object) fields.Set
@@ -178,6 +183,7 @@ func strategyFor(res *catalog.Resource) *strategy {
 			return validatePodUpdate(o.(*corev1.Pod), old.(*corev1.Pod))
 		}
 		s.graceful = podGrace
+		s.statusMetaResets = []string{"ownerReferences"}
 	case "services":
 		s.nameFn = apivalidation.NameIsDNS1035Label
 		s.fieldLabels = labelsOf("spec.clusterIP", "spec.type")
@@ -291,6 +297,7 @@ func strategyFor(res *catalog.Resource) *strategy {
 		s.validate = func(o runtime.Object) field.ErrorList { return validateLease(o.(*coordinationv1.Lease)) }
 	case "deployments":
 		s.generation = true
+		s.statusMetaResets = []string{"labels"}
 		s.prepareCreate = func(o runtime.Object) { o.(*appsv1.Deployment).Status = appsv1.DeploymentStatus{} }
 		s.defaults = func(o runtime.Object) { defaultDeployment(o.(*appsv1.Deployment)) }
 		s.validate = func(o runtime.Object) field.ErrorList { return validateDeployment(o.(*appsv1.Deployment)) }

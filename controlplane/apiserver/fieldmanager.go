@@ -1,0 +1,121 @@
+package apiserver
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"sync"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/managedfields"
+	"k8s.io/client-go/applyconfigurations"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
+)
+
+// Server-side apply and managedFields go through k8s.io/apimachinery's
+// managedfields.FieldManager, as in kube-apiserver: every create, update and
+// patch records its manager's fields (UpdateNoErrors), and apply patches
+// are merged by structured-merge-diff (Apply), which also reports
+// conflicts. The merge needs each kind's schema: a TypeConverter.
+
+// TypeConverterFunc returns the structured-merge-diff schema of a resource's
+// kind. Built-in kinds use the schema client-go's applyconfigurations ship;
+// custom resources plug in one built from their CRD's structural schema
+// (managedfields.NewTypeConverter).
+type TypeConverterFunc func(res *catalog.Resource) (managedfields.TypeConverter, error)
+
+// builtinTypeConverter is the schema of every k8s.io/api type, parsed once
+// on first use.
+var builtinTypeConverter = sync.OnceValue(func() managedfields.TypeConverter {
+	return applyconfigurations.NewTypeConverter(catalog.Scheme)
+})
+
+// BuiltinTypeConverter is the TypeConverterFunc of the built-in kinds.
+func BuiltinTypeConverter(*catalog.Resource) (managedfields.TypeConverter, error) {
+	return builtinTypeConverter(), nil
+}
+
+// defaulter adapts a strategy's defaults to runtime.ObjectDefaulter: the
+// field manager defaults an applied object after merging it, as
+// kube-apiserver's decoder does for other writes.
+type defaulter func(runtime.Object)
+
+func (d defaulter) Default(obj runtime.Object) {
+	if d != nil {
+		d(obj)
+	}
+}
+
+// fieldManagers builds the field managers of one resource: the resource
+// itself ("") and each subresource a client writes the parent object
+// through (status, scale, finalize). Each resets the fields its endpoint
+// does not write, as upstream's strategies' GetResetFields do, so a manager
+// never owns a field its write could not set.
+func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeConverter) (map[string]*managedfields.FieldManager, error) {
+	gv := res.GroupVersion()
+	apiVersion := fieldpath.APIVersion(gv.String())
+	reset := func(paths ...fieldpath.Path) map[fieldpath.APIVersion]fieldpath.Filter {
+		if len(paths) == 0 {
+			return nil
+		}
+		return map[fieldpath.APIVersion]fieldpath.Filter{apiVersion: fieldpath.NewExcludeSetFilter(fieldpath.NewSet(paths...))}
+	}
+	status := fieldpath.MakePathOrDie("status")
+	spec := fieldpath.MakePathOrDie("spec")
+	subs := map[string]map[fieldpath.APIVersion]fieldpath.Filter{}
+	if st.hasStatus {
+		subs[""] = reset(status)
+	} else {
+		subs[""] = nil
+	}
+	for _, sub := range res.Subs {
+		switch sub.Name {
+		case "status":
+			paths := []fieldpath.Path{spec}
+			for _, f := range st.statusMetaResets {
+				paths = append(paths, fieldpath.MakePathOrDie("metadata", f))
+			}
+			subs["status"] = reset(paths...)
+		case "scale":
+			subs["scale"] = reset(status)
+		case "finalize":
+			subs["finalize"] = reset(status)
+		}
+	}
+	out := make(map[string]*managedfields.FieldManager, len(subs))
+	for sub, rf := range subs {
+		fm, err := managedfields.NewDefaultFieldManager(tc, catalog.Scheme, defaulter(st.defaults), catalog.Scheme,
+			res.GroupVersionKind(), gv, sub, rf)
+		if err != nil {
+			return nil, fmt.Errorf("field manager of %s %q: %w", res.Resource, sub, err)
+		}
+		out[sub] = fm
+	}
+	return out, nil
+}
+
+// fieldManagerName is the manager a write is recorded under: the
+// fieldManager parameter, or else the client's User-Agent up to its first
+// "/" (kubectl-client-side-apply, kube-controller-manager, ...), as
+// kube-apiserver names it.
+func fieldManagerName(param, userAgent string) string {
+	if param != "" {
+		return param
+	}
+	m, _, _ := strings.Cut(userAgent, "/")
+	var buf bytes.Buffer
+	for _, r := range m {
+		if !unicode.IsPrint(r) {
+			continue
+		}
+		if buf.Len()+utf8.RuneLen(r) > metav1validation.FieldManagerMaxLength {
+			break
+		}
+		buf.WriteRune(r)
+	}
+	return buf.String()
+}
