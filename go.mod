@@ -15,6 +15,7 @@ require (
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/google/gnostic-models v0.7.0
 	github.com/google/uuid v1.6.0
+	github.com/miekg/dns v1.1.73
 	github.com/moby/ipvs v1.1.0
 	github.com/opencontainers/go-digest v1.0.0
 	github.com/opencontainers/image-spec v1.1.1
