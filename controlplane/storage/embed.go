@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // EmbeddedConfig configures the embedded etcd.
@@ -31,8 +31,6 @@ type Embedded struct {
 	etcd      *embed.Etcd
 }
 
-func quietZap() *zap.Logger { return zap.NewNop() }
-
 // StartEmbedded starts a single-member etcd with data under
 // cfg.DataDir/etcd, listening on 127.0.0.1 only, and waits until it serves.
 func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
@@ -48,9 +46,9 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	ec.Name = "waggle"
 	ec.Dir = dir
 	ec.Logger = "zap"
-	ec.LogLevel = "error"
+	ec.LogLevel = "warn"
 	ec.LogOutputs = []string{"stderr"}
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(quietZap())
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(cfg.Log, "etcd", zapcore.WarnLevel))
 	cu := url.URL{Scheme: "http", Host: addr}
 	pu := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	ec.ListenClientUrls = []url.URL{cu}
@@ -65,6 +63,13 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	ec.AutoCompactionRetention = "5m"
 	ec.QuotaBackendBytes = 8 << 30
 	ec.MaxRequestBytes = 2 << 20
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := upgradeFrom35(dir, ec.Name, adv.String(), log); err != nil {
+		return nil, err
+	}
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
 		return nil, fmt.Errorf("start embedded etcd in %s: %w", dir, err)

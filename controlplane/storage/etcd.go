@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/kubernetes"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -76,7 +77,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		DialTimeout:        timeout,
 		MaxCallSendMsgSize: 8 << 20,
 		MaxCallRecvMsgSize: 0, // unlimited: LIST of many objects
-		Logger:             quietZap(),
+		Logger:             etcdLogger(log, "etcd-client", zapcore.ErrorLevel),
 	})
 	if err != nil {
 		s.closeEmbedded()

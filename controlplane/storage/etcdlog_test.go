@@ -1,0 +1,28 @@
+package storage
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+func TestEtcdWarningsReachSlogAndInfoDoesNot(t *testing.T) {
+	var buf bytes.Buffer
+	zl := etcdLogger(slog.New(slog.NewJSONHandler(&buf, nil)), "etcd", zapcore.WarnLevel).With(zap.String("member", "waggle"))
+	zl.Info("ready to serve client requests")
+	zl.Warn("slow fdatasync", zap.Duration("took", 1500e6), zap.String("expected-duration", "1s"))
+	zl.Error("alarm raised", zap.String("alarm", "NOSPACE"))
+	out := buf.String()
+	if strings.Contains(out, "ready to serve") {
+		t.Errorf("info line passed through:\n%s", out)
+	}
+	for _, want := range []string{`"level":"WARN"`, `"msg":"slow fdatasync"`, `"took":1500000000`, `"member":"waggle"`, `"component":"etcd"`, `"level":"ERROR"`, `"alarm":"NOSPACE"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %s in:\n%s", want, out)
+		}
+	}
+}
