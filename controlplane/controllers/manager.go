@@ -1,8 +1,8 @@
 // Package controllers is the controller-manager: `waggle controller-manager`
 // builds one client and one SharedInformerFactory, and, while it holds the
 // leader Lease, runs every enabled controller (replicaset, deployment,
-// daemonset, endpointslice, endpoints, garbagecollector, and the node and
-// namespace controllers), serving /healthz, /readyz and /metrics (work queue
+// daemonset, endpointslice, endpoints, job, cronjob, ttl-after-finished,
+// garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
 //
 // The controllers' logic lives in the sub-packages; this package only wires
@@ -30,15 +30,18 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/controllers/cronjob"
 	"github.com/waggle-io/waggle/controlplane/controllers/daemonset"
 	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
 	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
+	"github.com/waggle-io/waggle/controlplane/controllers/job"
 	"github.com/waggle-io/waggle/controlplane/controllers/namespace"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodeipam"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
 	"github.com/waggle-io/waggle/controlplane/controllers/serviceaccount"
+	"github.com/waggle-io/waggle/controlplane/controllers/ttlafterfinished"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
 )
@@ -80,6 +83,13 @@ type Config struct {
 	ConcurrentGCSyncs             int
 	ConcurrentNamespaceSyncs      int
 	ConcurrentServiceAccountSyncs int
+	ConcurrentJobSyncs            int
+	ConcurrentCronJobSyncs        int
+	ConcurrentTTLSyncs            int
+
+	// JobPodFailureBackoff is the Job controller's delay before replacing
+	// the first failed pod (10s, doubling per consecutive failure).
+	JobPodFailureBackoff time.Duration
 
 	// MaxEndpointsPerSlice caps the endpoints of one EndpointSlice (100).
 	MaxEndpointsPerSlice int
@@ -115,6 +125,10 @@ func DefaultConfig() Config {
 		ConcurrentGCSyncs:             20,
 		ConcurrentNamespaceSyncs:      10,
 		ConcurrentServiceAccountSyncs: 5,
+		ConcurrentJobSyncs:            5,
+		ConcurrentCronJobSyncs:        5,
+		ConcurrentTTLSyncs:            5,
+		JobPodFailureBackoff:          job.DefaultPodFailureBackoff,
 		MaxEndpointsPerSlice:          100,
 		NodeCIDRMaskSize:              24,
 		NodeMonitorGracePeriod:        40 * time.Second,
@@ -376,11 +390,48 @@ func starters() []starter {
 				NodeStartupGracePeriod: d.Config.NodeStartupGracePeriod})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
+		{name: job.Name, build: func(d Deps) (func(context.Context), error) {
+			if err := served(d, "batch/v1", "jobs"); err != nil {
+				return nil, err
+			}
+			c := job.New(d.Client, d.Factory, d.Log, job.Options{PodFailureBackoff: d.Config.JobPodFailureBackoff})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentJobSyncs) }, nil
+		}},
+		{name: cronjob.Name, build: func(d Deps) (func(context.Context), error) {
+			if err := served(d, "batch/v1", "cronjobs"); err != nil {
+				return nil, err
+			}
+			c := cronjob.New(d.Client, d.Factory, d.Log, cronjob.Options{})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentCronJobSyncs) }, nil
+		}},
+		{name: ttlafterfinished.Name, build: func(d Deps) (func(context.Context), error) {
+			if err := served(d, "batch/v1", "jobs"); err != nil {
+				return nil, err
+			}
+			c := ttlafterfinished.New(d.Client, d.Factory, d.Log)
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentTTLSyncs) }, nil
+		}},
 		{name: garbagecollector.Name, build: func(d Deps) (func(context.Context), error) {
 			c := garbagecollector.New(d.Client, d.Factory, d.Log, garbagecollector.Options{Dynamic: d.Dynamic, Resources: gcResources()})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentGCSyncs) }, nil
 		}},
 	}
+}
+
+// served reports an error when the API server does not serve resource in
+// groupVersion: its controller is not started (an informer on it would
+// never sync, and would hold the manager's readiness).
+func served(d Deps, groupVersion, resource string) error {
+	list, err := d.Client.Discovery().ServerResourcesForGroupVersion(groupVersion)
+	if err != nil {
+		return fmt.Errorf("discover %s: %w", groupVersion, err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == resource {
+			return nil
+		}
+	}
+	return fmt.Errorf("the API server does not serve %s in %s", resource, groupVersion)
 }
 
 // gcResources lists what the garbage collector watches: every served
