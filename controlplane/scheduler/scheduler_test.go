@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"io"
-	"k8s.io/apimachinery/pkg/watch"
 	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
 
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
@@ -61,7 +62,7 @@ func newFakeCluster(t *testing.T) *fakeCluster {
 
 func (f *fakeCluster) start(t *testing.T, opts Options) *Scheduler {
 	t.Helper()
-	waitWatches := watchesStarted(f.cs)
+	watches := testutil.TrackWatches(f.cs)
 	factory := informers.NewSharedInformerFactory(f.cs, 0)
 	if opts.PodInitialBackoff == 0 {
 		opts.PodInitialBackoff, opts.PodMaxBackoff = 50*time.Millisecond, 200*time.Millisecond
@@ -74,7 +75,7 @@ func (f *fakeCluster) start(t *testing.T, opts Options) *Scheduler {
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; factory.Shutdown() })
-	waitWatches(t, 2) // pods, nodes
+	watches.WaitOpen(t, 2, 10*time.Second) // pods, nodes
 	return s
 }
 
@@ -225,26 +226,6 @@ func TestNewRejectsBadBackoff(t *testing.T) {
 		Options{PodInitialBackoff: 10 * time.Second, PodMaxBackoff: time.Second})
 	if err == nil {
 		t.Fatal("New accepted a max back-off shorter than the initial one")
-	}
-}
-
-// watchesStarted counts the watches informers open on cs: the fake
-// clientset drops objects created between an informer's list and its watch,
-// so tests create objects only once every watch is open.
-func watchesStarted(cs *fake.Clientset) func(t *testing.T, n int32) {
-	var opened atomic.Int32
-	cs.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
-		opened.Add(1)
-		return false, nil, nil
-	})
-	return func(t *testing.T, n int32) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); opened.Load() < n; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("informer watches did not start")
-			}
-		}
-		time.Sleep(50 * time.Millisecond) // the default reactor opens it just after
 	}
 }
 

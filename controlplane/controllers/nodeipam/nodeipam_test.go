@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"k8s.io/apimachinery/pkg/watch"
-	k8stesting "k8s.io/client-go/testing"
 	"log/slog"
 	"net/netip"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -168,7 +167,7 @@ func startController(t *testing.T, opts Options, nodes ...*corev1.Node) *fake.Cl
 			t.Fatal(err)
 		}
 	}
-	waitWatches := watchesStarted(cs)
+	watches := testutil.TrackWatches(cs)
 	f := informers.NewSharedInformerFactory(cs, 0)
 	c := New(cs, f, slog.New(slog.DiscardHandler), opts)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -176,7 +175,7 @@ func startController(t *testing.T, opts Options, nodes ...*corev1.Node) *fake.Cl
 	done := make(chan struct{})
 	go func() { c.Run(ctx, 3); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
-	waitWatches(t, 1) // nodes
+	watches.WaitOpen(t, 1, 10*time.Second) // nodes
 	return cs
 }
 
@@ -254,26 +253,6 @@ func TestDeletedNodeReleasesItsCIDR(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "c gets the released CIDR", func() bool { return podCIDRs(t, cs)["c"] == freed })
-}
-
-// watchesStarted counts the watches informers open on cs: the fake
-// clientset drops objects created between an informer's list and its watch,
-// so tests create objects only once every watch is open.
-func watchesStarted(cs *fake.Clientset) func(t *testing.T, n int32) {
-	var opened atomic.Int32
-	cs.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
-		opened.Add(1)
-		return false, nil, nil
-	})
-	return func(t *testing.T, n int32) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); opened.Load() < n; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("informer watches did not start")
-			}
-		}
-		time.Sleep(50 * time.Millisecond) // the default reactor opens it just after
-	}
 }
 
 func TestDualStackNodesGetOneCIDRPerFamily(t *testing.T) {

@@ -4,19 +4,18 @@ import (
 	"context"
 	"log/slog"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 )
 
@@ -62,26 +61,10 @@ type cluster struct {
 	cs *fake.Clientset
 }
 
-// watchesStarted counts the watches informers open on cs: the fake
-// clientset drops objects created between an informer's list and its watch,
-// so tests create objects only once every watch is open.
-func watchesStarted(cs *fake.Clientset) func(t *testing.T, n int32) {
-	var opened atomic.Int32
-	cs.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
-		opened.Add(1)
-		return false, nil, nil
-	})
-	return func(t *testing.T, n int32) {
-		t.Helper()
-		waitFor(t, "informer watches", func() bool { return opened.Load() >= n })
-		time.Sleep(50 * time.Millisecond) // the default reactor opens it just after
-	}
-}
-
 func startCluster(t *testing.T) cluster {
 	t.Helper()
 	cs := fake.NewClientset()
-	waitWatches := watchesStarted(cs)
+	watches := testutil.TrackWatches(cs)
 	f := informers.NewSharedInformerFactory(cs, 0)
 	c := New(cs, f, slog.New(slog.DiscardHandler), Options{
 		NodeMonitorGracePeriod: 400 * time.Millisecond, NodeMonitorPeriod: 100 * time.Millisecond, NodeStartupGracePeriod: 400 * time.Millisecond,
@@ -91,7 +74,7 @@ func startCluster(t *testing.T) cluster {
 	done := make(chan struct{})
 	go func() { c.Run(ctx, 2); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
-	waitWatches(t, 3) // nodes, leases, pods
+	watches.WaitOpen(t, 3, 10*time.Second) // nodes, leases, pods
 	return cluster{cs}
 }
 

@@ -2,12 +2,11 @@ package serviceaccount
 
 import (
 	"context"
-	"k8s.io/apimachinery/pkg/watch"
-	k8stesting "k8s.io/client-go/testing"
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,7 +22,7 @@ func start(t *testing.T, objs ...*corev1.Namespace) *fake.Clientset {
 			t.Fatal(err)
 		}
 	}
-	waitWatches := watchesStarted(cs)
+	watches := testutil.TrackWatches(cs)
 	f := informers.NewSharedInformerFactory(cs, 0)
 	c := New(cs, f, slog.New(slog.DiscardHandler), Options{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -31,7 +30,7 @@ func start(t *testing.T, objs ...*corev1.Namespace) *fake.Clientset {
 	done := make(chan struct{})
 	go func() { c.Run(ctx, 2); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
-	waitWatches(t, 2) // namespaces, serviceaccounts
+	watches.WaitOpen(t, 2, 10*time.Second) // namespaces, serviceaccounts
 	return cs
 }
 
@@ -72,25 +71,5 @@ func TestTerminatingNamespaceGetsNoServiceAccount(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if hasSA(cs, "going") {
 		t.Fatal("created a service account in a terminating namespace")
-	}
-}
-
-// watchesStarted counts the watches informers open on cs: the fake
-// clientset drops objects created between an informer's list and its watch,
-// so tests create objects only once every watch is open.
-func watchesStarted(cs *fake.Clientset) func(t *testing.T, n int32) {
-	var opened atomic.Int32
-	cs.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
-		opened.Add(1)
-		return false, nil, nil
-	})
-	return func(t *testing.T, n int32) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); opened.Load() < n; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("informer watches did not start")
-			}
-		}
-		time.Sleep(50 * time.Millisecond) // the default reactor opens it just after
 	}
 }

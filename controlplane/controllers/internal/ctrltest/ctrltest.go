@@ -13,10 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/waggle-io/waggle/internal/testutil"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -25,17 +26,14 @@ import (
 // Client is a fake clientset that counts the watches informers opened.
 type Client struct {
 	*fake.Clientset
-	watches atomic.Int32
+	watches *testutil.Watches
 }
 
 // NewClient returns a fake clientset seeded with objs whose creates fill in
 // name from generateName and a UID, as the API server does.
 func NewClient(objs ...runtime.Object) *Client {
 	cs := &Client{Clientset: fake.NewSimpleClientset(objs...)}
-	cs.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
-		cs.watches.Add(1)
-		return false, nil, nil
-	})
+	cs.watches = testutil.TrackWatches(cs.Clientset)
 	var n atomic.Int64
 	cs.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		ca, ok := a.(k8stesting.CreateAction)
@@ -73,13 +71,7 @@ func Start(t testing.TB, cs *Client, f informers.SharedInformerFactory) context.
 			t.Fatalf("cache for %v did not sync", typ)
 		}
 	}
-	Eventually(t, 10*time.Second, func() error {
-		if n := cs.watches.Load(); int(n) < len(synced) {
-			return fmt.Errorf("%d of %d informer watches open", n, len(synced))
-		}
-		return nil
-	})
-	time.Sleep(50 * time.Millisecond) // the default reactor opens it just after ours
+	cs.watches.WaitOpen(t, len(synced), 10*time.Second)
 	return ctx
 }
 
