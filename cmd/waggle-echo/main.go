@@ -34,10 +34,35 @@ func main() {
 			os.Exit(tool(os.Args[2:]))
 		}
 	}
-	if err := serve(os.Args[1:]); err != nil {
-		fmt.Fprintf(os.Stderr, "waggle-echo: %v\n", err)
-		os.Exit(1)
+	if len(os.Args) > 1 && os.Args[1] == "help" {
+		usage(os.Stdout, nil)
+		return
 	}
+	if err := serve(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h/--help: the usage went to stdout
+		}
+		fmt.Fprintf(os.Stderr, "waggle-echo: %v\n", err)
+		os.Exit(2)
+	}
+}
+
+// usage prints how to run the server (its flags, when fs is given) and the
+// tool subcommands.
+func usage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintln(w, "Usage: waggle-echo [flags]          serve HTTP, TCP and UDP echo")
+	fmt.Fprintln(w, "       waggle-echo COMMAND [args]   run one of the image's tools")
+	if fs != nil {
+		fmt.Fprintln(w, "\nFlags:")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+	}
+	names := make([]string, 0, len(tools))
+	for n := range tools {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintf(w, "\nCommands: %s\n", strings.Join(names, ", "))
 }
 
 // env returns the environment variable's value or def.
@@ -57,6 +82,7 @@ func envInt(name string, def int) int {
 
 func serve(args []string) error {
 	fs := flag.NewFlagSet("waggle-echo", flag.ContinueOnError)
+	fs.Usage = func() { usage(os.Stdout, fs) }
 	httpPort := fs.Int("http-port", envInt("HTTP_PORT", 8080), "HTTP port (0 disables; env HTTP_PORT)")
 	tcpPort := fs.Int("tcp-port", envInt("TCP_PORT", 9000), "TCP echo port (0 disables; env TCP_PORT)")
 	udpPort := fs.Int("udp-port", envInt("UDP_PORT", 9000), "UDP echo port (0 disables; env UDP_PORT)")
