@@ -22,15 +22,11 @@ import (
 )
 
 // startRegistry runs Debian's docker-registry (the CNCF distribution
-// registry) on a free loopback port, installing the package if missing.
+// registry) on a free loopback port. `make deps` installs it; without it the
+// test skips, and fails under WAGGLE_PRIVILEGED_TESTS=1.
 func startRegistry(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("docker-registry"); err != nil {
-		out, err := exec.Command("sh", "-c", "DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry").CombinedOutput()
-		if err != nil {
-			t.Skipf("docker-registry is not installed and apt could not install it (%v): %s", err, out)
-		}
-	}
+	registry := testutil.RequiresBinary(t, "docker-registry")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +36,7 @@ func startRegistry(t *testing.T) string {
 	dir := t.TempDir()
 	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), addr)
 	os.WriteFile(filepath.Join(dir, "config.yml"), []byte(cfg), 0o644)
-	cmd := exec.Command("docker-registry", "serve", filepath.Join(dir, "config.yml"))
+	cmd := exec.Command(registry, "serve", filepath.Join(dir, "config.yml"))
 	logf, _ := os.Create(filepath.Join(dir, "registry.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
