@@ -11,12 +11,10 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/decode"
-	"github.com/waggle-io/waggle/controlplane/storage"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -728,6 +726,3 @@ func (s *Server) serveScale(ctx context.Context, w http.ResponseWriter, r *http.
 func (s *Server) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
 	return s.connect(ctx, w, r, req)
 }
-
-var _ = time.Second
-var _ = storage.ErrNotFound
