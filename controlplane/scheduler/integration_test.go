@@ -408,7 +408,10 @@ func TestRealAPIServerTwoSchedulersSideBySide(t *testing.T) {
 	})
 	stopSecond()
 	c.create(t, newPod("job-2", batch))
-	time.Sleep(500 * time.Millisecond)
+	// The default scheduler sees job-2 before web-2, created after it: once
+	// web-2 is bound, job-2 would have been too.
+	c.create(t, newPod("web-2"))
+	eventually(t, "default-scheduler binds a pod created after job-2", func() bool { return c.get(t, "web-2").Spec.NodeName == "n1" })
 	if n := c.get(t, "job-2").Spec.NodeName; n != "" {
 		t.Fatalf("default-scheduler bound a batch-scheduler pod to %s", n)
 	}

@@ -154,6 +154,8 @@ func TestCloseWakesPop(t *testing.T) {
 	q, _ := newTestQueue()
 	done := make(chan *queuedPod)
 	go func() { it, _ := q.Pop(); done <- it }()
+	// Let Pop block first (there is no event for "blocked"); if it has not
+	// yet, Close still must make it return nil.
 	time.Sleep(10 * time.Millisecond)
 	q.Close()
 	select {

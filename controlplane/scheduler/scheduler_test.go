@@ -124,15 +124,18 @@ func TestSchedulesOnlyItsOwnPendingPods(t *testing.T) {
 		newPod("unnamed", func(p *v1.Pod) { p.Spec.SchedulerName = "" }),
 		newPod("theirs", func(p *v1.Pod) { p.Spec.SchedulerName = "other-scheduler" }),
 	)
+	// A pod of ours created after "theirs" is queued after it: once it is
+	// bound, "theirs" has been seen and would have been bound before it.
+	f.create(t, newPod("mine-after"))
 	eventually(t, "own pods bound", func() bool {
-		return f.pod(t, "mine").Spec.NodeName == "n1" && f.pod(t, "unnamed").Spec.NodeName == "n1"
+		return f.pod(t, "mine").Spec.NodeName == "n1" && f.pod(t, "unnamed").Spec.NodeName == "n1" &&
+			f.pod(t, "mine-after").Spec.NodeName == "n1"
 	})
-	time.Sleep(200 * time.Millisecond)
 	if n := f.pod(t, "theirs").Spec.NodeName; n != "" {
 		t.Fatalf("pod of another scheduler was bound to %s", n)
 	}
 	eventually(t, "scheduled attempts counted", func() bool {
-		return counterValue(t, reg, "scheduler_schedule_attempts_total", resultScheduled) == 2
+		return counterValue(t, reg, "scheduler_schedule_attempts_total", resultScheduled) == 3
 	})
 }
 
@@ -191,8 +194,19 @@ func TestAssumedPodsNeverDoubleBookANode(t *testing.T) {
 		f.create(t, newPod(name, requests("1", "1Gi")))
 	}
 	f.start(t, Options{})
-	eventually(t, "one pod bound", func() bool { return f.binds.Load() == 1 })
-	time.Sleep(300 * time.Millisecond)
+	// Every pod has had its decision once the other two are reported
+	// unschedulable; only then is the count of bindings final.
+	eventually(t, "one pod bound, two unschedulable", func() bool {
+		unschedulable := 0
+		for _, name := range []string{"a", "b", "c"} {
+			for _, c := range f.pod(t, name).Status.Conditions {
+				if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
+					unschedulable++
+				}
+			}
+		}
+		return f.binds.Load() >= 1 && unschedulable == 2
+	})
 	if n := f.binds.Load(); n != 1 {
 		t.Fatalf("%d pods bound to a node that fits one", n)
 	}
@@ -234,7 +248,10 @@ func TestGatedPodWaitsUntilItsGatesAreRemoved(t *testing.T) {
 	f.create(t, newNode("n"))
 	f.start(t, Options{})
 	f.create(t, newPod("gated", func(p *v1.Pod) { p.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: "example.com/quota"}} }))
-	time.Sleep(300 * time.Millisecond)
+	// An ungated pod created after it is bound only after the scheduler has
+	// seen the gated one.
+	f.create(t, newPod("ungated"))
+	eventually(t, "the later ungated pod bound", func() bool { return f.pod(t, "ungated").Spec.NodeName == "n" })
 	if p := f.pod(t, "gated"); p.Spec.NodeName != "" {
 		t.Fatalf("gated pod was bound to %s", p.Spec.NodeName)
 	}
