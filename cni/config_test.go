@@ -182,3 +182,14 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
+
+func TestHostVethAliasRoundTrips(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00::5")}
+	got := ParseHostVethAlias(HostVethAlias(addrs))
+	if len(got) != 2 || got[0] != addrs[0] || got[1] != addrs[1] {
+		t.Errorf("ParseHostVethAlias(HostVethAlias(%v)) = %v", addrs, got)
+	}
+	if ParseHostVethAlias("something else") != nil {
+		t.Error("a foreign alias parsed as a pod's")
+	}
+}

@@ -125,6 +125,9 @@ func Attach(args *skel.CmdArgs) (_ *current.Result, _ *Config, err error) {
 			return nil, nil, ioError("hairpin mode on %s: %v", hostName, err)
 		}
 	}
+	if err := netlink.LinkSetAlias(host, HostVethAlias(addrs)); err != nil {
+		return nil, nil, ioError("set the alias of %s: %v", hostName, err)
+	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return nil, nil, ioError("set %s up: %v", hostName, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/waggle-io/waggle/dataplane/policy"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -101,6 +102,20 @@ type Config struct {
 	// Health, when set, receives the checks and metrics (default: a new one
 	// served on HealthBindAddress).
 	Health *ops.Health
+	// NetworkPolicy is --network-policy: auto (default; eBPF where the
+	// kernel allows), ebpf or off. Enforcement (dataplane/policy) runs
+	// beside the proxy with its client; its failure stops the proxy.
+	NetworkPolicy string
+	// PolicyMonitorAllows also reports allowed flows to `waggle bpf monitor`.
+	PolicyMonitorAllows bool
+}
+
+// policyPinDir is where NetworkPolicy's maps and links are pinned.
+func (c *Config) policyPinDir() string {
+	if c.BPFPinDir != "" {
+		return policy.DefaultPinDir(c.BPFPinDir)
+	}
+	return policy.DefaultPinDir(policy.DefaultPinRoot + "/" + c.NodeName)
 }
 
 // Sentinel errors of Run.
@@ -126,6 +141,11 @@ func (c *Config) validate() error {
 		}
 	}
 	c.ClusterCIDRs = cidrs
+	switch c.NetworkPolicy {
+	case "", policy.ModeAuto, policy.ModeEBPF, policy.ModeOff:
+	default:
+		return fmt.Errorf("%w: --network-policy=%q: want auto, ebpf or off", ErrBadConfig, c.NetworkPolicy)
+	}
 	switch c.Mode {
 	case ModeAuto, ModeEBPF, ModeIPTables, ModeIPVS:
 	default:
@@ -193,7 +213,11 @@ func Run(ctx context.Context, cfg Config) error {
 		health = ops.NewHealth()
 	}
 	if cfg.Cleanup {
-		return cleanupModes(ctx, log, cfg.Modes, cfg.modeConfig(log, nil), "")
+		var perr error
+		if cfg.NodeName != "" {
+			perr = policy.Cleanup(cfg.policyPinDir())
+		}
+		return errors.Join(perr, cleanupModes(ctx, log, cfg.Modes, cfg.modeConfig(log, nil), ""))
 	}
 	if err := cfg.validate(); err != nil {
 		return err
@@ -233,6 +257,22 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var wg sync.WaitGroup
 	errc := make(chan error, 1)
+	if cfg.NetworkPolicy == "" {
+		cfg.NetworkPolicy = policy.ModeAuto
+	}
+	// A failing enforcement stops the proxy (and with it the informers).
+	parent := ctx
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		err := policy.Run(ctx, policy.RunConfig{Mode: cfg.NetworkPolicy, NodeName: cfg.NodeName, PinDir: cfg.policyPinDir(),
+			MonitorAllows: cfg.PolicyMonitorAllows, Client: client, Log: log.With("part", "networkpolicy"), Registerer: health.Registry})
+		if err != nil {
+			stop(fmt.Errorf("networkpolicy: %w", err))
+		}
+	}()
 	if cfg.Health == nil && cfg.HealthBindAddress != "" && cfg.HealthBindAddress != "0" {
 		// Listen now, so that a taken port is an error at start-up.
 		ln, err := net.Listen("tcp", cfg.HealthBindAddress)
@@ -251,7 +291,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}()
 	}
 	runErr := p.run(ctx, errc)
+	stop(nil)
 	wg.Wait()
+	if cause := context.Cause(ctx); runErr == nil && parent.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
 	return runErr
 }
 

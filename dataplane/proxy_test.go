@@ -140,7 +140,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		{"zero sync period", func(c *Config) { c.SyncPeriod = 0 }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := Config{NodeName: "a", Mode: ModeAuto, SyncPeriod: time.Minute, Client: fake.NewClientset(), Health: ops.NewHealth()}
+			cfg := Config{NodeName: "a", Mode: ModeAuto, NetworkPolicy: "off", SyncPeriod: time.Minute, Client: fake.NewClientset(), Health: ops.NewHealth()}
 			tt.mut(&cfg)
 			if err := Run(context.Background(), cfg); !errors.Is(err, ErrBadConfig) {
 				t.Fatalf("err = %v, want ErrBadConfig", err)
@@ -178,7 +178,7 @@ func startProxy(t *testing.T, backend *recordingBackend, objs ...runtimeObject) 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := Config{
-		Client: h.client, NodeName: "a", Mode: ModeIPTables, SyncPeriod: time.Hour, MinSyncPeriod: 0, Health: h.health,
+		Client: h.client, NodeName: "a", Mode: ModeIPTables, NetworkPolicy: "off", SyncPeriod: time.Hour, MinSyncPeriod: 0, Health: h.health,
 		Log:   slog.New(slog.DiscardHandler),
 		Modes: []Mode{fakeMode(ModeEBPF, nil, ErrNotSupported, &h.cleaned), fakeMode(ModeIPTables, backend, nil, &h.cleaned)},
 	}
@@ -359,7 +359,7 @@ func mustCounter(t *testing.T, h *proxyHarness) prometheus.Collector {
 }
 
 func TestUnsetClusterCIDRIsIgnored(t *testing.T) {
-	cfg := Config{NodeName: "a", Mode: ModeAuto, SyncPeriod: time.Minute,
+	cfg := Config{NodeName: "a", Mode: ModeAuto, NetworkPolicy: "off", SyncPeriod: time.Minute,
 		ClusterCIDRs: []netip.Prefix{{}, netip.MustParsePrefix("10.244.1.0/16")}}
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
@@ -375,7 +375,7 @@ func TestRunFailsAtOnceWhenTheHealthPortIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cfg := Config{NodeName: "a", Mode: ModeIPTables, SyncPeriod: time.Minute, Client: fake.NewClientset(),
+	cfg := Config{NodeName: "a", Mode: ModeIPTables, NetworkPolicy: "off", SyncPeriod: time.Minute, Client: fake.NewClientset(),
 		HealthBindAddress: ln.Addr().String(), Log: slog.New(slog.DiscardHandler),
 		Modes: []Mode{fakeMode(ModeIPTables, newRecordingBackend(), nil, nil)}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -38,6 +38,8 @@ func runProxy(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.Cleanup, "cleanup", false, "remove everything every proxy mode programmed on this node, then exit")
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", 30*time.Second, "longest time between syncs (a full resync that repairs drift)")
 	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", time.Second, "shortest time between syncs (changes in between are batched)")
+	fs.StringVar(&cfg.NetworkPolicy, "network-policy", "auto", "NetworkPolicy enforcement: auto (eBPF where the kernel allows, else a loud warning), ebpf (or fail), off")
+	fs.BoolVar(&cfg.PolicyMonitorAllows, "policy-monitor-allows", false, "also report allowed new flows to `waggle bpf monitor` (drops always are)")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err

@@ -492,5 +492,7 @@ func Cleanup(pinDir string) error {
 	if err := os.Remove(pinDir); err != nil && !os.IsNotExist(err) {
 		errs = append(errs, err)
 	}
+	// The node's pin directory, when nothing else is pinned there.
+	os.Remove(filepath.Dir(pinDir))
 	return errors.Join(errs...)
 }

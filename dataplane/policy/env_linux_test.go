@@ -120,9 +120,11 @@ func (e *env) addPod(ns, name string, lbls map[string]string, ports ...v1.Contai
 		Spec:       v1.PodSpec{NodeName: "node-a", Containers: []v1.Container{{Name: "c", Ports: ports}}},
 		Status:     v1.PodStatus{Phase: v1.PodRunning, PodIP: p.ip.String(), PodIPs: []v1.PodIP{{IP: p.ip.String()}}},
 	}
-	e.c.SetPod(p.obj, p.ifindex)
 	e.pods[ns+"/"+name] = p
-	e.sync()
+	if e.c != nil {
+		e.c.SetPod(p.obj, p.ifindex)
+		e.sync()
+	}
 	return p
 }
 
