@@ -13,6 +13,7 @@ package nodeipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
@@ -105,6 +107,9 @@ type Controller struct {
 	synced cache.InformerSynced
 	sets   []*CIDRSet
 	err    error
+	// rec records CIDRNotAvailable on a node that gets no CIDR, as upstream.
+	rec     record.EventRecorder
+	stopRec func()
 
 	mu     sync.Mutex
 	byNode map[string][]netip.Prefix // allocated or occupied, by node, one per set
@@ -121,6 +126,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		byNode: map[string][]netip.Prefix{}, owner: map[netip.Prefix]string{},
 	}
 	c.sets, c.err = opts.cidrSets()
+	c.rec, c.stopRec = ctrlutil.NewRecorder(client, "cidrAllocator")
 	enqueue := func(obj any) {
 		if n, ok := ctrlutil.Unwrap(obj).(*corev1.Node); ok {
 			c.queue.Add(n.Name)
@@ -137,6 +143,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 // Run rebuilds the allocations from the existing nodes, then allocates with
 // workers goroutines until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) {
+	defer c.stopRec()
 	if c.err != nil {
 		c.log.Error("node IPAM disabled by its configuration", "err", c.err)
 		c.queue.ShutDown()
@@ -293,6 +300,12 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		return nil
 	}
 	ps, err := c.reserve(name)
+	if errors.Is(err, ErrCIDRSetFull) {
+		// Upstream's status-change event (the recorder folds repeats of it
+		// into one Event with a count); the node is retried with back-off
+		// and at once when a CIDR is freed (retryWaiting).
+		c.rec.Eventf(node, corev1.EventTypeNormal, "CIDRNotAvailable", "Node %s status is now: CIDRNotAvailable", name)
+	}
 	if err != nil {
 		return fmt.Errorf("allocate podCIDRs for node %s: %w", name, err)
 	}

@@ -245,7 +245,15 @@ func TestDeletedNodeReleasesItsCIDR(t *testing.T) {
 	if _, err := cs.CoreV1().Nodes().Create(context.Background(), node("c", ""), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, "CIDRNotAvailable event for node c", func() bool {
+		evs, _ := cs.CoreV1().Events("").List(context.Background(), metav1.ListOptions{})
+		for _, e := range evs.Items {
+			if e.Reason == "CIDRNotAvailable" && e.InvolvedObject.Name == "c" {
+				return true
+			}
+		}
+		return false
+	})
 	if c := podCIDRs(t, cs)["c"]; c != "" {
 		t.Fatalf("node c got %s although the cluster CIDR is full", c)
 	}
