@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/waggle-io/waggle/internal/testutil"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -48,6 +50,7 @@ type env struct {
 func start(t *testing.T, ns *corev1.Namespace, content ...runtime.Object) env {
 	t.Helper()
 	cs := fake.NewClientset(ns)
+	watches := testutil.TrackWatches(cs)
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme.Scheme,
 		map[schema.GroupVersionResource]string{podsGVR: "PodList", cmGVR: "ConfigMapList"}, content...)
 	f := informers.NewSharedInformerFactory(cs, 0)
@@ -61,6 +64,7 @@ func start(t *testing.T, ns *corev1.Namespace, content ...runtime.Object) env {
 	done := make(chan struct{})
 	go func() { c.Run(ctx, 2); close(done) }()
 	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
+	watches.WaitOpen(t, 1, 10*time.Second) // namespaces
 	return env{cs, dyn}
 }
 
@@ -71,6 +75,17 @@ func (e env) count(t *testing.T, gvr schema.GroupVersionResource, ns string) int
 		t.Fatal(err)
 	}
 	return len(l.Items)
+}
+
+// podLists counts the LISTs of pods in ns the controller has made.
+func (e env) podLists(ns string) int {
+	n := 0
+	for _, a := range e.dyn.Actions() {
+		if a.GetVerb() == "list" && a.GetResource() == podsGVR && a.GetNamespace() == ns {
+			n++
+		}
+	}
+	return n
 }
 
 func (e env) finalized(t *testing.T, name string) bool {
@@ -131,7 +146,10 @@ func TestNamespaceWaitsForObjectsStillTerminating(t *testing.T) {
 	going.DeletionTimestamp = &now // a kubelet is still stopping it
 	e := start(t, deletedNS("slow"), going, configMap("slow", "c"))
 	waitFor(t, "configmap deleted", func() bool { return e.count(t, cmGVR, "slow") == 0 })
-	time.Sleep(200 * time.Millisecond)
+	// Two more LISTs of the namespace's pods: a whole recheck has seen the
+	// terminating pod since, and it must not have finalized.
+	seen := e.podLists("slow")
+	waitFor(t, "the namespace rechecked", func() bool { return e.podLists("slow") >= seen+2 })
 	if e.finalized(t, "slow") {
 		t.Fatal("namespace finalized while a pod was still terminating")
 	}
@@ -144,7 +162,12 @@ func TestNamespaceWaitsForObjectsStillTerminating(t *testing.T) {
 func TestActiveNamespaceIsLeftAlone(t *testing.T) {
 	e := start(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "live"},
 		Spec: corev1.NamespaceSpec{Finalizers: []corev1.FinalizerName{corev1.FinalizerKubernetes}}}, pod("live", "a"))
-	time.Sleep(200 * time.Millisecond)
+	// A namespace deleted after "live" was listed is finalized only after
+	// the controller has handled "live".
+	if _, err := e.cs.CoreV1().Namespaces().Create(context.Background(), deletedNS("marker"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a namespace deleted later finalized", func() bool { return e.finalized(t, "marker") })
 	if e.count(t, podsGVR, "live") != 1 || e.finalized(t, "live") {
 		t.Fatal("controller touched a namespace that is not being deleted")
 	}

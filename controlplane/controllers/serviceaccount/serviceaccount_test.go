@@ -67,8 +67,12 @@ func TestDefaultServiceAccountInEveryNamespaceRecreatedIfDeleted(t *testing.T) {
 func TestTerminatingNamespaceGetsNoServiceAccount(t *testing.T) {
 	cs := start(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "going"}, Status: corev1.NamespaceStatus{Phase: corev1.NamespaceTerminating}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "staying"}})
-	waitFor(t, "default SA in the active namespace", func() bool { return hasSA(cs, "staying") })
-	time.Sleep(200 * time.Millisecond)
+	// A namespace created after start is handled after the two listed at
+	// start: once it has its account, "going" has been handled too.
+	if _, err := cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "later"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "default SA in the active namespaces", func() bool { return hasSA(cs, "staying") && hasSA(cs, "later") })
 	if hasSA(cs, "going") {
 		t.Fatal("created a service account in a terminating namespace")
 	}
