@@ -1,7 +1,7 @@
 // Package controllers is the controller-manager: `waggle controller-manager`
 // builds one client and one SharedInformerFactory, and, while it holds the
 // leader Lease, runs every enabled controller (replicaset, deployment,
-// daemonset, endpointslice, endpoints, job, cronjob, ttl-after-finished,
+// daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished,
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
 //
@@ -41,6 +41,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
 	"github.com/waggle-io/waggle/controlplane/controllers/serviceaccount"
+	"github.com/waggle-io/waggle/controlplane/controllers/statefulset"
 	"github.com/waggle-io/waggle/controlplane/controllers/ttlafterfinished"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
@@ -84,6 +85,7 @@ type Config struct {
 	ConcurrentNamespaceSyncs      int
 	ConcurrentServiceAccountSyncs int
 	ConcurrentJobSyncs            int
+	ConcurrentStatefulSetSyncs    int
 	ConcurrentCronJobSyncs        int
 	ConcurrentTTLSyncs            int
 
@@ -126,6 +128,7 @@ func DefaultConfig() Config {
 		ConcurrentNamespaceSyncs:      10,
 		ConcurrentServiceAccountSyncs: 5,
 		ConcurrentJobSyncs:            5,
+		ConcurrentStatefulSetSyncs:    5,
 		ConcurrentCronJobSyncs:        5,
 		ConcurrentTTLSyncs:            5,
 		JobPodFailureBackoff:          job.DefaultPodFailureBackoff,
@@ -360,7 +363,7 @@ func starters() []starter {
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentDeploymentSyncs) }, nil
 		}},
 		{name: daemonset.Name, build: func(d Deps) (func(context.Context), error) {
-			c := daemonset.New(d.Client, d.Factory, d.Log, daemonset.Options{})
+			c := daemonset.New(d.Client, d.Factory, d.Log, daemonset.Options{Revisions: served(d, "apps/v1", "controllerrevisions") == nil})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentDaemonSetSyncs) }, nil
 		}},
 		{name: endpointslice.Name, build: func(d Deps) (func(context.Context), error) {
@@ -389,6 +392,15 @@ func starters() []starter {
 				NodeMonitorGracePeriod: d.Config.NodeMonitorGracePeriod, NodeMonitorPeriod: d.Config.NodeMonitorPeriod,
 				NodeStartupGracePeriod: d.Config.NodeStartupGracePeriod})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
+		{name: statefulset.Name, build: func(d Deps) (func(context.Context), error) {
+			for _, r := range []struct{ gv, res string }{{"apps/v1", "statefulsets"}, {"apps/v1", "controllerrevisions"}, {"v1", "persistentvolumeclaims"}} {
+				if err := served(d, r.gv, r.res); err != nil {
+					return nil, err
+				}
+			}
+			c := statefulset.New(d.Client, d.Factory, d.Log)
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentStatefulSetSyncs) }, nil
 		}},
 		{name: job.Name, build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "batch/v1", "jobs"); err != nil {

@@ -51,6 +51,9 @@ const Name = "daemonset"
 type Options struct {
 	// BurstReplicas caps the pods created or deleted in one sync (250).
 	BurstReplicas int
+	// Revisions keeps ControllerRevisions (the API server must serve
+	// them): `kubectl rollout history/undo daemonset` read them.
+	Revisions bool
 }
 
 // Controller reconciles DaemonSets with nodes and pods.
@@ -62,6 +65,7 @@ type Controller struct {
 	dsl     appslisters.DaemonSetLister
 	nodes   corelisters.NodeLister
 	pods    corelisters.PodLister
+	revs    appslisters.ControllerRevisionLister
 	synced  []cache.InformerSynced
 	exp     *ctrlutil.Expectations
 	now     func() time.Time
@@ -85,6 +89,11 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		exp:    ctrlutil.NewExpectations(), now: time.Now,
 	}
 	c.rec, c.stopRec = ctrlutil.NewRecorder(client, "daemonset-controller")
+	if opts.Revisions {
+		revInf := factory.Apps().V1().ControllerRevisions()
+		c.revs = revInf.Lister()
+		c.synced = append(c.synced, revInf.Informer().HasSynced)
+	}
 	dsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, cur any) { c.enqueue(cur) },
@@ -383,6 +392,16 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	hash := Hash(ds)
+	var revErr error
+	if c.revs != nil && ds.DeletionTimestamp == nil {
+		podHashes := map[string]bool{}
+		for _, p := range owned {
+			podHashes[p.Labels[appsv1.DefaultDaemonSetUniqueLabelKey]] = true
+		}
+		if revErr = c.syncRevisions(ctx, ds, sel, hash, podHashes); revErr != nil {
+			return errors.Join(claimErr, revErr)
+		}
+	}
 	var manageErr error
 	if c.exp.Satisfied(key) && ds.DeletionTimestamp == nil {
 		manageErr = c.manage(ctx, key, ds, nodes, byNode, hash)
