@@ -51,6 +51,12 @@ func (s *Server) admit(ctx context.Context, a *AdmissionAttributes) error {
 			if errors.As(err, &se) {
 				return err
 			}
+			if isTransient(err) {
+				// A plugin that could not read what it checks (etcd down,
+				// a timeout) has not refused anything: 503/504, which
+				// clients retry, never a final 403.
+				return statusFor(err, a.Resource.GroupResource(), a.Name)
+			}
 			return apierrors.NewForbidden(a.Resource.GroupResource(), a.Name, fmt.Errorf("admission plugin %s: %w", p.Name(), err))
 		}
 	}

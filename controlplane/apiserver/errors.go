@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,10 +36,25 @@ func statusFor(err error, gr schema.GroupResource, name string) *apierrors.Statu
 		return apierrors.NewRequestEntityTooLargeError("object is too large for storage")
 	case errors.Is(err, storage.ErrUnavailable):
 		return apierrors.NewServiceUnavailable(err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return apierrors.NewTimeoutError("request did not complete within the allowed duration", 1)
 	case errors.Is(err, errBadBody):
 		return apierrors.NewBadRequest(err.Error())
 	}
 	return apierrors.NewInternalError(err)
+}
+
+// isTransient reports errors of reaching the store in time: 503/504 with
+// Retry-After wherever they happen on the request path.
+func isTransient(err error) bool {
+	return errors.Is(err, storage.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// errPathNotFound is kube-apiserver's answer for a path it does not serve
+// (an unknown resource or subresource): a path-style 404 without a name,
+// which kubectl and helm read as "this kind is not served".
+func errPathNotFound() error {
+	return apierrors.NewGenericServerResponse(http.StatusNotFound, "", schema.GroupResource{}, "", "", 0, false)
 }
 
 // writeStatus writes err as a Status object with its HTTP code.
@@ -53,7 +69,10 @@ func writeStatus(w http.ResponseWriter, err error, gr schema.GroupResource, name
 		code = http.StatusInternalServerError
 		st.Code = int32(code)
 	}
-	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+	switch {
+	case st.Details != nil && st.Details.RetryAfterSeconds > 0:
+		w.Header().Set("Retry-After", strconv.Itoa(int(st.Details.RetryAfterSeconds)))
+	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout:
 		w.Header().Set("Retry-After", strconv.Itoa(1))
 	}
 	b, _ := json.Marshal(&st)

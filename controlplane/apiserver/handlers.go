@@ -18,9 +18,10 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metainternalversionvalidation "k8s.io/apimachinery/pkg/apis/meta/internalversion/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -48,14 +49,19 @@ func (s *Server) resourceHandler() http.Handler {
 func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 	a := authz.AttributesFrom(r, nil)
 	reg := s.byGVR[a.APIGroup+"/"+a.APIVersion+"/"+a.Resource]
+	if p := strings.Split(strings.Trim(r.URL.Path, "/"), "/"); (len(p) == 2 && p[0] == "api") || (len(p) == 3 && p[0] == "apis") {
+		// /api/v1/ and /apis/<group>/<version>/: the version's discovery.
+		s.discovery.ServeHTTP(w, r)
+		return
+	}
 	if reg == nil || !a.ResourceRequest {
-		writeStatus(w, apierrors.NewNotFound(schema.GroupResource{Group: a.APIGroup, Resource: a.Resource}, ""), notFoundGR, "")
+		writeStatus(w, errPathNotFound(), notFoundGR, "")
 		return
 	}
 	req := &request{reg: reg, verb: a.Verb, ns: a.Namespace, name: a.Name, sub: a.Subresource}
 	if !reg.res.Namespaced {
 		if a.Namespace != "" && reg.res.Resource != "namespaces" {
-			writeStatus(w, apierrors.NewNotFound(reg.gr, ""), notFoundGR, "")
+			writeStatus(w, errPathNotFound(), notFoundGR, "")
 			return
 		}
 		req.ns = ""
@@ -67,7 +73,7 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.sub != "" {
 		if _, ok := reg.res.Sub(req.sub); !ok {
-			writeStatus(w, apierrors.NewNotFound(reg.gr, req.name), reg.gr, req.name)
+			writeStatus(w, errPathNotFound(), notFoundGR, "")
 			return
 		}
 		if req.sub == "proxy" {
@@ -222,9 +228,16 @@ func (s *Server) writeObject(w http.ResponseWriter, r *http.Request, reg *regist
 		} else if !errors.Is(err, errNoTable) {
 			return err
 		}
+		if !acceptsPlain(r) {
+			return errNotAcceptable()
+		}
 	}
 	if reg != nil {
-		obj.GetObjectKind().SetGroupVersionKind(reg.res.GroupVersionKind())
+		if meta.IsListType(obj) {
+			obj.GetObjectKind().SetGroupVersionKind(reg.res.GroupVersion().WithKind(reg.res.ListKind))
+		} else {
+			obj.GetObjectKind().SetGroupVersionKind(reg.res.GroupVersionKind())
+		}
 	}
 	if wantsProtobuf(r) {
 		return writeProtobuf(w, code, obj)
@@ -285,6 +298,13 @@ func listOptions(r *http.Request, reg *registry) (*metav1.ListOptions, error) {
 	opts := &metav1.ListOptions{}
 	if err := catalog.ParameterCodec.DecodeParameters(r.URL.Query(), reg.res.GroupVersion(), opts); err != nil {
 		return nil, apierrors.NewBadRequest("invalid list options: " + err.Error())
+	}
+	// kube-apiserver's checks of resourceVersionMatch and
+	// sendInitialEvents (WatchList on, as in 1.37): 422 on ListOptions.
+	iv := &metainternalversion.ListOptions{Watch: opts.Watch, ResourceVersion: opts.ResourceVersion,
+		ResourceVersionMatch: opts.ResourceVersionMatch, Continue: opts.Continue, SendInitialEvents: opts.SendInitialEvents}
+	if errs := metainternalversionvalidation.ValidateListOptions(iv, true); len(errs) > 0 {
+		return nil, apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs)
 	}
 	return opts, nil
 }
@@ -348,11 +368,28 @@ func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.R
 	return nil
 }
 
+// bodyMediaTypes are the media types a create or update body may have, as
+// kube-apiserver serves them (no Content-Type means JSON).
+var bodyMediaTypes = map[string]bool{"": true, "application/json": true, "application/yaml": true, protobufType: true}
+
+// checkContentType refuses a body in a format the server does not decode
+// with 415, before reading it.
+func checkContentType(r *http.Request) error {
+	if ct := r.Header.Get("Content-Type"); !bodyMediaTypes[mediaType(ct)] {
+		return apierrors.NewGenericServerResponse(http.StatusUnsupportedMediaType, strings.ToLower(r.Method), schemaGR, "",
+			fmt.Sprintf("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, %s", protobufType), 0, false)
+	}
+	return nil
+}
+
 // decodeWrite reads a create or update: its write options, then its body
 // decoded under the request's fieldValidation directive.
 func decodeWrite(r *http.Request, req *request) (runtime.Object, writeOpts, []string, error) {
 	wo, fv, err := parseWriteOpts(r)
 	if err != nil {
+		return nil, wo, nil, err
+	}
+	if err := checkContentType(r); err != nil {
 		return nil, wo, nil, err
 	}
 	body, err := readBody(r)
@@ -576,32 +613,6 @@ func setPodCondition(p *corev1.Pod, c corev1.PodCondition) {
 		}
 	}
 	p.Status.Conditions = append(p.Status.Conditions, c)
-}
-
-// serveEviction deletes a pod through pods/eviction (no disruption
-// budgets are served, so every eviction is allowed).
-func (s *Server) serveEviction(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
-	wo, _, err := parseWriteOpts(r)
-	if err != nil {
-		return err
-	}
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
-	var ev policyv1.Eviction
-	if _, err := decodeInto(body, &ev, r.Header.Get("Content-Type"), decode.Ignore); err != nil {
-		return err
-	}
-	opts := ev.DeleteOptions
-	if opts == nil {
-		opts = &metav1.DeleteOptions{}
-	}
-	if _, _, err := req.reg.deleteObject(ctx, req.ns, req.name, opts, wo); err != nil {
-		return err
-	}
-	writeSuccess(w, http.StatusCreated)
-	return nil
 }
 
 // scaleOf builds the autoscaling/v1 Scale of a Deployment or ReplicaSet.

@@ -72,6 +72,28 @@ func (r *registry) get(ctx context.Context, ns, name, rv string) (*storage.Objec
 		}
 		return o, nil
 	}
+	if rv != "" {
+		// At least resourceVersion: from the cache once it got there.
+		min, err := strconv.ParseInt(rv, 10, 64)
+		if err != nil || min < 0 {
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("invalid resourceVersion %q", rv))
+		}
+		wctx, cancel := context.WithTimeout(ctx, tooLargeRVWait)
+		o, _, err := r.cache.Get(wctx, min, r.key(ns, name))
+		cancel()
+		switch {
+		case err == nil:
+			return o, nil
+		case errors.Is(err, storage.ErrNotFound):
+			return nil, r.notFound(name)
+		case errors.Is(err, storage.ErrUnavailable) && ctx.Err() == nil:
+			if tl := r.tooLargeRV(ctx, min); tl != nil {
+				return nil, tl
+			}
+		default:
+			return nil, err
+		}
+	}
 	kv, _, err := r.store.Get(ctx, r.key(ns, name))
 	if err != nil {
 		if errors.Is(err, storage.ErrNotFound) {
@@ -80,6 +102,24 @@ func (r *registry) get(ctx context.Context, ns, name, rv string) (*storage.Objec
 		return nil, err
 	}
 	return r.codec.Decode(kv.Key, kv.Value, kv.ModRevision)
+}
+
+// tooLargeRVWait is how long a read that asks for a resourceVersion the
+// cache has not reached waits before kube-apiserver's 504 "Too large
+// resource version" (its cacher waits 3 s).
+const tooLargeRVWait = 3 * time.Second
+
+// tooLargeRV returns kube-apiserver's 504 Timeout (cause
+// ResourceVersionTooLarge, Retry-After 1) when want is newer than etcd's
+// current revision, nil otherwise.
+func (r *registry) tooLargeRV(ctx context.Context, want int64) error {
+	cur, err := r.store.Revision(ctx)
+	if err != nil || want <= cur {
+		return nil
+	}
+	e := apierrors.NewTimeoutError(fmt.Sprintf("Too large resource version: %d, current: %d", want, cur), 1)
+	e.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: "Too large resource version"}}
+	return e
 }
 
 // listResult is one page of a LIST.
@@ -165,7 +205,11 @@ func (r *registry) list(ctx context.Context, ns string, opts *metav1.ListOptions
 				return nil, err
 			}
 		}
-		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		wait := time.Second
+		if opts.ResourceVersion != "" {
+			wait = tooLargeRVWait
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
 		items, rev, err := r.cache.List(wctx, minRev, p)
 		cancel()
 		if err == nil {
@@ -173,6 +217,11 @@ func (r *registry) list(ctx context.Context, ns string, opts *metav1.ListOptions
 		}
 		if !errors.Is(err, storage.ErrUnavailable) || ctx.Err() != nil {
 			return nil, err
+		}
+		if opts.ResourceVersion != "" {
+			if tl := r.tooLargeRV(ctx, minRev); tl != nil {
+				return nil, tl
+			}
 		}
 		// The cache did not catch up in time: read etcd itself.
 		r.srv.log.Debug("watch cache behind, listing from etcd", "resource", r.res.Resource, "err", err)
@@ -185,6 +234,9 @@ func (r *registry) list(ctx context.Context, ns string, opts *metav1.ListOptions
 			return nil, err
 		}
 	} else if exact || opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
+		if tl := r.tooLargeRV(ctx, minRev); tl != nil {
+			return nil, tl
+		}
 		rev = minRev
 		if !exact {
 			rev = 0 // NotOlderThan: the latest is not older

@@ -130,6 +130,7 @@ type Server struct {
 	admission  []Admitter
 	registries map[string]*registry // by plural resource name (unique in the catalog)
 	byGVR      map[string]*registry // "group/version/resource"
+	discovery  http.Handler
 	ipAlloc    *allocator
 	portAlloc  *allocator
 	metrics    *metrics
@@ -440,15 +441,16 @@ func (s *Server) Handler() http.Handler {
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Handle("/metrics", health)
-		for _, p := range []string{"/api", "/api/v1", "/apis", "/apis/{group}", "/apis/{group}/{version}"} {
+		for _, p := range []string{"/api", "/api/", "/api/v1", "/apis", "/apis/", "/apis/{group}", "/apis/{group}/", "/apis/{group}/{version}"} {
 			r.Get(p, disc.ServeHTTP)
 		}
+		s.discovery = disc
 		mountOpenAPI(r)
 		r.Handle("/api/v1/*", s.resourceHandler())
 		r.Handle("/apis/{group}/{version}/*", s.resourceHandler())
 	})
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
-		writeStatus(w, apierrors.NewNotFound(notFoundGR, req.URL.Path), notFoundGR, "")
+		writeStatus(w, errPathNotFound(), notFoundGR, "")
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		writeStatus(w, apierrors.NewMethodNotSupported(notFoundGR, req.Method), notFoundGR, "")

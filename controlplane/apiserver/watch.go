@@ -15,8 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -32,12 +30,6 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 	if err != nil {
 		return err
 	}
-	if opts.SendInitialEvents != nil {
-		// Streaming lists are not served; as kube-apiserver without the
-		// WatchList feature, say so and let the client fall back to LIST.
-		return apierrors.NewInvalid(schema.GroupKind{Group: "meta.k8s.io", Kind: "ListOptions"}, "",
-			field.ErrorList{field.Forbidden(field.NewPath("sendInitialEvents"), "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled")})
-	}
 	var from int64
 	switch opts.ResourceVersion {
 	case "", "0":
@@ -52,15 +44,41 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
-	if opts.ResourceVersion == "" {
-		// Unset: the current state as of now, consistently.
-		if rev, err := s.store.Revision(wctx); err == nil {
-			_, _, err = req.reg.cache.List(wctx, rev, storage.Predicate{KeyPrefix: "\x00"})
+	wctx, wcancel := context.WithTimeout(ctx, tooLargeRVWait)
+	var watcher *storage.Watcher
+	if opts.SendInitialEvents != nil {
+		// Streaming list (WatchList, client-go's default): the state at
+		// least as new as resourceVersion (unset: consistent with etcd
+		// now) as ADDED events, a bookmark marking their end, then changes;
+		// sendInitialEvents=false: only changes after that state.
+		minRev := from
+		if opts.ResourceVersion == "" {
+			if minRev, err = s.store.Revision(wctx); err != nil {
+				wcancel()
+				return err
+			}
+		}
+		if *opts.SendInitialEvents {
+			watcher, err = req.reg.cache.WatchList(wctx, minRev, pred)
+		} else {
+			watcher, err = req.reg.cache.WatchFromNow(wctx, minRev, pred)
+		}
+		from = minRev
+	} else {
+		if opts.ResourceVersion == "" {
+			// Unset: the current state as of now, consistently.
+			if rev, err := s.store.Revision(wctx); err == nil {
+				_, _, err = req.reg.cache.List(wctx, rev, storage.Predicate{KeyPrefix: "\x00"})
+			}
+		}
+		watcher, err = req.reg.cache.Watch(wctx, from, pred)
+	}
+	wcancel()
+	if err != nil && errors.Is(err, storage.ErrUnavailable) && from > 0 && ctx.Err() == nil {
+		if tl := req.reg.tooLargeRV(ctx, from); tl != nil {
+			return tl
 		}
 	}
-	watcher, err := req.reg.cache.Watch(wctx, from, pred)
-	wcancel()
 
 	table := wantsTable(r)
 	partial := wantsPartial(r)
@@ -135,6 +153,9 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 			if t == watch.Bookmark {
 				bm := req.reg.res.New()
 				objectMeta(bm).SetResourceVersion(strconv.FormatInt(e.Rev, 10))
+				if e.InitialEventsEnd {
+					objectMeta(bm).SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
+				}
 				bm.GetObjectKind().SetGroupVersionKind(req.reg.res.GroupVersionKind())
 				raw, err = encodeProtobuf(bm)
 			} else {
@@ -152,7 +173,11 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 			buf = append(buf, bookmarkPrefix...)
 			buf = strconv.AppendInt(buf, e.Rev, 10)
-			buf = append(buf, "\"}}}\n"...)
+			if e.InitialEventsEnd {
+				buf = append(buf, `","annotations":{"`+metav1.InitialEventsAnnotationKey+`":"true"}}}}`+"\n"...)
+			} else {
+				buf = append(buf, "\"}}}\n"...)
+			}
 		case partial:
 			pj, err := json.Marshal(partialOf(e.Obj.Obj))
 			if err != nil {

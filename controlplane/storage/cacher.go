@@ -58,6 +58,9 @@ type Event struct {
 	// revision). Prev is the state before (nil for Added).
 	Obj  *Object
 	Prev *Object
+	// InitialEventsEnd marks the bookmark that ends a streaming list's
+	// initial events (WatchList).
+	InitialEventsEnd bool
 }
 
 // Predicate selects objects by key prefix (a namespace), labels and fields.
@@ -475,10 +478,31 @@ func (c *Cacher) SlowClosed() int64 {
 // events. A from older than the cache's window gives *CompactedError (410);
 // a from ahead of the cache waits (bounded by ctx) for the cache to reach it.
 func (c *Cacher) Watch(ctx context.Context, from int64, p Predicate) (*Watcher, error) {
+	return c.watch(ctx, from, from, p, false)
+}
+
+// WatchList starts a streaming list (sendInitialEvents=true): once the
+// cache has reached minRev, the current selected state as Added events,
+// then a bookmark marked InitialEventsEnd at the state's revision, then
+// every later change.
+func (c *Cacher) WatchList(ctx context.Context, minRev int64, p Predicate) (*Watcher, error) {
+	return c.watch(ctx, minRev, 0, p, true)
+}
+
+// WatchFromNow starts a watcher that gets only changes after the cache's
+// current revision (sendInitialEvents=false), once it reached minRev.
+func (c *Cacher) WatchFromNow(ctx context.Context, minRev int64, p Predicate) (*Watcher, error) {
+	return c.watch(ctx, minRev, -1, p, false)
+}
+
+func (c *Cacher) watch(ctx context.Context, minRev, from int64, p Predicate, endMarker bool) (*Watcher, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.waitLocked(ctx, from); err != nil {
+	if err := c.waitLocked(ctx, minRev); err != nil {
 		return nil, err
+	}
+	if from < 0 {
+		from = c.rev
 	}
 	w := newWatcher(c, p)
 	if from == 0 {
@@ -493,6 +517,9 @@ func (c *Cacher) Watch(ctx context.Context, from int64, p Predicate) (*Watcher, 
 		for i, k := range keys {
 			o := c.items[k]
 			w.initial[i] = &Event{Type: watch.Added, Rev: o.Rev, Obj: o}
+		}
+		if endMarker {
+			w.initial = append(w.initial, &Event{Type: watch.Bookmark, Rev: c.rev, InitialEventsEnd: true})
 		}
 	} else {
 		if from < c.oldest {
