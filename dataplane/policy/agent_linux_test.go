@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -11,8 +10,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-
-	"github.com/waggle-io/waggle/cni"
 )
 
 // agentEnv runs the Agent on a fake API (client-go's fake clientset) over
@@ -84,8 +81,7 @@ func (ae *agentEnv) waitFor(t *testing.T, what string, cond func() bool) {
 // addAPIPod makes the pod's netns and veth (alias as waggle-cni sets it),
 // then creates the Pod object.
 func (ae *agentEnv) addAPIPod(t *testing.T, ns, name string, lbls map[string]string) *tpod {
-	p := ae.addPod(ns, name, lbls) // the netns, veth and servers; the env's own compiler is not the agent's
-	ae.node.Run(t, "ip", "link", "set", p.hostVeth, "alias", cni.HostVethAlias([]netip.Addr{p.ip}))
+	p := ae.addPod(ns, name, lbls) // the netns, veth (with waggle-cni's alias) and servers
 	if _, err := ae.client.CoreV1().Pods(ns).Create(context.Background(), p.obj, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -304,5 +306,83 @@ func TestSCTPIsRefusedClearly(t *testing.T) {
 	ch := c.Compile()
 	if len(ch.Warnings) != 1 || !strings.Contains(ch.Warnings[0], "SCTP is not supported") {
 		t.Errorf("warnings = %q, want one about SCTP", ch.Warnings)
+	}
+}
+
+// TestViewExplainsAndMonitors: what `waggle bpf policy/explain/monitor`
+// read from the pinned maps: the endpoints and their counters, the rule
+// that allows a connection, the reason one is denied, and drop events.
+func TestViewExplainsAndMonitors(t *testing.T) {
+	e := newEnv(t)
+	a := e.addPod("x", "a", map[string]string{"app": "a"})
+	b := e.addPod("x", "b", map[string]string{"app": "b"})
+	c := e.addPod("y", "c", map[string]string{"app": "c"})
+	p := np("x", "allow-a", sel("app", "b"), ingress)
+	p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "a")}}, Ports: []networkingv1.NetworkPolicyPort{tcpPort(80)}}}
+	e.setPolicy(p)
+	v, err := OpenView(e.dp.cfg.PinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	v.NetNS = "/run/netns/" + e.node.Name
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan Event, 16)
+	go v.Monitor(ctx, "drop", func(ev Event) { events <- ev })
+
+	if !e.reach(a, b, "tcp", 80) || e.reach(c, b, "tcp", 80) {
+		t.Fatal("policy not enforced as expected")
+	}
+	select {
+	case ev := <-events:
+		if ev.Endpoint != "x/b" || ev.Verdict != "drop" || ev.Peer != c.ip || ev.LocalPort != 80 || ev.Direction != "ingress" {
+			t.Errorf("drop event = %+v", ev)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no drop event")
+	}
+
+	vs, err := v.Explain(a.ip, b.ip, 80, protoTCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var atB *Verdict
+	for i := range vs {
+		if vs[i].Endpoint == "x/b" {
+			atB = &vs[i]
+		}
+	}
+	if atB == nil || !atB.Allowed || atB.Policy != "x/allow-a" || atB.Rule != 0 {
+		t.Errorf("explain a -> b:80 = %+v", vs)
+	}
+	vs, _ = v.Explain(c.ip, b.ip, 80, protoTCP)
+	for _, vd := range vs {
+		if vd.Endpoint == "x/b" && (vd.Allowed || !strings.Contains(vd.Reason, "default deny")) {
+			t.Errorf("explain c -> b:80 at b = %+v, want a default deny", vd)
+		}
+	}
+	eps, err := v.Endpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range eps {
+		if ep.Pod == "x/b" && (!ep.IngressIsolated || ep.IngressAllowed == 0 || ep.IngressDenied == 0) {
+			t.Errorf("endpoint x/b = %+v, want isolated with flows allowed and packets denied", ep)
+		}
+	}
+	rules, counters, err := v.Rules(b.ifindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) != 1 || rules[0].Policy != "x/allow-a" || rules[0].Ports != "80" || rules[0].Hits == 0 || !strings.Contains(rules[0].Peer, "app=a") {
+		t.Errorf("rules of x/b = %+v", rules)
+	}
+	if len(counters) != 1 || counters[0].Hits == 0 {
+		t.Errorf("counters of x/b = %+v", counters)
+	}
+	if got, err := v.FindEndpoint(b.ip.String()); err != nil || got.Pod != "x/b" {
+		t.Errorf("FindEndpoint(%s) = %+v, %v", b.ip, got, err)
 	}
 }

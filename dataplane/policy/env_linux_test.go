@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/waggle-io/waggle/cni"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
@@ -104,6 +105,7 @@ func (e *env) addPod(ns, name string, lbls map[string]string, ports ...v1.Contai
 	p.hostVeth = testutil.UniqueName("np")
 	e.node.Run(t, "ip", "link", "add", p.hostVeth, "type", "veth", "peer", "name", "eth0", "netns", p.netns.Name)
 	e.node.Run(t, "ip", "link", "set", p.hostVeth, "master", e.bridge, "up")
+	e.node.Run(t, "ip", "link", "set", p.hostVeth, "alias", cni.HostVethAlias([]netip.Addr{p.ip}))
 	p.netns.Run(t, "ip", "addr", "add", p.ip.String()+"/24", "dev", "eth0")
 	p.netns.Run(t, "ip", "link", "set", "eth0", "up")
 	p.netns.Run(t, "ip", "route", "add", "default", "via", "10.77.0.1")

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -60,6 +61,8 @@ type Config struct {
 	// EnableStats, for `prog list`, turns the kernel's BPF run statistics
 	// on for this long and reports the runs counted meanwhile.
 	EnableStats time.Duration
+	// Verdict filters `monitor`: drop (default), allow or all.
+	Verdict string
 	// Out receives the output (default os.Stdout).
 	Out io.Writer
 }
@@ -135,19 +138,23 @@ Flags (anywhere on the line; each also read from WAGGLE_<FLAG>):
 
 // commands lists the valid command words with their argument counts.
 var commands = map[string]struct{ min, max int }{
-	"status":        {0, 0},
-	"lb list":       {0, 0},
-	"lb get":        {1, 1},
-	"map list":      {0, 0},
-	"map dump":      {1, 1},
-	"affinity list": {0, 0},
-	"sockets":       {0, 0},
-	"explain":       {1, 2},
-	"prog list":     {0, 0},
+	"status":         {0, 0},
+	"lb list":        {0, 0},
+	"lb get":         {1, 1},
+	"map list":       {0, 0},
+	"map dump":       {1, 1},
+	"affinity list":  {0, 0},
+	"sockets":        {0, 0},
+	"explain":        {1, 2},
+	"prog list":      {0, 0},
+	"policy list":    {0, 0},
+	"policy get":     {1, 1},
+	"explain policy": {2, 2},
+	"monitor":        {0, 0},
 }
 
 // groups are the command words that take a second word.
-var groups = map[string][]string{"lb": {"list", "get"}, "map": {"list", "dump"}, "affinity": {"list"}, "prog": {"list"}}
+var groups = map[string][]string{"policy": {"list", "get"}, "lb": {"list", "get"}, "map": {"list", "dump"}, "affinity": {"list"}, "prog": {"list"}}
 
 // ParseArgs parses `waggle bpf`'s arguments (flags may come anywhere;
 // flags not given fall back to WAGGLE_<FLAG>). Errors carry ExitUsage;
@@ -160,6 +167,7 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&cfg.PinDir, "pin-dir", "", "pin directory to read (overrides --node)")
 	fs.StringVar(&cfg.Output, "o", FormatTable, "output format: table, json or yaml")
 	fs.BoolVar(&cfg.Raw, "raw", false, "map dump: hex bytes as bpftool prints them")
+	fs.StringVar(&cfg.Verdict, "verdict", "drop", "monitor: which NetworkPolicy verdicts to show: drop, allow or all")
 	fs.DurationVar(&cfg.EnableStats, "enable-stats", 0, "prog list: enable BPF run statistics for this long and report the runs meanwhile")
 	printUsage := func() {
 		fmt.Fprint(stderr, Usage)
@@ -199,6 +207,9 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 		}
 		cmd, args = cmd+" "+args[0], args[1:]
 	}
+	if cmd == "explain" && len(args) > 0 && args[0] == "policy" {
+		cmd, args = "explain policy", args[1:]
+	}
 	n, ok := commands[cmd]
 	if !ok {
 		return cfg, usageErr("unknown command %q (see waggle bpf --help)", cmd)
@@ -224,6 +235,19 @@ func ParseArgs(args []string, stderr io.Writer) (Config, error) {
 	}
 	if cfg.Node != "" && strings.ContainsAny(cfg.Node, "/\x00") || cfg.Node == "." || cfg.Node == ".." {
 		return cfg, usageErr("--node %q: not a node name", cfg.Node)
+	}
+	switch cfg.Verdict {
+	case "drop", "allow", "all":
+	default:
+		return cfg, usageErr("--verdict %q: want drop, allow or all", cfg.Verdict)
+	}
+	if cmd == "explain policy" {
+		if _, err := netip.ParseAddr(args[0]); err != nil {
+			return cfg, usageErr("explain policy: SRC %q is not an address", args[0])
+		}
+		if _, _, err := parsePolicyDst(args[1]); err != nil {
+			return cfg, err
+		}
 	}
 	// Check the frontend (and SRC) now: a usage error wins over a node
 	// without state.

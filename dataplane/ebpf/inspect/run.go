@@ -27,6 +27,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return withExitCode(err)
 	}
+	if isPolicyCommand(cfg.Command) {
+		return withExitCode(runPolicy(ctx, cfg, dir))
+	}
 	src, err := openSource(dir, node)
 	if err != nil {
 		return withExitCode(err)
