@@ -100,6 +100,16 @@ func TestLogsAndProxiesReachTheNode(t *testing.T) {
 	if err != nil || string(b) != "app /hello" {
 		t.Fatalf("service proxy: %q %v", b, err)
 	}
+	// The legacy paths older guides document answer as the current ones.
+	for path, want := range map[string]string{
+		"/api/v1/proxy/nodes/node-a/stats/summary":                         "hello from /stats/summary",
+		"/api/v1/proxy/namespaces/default/services/app:web/hello":          "app /hello",
+		"/api/v1/proxy/namespaces/default/pods/logged:" + appPort + "/a/b": "app /a/b",
+	} {
+		if b, err := cs.CoreV1().RESTClient().Get().AbsPath(path).DoRaw(ctx); err != nil || string(b) != want {
+			t.Errorf("legacy %s: %q %v, want %q", path, b, err, want)
+		}
+	}
 	// A pod that is not scheduled has no logs to reach: 400.
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("pending", nil), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -190,4 +191,51 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(authn.WithUser(r.Context(), u)))
 	})
+}
+
+// legacyProxyPaths serves the proxy paths older guides document
+// (/api/v1/proxy/nodes/<node>/..., /api/v1/proxy/namespaces/<ns>/services/
+// <svc>/... and .../pods/<pod>/...) as aliases of the current proxy
+// subresources: the path is rewritten before authorization and routing, so
+// both forms are authorized and answered alike.
+func legacyProxyPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p, ok := currentProxyPath(r.URL.Path); ok {
+			r2 := r.Clone(r.Context())
+			r2.URL.Path, r2.URL.RawPath = p, ""
+			r2.RequestURI = r2.URL.RequestURI()
+			r = r2
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// currentProxyPath maps a legacy /api/v1/proxy/... path to the proxy
+// subresource it stands for.
+func currentProxyPath(path string) (string, bool) {
+	const prefix = "/api/v1/proxy/"
+	if !strings.HasPrefix(path, prefix) {
+		return "", false
+	}
+	parts := strings.SplitN(path[len(prefix):], "/", 5)
+	rest := func(i int) string {
+		if len(parts) > i {
+			return "/" + parts[i]
+		}
+		return ""
+	}
+	switch {
+	case len(parts) >= 2 && parts[0] == "nodes" && parts[1] != "":
+		return "/api/v1/nodes/" + parts[1] + "/proxy" + restJoin(parts[2:]), true
+	case len(parts) >= 4 && parts[0] == "namespaces" && (parts[2] == "services" || parts[2] == "pods") && parts[1] != "" && parts[3] != "":
+		return "/api/v1/namespaces/" + parts[1] + "/" + parts[2] + "/" + parts[3] + "/proxy" + rest(4), true
+	}
+	return "", false
+}
+
+func restJoin(parts []string) string {
+	if len(parts) == 0 {
+		return ""
+	}
+	return "/" + strings.Join(parts, "/")
 }

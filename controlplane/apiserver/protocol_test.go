@@ -58,7 +58,7 @@ func TestProtocolDetailsClientsDependOn(t *testing.T) {
 			"/apis/widgets.example.com/v1/widgets",
 			"/apis/widgets.example.com/v1/namespaces/default/widgets/w",
 			"/api/v1/namespaces/default/widgets/w",
-			"/api/v1/namespaces/default/nodes",           // cluster-scoped under a namespace
+			"/api/v1/namespaces/default/nodes",            // cluster-scoped under a namespace
 			"/api/v1/namespaces/default/pods/p/nosuchsub", // unknown subresource
 			"/apis/apps/v9/deployments",
 		} {
@@ -120,8 +120,8 @@ func TestProtocolDetailsClientsDependOn(t *testing.T) {
 		// With a fallback the client gets the object; v1 and v1beta1 Tables are served.
 		for accept, kind := range map[string]string{
 			"application/json;as=Table;v=v2;g=meta.k8s.io,application/json": "ConfigMapList",
-			"application/json;as=Table;v=v1;g=meta.k8s.io":                   "Table",
-			"application/json;as=Table;v=v1beta1;g=meta.k8s.io":              "Table",
+			"application/json;as=Table;v=v1;g=meta.k8s.io":                  "Table",
+			"application/json;as=Table;v=v1beta1;g=meta.k8s.io":             "Table",
 		} {
 			resp, b := rawGet(t, srv.Config, "/api/v1/namespaces/default/configmaps", map[string]string{"Accept": accept})
 			var tm metav1.TypeMeta

@@ -431,7 +431,7 @@ func (s *Server) Close() {
 // /metrics and the resources.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.recoverer, s.instrument, limitBody)
+	r.Use(legacyProxyPaths, s.recoverer, s.instrument, limitBody)
 	health := s.health.Handler()
 	disc := discovery.Handler(catalog.All(), catalog.Groups())
 	for _, p := range []string{"/healthz", "/livez", "/readyz"} {

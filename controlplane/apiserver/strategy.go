@@ -273,6 +273,9 @@ func strategyFor(res *catalog.Resource) *strategy {
 		s.validate = func(o runtime.Object) field.ErrorList { return validateEvent(o.(*corev1.Event)) }
 	case "configmaps":
 		s.validate = func(o runtime.Object) field.ErrorList { return validateConfigMap(o.(*corev1.ConfigMap)) }
+		s.validateSpecUpdate = func(o, old runtime.Object) field.ErrorList {
+			return validateConfigMapUpdate(o.(*corev1.ConfigMap), old.(*corev1.ConfigMap))
+		}
 	case "secrets":
 		s.fieldLabels = labelsOf("type")
 		s.fieldSet = func(o runtime.Object) fields.Set {
@@ -286,6 +289,9 @@ func strategyFor(res *catalog.Resource) *strategy {
 			}
 		}
 		s.validate = func(o runtime.Object) field.ErrorList { return validateSecret(o.(*corev1.Secret)) }
+		s.validateSpecUpdate = func(o, old runtime.Object) field.ErrorList {
+			return validateSecretUpdate(o.(*corev1.Secret), old.(*corev1.Secret))
+		}
 	case "endpoints":
 		s.defaults = func(o runtime.Object) { defaultEndpoints(o.(*corev1.Endpoints)) }
 		s.validate = func(o runtime.Object) field.ErrorList { return validateEndpoints(o.(*corev1.Endpoints)) }

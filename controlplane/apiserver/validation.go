@@ -167,6 +167,7 @@ func validatePodSpec(s *corev1.PodSpec, p *field.Path) field.ErrorList {
 
 func validatePod(pod *corev1.Pod) field.ErrorList {
 	errs := validatePodSpec(&pod.Spec, field.NewPath("spec"))
+	errs = append(errs, validateSysctls(&pod.Spec, field.NewPath("spec", "securityContext", "sysctls"))...)
 	if pod.Status.PodIP != "" {
 		if _, err := netip.ParseAddr(pod.Status.PodIP); err != nil {
 			errs = append(errs, field.Invalid(field.NewPath("status", "podIP"), pod.Status.PodIP, "must be a valid IP address"))

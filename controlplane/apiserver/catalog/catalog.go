@@ -119,7 +119,6 @@ func All() []Resource {
 
 	services := res(core, "services", "service", "Service", true,
 		func() runtime.Object { return &corev1.Service{} }, func() runtime.Object { return &corev1.ServiceList{} })
-	services.Verbs = noCollection
 	services.ShortNames = []string{"svc"}
 	services.Categories = []string{"all"}
 	services.Subs = []Subresource{statusSub, {Name: "proxy", Kind: "ServiceProxyOptions", Verbs: []string{"create", "delete", "get", "patch", "update"}}}
