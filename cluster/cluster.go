@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/waggle-io/waggle/clusterdns"
 	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/controlplane/controllers"
 	"github.com/waggle-io/waggle/controlplane/scheduler"
@@ -64,6 +65,10 @@ type Config struct {
 	ClusterCIDR           string
 	ServiceClusterIPRange string
 	ServiceNodePortRange  string
+	// ClusterDomain is the cluster DNS zone (default cluster.local). The
+	// cluster DNS Service is the tenth address of ServiceClusterIPRange
+	// (10.96.0.10), served by the node's proxy.
+	ClusterDomain string
 	// ContainerdAddress is the containerd socket; empty uses the system's
 	// (/run/containerd/containerd.sock) when it serves, else starts one
 	// under DataDir.
@@ -94,6 +99,7 @@ func Defaults() Config {
 		ClusterCIDR:            "10.244.0.0/16",
 		ServiceClusterIPRange:  "10.96.0.0/12",
 		ServiceNodePortRange:   "30000-32767",
+		ClusterDomain:          clusterdns.DefaultClusterDomain,
 		ProxyMode:              "auto",
 		LogLevel:               "info",
 		NodeMonitorGracePeriod: 40 * time.Second,
@@ -114,6 +120,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if _, err := netip.ParsePrefix(cfg.ClusterCIDR); err != nil {
 		return fmt.Errorf("--cluster-cidr: %w", err)
+	}
+	svcCIDR, err := netip.ParsePrefix(cfg.ServiceClusterIPRange)
+	if err != nil {
+		return fmt.Errorf("--service-cluster-ip-range: %w", err)
+	}
+	dnsIP := clusterdns.ServiceIP(svcCIDR)
+	if cfg.ClusterDomain == "" {
+		cfg.ClusterDomain = clusterdns.DefaultClusterDomain
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
@@ -171,13 +185,14 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.AllocateNodeCIDRs = true
 		cm.ClusterCIDR = cfg.ClusterCIDR
 		cm.NodeMonitorGracePeriod = cfg.NodeMonitorGracePeriod
+		cm.ClusterDNSIP, cm.ClusterDNSPort = dnsIP.String(), clusterdns.DefaultPort
 		cm.LogLevel = cfg.LogLevel
 		cm.Log = componentLog("controller-manager", cfg.LogLevel)
 		cm.LeaderElection = leaderElection("kube-controller-manager")
 		return controllers.Run(gctx, cm)
 	})
 	if cfg.Node {
-		if err := runNode(gctx, g, cfg, log, kc); err != nil {
+		if err := runNode(gctx, g, cfg, log, kc, dnsIP); err != nil {
 			cancel()
 			_ = g.Wait()
 			return err
@@ -202,7 +217,7 @@ func leaderElection(name string) leaderelect.Config {
 }
 
 // runNode starts containerd (when needed), the kubelet and the proxy.
-func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logger, kc func(string) string) error {
+func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logger, kc func(string) string, dnsIP netip.Addr) error {
 	addr := cfg.ContainerdAddress
 	if addr == "" && serves(systemContainerd) {
 		addr = systemContainerd
@@ -245,6 +260,9 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		ImageDir:            cfg.ImageDir,
 		Port:                10250,
 		ClientCAFile:        filepath.Join(cfg.DataDir, "pki", "ca.crt"),
+		ClusterDNS:          []string{dnsIP.String()},
+		ClusterDomain:       cfg.ClusterDomain,
+		ResolvConf:          "/etc/resolv.conf",
 		Log:                 componentLog("kubelet", cfg.LogLevel),
 	}
 	g.Go(func() error { return kubelet.Run(ctx, kcfg) })
@@ -257,6 +275,17 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		nodeName = h
 	}
 	cidr, _ := netip.ParsePrefix(cfg.ClusterCIDR)
+	// The node's cluster DNS server, the kube-dns Service's endpoint here
+	// (see package clusterdns); like `waggle proxy`, a failure to serve is
+	// logged, not fatal to the node.
+	g.Go(func() error {
+		dlog := componentLog("cluster-dns", cfg.LogLevel)
+		if err := clusterdns.Run(ctx, clusterdns.Config{Kubeconfig: kc("proxy"), ClusterDomain: cfg.ClusterDomain,
+			ResolvConf: "/etc/resolv.conf", Log: dlog}); err != nil {
+			dlog.Error("cluster DNS stopped; pods on this node cannot resolve names", "err", err)
+		}
+		return nil
+	})
 	g.Go(func() error {
 		return dataplane.Run(ctx, dataplane.Config{
 			Kubeconfig:        kc("proxy"),

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -29,7 +30,9 @@ import (
 	"golang.org/x/sync/singleflight"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // Defaults of Config.
@@ -43,6 +46,10 @@ const (
 
 // Config is the cluster DNS server's configuration.
 type Config struct {
+	// Kubeconfig reaches the API server (empty: in-cluster); Client, when
+	// set, is used instead.
+	Kubeconfig string
+	Client     kubernetes.Interface
 	// ListenAddress is host:port of the UDP and TCP listeners (default
 	// ":10053").
 	ListenAddress string
@@ -332,8 +339,35 @@ func (s *Server) Serve(ctx context.Context, ready func(net.Addr)) error {
 	return err
 }
 
-// Run serves cluster DNS with client's informers until ctx ends.
-func Run(ctx context.Context, cfg Config, client kubernetes.Interface) error {
+// ServiceIP is the conventional cluster DNS ClusterIP of a Service range:
+// its tenth address (10.96.0.10 for 10.96.0.0/12), as kubeadm picks.
+func ServiceIP(serviceCIDR netip.Prefix) netip.Addr {
+	a := serviceCIDR.Masked().Addr()
+	for i := 0; i < 10; i++ {
+		a = a.Next()
+	}
+	return a
+}
+
+// Run serves cluster DNS until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	client := cfg.Client
+	if client == nil {
+		var rc *rest.Config
+		var err error
+		if cfg.Kubeconfig == "" {
+			rc, err = rest.InClusterConfig()
+		} else {
+			rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		}
+		if err != nil {
+			return fmt.Errorf("cluster DNS: client config: %w", err)
+		}
+		rc.UserAgent = "waggle-cluster-dns"
+		if client, err = kubernetes.NewForConfig(rc); err != nil {
+			return err
+		}
+	}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	s, err := New(cfg, factory)
 	if err != nil {

@@ -77,6 +77,15 @@ type Config struct {
 	NetNSDir string
 	// PodManifestPath is the static pods' directory ("" disables).
 	PodManifestPath string
+	// ClusterDNS are the nameservers of ClusterFirst pods (the kube-dns
+	// Service's ClusterIP); ClusterDomain the cluster's DNS zone (default
+	// cluster.local); ResolvConf the node's resolver configuration, used by
+	// dnsPolicy Default and appended to ClusterFirst's search path (default
+	// /etc/resolv.conf; "" means none).
+	ClusterDNS    []string
+	ClusterDomain string
+	ResolvConf    string
+
 	// ImageDir is imported into containerd at start ("" disables).
 	ImageDir string
 	// Address and Port of the kubelet API (Port 0 picks a free port).
@@ -113,6 +122,9 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	if c.MaxPods == 0 {
 		c.MaxPods = 110
+	}
+	if c.ClusterDomain == "" {
+		c.ClusterDomain = "cluster.local"
 	}
 	if c.Runtime == "" {
 		c.Runtime = RuntimeContainerd
@@ -184,6 +196,11 @@ func (c Config) Validate() error {
 			if _, err := netip.ParsePrefix(p.v); err != nil {
 				return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, p.name, err)
 			}
+		}
+	}
+	for _, ip := range c.ClusterDNS {
+		if _, err := netip.ParseAddr(ip); err != nil {
+			return fmt.Errorf("%w: --cluster-dns: %v", ErrInvalidConfig, err)
 		}
 	}
 	if c.NodeIP != "" {

@@ -174,6 +174,19 @@ func (k *Kubelet) makeEnv(ctx context.Context, pod *v1.Pod, c *v1.Container, sb 
 		return s, nil
 	}
 	optional := func(b *bool) bool { return b != nil && *b }
+	links := pod.Spec.EnableServiceLinks == nil || *pod.Spec.EnableServiceLinks
+	svcEnv, svcOrder := serviceEnv(k.services, pod.Namespace, links, metav1.NamespaceDefault)
+	// $(VAR) may name a Service variable; the pod's own variables win.
+	lookup := func() map[string]string {
+		m := make(map[string]string, len(svcEnv)+len(vars))
+		for n, v := range svcEnv {
+			m[n] = v
+		}
+		for n, v := range vars {
+			m[n] = v
+		}
+		return m
+	}
 	for _, ef := range c.EnvFrom {
 		switch {
 		case ef.ConfigMapRef != nil:
@@ -202,7 +215,11 @@ func (k *Kubelet) makeEnv(ctx context.Context, pod *v1.Pod, c *v1.Container, sb 
 	}
 	for _, e := range c.Env {
 		if e.ValueFrom == nil {
-			set(e.Name, expand(e.Value, vars))
+			v := e.Value
+			if strings.Contains(v, "$") {
+				v = expand(v, lookup())
+			}
+			set(e.Name, v)
 			continue
 		}
 		vf := e.ValueFrom
@@ -253,6 +270,11 @@ func (k *Kubelet) makeEnv(ctx context.Context, pod *v1.Pod, c *v1.Container, sb 
 				return nil, fmt.Errorf("env %s: secret %q has no key %q", e.Name, ref.Name, ref.Key)
 			}
 			set(e.Name, string(v))
+		}
+	}
+	for _, n := range svcOrder {
+		if _, own := vars[n]; !own {
+			set(n, svcEnv[n])
 		}
 	}
 	out := make([]string, 0, len(order))

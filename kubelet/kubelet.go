@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/flowcontrol"
@@ -67,6 +68,8 @@ type Kubelet struct {
 	static       *staticSource
 	apiPortV     atomic.Int32
 	podLister    func(ns, name string) (*v1.Pod, bool)
+	// services lists every Service, for the pods' Service variables.
+	services corelisters.ServiceLister
 
 	runtimeErr atomic.Pointer[error]
 	metrics    metrics
@@ -299,6 +302,18 @@ func (k *Kubelet) Run(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("pod informer: %w", err)
+	}
+	// Services of every namespace, for the Service environment variables;
+	// as upstream, no container starts before they have been listed once.
+	svcFactory := informers.NewSharedInformerFactory(k.client, 0)
+	svcInf := svcFactory.Core().V1().Services()
+	k.services = svcInf.Lister()
+	svcSynced := svcInf.Informer().HasSynced
+	svcFactory.Start(ctx.Done())
+	defer svcFactory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), svcSynced) {
+		srv.Close()
+		return nil
 	}
 	factory.Start(ctx.Done())
 	// The handler's own HasSynced: every listed pod has reached a worker

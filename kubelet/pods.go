@@ -642,6 +642,14 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
 		return err
 	}
+	netFiles, err := k.writePodNetworkFiles(pod, c, w.sb.IPs)
+	if err != nil {
+		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
+		return err
+	}
+	for _, f := range netFiles {
+		mounts = append(mounts, runtime.Mount{HostPath: f.host, ContainerPath: f.container})
+	}
 	cfg := runtime.ContainerConfig{
 		PodUID: string(pod.UID), PodNamespace: pod.Namespace, PodName: pod.Name,
 		Name: c.Name, Attempt: attempt, Init: init, Image: c.Image,

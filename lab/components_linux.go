@@ -14,6 +14,8 @@ import (
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/namespaces"
+
+	"github.com/waggle-io/waggle/clusterdns"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -131,6 +133,7 @@ func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {
 		"--port", "10250",
 		"--client-ca-file", filepath.Join(controlPlaneDir(cfg.DataDir), "pki", "ca.crt"),
 		"--image-dir", cfg.ImageDir,
+		"--cluster-dns", clusterdns.ServiceIP(cfg.ServiceCIDR).String(),
 	}
 }
 

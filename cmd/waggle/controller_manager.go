@@ -34,6 +34,9 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.MaxEndpointsPerSlice, "max-endpoints-per-slice", cfg.MaxEndpointsPerSlice, "most endpoints in one EndpointSlice")
 	fs.BoolVar(&cfg.AllocateNodeCIDRs, "allocate-node-cidrs", cfg.AllocateNodeCIDRs, "allocate a podCIDR to every node from --cluster-cidr")
 	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", cfg.ClusterCIDR, "CIDR of the cluster's pods (IPv4,IPv6 for dual-stack)")
+	fs.StringVar(&cfg.ClusterDNSIP, "cluster-dns-ip", "", "ClusterIP of the kube-dns Service the clusterdns controller publishes (empty: not published)")
+	var dnsPort int
+	fs.IntVar(&dnsPort, "cluster-dns-port", 10053, "port of each node's cluster DNS server (waggle proxy --cluster-dns-address)")
 	fs.IntVar(&cfg.NodeCIDRMaskSize, "node-cidr-mask-size", cfg.NodeCIDRMaskSize, "prefix length of each node's (IPv4) podCIDR")
 	fs.IntVar(&cfg.NodeCIDRMaskSizeIPv6, "node-cidr-mask-size-ipv6", cfg.NodeCIDRMaskSizeIPv6, "prefix length of each node's IPv6 podCIDR in a dual-stack cluster (0: 64)")
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may go without renewing its Lease before it is marked unhealthy")
@@ -44,6 +47,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
+	cfg.ClusterDNSPort = int32(dnsPort)
 	if len(ctrls) > 0 {
 		cfg.Controllers = ctrls
 	}

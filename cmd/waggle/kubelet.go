@@ -13,7 +13,7 @@ import (
 func runKubelet(ctx context.Context, args []string) error {
 	fs := cliflag.NewFlagSet("kubelet", "Run the node agent: register the node, run its pods on containerd, serve the kubelet API.")
 	var cfg kubelet.Config
-	var labels, taints, cniBin cliflag.StringList
+	var labels, taints, cniBin, clusterDNS cliflag.StringList
 	logLevel := fs.String("log-level", "info", "log level (debug, info, warn, error)")
 	fs.StringVar(&cfg.NodeName, "hostname-override", "", "node name (default: the hostname)")
 	fs.StringVar(&cfg.NodeName, "node-name", "", "node name (alias of --hostname-override)")
@@ -43,6 +43,9 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.HealthAddress, "healthz-address", "127.0.0.1:10248", "plain-HTTP /healthz, /readyz, /metrics (0 disables)")
 	fs.DurationVar(&cfg.NodeStatusUpdateFrequency, "node-status-update-frequency", 10*time.Second, "node status update period")
 	fs.DurationVar(&cfg.SyncFrequency, "sync-frequency", time.Second, "pod resync and runtime relist period")
+	fs.Var(&clusterDNS, "cluster-dns", "nameserver(s) of ClusterFirst pods, comma-separated: the kube-dns Service's ClusterIP (empty: pods use the node's resolvers)")
+	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain, for pods' search path")
+	fs.StringVar(&cfg.ResolvConf, "resolv-conf", "/etc/resolv.conf", "the node's resolver configuration, for dnsPolicy Default and ClusterFirst's search path (empty: none)")
 	fs.BoolVar(&cfg.DisableRouteController, "disable-route-controller", false, "do not run the cross-node pod route controller")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
@@ -53,6 +56,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	}
 	cfg.RegisterWithTaints = taints
 	cfg.CNIBinDirs = cniBin
+	cfg.ClusterDNS = clusterDNS
 	if cfg.Log, err = ops.NewLogger("kubelet", *logLevel); err != nil {
 		return err
 	}

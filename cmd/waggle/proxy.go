@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
+	"github.com/waggle-io/waggle/clusterdns"
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/dataplane/ebpf"
 	"github.com/waggle-io/waggle/dataplane/modes"
@@ -22,6 +25,7 @@ func runProxy(ctx context.Context, args []string) error {
 	var nodeName string
 	var cidrs cliflag.StringList
 	var logLevel string
+	var dnsCfg clusterdns.Config
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path of the kubeconfig to reach the API server (empty: in-cluster)")
 	fs.StringVar(&cfg.NodeName, "hostname-override", "", "this node's name (default: the host name, lower-cased, as the kubelet registers it)")
 	fs.StringVar(&nodeName, "node-name", "", "alias of --hostname-override")
@@ -40,6 +44,9 @@ func runProxy(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", time.Second, "shortest time between syncs (changes in between are batched)")
 	fs.StringVar(&cfg.NetworkPolicy, "network-policy", "auto", "NetworkPolicy enforcement: auto (eBPF where the kernel allows, else a loud warning), ebpf (or fail), off")
 	fs.BoolVar(&cfg.PolicyMonitorAllows, "policy-monitor-allows", false, "also report allowed new flows to `waggle bpf monitor` (drops always are)")
+	fs.StringVar(&dnsCfg.ListenAddress, "cluster-dns-address", fmt.Sprintf(":%d", clusterdns.DefaultPort), "address (UDP and TCP) of this node's cluster DNS server, the kube-dns Service's endpoint here (empty: none)")
+	fs.StringVar(&dnsCfg.ClusterDomain, "cluster-domain", clusterdns.DefaultClusterDomain, "the cluster DNS zone")
+	fs.StringVar(&dnsCfg.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolver configuration whose nameservers answer names outside the cluster")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
@@ -67,5 +74,18 @@ func runProxy(ctx context.Context, args []string) error {
 	}
 	cfg.Log = log
 	cfg.Modes = modes.All()
-	return dataplane.Run(ctx, cfg)
+	if dnsCfg.ListenAddress == "" || cfg.Cleanup {
+		return dataplane.Run(ctx, cfg)
+	}
+	dnsCfg.Kubeconfig, dnsCfg.Log = cfg.Kubeconfig, log.With("part", "cluster-dns")
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return dataplane.Run(gctx, cfg) })
+	g.Go(func() error {
+		// A DNS server that cannot run must not take the dataplane down.
+		if err := clusterdns.Run(gctx, dnsCfg); err != nil {
+			log.Error("cluster DNS stopped; pods on this node cannot resolve names", "err", err)
+		}
+		return nil
+	})
+	return g.Wait()
 }

@@ -23,6 +23,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "address the components and kubeconfigs use to reach the API server (default 127.0.0.1)")
 	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", cfg.ClusterCIDR, "pod network; each node gets a /24 of it")
 	fs.StringVar(&cfg.ServiceClusterIPRange, "service-cluster-ip-range", cfg.ServiceClusterIPRange, "Service ClusterIP range")
+	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", cfg.ClusterDomain, "cluster DNS zone (the DNS Service is the range's tenth address, 10.96.0.10 by default)")
 	fs.StringVar(&cfg.ServiceNodePortRange, "service-node-port-range", cfg.ServiceNodePortRange, "Service NodePort range")
 	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", "", "containerd socket (default: the system's if it runs, else a supervised one under the data dir)")
 	fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")

@@ -31,6 +31,7 @@ import (
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/controllers/cronjob"
+	"github.com/waggle-io/waggle/controlplane/controllers/clusterdns"
 	"github.com/waggle-io/waggle/controlplane/controllers/daemonset"
 	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
@@ -104,6 +105,11 @@ type Config struct {
 	NodeMonitorGracePeriod time.Duration
 	NodeMonitorPeriod      time.Duration
 	NodeStartupGracePeriod time.Duration
+
+	// ClusterDNSIP is the kube-dns Service's ClusterIP (empty: the clusterdns
+	// controller does not run); ClusterDNSPort the node servers' port.
+	ClusterDNSIP   string
+	ClusterDNSPort int32
 
 	// ResyncPeriod of the shared informers (0: none).
 	ResyncPeriod time.Duration
@@ -202,6 +208,11 @@ func (c *Config) validate() error {
 	}
 	if c.Port != 0 && net.ParseIP(c.BindAddress) == nil {
 		errs = append(errs, fmt.Errorf("--bind-address %q is not an IP address", c.BindAddress))
+	}
+	if c.ClusterDNSIP != "" {
+		if _, err := netip.ParseAddr(c.ClusterDNSIP); err != nil {
+			errs = append(errs, fmt.Errorf("--cluster-dns-ip %q: %w", c.ClusterDNSIP, err))
+		}
 	}
 	if c.MaxEndpointsPerSlice < 1 || c.MaxEndpointsPerSlice > 1000 {
 		errs = append(errs, fmt.Errorf("--max-endpoints-per-slice %d must be within 1..1000", c.MaxEndpointsPerSlice))
@@ -422,6 +433,13 @@ func starters() []starter {
 			}
 			c := ttlafterfinished.New(d.Client, d.Factory, d.Log)
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentTTLSyncs) }, nil
+		}},
+		{name: clusterdns.Name, build: func(d Deps) (func(context.Context), error) {
+			if d.Config.ClusterDNSIP == "" {
+				return nil, errors.New("--cluster-dns-ip is not set")
+			}
+			c := clusterdns.New(d.Client, d.Factory, d.Log, clusterdns.Options{ClusterIP: d.Config.ClusterDNSIP, Port: d.Config.ClusterDNSPort})
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: garbagecollector.Name, build: func(d Deps) (func(context.Context), error) {
 			c := garbagecollector.New(d.Client, d.Factory, d.Log, garbagecollector.Options{Dynamic: d.Dynamic, Resources: gcResources()})
