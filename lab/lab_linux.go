@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/waggle-io/waggle/internal/cgroupfs"
 	"github.com/waggle-io/waggle/internal/procfs"
@@ -82,6 +84,9 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 
 	step.next("waiting for %d nodes to be Ready", cfg.Nodes)
 	if err := waitNodesReady(ctx, st.Kubeconfig, cfg.Nodes, cfg.ReadyTimeout, out); err != nil {
+		return err
+	}
+	if err := routePodCIDRs(ctx, &cfg, st); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\nThe lab is up. Try:\n  kubectl --kubeconfig %s get nodes -o wide\n", st.Kubeconfig)
@@ -233,6 +238,38 @@ func newProgress(out io.Writer, of int) *progress {
 func (p *progress) next(format string, args ...any) {
 	p.n++
 	fmt.Fprintf(p.out, "[%d/%d %5.1fs] %s\n", p.n, p.of, time.Since(p.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// routePodCIDRs routes each node's pod network from the host through the
+// node's lab address, so the control plane reaches pods as upstream's does
+// (API server proxy, webhooks, aggregated API servers). The routes go with
+// the bridge on down.
+func routePodCIDRs(ctx context.Context, cfg *Config, st *State) error {
+	cs, err := clientFor(st.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	br, err := netlink.LinkByName(cfg.Bridge)
+	if err != nil {
+		return err
+	}
+	for _, n := range st.Nodes {
+		node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		for _, c := range append([]string{node.Spec.PodCIDR}, node.Spec.PodCIDRs...) {
+			dst, err := netlink.ParseIPNet(c)
+			if c == "" || err != nil || dst.IP.To4() == nil {
+				continue
+			}
+			r := netlink.Route{LinkIndex: br.Attrs().Index, Dst: dst, Gw: net.ParseIP(n.Addr)}
+			if err := netlink.RouteReplace(&r); err != nil {
+				return fmt.Errorf("route pod network %s via %s: %w", c, n.Addr, err)
+			}
+		}
+	}
+	return nil
 }
 
 func ensureBridge(name string, addr netip.Prefix) error {

@@ -25,6 +25,8 @@ func runLab(ctx context.Context, args []string) error {
 		fs.StringVar(&cfg.Name, "name", cfg.Name, "lab name: prefixes node names and the lab's cgroup")
 		fs.StringVar(&cfg.Bridge, "bridge", cfg.Bridge, "name of the lab bridge")
 		subnet := fs.String("subnet", cfg.Subnet.String(), "lab network (IPv4)")
+		clusterCIDR := fs.String("cluster-cidr", cfg.ClusterCIDR.String(), "pod network; each node gets a /24 of it, routed from the host")
+		serviceCIDR := fs.String("service-cidr", cfg.ServiceCIDR.String(), "Service ClusterIP range")
 		fs.IntVar(&cfg.APIPort, "api-port", cfg.APIPort, "API server port (on the bridge address)")
 		fs.IntVar(&cfg.SchedulerPort, "scheduler-port", cfg.SchedulerPort, "scheduler health/metrics port (on the bridge address)")
 		fs.IntVar(&cfg.ControllerManagerPort, "controller-manager-port", cfg.ControllerManagerPort, "controller-manager health/metrics port (on the bridge address)")
@@ -41,6 +43,12 @@ func runLab(ctx context.Context, args []string) error {
 			return fmt.Errorf("--subnet: %w", err)
 		}
 		cfg.Subnet = p
+		if cfg.ClusterCIDR, err = netip.ParsePrefix(*clusterCIDR); err != nil {
+			return fmt.Errorf("--cluster-cidr: %w", err)
+		}
+		if cfg.ServiceCIDR, err = netip.ParsePrefix(*serviceCIDR); err != nil {
+			return fmt.Errorf("--service-cidr: %w", err)
+		}
 		if cfg.Binary, err = os.Executable(); err != nil {
 			return err
 		}
