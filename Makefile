@@ -20,7 +20,7 @@ TEST_FLAGS ?=
 # Flags of `waggle bench dataplane` in `make bench` (e.g. --rounds 5 --duration 2s).
 BENCH_DATAPLANE_FLAGS ?=
 
-.PHONY: help deps build images generate test test-unit lint bench up lab clean
+.PHONY: help deps build images generate test test-unit lint bench up lab conformance clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -68,6 +68,10 @@ up: deps build images ## run a single-machine cluster (waggle up); Ctrl-C stops 
 
 lab: deps build images ## run a multi-node lab on this machine (waggle lab up; waggle lab down removes it)
 	$(BIN)/waggle lab up --nodes $${NODES:-3} --image-dir $(BIN)/images
+
+conformance: deps build ## upstream conformance suite on a fresh 3-node lab (FOCUS= SKIP= PARALLEL= SMOKE=1 UPDATE=1; see test/conformance/run.sh)
+	FOCUS='$(FOCUS)' SKIP='$(SKIP)' PARALLEL='$(PARALLEL)' SMOKE='$(SMOKE)' UPDATE='$(UPDATE)' CHECK='$(CHECK)' \
+		TIMEOUT='$(TIMEOUT)' KEEP='$(KEEP)' test/conformance/run.sh
 
 clean: ## remove build outputs
 	rm -rf $(BIN)

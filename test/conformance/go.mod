@@ -9,6 +9,12 @@ godebug default=go1.26
 
 require k8s.io/kubernetes v1.37.2
 
+// Programs the harness builds: the agnhost image's and the parallel test runner.
+tool (
+	github.com/onsi/ginkgo/v2/ginkgo
+	k8s.io/kubernetes/test/images/agnhost
+)
+
 require (
 	cel.dev/expr v0.25.1 // indirect
 	cyphar.com/go-pathrs v0.2.5 // indirect

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Builds the container images the conformance suite's specs run, without Docker or a registry,
+# as OCI archives named exactly as the suite's image manifest (k8s.io/kubernetes
+# test/utils/image/manifest.go of the version in ../go.mod) names them. Every node of the lab
+# imports the archives at start (waggle kubelet --image-dir), so no spec pulls.
+#
+#   images.sh WAGGLE OUT_DIR
+#
+# WAGGLE is the waggle binary (its `images build` packs the trees); OUT_DIR receives one
+# <name>.tar per image. An archive already in OUT_DIR is kept: OUT_DIR is keyed by the suite's
+# version and this script's hash by the caller (run.sh), so a change to either rebuilds.
+#
+# What the upstream images are and what these are instead (the suite checks behaviour, not bytes):
+#   agnhost    upstream: Alpine + the agnhost program + curl, dig, nc, iproute2, ...
+#              here:     Debian's busybox-static (sh, nc, wget, nslookup, ip, ...) + agnhost built
+#                        from k8s.io/kubernetes/test/images/agnhost (CGO_ENABLED=0); the same
+#                        users, /uploads, porter's certificate and the agnhost-2 link. Not here:
+#                        curl, dig, iperf, socat, coredns and the fake registry's content.
+#   busybox    upstream: busybox 1.37;  here: Debian's busybox-static (1.35) with its applet links.
+#   nginx      upstream: nginx 1.27/1.28 on Alpine;  here: Debian's nginx (1.22) and the libraries
+#              it links, unpacked from the package files, serving /usr/share/nginx/html on :80.
+#   pause      a tiny static C program (pause.c): sleeps, reaps children, exits 0 on SIGTERM.
+# agnhost:2.55 (the suite's "previous" agnhost) and nginx:1.28.0-2 (its "new" nginx) are the same
+# builds under the second tag: the specs only need two distinct image names that both work.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+waggle="$(realpath "$1")"
+out="$2"
+module="$here/.."                       # the conformance Go module (k8s.io/kubernetes pinned)
+debs="${WAGGLE_CONFORMANCE_DEBS:-/var/cache/waggle/conformance/debs}"
+e2e="registry.k8s.io/e2e-test-images"
+mkdir -p "$out" "$debs"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# deb PKG...: the .deb files of PKG from Debian's archive (apt-get download, cached in $debs).
+deb() {
+	local p f
+	for p in "$@"; do
+		f=$(ls "$debs/${p}_"*.deb 2>/dev/null | head -1 || true)
+		if [ -z "$f" ]; then
+			(cd "$debs" && apt-get download -q "$p" >/dev/null 2>&1) || {
+				apt-get update -q >/dev/null && (cd "$debs" && apt-get download -q "$p" >/dev/null)
+			}
+			f=$(ls "$debs/${p}_"*.deb | head -1)
+		fi
+		echo "$f"
+	done
+}
+
+# unpack DIR PKG...: unpack the packages' files into DIR (no maintainer scripts run).
+unpack() {
+	local dir=$1 f
+	shift
+	mkdir -p "$dir"
+	for f in $(deb "$@"); do dpkg-deb -x "$f" "$dir"; done
+}
+
+# base DIR: a minimal root file system with busybox's shell and tools, /etc files and /tmp.
+# glibc's shared files come too: the static busybox still loads the NSS modules (libnss_files,
+# libnss_dns) to resolve a host name, and crashes without them.
+base() {
+	local dir=$1 a
+	unpack "$dir" busybox-static libc6
+	mkdir -p "$dir/bin" "$dir/tmp" "$dir/etc" "$dir/root" "$dir/var/run"
+	for a in $("$dir/bin/busybox" --list); do
+		[ -e "$dir/bin/$a" ] || ln -s busybox "$dir/bin/$a"
+	done
+	rm -rf "$dir/usr/share/doc" "$dir/usr/share/man" "$dir/usr/share/lintian" "$dir/usr/share/locale" \
+		"$dir/usr/share/i18n" "$dir/usr/lib/x86_64-linux-gnu/gconv"
+	chmod 1777 "$dir/tmp"
+	cat >"$dir/etc/passwd" <<-'EOF'
+	root:x:0:0:root:/root:/bin/sh
+	daemon:x:1:1:daemon:/usr/sbin:/bin/false
+	www-data:x:33:33:www-data:/var/www:/bin/false
+	nobody:x:65534:65534:nobody:/nonexistent:/bin/false
+	EOF
+	cat >"$dir/etc/group" <<-'EOF'
+	root:x:0:
+	daemon:x:1:
+	www-data:x:33:
+	nogroup:x:65534:
+	EOF
+	echo "hosts: files dns" >"$dir/etc/nsswitch.conf"
+}
+
+# build NAME TAR ARGS...: pack with waggle images build unless TAR exists.
+build() {
+	local name=$1 tar=$2
+	shift 2
+	if [ -s "$out/$tar" ]; then
+		echo "image $name: $out/$tar (cached)"
+		return
+	fi
+	"$waggle" images build --name "$name" --output "$out/$tar" "$@" >/dev/null
+	echo "image $name: $out/$tar ($(du -h "$out/$tar" | cut -f1))"
+}
+
+# busybox
+if [ ! -s "$out/busybox.tar" ]; then
+	base "$work/busybox"
+fi
+build "$e2e/busybox:1.37.0-2" busybox.tar --rootfs "$work/busybox" --cmd '["sh"]' --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# pause
+if [ ! -s "$out/pause.tar" ]; then
+	mkdir -p "$work/pause"
+	cc -static -Os -s -o "$work/pause/pause" "$here/pause.c"
+fi
+build "registry.k8s.io/pause:3.10.2" pause.tar --rootfs "$work/pause" --entrypoint '["/pause"]'
+
+# agnhost
+if [ ! -s "$out/agnhost.tar" ] || [ ! -s "$out/agnhost-prev.tar" ]; then
+	r="$work/agnhost"
+	base "$r"
+	(cd "$module" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$r/agnhost" k8s.io/kubernetes/test/images/agnhost)
+	ln -s agnhost "$r/agnhost-2"
+	src="$(cd "$module" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost"
+	install -m 0644 "$src/porter/localhost.crt" "$src/porter/localhost.key" "$r/"
+	mkdir -p "$r/uploads"
+	# The user and group the SupplementalGroups spec expects to be defined in the image.
+	echo "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh" >>"$r/etc/passwd"
+	printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$r/etc/group"
+	mkdir -p "$r/home/user-defined-in-image" && chown 1000:1000 "$r/home/user-defined-in-image"
+fi
+agnhost_args=(--rootfs "$work/agnhost" --entrypoint '["/agnhost"]' --cmd '["pause"]'
+	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+	--expose 80/tcp --expose 8080/tcp --expose 8081/tcp --expose 9376/tcp --expose 5000/tcp)
+build "$e2e/agnhost:2.66.1" agnhost.tar "${agnhost_args[@]}"
+build "$e2e/agnhost:2.55" agnhost-prev.tar "${agnhost_args[@]}"
+
+# nginx
+if [ ! -s "$out/nginx.tar" ] || [ ! -s "$out/nginx-new.tar" ]; then
+	r="$work/nginx"
+	base "$r"
+	unpack "$r" nginx libcrypt1 libpcre2-8-0 libssl3 zlib1g
+	rm -rf "$r/usr/share/doc" "$r/usr/share/man" "$r/usr/share/lintian" "$r/etc/init.d" "$r/lib/systemd" "$r/usr/lib/systemd"
+	mkdir -p "$r/etc/nginx/conf.d" "$r/var/lib/nginx" "$r/var/log/nginx" "$r/run" "$r/usr/share/nginx/html"
+	unpack "$work/nginx-common" nginx-common
+	cp "$work/nginx-common/etc/nginx/mime.types" "$r/etc/nginx/"
+	# The official image's configuration in substance: a worker per CPU, logs on the
+	# container's stdout/stderr, the welcome page on port 80.
+	cat >"$r/etc/nginx/nginx.conf" <<-'EOF'
+	user www-data;
+	worker_processes auto;
+	error_log /dev/stderr notice;
+	pid /run/nginx.pid;
+	events { worker_connections 1024; }
+	http {
+	    include /etc/nginx/mime.types;
+	    default_type application/octet-stream;
+	    access_log /dev/stdout;
+	    sendfile on;
+	    keepalive_timeout 65;
+	    include /etc/nginx/conf.d/*.conf;
+	}
+	EOF
+	cat >"$r/etc/nginx/conf.d/default.conf" <<-'EOF'
+	server {
+	    listen 80;
+	    listen [::]:80;
+	    server_name localhost;
+	    location / {
+	        root /usr/share/nginx/html;
+	        index index.html index.htm;
+	    }
+	}
+	EOF
+	printf '<!DOCTYPE html>\n<html>\n<head>\n<title>Welcome to nginx!</title>\n</head>\n<body>\n<h1>Welcome to nginx!</h1>\n</body>\n</html>\n' >"$r/usr/share/nginx/html/index.html"
+fi
+nginx_args=(--rootfs "$work/nginx" --cmd '["nginx","-g","daemon off;"]' --stop-signal SIGQUIT --expose 80/tcp
+	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
+build "$e2e/nginx:1.27.0-2" nginx.tar "${nginx_args[@]}"
+build "$e2e/nginx:1.28.0-2" nginx-new.tar "${nginx_args[@]}"
