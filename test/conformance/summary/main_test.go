@@ -1,0 +1,56 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSpecNameStripsLeafTypeAndLabels(t *testing.T) {
+	const want = "[sig-apps] Deployment should run the lifecycle of a Deployment [Conformance]"
+	for _, in := range []string{
+		want,
+		"[It] " + want,
+		"[It] " + want + " [Conformance, sig-apps]",
+		want + " [sig-apps, Conformance]",
+	} {
+		if got := specName(in); got != want {
+			t.Errorf("specName(%q) = %q", in, got)
+		}
+	}
+}
+
+func TestRunComparesWithExpectationsAndUpdates(t *testing.T) {
+	dir := t.TempDir()
+	a := "[sig-apps] A should pass [Conformance]"
+	b := "[sig-network] B used to pass [Conformance]"
+	c := "[sig-node] C is not reached [Conformance]"
+	junit := filepath.Join(dir, "junit.xml")
+	os.WriteFile(junit, []byte(`<testsuites><testsuite>
+<testcase name="[It] `+a+` [Conformance, sig-apps]" status="passed"></testcase>
+<testcase name="[It] `+b+`" status="failed"><failure message="boom"></failure></testcase>
+<testcase name="[SynchronizedBeforeSuite]" status="passed"></testcase>
+</testsuite></testsuites>`), 0o644)
+	exp := filepath.Join(dir, "expectations.tsv")
+	os.WriteFile(exp, []byte("fail\tworkloads\t"+a+"\npass\t-\t"+b+"\nnotrun\tnode\t"+c+"\n"), 0o644)
+	specs := filepath.Join(dir, "specs.txt")
+	os.WriteFile(specs, []byte(a+"\n"+b+"\n"+c+"\n"), 0o644)
+
+	var out strings.Builder
+	err := run(junit, exp, specs, true, true, false, &out)
+	if err == nil || !strings.Contains(err.Error(), b) {
+		t.Fatalf("err = %v, want the regression of %q", err, b)
+	}
+	for _, w := range []string{"1 newly passing, 1 newly failing (1 were expected to pass)", "+ " + a, "- " + b} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("output lacks %q:\n%s", w, out.String())
+		}
+	}
+	got, _ := os.ReadFile(exp)
+	for _, w := range []string{"pass\t-\t" + a, "fail\tnetwork\t" + b, "notrun\tnode\t" + c} {
+		if !strings.Contains(string(got), w+"\n") {
+			t.Errorf("expectations lack %q:\n%s", w, got)
+		}
+	}
+}
