@@ -27,6 +27,8 @@ import (
 type allocator struct {
 	name   string
 	prefix string
+	// family of an IP range ("" for ports).
+	family corev1.IPFamily
 	// size is the number of offsets; value/offset convert.
 	size   int
 	first  int // lowest offset handed out dynamically
@@ -42,27 +44,64 @@ type allocator struct {
 // ErrRangeFull: no free value is left.
 var ErrRangeFull = errors.New("range is full")
 
+// newIPAllocators parses --service-cluster-ip-range: one CIDR, or an IPv4
+// and an IPv6 CIDR separated by a comma (dual-stack; the first is the
+// primary family), as kube-apiserver takes it.
+func newIPAllocators(ranges string, store *storage.Store, log *slog.Logger) ([]*allocator, error) {
+	parts := strings.Split(ranges, ",")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("service cluster IP range %q: at most two CIDRs, one per IP family", ranges)
+	}
+	var out []*allocator
+	for _, p := range parts {
+		a, err := newIPAllocator(strings.TrimSpace(p), store, log)
+		if err != nil {
+			return nil, err
+		}
+		if len(out) == 1 && out[0].family == a.family {
+			return nil, fmt.Errorf("service cluster IP range %q: a dual-stack range needs one IPv4 and one IPv6 CIDR", ranges)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
 func newIPAllocator(cidr string, store *storage.Store, log *slog.Logger) (*allocator, error) {
 	pfx, err := netip.ParsePrefix(cidr)
-	if err != nil || !pfx.Addr().Is4() {
-		return nil, fmt.Errorf("service cluster IP range %q: must be an IPv4 CIDR", cidr)
+	if err != nil {
+		return nil, fmt.Errorf("service cluster IP range %q: must be an IPv4 or IPv6 CIDR", cidr)
 	}
 	pfx = pfx.Masked()
-	bits := 32 - pfx.Bits()
+	family, width, prefix := corev1.IPv4Protocol, 32, "/registry/ranges/serviceips/"
+	if pfx.Addr().Is6() {
+		family, width, prefix = corev1.IPv6Protocol, 128, "/registry/ranges/serviceips-ipv6/"
+	}
+	bits := width - pfx.Bits()
+	if family == corev1.IPv6Protocol && (bits < 2 || bits > 20) {
+		return nil, fmt.Errorf("service cluster IP range %q: an IPv6 prefix length must be between /108 and /126", cidr)
+	}
 	if bits < 2 || bits > 24 {
 		return nil, fmt.Errorf("service cluster IP range %q: prefix length must be between /8 and /30", cidr)
 	}
 	base := new(big.Int).SetBytes(pfx.Addr().AsSlice())
 	size := 1 << bits
+	usable := size - 1 // not the network address
+	if family == corev1.IPv4Protocol {
+		usable-- // nor IPv4's broadcast address
+	}
 	a := &allocator{
-		name: "serviceips", prefix: "/registry/ranges/serviceips/", size: size - 1, store: store, log: log,
+		name: "serviceips", prefix: prefix, family: family, size: usable + 1, store: store, log: log,
 		first: min(16, size/4) + 1, suspect: map[string]bool{},
+	}
+	if family == corev1.IPv6Protocol {
+		a.name = "serviceips-ipv6"
 	}
 	a.value = func(off int) string {
 		v := new(big.Int).Add(base, big.NewInt(int64(off))).Bytes()
-		var b [4]byte
-		copy(b[4-len(v):], v)
-		return netip.AddrFrom4(b).String()
+		b := make([]byte, width/8)
+		copy(b[len(b)-len(v):], v)
+		ip, _ := netip.AddrFromSlice(b)
+		return ip.String()
 	}
 	a.offset = func(s string) (int, bool) {
 		ip, err := netip.ParseAddr(s)
@@ -70,7 +109,7 @@ func newIPAllocator(cidr string, store *storage.Store, log *slog.Logger) (*alloc
 			return 0, false
 		}
 		off := int(new(big.Int).Sub(new(big.Int).SetBytes(ip.AsSlice()), base).Int64())
-		return off, off >= 1 && off < size-1 // not the network or broadcast address
+		return off, off >= 1 && off <= usable
 	}
 	return a, nil
 }
@@ -258,41 +297,54 @@ func allocateService(ctx context.Context, srv *Server, obj, oldObj runtime.Objec
 	var ips, ports []string
 	release := func() {
 		for _, v := range ips {
-			srv.ipAlloc.Release(context.WithoutCancel(ctx), v)
+			srv.ipAllocFor(ipFamily(v)).Release(context.WithoutCancel(ctx), v)
 		}
 		for _, v := range ports {
 			srv.portAlloc.Release(context.WithoutCancel(ctx), v)
 		}
 	}
 	owner := svcOwner(s)
-	if wantsClusterIP(s) {
-		held := ""
-		if old != nil && wantsClusterIP(old) {
-			held = old.Spec.ClusterIP
-		}
-		switch {
-		case s.Spec.ClusterIP == "" && held != "":
-			s.Spec.ClusterIP = held
-		case s.Spec.ClusterIP == "":
-			v, err := srv.ipAlloc.Allocate(ctx, owner)
-			if err != nil {
-				return nil, allocErr(s, field.NewPath("spec", "clusterIP"), "", err)
-			}
-			ips = append(ips, v)
-			s.Spec.ClusterIP = v
-		case s.Spec.ClusterIP != held:
-			if err := srv.ipAlloc.AllocateSpecific(ctx, s.Spec.ClusterIP, owner); err != nil {
-				return nil, allocErr(s, field.NewPath("spec", "clusterIP"), s.Spec.ClusterIP, err)
-			}
-			ips = append(ips, s.Spec.ClusterIP)
-		}
-	} else if s.Spec.Type == corev1.ServiceTypeExternalName {
-		s.Spec.ClusterIP = ""
+	if err := srv.resolveIPFamilies(s, old); err != nil {
+		return nil, err
 	}
-	if s.Spec.ClusterIP != "" {
-		s.Spec.ClusterIPs = []string{s.Spec.ClusterIP}
+	if wantsClusterIP(s) {
+		var held []string
+		if old != nil && wantsClusterIP(old) {
+			held = old.Spec.ClusterIPs
+		}
+		want := s.Spec.ClusterIPs
+		out := make([]string, len(s.Spec.IPFamilies))
+		for i, fam := range s.Spec.IPFamilies {
+			a := srv.ipAllocFor(fam)
+			fp := field.NewPath("spec", "clusterIPs").Index(i)
+			switch {
+			case i < len(want) && want[i] != "" && i < len(held) && want[i] == held[i]:
+				out[i] = want[i]
+			case i < len(want) && want[i] != "":
+				if err := a.AllocateSpecific(ctx, want[i], owner); err != nil {
+					release()
+					return nil, allocErr(s, fp, want[i], err)
+				}
+				ips = append(ips, want[i])
+				out[i] = want[i]
+			case i < len(held) && held[i] != "" && ipFamily(held[i]) == fam:
+				out[i] = held[i]
+			default:
+				v, err := a.Allocate(ctx, owner)
+				if err != nil {
+					release()
+					return nil, allocErr(s, fp, "", err)
+				}
+				ips = append(ips, v)
+				out[i] = v
+			}
+		}
+		s.Spec.ClusterIPs = out
+		s.Spec.ClusterIP = out[0]
+	} else if s.Spec.Type == corev1.ServiceTypeExternalName {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
 	} else {
-		s.Spec.ClusterIPs = nil
+		s.Spec.ClusterIPs = []string{corev1.ClusterIPNone}
 	}
 	if wantsNodePorts(s) {
 		heldPorts := map[string]int32{} // by protocol/port
@@ -341,27 +393,36 @@ func allocateService(ctx context.Context, srv *Server, obj, oldObj runtime.Objec
 }
 
 // serviceValues lists what a Service holds in each range.
-func serviceValues(s *corev1.Service) (ip string, ports []string) {
+func serviceValues(s *corev1.Service) (ips []string, ports []string) {
 	if wantsClusterIP(s) {
-		ip = s.Spec.ClusterIP
+		for _, ip := range s.Spec.ClusterIPs {
+			if ip != "" && ip != corev1.ClusterIPNone {
+				ips = append(ips, ip)
+			}
+		}
+		if len(ips) == 0 && s.Spec.ClusterIP != "" {
+			ips = []string{s.Spec.ClusterIP}
+		}
 	}
 	for _, p := range s.Spec.Ports {
 		if p.NodePort != 0 {
 			ports = append(ports, strconv.Itoa(int(p.NodePort)))
 		}
 	}
-	return ip, ports
+	return ips, ports
 }
 
 func releaseUnusedService(ctx context.Context, srv *Server, obj, oldObj runtime.Object) {
-	nip, nports := serviceValues(obj.(*corev1.Service))
-	oip, oports := serviceValues(oldObj.(*corev1.Service))
-	if oip != "" && oip != nip {
-		srv.ipAlloc.Release(ctx, oip)
-	}
+	nips, nports := serviceValues(obj.(*corev1.Service))
+	oips, oports := serviceValues(oldObj.(*corev1.Service))
 	keep := map[string]bool{}
-	for _, p := range nports {
-		keep[p] = true
+	for _, v := range append(nips, nports...) {
+		keep[v] = true
+	}
+	for _, ip := range oips {
+		if !keep[ip] {
+			srv.ipAllocFor(ipFamily(ip)).Release(ctx, ip)
+		}
 	}
 	for _, p := range oports {
 		if !keep[p] {
@@ -371,11 +432,190 @@ func releaseUnusedService(ctx context.Context, srv *Server, obj, oldObj runtime.
 }
 
 func releaseService(ctx context.Context, srv *Server, obj runtime.Object) {
-	ip, ports := serviceValues(obj.(*corev1.Service))
-	srv.ipAlloc.Release(ctx, ip)
+	ips, ports := serviceValues(obj.(*corev1.Service))
+	for _, ip := range ips {
+		srv.ipAllocFor(ipFamily(ip)).Release(ctx, ip)
+	}
 	for _, p := range ports {
 		srv.portAlloc.Release(ctx, p)
 	}
+}
+
+// ipFamily is the family of an IP address ("" if it is none).
+func ipFamily(ip string) corev1.IPFamily {
+	a, err := netip.ParseAddr(ip)
+	switch {
+	case err != nil:
+		return ""
+	case a.Is4():
+		return corev1.IPv4Protocol
+	}
+	return corev1.IPv6Protocol
+}
+
+// ipAllocFor returns the allocator of a family; the primary one when the
+// cluster does not serve the family (its range check then refuses it).
+func (s *Server) ipAllocFor(f corev1.IPFamily) *allocator {
+	for _, a := range s.ipAllocs {
+		if a.family == f {
+			return a
+		}
+	}
+	return s.ipAlloc
+}
+
+// clusterFamilies are the served IP families, primary first.
+func (s *Server) clusterFamilies() []corev1.IPFamily {
+	out := make([]corev1.IPFamily, len(s.ipAllocs))
+	for i, a := range s.ipAllocs {
+		out[i] = a.family
+	}
+	return out
+}
+
+// resolveIPFamilies settles spec.ipFamilyPolicy, spec.ipFamilies and the
+// shape of spec.clusterIPs as kube-apiserver does before allocating:
+// families follow given clusterIPs; the policy defaults to SingleStack, or
+// RequireDualStack when two families or addresses are asked for;
+// PreferDualStack and RequireDualStack get the cluster's other family; what
+// the cluster cannot serve is Invalid. A headless Service without a selector
+// is RequireDualStack over both families whatever the cluster serves.
+func (srv *Server) resolveIPFamilies(s, old *corev1.Service) error {
+	sp := field.NewPath("spec")
+	invalid := func(errs ...*field.Error) error {
+		return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), s.Name, errs)
+	}
+	if s.Spec.Type == corev1.ServiceTypeExternalName {
+		s.Spec.IPFamilies, s.Spec.IPFamilyPolicy, s.Spec.ClusterIPs = nil, nil, nil
+		return nil
+	}
+	cluster := srv.clusterFamilies()
+	if s.Spec.ClusterIP != "" && len(s.Spec.ClusterIPs) == 0 {
+		s.Spec.ClusterIPs = []string{s.Spec.ClusterIP}
+	}
+	if len(s.Spec.ClusterIPs) > 0 && s.Spec.ClusterIP == "" {
+		s.Spec.ClusterIP = s.Spec.ClusterIPs[0]
+	}
+	if len(s.Spec.ClusterIPs) > 0 && s.Spec.ClusterIPs[0] != s.Spec.ClusterIP {
+		return invalid(field.Invalid(sp.Child("clusterIPs").Index(0), s.Spec.ClusterIPs[0], "must match `spec.clusterIP`"))
+	}
+	if len(s.Spec.ClusterIPs) > 2 {
+		return invalid(field.TooMany(sp.Child("clusterIPs"), len(s.Spec.ClusterIPs), 2))
+	}
+	if len(s.Spec.IPFamilies) > 2 {
+		return invalid(field.TooMany(sp.Child("ipFamilies"), len(s.Spec.IPFamilies), 2))
+	}
+	headless := s.Spec.ClusterIP == corev1.ClusterIPNone
+	if old != nil && old.Spec.Type != corev1.ServiceTypeExternalName {
+		// An update that leaves the families out keeps them; a downgrade
+		// to SingleStack drops the secondary family and address.
+		if len(s.Spec.IPFamilies) == 0 {
+			s.Spec.IPFamilies = append([]corev1.IPFamily(nil), old.Spec.IPFamilies...)
+		}
+		if s.Spec.IPFamilyPolicy == nil {
+			s.Spec.IPFamilyPolicy = old.Spec.IPFamilyPolicy
+		}
+		if p := s.Spec.IPFamilyPolicy; p != nil && *p == corev1.IPFamilyPolicySingleStack &&
+			old.Spec.IPFamilyPolicy != nil && *old.Spec.IPFamilyPolicy != corev1.IPFamilyPolicySingleStack {
+			if len(s.Spec.IPFamilies) > 1 {
+				s.Spec.IPFamilies = s.Spec.IPFamilies[:1]
+			}
+			if len(s.Spec.ClusterIPs) > 1 {
+				s.Spec.ClusterIPs = s.Spec.ClusterIPs[:1]
+			}
+		}
+		if len(old.Spec.IPFamilies) > 0 && len(s.Spec.IPFamilies) > 0 && s.Spec.IPFamilies[0] != old.Spec.IPFamilies[0] {
+			return invalid(field.Invalid(sp.Child("ipFamilies").Index(0), s.Spec.IPFamilies[0], "may not change once set"))
+		}
+	}
+	if headless && len(s.Spec.Selector) == 0 {
+		if s.Spec.IPFamilyPolicy == nil {
+			s.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicyRequireDualStack)
+		}
+		if len(s.Spec.IPFamilies) == 0 {
+			s.Spec.IPFamilies = []corev1.IPFamily{cluster[0]}
+			if *s.Spec.IPFamilyPolicy != corev1.IPFamilyPolicySingleStack {
+				s.Spec.IPFamilies = append(s.Spec.IPFamilies, otherFamily(cluster[0]))
+			}
+		}
+		s.Spec.ClusterIPs = []string{corev1.ClusterIPNone}
+		return nil
+	}
+	var ipFams []corev1.IPFamily // families of the given addresses
+	if !headless {
+		for i, ip := range s.Spec.ClusterIPs {
+			f := ipFamily(ip)
+			if f == "" {
+				return invalid(field.Invalid(sp.Child("clusterIPs").Index(i), ip, "must be a valid IP address"))
+			}
+			if i == 1 && f == ipFams[0] {
+				return invalid(field.Invalid(sp.Child("clusterIPs").Index(1), ip, "may not have the same family as `spec.clusterIPs[0]`"))
+			}
+			ipFams = append(ipFams, f)
+		}
+	}
+	for i, f := range ipFams {
+		if i < len(s.Spec.IPFamilies) && s.Spec.IPFamilies[i] != f {
+			return invalid(field.Invalid(sp.Child("ipFamilies").Index(i), s.Spec.IPFamilies[i], fmt.Sprintf("must match the family of `spec.clusterIPs[%d]`", i)))
+		}
+		if i >= len(s.Spec.IPFamilies) {
+			s.Spec.IPFamilies = append(s.Spec.IPFamilies, f)
+		}
+	}
+	for i, f := range s.Spec.IPFamilies {
+		if f != corev1.IPv4Protocol && f != corev1.IPv6Protocol {
+			return invalid(field.NotSupported(sp.Child("ipFamilies").Index(i), f, []string{"IPv4", "IPv6"}))
+		}
+		if i == 1 && f == s.Spec.IPFamilies[0] {
+			return invalid(field.Duplicate(sp.Child("ipFamilies").Index(1), f))
+		}
+	}
+	if s.Spec.IPFamilyPolicy == nil {
+		policy := corev1.IPFamilyPolicySingleStack
+		if len(s.Spec.IPFamilies) == 2 || len(s.Spec.ClusterIPs) == 2 {
+			policy = corev1.IPFamilyPolicyRequireDualStack
+		}
+		s.Spec.IPFamilyPolicy = &policy
+	}
+	switch p := *s.Spec.IPFamilyPolicy; p {
+	case corev1.IPFamilyPolicySingleStack:
+		if len(s.Spec.IPFamilies) > 1 || len(s.Spec.ClusterIPs) > 1 {
+			return invalid(field.Invalid(sp.Child("ipFamilies"), s.Spec.IPFamilies, "must be a single family when `spec.ipFamilyPolicy` is SingleStack"))
+		}
+	case corev1.IPFamilyPolicyRequireDualStack:
+		if len(cluster) < 2 {
+			return invalid(field.Invalid(sp.Child("ipFamilyPolicy"), p, "this cluster is not configured for dual-stack services"))
+		}
+	case corev1.IPFamilyPolicyPreferDualStack:
+	default:
+		return invalid(field.NotSupported(sp.Child("ipFamilyPolicy"), p, []string{"PreferDualStack", "RequireDualStack", "SingleStack"}))
+	}
+	served := map[corev1.IPFamily]bool{}
+	for _, f := range cluster {
+		served[f] = true
+	}
+	for i, f := range s.Spec.IPFamilies {
+		if !served[f] {
+			return invalid(field.Invalid(sp.Child("ipFamilies").Index(i), f, "not configured on this cluster"))
+		}
+	}
+	if len(s.Spec.IPFamilies) == 0 {
+		s.Spec.IPFamilies = []corev1.IPFamily{cluster[0]}
+	}
+	if *s.Spec.IPFamilyPolicy != corev1.IPFamilyPolicySingleStack && len(s.Spec.IPFamilies) == 1 && len(cluster) == 2 {
+		s.Spec.IPFamilies = append(s.Spec.IPFamilies, otherFamily(s.Spec.IPFamilies[0]))
+	}
+	if headless {
+		s.Spec.ClusterIPs = []string{corev1.ClusterIPNone}
+	}
+	return nil
+}
+
+func otherFamily(f corev1.IPFamily) corev1.IPFamily {
+	if f == corev1.IPv4Protocol {
+		return corev1.IPv6Protocol
+	}
+	return corev1.IPv4Protocol
 }
 
 // repairAllocations runs one repair of both ranges against the stored
@@ -395,8 +635,8 @@ func (s *Server) repairAllocations(ctx context.Context) error {
 				continue
 			}
 			svc := o.Obj.(*corev1.Service)
-			ip, ports := serviceValues(svc)
-			if ip != "" {
+			ips, ports := serviceValues(svc)
+			for _, ip := range ips {
 				if other, dup := usedIPs[ip]; dup {
 					s.log.Error("cluster IP is used by two services", "ip", ip, "services", []string{other, svcOwner(svc)})
 				}
@@ -414,8 +654,16 @@ func (s *Server) repairAllocations(ctx context.Context) error {
 		}
 		after = page.KVs[len(page.KVs)-1].Key
 	}
-	if _, _, err := s.ipAlloc.repair(ctx, usedIPs); err != nil {
-		return fmt.Errorf("repair cluster IPs: %w", err)
+	for _, a := range s.ipAllocs {
+		mine := map[string]string{}
+		for ip, owner := range usedIPs {
+			if ipFamily(ip) == a.family || len(s.ipAllocs) == 1 {
+				mine[ip] = owner
+			}
+		}
+		if _, _, err := a.repair(ctx, mine); err != nil {
+			return fmt.Errorf("repair cluster IPs: %w", err)
+		}
 	}
 	if _, _, err := s.portAlloc.repair(ctx, usedPorts); err != nil {
 		return fmt.Errorf("repair node ports: %w", err)
@@ -427,7 +675,7 @@ func (s *Server) repairAllocations(ctx context.Context) error {
 // Service whose update leaves them unset (kubectl replace of a manifest), as
 // kube-apiserver does.
 func patchAllocatedValues(s, old *corev1.Service) {
-	if wantsClusterIP(s) && wantsClusterIP(old) && s.Spec.ClusterIP == "" {
+	if wantsClusterIP(s) && wantsClusterIP(old) && s.Spec.ClusterIP == "" && len(s.Spec.ClusterIPs) == 0 {
 		s.Spec.ClusterIP = old.Spec.ClusterIP
 		s.Spec.ClusterIPs = old.Spec.ClusterIPs
 	}

@@ -192,12 +192,8 @@ func defaultService(s *corev1.Service) {
 		if s.Spec.InternalTrafficPolicy == nil {
 			s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyCluster)
 		}
-		if len(s.Spec.IPFamilies) == 0 {
-			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
-		}
-		if s.Spec.IPFamilyPolicy == nil {
-			s.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicySingleStack)
-		}
+		// ipFamilies and ipFamilyPolicy are settled by the allocator
+		// (resolveIPFamilies), which knows the cluster's families.
 	}
 	if (s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer) && s.Spec.ExternalTrafficPolicy == "" {
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster

@@ -131,7 +131,8 @@ type Server struct {
 	registries map[string]*registry // by plural resource name (unique in the catalog)
 	byGVR      map[string]*registry // "group/version/resource"
 	discovery  http.Handler
-	ipAlloc    *allocator
+	ipAlloc    *allocator   // the primary family's
+	ipAllocs   []*allocator // one per served family, primary first
 	portAlloc  *allocator
 	metrics    *metrics
 	ln         net.Listener
@@ -197,10 +198,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.url = "https://" + net.JoinHostPort(adv, strconv.Itoa(port))
 
-	ipAlloc, err := newIPAllocator(cfg.ServiceClusterIPRange, nil, log)
+	ipAllocs, err := newIPAllocators(cfg.ServiceClusterIPRange, nil, log)
 	if err != nil {
 		return nil, err
 	}
+	ipAlloc := ipAllocs[0]
 	portAlloc, err := newPortAllocator(cfg.ServiceNodePortRange, nil, log)
 	if err != nil {
 		return nil, err
@@ -245,8 +247,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("apiserver: %w", err)
 	}
-	ipAlloc.store, portAlloc.store = s.store, s.store
-	s.ipAlloc, s.portAlloc = ipAlloc, portAlloc
+	for _, a := range ipAllocs {
+		a.store = s.store
+	}
+	portAlloc.store = s.store
+	s.ipAlloc, s.ipAllocs, s.portAlloc = ipAlloc, ipAllocs, portAlloc
 	s.metrics = newMetrics(s.health.Registry, s)
 
 	bgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

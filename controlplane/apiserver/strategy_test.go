@@ -200,9 +200,26 @@ func TestAllocatorRangesMapValuesAndOffsets(t *testing.T) {
 			t.Errorf("port range %q accepted", bad)
 		}
 	}
-	for _, bad := range []string{"10.0.0.0/31", "fd00::/108", "x"} {
+	for _, bad := range []string{"10.0.0.0/31", "fd00::/104", "fd00::/127", "x"} {
 		if _, err := newIPAllocator(bad, nil, nil); err == nil {
 			t.Errorf("ip range %q accepted", bad)
+		}
+	}
+	six, err := newIPAllocator("fd00:10:96::/112", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if six.value(1) != "fd00:10:96::1" || six.family != corev1.IPv6Protocol {
+		t.Errorf("IPv6 range: first value %s family %s", six.value(1), six.family)
+	}
+	if off, ok := six.offset("fd00:10:96::ffff"); !ok || off != 0xffff {
+		t.Errorf("IPv6 has no broadcast address to skip: offset %d %v", off, ok)
+	}
+	for ranges, want := range map[string]int{"10.96.0.0/12": 1, "10.96.0.0/12,fd00::/108": 2, "fd00::/108, 10.96.0.0/12": 2,
+		"10.0.0.0/16,10.1.0.0/16": 0, "10.0.0.0/16,fd00::/108,fd01::/108": 0} {
+		got, err := newIPAllocators(ranges, nil, nil)
+		if len(got) != want || (want == 0) != (err != nil) {
+			t.Errorf("%q: %d allocators, %v; want %d", ranges, len(got), err, want)
 		}
 	}
 }
