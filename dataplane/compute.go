@@ -113,134 +113,150 @@ func Compute(nodeName string, services []*v1.Service, endpointSlices []*discover
 	}
 
 	for _, svc := range svcs {
-		if svc.Spec.Type == v1.ServiceTypeExternalName {
-			continue
-		}
 		ref := ServiceRef{svc.Namespace, svc.Name}
-		clusterIPs := svc.Spec.ClusterIPs
-		if len(clusterIPs) == 0 && svc.Spec.ClusterIP != "" {
-			clusterIPs = []string{svc.Spec.ClusterIP}
-		}
-		if len(clusterIPs) == 0 || clusterIPs[0] == v1.ClusterIPNone {
-			continue // headless: DNS only
-		}
-		var vips []netip.Addr
-		for _, s := range clusterIPs {
-			a, err := parseIP(s)
-			if err != nil {
-				warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("clusterIP %q: %v", s, err)})
-				continue
-			}
-			vips = append(vips, a)
-		}
-		families := map[bool]bool{} // is4 → served
-		for _, a := range vips {
-			families[a.Is4()] = true
-		}
-
-		var affinity time.Duration
-		if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
-			affinity = DefaultAffinityTimeout
-			if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
-				affinity = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
-			}
-		}
-		internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
-		externalLocal := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
-
-		var externals []netip.Addr
-		for _, s := range svc.Spec.ExternalIPs {
-			a, err := parseIP(s)
-			if err != nil {
-				warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("externalIP %q: %v", s, err)})
-				continue
-			}
-			externals = append(externals, a)
-		}
-		var lbs []netip.Addr
-		if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
-			for _, ing := range svc.Status.LoadBalancer.Ingress {
-				if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
-					continue
-				}
-				a, err := parseIP(ing.IP)
-				if err != nil {
-					warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("load balancer ingress IP %q: %v", ing.IP, err)})
-					continue
-				}
-				lbs = append(lbs, a)
-			}
-		}
-		hasNodePort := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer
-
-		for _, sp := range svc.Spec.Ports {
-			proto := Protocol(sp.Protocol)
-			if sp.Protocol == "" {
-				proto = TCP
-			}
-			if proto != TCP && proto != UDP {
-				warn(Warning{ref, ReasonUnsupportedProtocol, fmt.Sprintf("port %q: protocol %s is not supported by waggle proxy; only TCP and UDP are load-balanced", portLabel(sp), sp.Protocol)})
-				continue
-			}
-			if sp.Port <= 0 || sp.Port > 65535 {
-				continue
-			}
-			spn := ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name}
-			all := endpointsFor(bySvc[ref], sp.Name, sp.Protocol)
-			pick := func(a netip.Addr, local bool) []Endpoint {
-				return selectEndpoints(all, a.Is4(), local, nodeName)
-			}
-			for _, a := range vips {
-				add(ref, Frontend{
-					FrontendKey:     FrontendKey{Addr: a, Port: uint16(sp.Port), Protocol: proto},
-					Kind:            ClusterIP,
-					Service:         spn,
-					Endpoints:       pick(a, internalLocal),
-					AffinityTimeout: affinity,
-					LocalOnly:       internalLocal,
-				})
-			}
-			if hasNodePort && sp.NodePort > 0 && sp.NodePort <= 65535 {
-				addrs := slices.Clone(nodeIPs)
-				if !opts.NoLoopbackNodePorts {
-					addrs = append(addrs, netip.AddrFrom4([4]byte{127, 0, 0, 1}))
-				}
-				for _, a := range addrs {
-					if !families[a.Is4()] {
-						continue
-					}
-					add(ref, Frontend{
-						FrontendKey:     FrontendKey{Addr: a, Port: uint16(sp.NodePort), Protocol: proto},
-						Kind:            NodePort,
-						Service:         spn,
-						Endpoints:       pick(a, externalLocal),
-						AffinityTimeout: affinity,
-						LocalOnly:       externalLocal,
-					})
-				}
-			}
-			for _, kind := range []struct {
-				k     FrontendKind
-				addrs []netip.Addr
-			}{{ExternalIP, externals}, {LoadBalancer, lbs}} {
-				for _, a := range kind.addrs {
-					if !families[a.Is4()] {
-						continue
-					}
-					add(ref, Frontend{
-						FrontendKey:     FrontendKey{Addr: a, Port: uint16(sp.Port), Protocol: proto},
-						Kind:            kind.k,
-						Service:         spn,
-						Endpoints:       pick(a, externalLocal),
-						AffinityTimeout: affinity,
-						LocalOnly:       externalLocal,
-					})
-				}
-			}
+		for _, f := range serviceFrontends(svc, bySvc[ref], nodeName, nodeIPs, opts.NoLoopbackNodePorts, warn) {
+			add(ref, f)
 		}
 	}
 	slices.SortFunc(st.Frontends, func(a, b Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })
 	return st
+}
+
+// serviceFrontends returns the frontends one Service asks for, in the order
+// Compute considers them (before conflicts between Services are resolved).
+// svcSlices are the Service's EndpointSlices; nodeIPs this node's addresses.
+func serviceFrontends(svc *v1.Service, svcSlices []*discoveryv1.EndpointSlice, nodeName string, nodeIPs []netip.Addr, noLoopback bool, warn func(Warning)) []Frontend {
+	var out []Frontend
+	if svc.Spec.Type == v1.ServiceTypeExternalName {
+		return nil
+	}
+	ref := ServiceRef{svc.Namespace, svc.Name}
+	clusterIPs := svc.Spec.ClusterIPs
+	if len(clusterIPs) == 0 && svc.Spec.ClusterIP != "" {
+		clusterIPs = []string{svc.Spec.ClusterIP}
+	}
+	if len(clusterIPs) == 0 || clusterIPs[0] == v1.ClusterIPNone {
+		return nil // headless: DNS only
+	}
+	var vips []netip.Addr
+	for _, s := range clusterIPs {
+		a, err := parseIP(s)
+		if err != nil {
+			warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("clusterIP %q: %v", s, err)})
+			continue
+		}
+		vips = append(vips, a)
+	}
+	families := map[bool]bool{} // is4 → served
+	for _, a := range vips {
+		families[a.Is4()] = true
+	}
+
+	var affinity time.Duration
+	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		affinity = DefaultAffinityTimeout
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+			affinity = time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+		}
+	}
+	internalLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal
+	externalLocal := svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+
+	var externals []netip.Addr
+	for _, s := range svc.Spec.ExternalIPs {
+		a, err := parseIP(s)
+		if err != nil {
+			warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("externalIP %q: %v", s, err)})
+			continue
+		}
+		externals = append(externals, a)
+	}
+	var lbs []netip.Addr
+	if svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+		for _, ing := range svc.Status.LoadBalancer.Ingress {
+			if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
+				continue
+			}
+			a, err := parseIP(ing.IP)
+			if err != nil {
+				warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("load balancer ingress IP %q: %v", ing.IP, err)})
+				continue
+			}
+			lbs = append(lbs, a)
+		}
+	}
+	terminateTCP := svc.Annotations[AnnotationTerminateTCP] == "true"
+	hasNodePort := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer
+
+	for _, sp := range svc.Spec.Ports {
+		proto := Protocol(sp.Protocol)
+		if sp.Protocol == "" {
+			proto = TCP
+		}
+		if proto != TCP && proto != UDP {
+			warn(Warning{ref, ReasonUnsupportedProtocol, fmt.Sprintf("port %q: protocol %s is not supported by waggle proxy; only TCP and UDP are load-balanced", portLabel(sp), sp.Protocol)})
+			continue
+		}
+		if sp.Port <= 0 || sp.Port > 65535 {
+			continue
+		}
+		spn := ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name}
+		all := endpointsFor(svcSlices, sp.Name, sp.Protocol)
+		pick := func(a netip.Addr, local bool) []Endpoint {
+			return selectEndpoints(all, a.Is4(), local, nodeName)
+		}
+		for _, a := range vips {
+			out = append(out, Frontend{
+				FrontendKey:     FrontendKey{Addr: a, Port: uint16(sp.Port), Protocol: proto},
+				Kind:            ClusterIP,
+				Service:         spn,
+				Endpoints:       pick(a, internalLocal),
+				AffinityTimeout: affinity,
+				LocalOnly:       internalLocal,
+				TerminateTCP:    terminateTCP,
+			})
+		}
+		if hasNodePort && sp.NodePort > 0 && sp.NodePort <= 65535 {
+			addrs := slices.Clone(nodeIPs)
+			if !noLoopback {
+				addrs = append(addrs, netip.AddrFrom4([4]byte{127, 0, 0, 1}))
+			}
+			for _, a := range addrs {
+				if !families[a.Is4()] {
+					continue
+				}
+				out = append(out, Frontend{
+					FrontendKey:     FrontendKey{Addr: a, Port: uint16(sp.NodePort), Protocol: proto},
+					Kind:            NodePort,
+					Service:         spn,
+					Endpoints:       pick(a, externalLocal),
+					AffinityTimeout: affinity,
+					LocalOnly:       externalLocal,
+					TerminateTCP:    terminateTCP,
+				})
+			}
+		}
+		for _, kind := range []struct {
+			k     FrontendKind
+			addrs []netip.Addr
+		}{{ExternalIP, externals}, {LoadBalancer, lbs}} {
+			for _, a := range kind.addrs {
+				if !families[a.Is4()] {
+					continue
+				}
+				out = append(out, Frontend{
+					FrontendKey:     FrontendKey{Addr: a, Port: uint16(sp.Port), Protocol: proto},
+					Kind:            kind.k,
+					Service:         spn,
+					Endpoints:       pick(a, externalLocal),
+					AffinityTimeout: affinity,
+					LocalOnly:       externalLocal,
+					TerminateTCP:    terminateTCP,
+				})
+			}
+		}
+	}
+	return out
 }
 
 // parseIP parses a Service, Node or endpoint address: IPv4-mapped IPv6 is

@@ -21,6 +21,9 @@ func (s *State) Dump() string {
 		if f.LocalOnly {
 			b.WriteString(" local-only")
 		}
+		if f.TerminateTCP {
+			b.WriteString(" terminate-tcp")
+		}
 		if len(f.Endpoints) == 0 {
 			b.WriteString(" (no endpoints: refuse)")
 		}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -93,10 +91,17 @@ type Config struct {
 	HealthBindAddress string
 	// Cleanup removes what every mode programmed, then returns.
 	Cleanup bool
-	// SyncPeriod is the longest time between syncs (a full resync).
+	// SyncPeriod is the longest time between syncs: the periodic full
+	// reconcile that repairs drift (default 30 min in `waggle proxy`).
 	SyncPeriod time.Duration
-	// MinSyncPeriod is the shortest time between syncs.
+	// MinSyncPeriod is the shortest time between syncs, for backends that
+	// rewrite everything per sync (iptables, ipvs). Backends that program
+	// changes incrementally (ebpf) sync each change at once and batch only
+	// what arrives while a sync runs.
 	MinSyncPeriod time.Duration
+	// UnhealthyAfter: /healthz fails once syncs have been failing for this
+	// long without a success in between (default 1 min).
+	UnhealthyAfter time.Duration
 	// Log is the logger (default: a text logger at info).
 	Log *slog.Logger
 	// Health, when set, receives the checks and metrics (default: a new one
@@ -328,12 +333,21 @@ type proxy struct {
 	bcast    record.EventBroadcaster
 	runner   *SyncRunner
 	m        *metrics
+	tracker  *Tracker
+	// incr is the backend's incremental interface (nil: whole States only).
+	incr IncrementalBackend
 
 	mu          sync.Mutex
 	synced      bool // informers synced
 	programmed  time.Time
 	pending     []time.Time // endpoint change times not yet programmed
 	lastWarning map[string]string
+	// needFull: the next sync hands the backend the whole State (first
+	// sync, after an error not confined to frontends).
+	needFull bool
+	// failingSince: when the current run of failed syncs began (zero when
+	// the last sync succeeded).
+	failingSince time.Time
 }
 
 type metrics struct {
@@ -386,10 +400,21 @@ func newProxy(cfg Config, log *slog.Logger, health *ops.Health, backend Backend,
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
 		})),
 		lastWarning: map[string]string{},
+		tracker:     NewTracker(cfg.NodeName, !mode.LoopbackNodePorts),
+		needFull:    true,
 	}
+	p.incr, _ = backend.(IncrementalBackend)
 	p.bcast = record.NewBroadcaster()
 	p.recorder = p.bcast.NewRecorder(scheme.Scheme, v1.EventSource{Component: "waggle-proxy", Host: cfg.NodeName})
-	p.runner = NewSyncRunner(cfg.MinSyncPeriod, cfg.SyncPeriod, p.sync)
+	minSync := cfg.MinSyncPeriod
+	if p.incr != nil {
+		minSync = 0 // a sync costs O(change): write each change at once
+	}
+	p.runner = NewSyncRunner(minSync, cfg.SyncPeriod, p.sync)
+	unhealthyAfter := cfg.UnhealthyAfter
+	if unhealthyAfter <= 0 {
+		unhealthyAfter = time.Minute
+	}
 
 	health.AddReadiness(ops.Check{Name: "informers-synced", Func: func(context.Context) error {
 		p.mu.Lock()
@@ -414,6 +439,9 @@ func newProxy(cfg Config, log *slog.Logger, health *ops.Health, backend Backend,
 		if p.synced && !p.programmed.IsZero() && time.Since(p.programmed) > 2*cfg.SyncPeriod+time.Minute {
 			return fmt.Errorf("last successful sync was at %s", p.programmed.Format(time.RFC3339))
 		}
+		if !p.failingSince.IsZero() && time.Since(p.failingSince) > unhealthyAfter {
+			return fmt.Errorf("syncs have been failing since %s", p.failingSince.Format(time.RFC3339))
+		}
 		return nil
 	}})
 	return p, nil
@@ -424,21 +452,30 @@ func (p *proxy) run(ctx context.Context, errc chan error) error {
 	p.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: p.client.CoreV1().Events("")})
 	defer p.bcast.Shutdown()
 
-	trigger := func(any) { p.runner.Trigger() }
-	handler := cache.ResourceEventHandlerFuncs{AddFunc: trigger, UpdateFunc: func(_, n any) { p.runner.Trigger() }, DeleteFunc: trigger}
-	sliceChanged := func(obj any) {
-		p.noteEndpointChange(obj)
-		p.runner.Trigger()
-	}
-	if _, err := p.factory.Core().V1().Services().Informer().AddEventHandler(handler); err != nil {
+	var regs []cache.ResourceEventHandlerRegistration
+	reg := func(r cache.ResourceEventHandlerRegistration, err error) error {
+		regs = append(regs, r)
 		return err
 	}
-	if _, err := p.factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: sliceChanged, UpdateFunc: func(_, n any) { sliceChanged(n) }, DeleteFunc: sliceChanged,
-	}); err != nil {
+	if err := reg(p.factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.serviceEvent(obj, false) },
+		UpdateFunc: func(_, obj any) { p.serviceEvent(obj, false) },
+		DeleteFunc: func(obj any) { p.serviceEvent(obj, true) },
+	})); err != nil {
 		return err
 	}
-	if _, err := p.nodes.Core().V1().Nodes().Informer().AddEventHandler(handler); err != nil {
+	if err := reg(p.factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.sliceEvent(obj, false) },
+		UpdateFunc: func(_, obj any) { p.sliceEvent(obj, false) },
+		DeleteFunc: func(obj any) { p.sliceEvent(obj, true) },
+	})); err != nil {
+		return err
+	}
+	if err := reg(p.nodes.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.nodeEvent(obj, false) },
+		UpdateFunc: func(_, obj any) { p.nodeEvent(obj, false) },
+		DeleteFunc: func(obj any) { p.nodeEvent(obj, true) },
+	})); err != nil {
 		return err
 	}
 	p.factory.Start(ctx.Done())
@@ -457,6 +494,15 @@ func (p *proxy) run(ctx context.Context, errc chan error) error {
 			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
 		}
 	}
+	// The tracker is fed by the handlers: wait until they have seen the
+	// initial lists too, not only the informers' stores.
+	hasSynced := make([]cache.InformerSynced, len(regs))
+	for i, r := range regs {
+		hasSynced[i] = r.HasSynced
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), hasSynced...) {
+		return fmt.Errorf("event handlers did not see the initial lists: %w", ctx.Err())
+	}
 	p.mu.Lock()
 	p.synced = true
 	p.mu.Unlock()
@@ -474,15 +520,48 @@ func (p *proxy) run(ctx context.Context, errc chan error) error {
 	}
 }
 
+// tombstone unwraps an informer's DeletedFinalStateUnknown.
+func tombstone(obj any) any {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return d.Obj
+	}
+	return obj
+}
+
+func (p *proxy) serviceEvent(obj any, deleted bool) {
+	if s, ok := tombstone(obj).(*v1.Service); ok {
+		p.tracker.Service(s, deleted)
+		p.runner.Trigger()
+	}
+}
+
+func (p *proxy) sliceEvent(obj any, deleted bool) {
+	if es, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
+		p.noteEndpointChange(es)
+		p.tracker.EndpointSlice(es, deleted)
+		p.runner.Trigger()
+	}
+}
+
+func (p *proxy) nodeEvent(obj any, deleted bool) {
+	n, ok := tombstone(obj).(*v1.Node)
+	if !ok || n.Name != p.cfg.NodeName {
+		return
+	}
+	if deleted {
+		n = nil
+	}
+	p.tracker.Node(n)
+	p.runner.Trigger()
+}
+
 // noteEndpointChange records when an EndpointSlice change happened, for the
 // change-to-programmed latency.
-func (p *proxy) noteEndpointChange(obj any) {
+func (p *proxy) noteEndpointChange(es *discoveryv1.EndpointSlice) {
 	t := time.Now()
-	if es, ok := obj.(*discoveryv1.EndpointSlice); ok {
-		if s := es.Annotations[v1.EndpointsLastChangeTriggerTime]; s != "" {
-			if parsed, err := time.Parse(time.RFC3339Nano, s); err == nil && !parsed.After(t) {
-				t = parsed
-			}
+	if s := es.Annotations[v1.EndpointsLastChangeTriggerTime]; s != "" {
+		if parsed, err := time.Parse(time.RFC3339Nano, s); err == nil && !parsed.After(t) {
+			t = parsed
 		}
 	}
 	p.mu.Lock()
@@ -490,102 +569,105 @@ func (p *proxy) noteEndpointChange(obj any) {
 	p.mu.Unlock()
 }
 
-// sync is one run: list, compute, program.
+// sync is one run: drain the tracker's dirty Services and program them —
+// as a Change for an incremental backend, else (and for full runs) as the
+// whole State.
 func (p *proxy) sync(ctx context.Context, full bool) error {
 	start := time.Now()
 	p.mu.Lock()
 	pending := p.pending
 	p.pending = nil
+	whole := full || p.needFull || p.incr == nil
 	p.mu.Unlock()
 
-	services, err := p.factory.Core().V1().Services().Lister().List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	slices, err := p.factory.Discovery().V1().EndpointSlices().Lister().List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	nodes, err := p.nodes.Core().V1().Nodes().Lister().List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	if len(nodes) == 0 {
+	if !p.tracker.HasNode() {
 		p.warnOnce("no-node", "no Node object named like this node yet: NodePorts are served on 127.0.0.1 only (where the mode allows)", "node", p.cfg.NodeName)
 	}
-	byRef := map[ServiceRef]*v1.Service{}
-	for _, s := range services {
-		byRef[ServiceRef{s.Namespace, s.Name}] = s
-	}
-	st := Compute(p.cfg.NodeName, services, slices, nodes, ComputeOptions{
-		ClusterCIDRs:        p.cfg.ClusterCIDRs,
-		NoLoopbackNodePorts: !p.mode.LoopbackNodePorts,
-		Warn: func(w Warning) {
-			p.warn(byRef[w.Service], w.Service.String(), w.Reason, w.Message)
-		},
+	ch := p.tracker.Drain(func(w Warning) {
+		p.warn(p.tracker.ServiceObject(w.Service), w.Service.String(), w.Reason, w.Message)
 	})
-	if full {
-		if fr, ok := p.backend.(FullResyncer); ok {
-			fr.RequestFullSync()
-		}
-	}
 	kind := "partial"
-	if full {
-		kind = "full"
+	var err error
+	switch {
+	case whole:
+		if full {
+			kind = "full"
+			if fr, ok := p.backend.(FullResyncer); ok {
+				fr.RequestFullSync()
+			}
+		}
+		err = p.backend.Sync(ctx, p.tracker.State(p.cfg.ClusterCIDRs))
+	case !ch.Empty():
+		err = p.incr.Apply(ctx, ch)
 	}
-	err = p.backend.Sync(ctx, st)
 	p.m.syncDuration.WithLabelValues(kind).Observe(time.Since(start).Seconds())
 	if err != nil {
 		p.m.syncErrors.Inc()
 		fes := FrontendErrors(err)
-		if len(fes) == 0 && errors.Is(err, ErrMapFull) {
-			// A backend that names the frontends left out only in its
-			// message: find them there.
-			msg := err.Error()
-			for _, f := range st.Frontends {
-				if strings.Contains(msg, f.FrontendKey.String()) {
-					fes = append(fes, &FrontendError{Frontend: f.FrontendKey, Service: f.Service, Err: ErrMapFull})
-				}
-			}
-		}
+		var failed []ServiceRef
 		for _, fe := range fes {
 			reason := "SyncFailed"
 			if errors.Is(fe.Err, ErrMapFull) {
 				reason = ReasonMapFull
 			}
 			ref := ServiceRef{fe.Service.Namespace, fe.Service.Name}
-			p.warn(byRef[ref], ref.String(), reason, fmt.Sprintf("%s %s was not programmed by the %s backend: %v", fe.Service, fe.Frontend, p.backend.Name(), fe.Err))
+			failed = append(failed, ref)
+			p.warn(p.tracker.ServiceObject(ref), ref.String(), reason, fmt.Sprintf("%s %s was not programmed by the %s backend: %v", fe.Service, fe.Frontend, p.backend.Name(), fe.Err))
 		}
+		// Retry exactly the Services that failed; an error not confined
+		// to frontends (a failed map write) makes the retry a whole sync.
+		p.tracker.Requeue(failed...)
 		p.mu.Lock()
+		p.needFull = !onlyFrontendErrors(err)
 		p.pending = append(pending, p.pending...)
+		if p.failingSince.IsZero() {
+			p.failingSince = start
+		}
 		p.mu.Unlock()
-		p.log.Error("sync failed; retrying", "mode", p.backend.Name(), "err", err)
+		p.log.Error("sync failed; retrying", "mode", p.backend.Name(), "kind", kind, "failedServices", len(failed), "err", err)
 		return err
 	}
 	now := time.Now()
 	for _, t := range pending {
 		p.m.changeLatency.Observe(now.Sub(t).Seconds())
 	}
-	svcs := map[ServicePortName]bool{}
-	eps := 0
-	for _, f := range st.Frontends {
-		svcs[ServicePortName{Namespace: f.Service.Namespace, Name: f.Service.Name}] = true
-		eps += len(f.Endpoints)
-	}
-	p.m.services.Set(float64(len(svcs)))
-	p.m.frontends.Set(float64(len(st.Frontends)))
-	p.m.endpoints.Set(float64(eps))
+	nsvc, nfronts, neps := p.tracker.Counts()
+	p.m.services.Set(float64(nsvc))
+	p.m.frontends.Set(float64(nfronts))
+	p.m.endpoints.Set(float64(neps))
 	p.m.lastSync.Set(float64(now.Unix()))
 	p.mu.Lock()
 	first := p.programmed.IsZero()
 	p.programmed = now
+	p.needFull = false
+	p.failingSince = time.Time{}
 	p.mu.Unlock()
 	lvl := slog.LevelDebug
 	if first || full {
 		lvl = slog.LevelInfo
 	}
-	p.log.Log(ctx, lvl, "dataplane programmed", "mode", p.backend.Name(), "kind", kind, "services", len(svcs), "frontends", len(st.Frontends), "endpoints", eps, "took", time.Since(start))
+	p.log.Log(ctx, lvl, "dataplane programmed", "mode", p.backend.Name(), "kind", kind, "changedServices", len(ch.Services),
+		"services", nsvc, "frontends", nfronts, "endpoints", neps, "took", time.Since(start))
 	return nil
+}
+
+// onlyFrontendErrors reports whether err consists of FrontendErrors alone
+// (through errors.Join), so that retrying those frontends is enough.
+func onlyFrontendErrors(err error) bool {
+	switch e := err.(type) {
+	case nil:
+		return true
+	case *FrontendError, *RejectedFrontends:
+		return true
+	case interface{ Unwrap() []error }:
+		for _, x := range e.Unwrap() {
+			if !onlyFrontendErrors(x) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }
 
 // warnOnce logs msg the first time key is seen.
@@ -602,6 +684,10 @@ func (p *proxy) warnOnce(key, msg string, args ...any) {
 // warn logs a Service's problem and records an Event on it, once per
 // distinct message.
 func (p *proxy) warn(svc *v1.Service, name, reason, msg string) {
+	if svc == nil { // a Service already gone: nothing to record on
+		p.log.Warn("service problem", "service", name, "reason", reason, "msg", msg)
+		return
+	}
 	key := name + "/" + reason
 	p.mu.Lock()
 	seen := p.lastWarning[key] == msg
@@ -611,7 +697,5 @@ func (p *proxy) warn(svc *v1.Service, name, reason, msg string) {
 		return
 	}
 	p.log.Warn("service problem", "service", name, "reason", reason, "msg", msg)
-	if svc != nil {
-		p.recorder.Event(svc, v1.EventTypeWarning, reason, msg)
-	}
+	p.recorder.Event(svc, v1.EventTypeWarning, reason, msg)
 }

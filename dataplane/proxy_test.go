@@ -330,12 +330,38 @@ func TestRunRecordsEventForFullMap(t *testing.T) {
 	}
 }
 
-func TestRunRecordsEventForFullMapNamedInMessage(t *testing.T) {
+func TestRunRecordsEventOnEveryRejectedService(t *testing.T) {
 	b := newRecordingBackend()
-	b.fail = fmt.Errorf("2 frontends left out (10.96.0.10:80/TCP, 10.96.0.11:80/TCP): %w", ErrMapFull)
-	h := startProxy(t, b, withService(svc("big")))
-	if ev := h.waitEvent(ReasonMapFull); ev.InvolvedObject.Name != "big" {
-		t.Errorf("event on %+v", ev.InvolvedObject)
+	rej := &RejectedFrontends{}
+	var objs []runtimeObject
+	for i := range 12 {
+		name := fmt.Sprintf("big-%02d", i)
+		ip := fmt.Sprintf("10.96.0.%d", 20+i)
+		objs = append(objs, withService(svc(name, func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = ip, []string{ip} })))
+		rej.Errs = append(rej.Errs, &FrontendError{Frontend: FrontendKey{Addr: mustAddr(ip), Port: 80, Protocol: TCP},
+			Service: ServicePortName{Namespace: "default", Name: name, Port: "http"}, Err: fmt.Errorf("services map: %w", ErrMapFull)})
+	}
+	b.fail = rej
+	h := startProxy(t, b, objs...)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		evs, err := h.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, ev := range evs.Items {
+			if ev.Reason == ReasonMapFull {
+				seen[ev.InvolvedObject.Name] = true
+			}
+		}
+		if len(seen) == 12 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("MapFull events on %d Services, want all 12: %v", len(seen), seen)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the API for a condition, with a deadline
 	}
 }
 
@@ -382,5 +408,97 @@ func TestRunFailsAtOnceWhenTheHealthPortIsTaken(t *testing.T) {
 	defer cancel()
 	if err := Run(ctx, cfg); err == nil || !strings.Contains(err.Error(), "--health-bind-address") {
 		t.Fatalf("Run = %v, want an error naming --health-bind-address", err)
+	}
+}
+
+// incrementalBackend is a recordingBackend that also takes Changes.
+type incrementalBackend struct {
+	*recordingBackend
+	changes chan *Change
+	failOn  func(*Change) error
+}
+
+func (b *incrementalBackend) Apply(_ context.Context, ch *Change) error {
+	b.changes <- ch
+	if b.failOn != nil {
+		return b.failOn(ch)
+	}
+	return nil
+}
+
+func startIncrementalProxy(t *testing.T, b *incrementalBackend, objs ...runtimeObject) *proxyHarness {
+	h := &proxyHarness{t: t, backend: b.recordingBackend, health: ops.NewHealth(), done: make(chan error, 1)}
+	h.client = fake.NewClientset()
+	for _, o := range objs {
+		o(t, h.client)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := Config{Client: h.client, NodeName: "a", Mode: ModeEBPF, SyncPeriod: time.Hour, MinSyncPeriod: time.Hour,
+		Health: h.health, Log: slog.New(slog.DiscardHandler),
+		Modes: []Mode{{Name: ModeEBPF, Supported: func() error { return nil }, New: func(ModeConfig) (Backend, error) { return b, nil }, LoopbackNodePorts: true}}}
+	go func() { h.done <- Run(ctx, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-h.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return h
+}
+
+func (b *incrementalBackend) next(t *testing.T) *Change {
+	t.Helper()
+	select {
+	case ch := <-b.changes:
+		return ch
+	case <-time.After(20 * time.Second):
+		t.Fatal("no Change applied")
+	}
+	return nil
+}
+
+// TestRunAppliesOnlyTheChangedService: the first sync is the whole State,
+// every later event is applied at once (a min-sync-period of an hour does
+// not hold an incremental backend back) as a Change holding only the
+// Service concerned; a rejected Service is retried alone.
+func TestRunAppliesOnlyTheChangedService(t *testing.T) {
+	b := &incrementalBackend{recordingBackend: newRecordingBackend(), changes: make(chan *Change, 100)}
+	var objs []runtimeObject
+	for i := range 20 {
+		ip := fmt.Sprintf("10.96.0.%d", 20+i)
+		objs = append(objs, withService(svc(fmt.Sprintf("s%d", i), func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = ip, []string{ip} })))
+	}
+	h := startIncrementalProxy(t, b, objs...)
+	h.waitState("the first sync programs all 20 Services", func(st *State) bool { return len(st.Frontends) == 20 })
+	rejectOnce := true
+	b.failOn = func(ch *Change) error {
+		if !rejectOnce {
+			return nil
+		}
+		rejectOnce = false
+		f := ch.Upsert[0]
+		return &RejectedFrontends{Errs: []*FrontendError{{Frontend: f.FrontendKey, Service: f.Service, Err: ErrMapFull}}}
+	}
+	es := slice("s7", "s7-1", 8080, ready("10.0.0.1", "a"))
+	if _, err := h.client.DiscoveryV1().EndpointSlices("default").Create(context.Background(), es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, what := range []string{"the change", "the retry of the rejected Service"} {
+		ch := b.next(t)
+		if len(ch.Upsert) != 1 || ch.Upsert[0].Service.Name != "s7" || len(ch.Upsert[0].Endpoints) != 1 || len(ch.Remove) != 0 {
+			t.Fatalf("%s: %+v, want s7's one frontend with its endpoint", what, ch)
+		}
+	}
+	if err := h.client.CoreV1().Services("default").Delete(context.Background(), "s3", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ch := b.next(t); len(ch.Upsert) != 0 || len(ch.Remove) != 1 || ch.Remove[0].Addr != mustAddr("10.96.0.23") {
+		t.Fatalf("delete: %+v, want s3's frontend removed", ch)
+	}
+	b.mu.Lock()
+	n := len(b.states)
+	b.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d whole-State syncs, want only the first", n)
 	}
 }

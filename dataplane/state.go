@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -78,7 +79,16 @@ type Frontend struct {
 	// LocalOnly is set when a traffic policy of Local restricted Endpoints to
 	// this node's (the iptables backend then need not masquerade).
 	LocalOnly bool
+	// TerminateTCP: TCP connections to an endpoint this frontend loses are
+	// terminated (the Service's AnnotationTerminateTCP is "true"). Connected
+	// UDP sockets always are, where the backend can.
+	TerminateTCP bool
 }
+
+// AnnotationTerminateTCP on a Service, set to "true", makes the proxy
+// terminate TCP connections to an endpoint the Service loses (by default
+// they live on until they close; UDP sockets are always re-balanced).
+const AnnotationTerminateTCP = "waggle.io/terminate-tcp-on-backend-removal"
 
 // Endpoint is one backend address of a frontend.
 type Endpoint struct {
@@ -180,6 +190,48 @@ func (e *FrontendError) Error() string {
 }
 
 func (e *FrontendError) Unwrap() error { return e.Err }
+
+// RejectedFrontends is a sync's structured partial failure: every frontend
+// that was not programmed, each with its reason; everything else was. Its
+// message summarizes (the first few keys and a count), FrontendErrors lists
+// them all.
+type RejectedFrontends struct {
+	Errs []*FrontendError
+	// Hint says what to do (for example which flag to raise).
+	Hint string
+}
+
+func (e *RejectedFrontends) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d frontends not programmed (", len(e.Errs))
+	for i, fe := range e.Errs[:min(len(e.Errs), 5)] {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s of %s", fe.Frontend, fe.Service)
+	}
+	if len(e.Errs) > 5 {
+		fmt.Fprintf(&b, " and %d more", len(e.Errs)-5)
+	}
+	b.WriteString(")")
+	if len(e.Errs) > 0 {
+		fmt.Fprintf(&b, ": %v", e.Errs[0].Err)
+	}
+	if e.Hint != "" {
+		b.WriteString(": " + e.Hint)
+	}
+	return b.String()
+}
+
+// Unwrap returns every FrontendError, so errors.Is(err, ErrMapFull) and
+// FrontendErrors see them.
+func (e *RejectedFrontends) Unwrap() []error {
+	out := make([]error, len(e.Errs))
+	for i, fe := range e.Errs {
+		out[i] = fe
+	}
+	return out
+}
 
 // FrontendErrors returns every FrontendError in err's tree (through
 // errors.Join and %w wrapping).

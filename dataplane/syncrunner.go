@@ -13,10 +13,16 @@ import (
 // run), and it runs at least every MaxInterval anyway — that periodic run is
 // a full resync (full=true) that repairs drift. A failed run is retried with
 // exponential backoff from MinInterval (at least one second) up to
-// MaxInterval, as a full run.
+// MaxInterval; Fn decides what a retry does (the proxy retries only what
+// failed, or everything after an error not confined to frontends).
+//
+// MinInterval 0 (the proxy's choice for backends that program changes
+// incrementally) runs every trigger at once; triggers that arrive while a
+// run is in progress coalesce into the next run, so batching happens only
+// under bursts.
 type SyncRunner struct {
 	MinInterval, MaxInterval time.Duration
-	// Fn is the sync. full is set for periodic runs and retries.
+	// Fn is the sync. full is set for periodic runs.
 	Fn    func(ctx context.Context, full bool) error
 	Clock clock.WithTicker
 
@@ -61,7 +67,7 @@ func (r *SyncRunner) Loop(ctx context.Context) {
 		case <-periodic.C():
 			full = true
 		case <-retryC:
-			full, retryC = true, nil
+			retryC = nil
 		}
 		if !lastRun.IsZero() {
 			if wait := r.MinInterval - r.Clock.Since(lastRun); wait > 0 {

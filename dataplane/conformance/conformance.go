@@ -259,6 +259,13 @@ func sync(t *testing.T, tg *Target, st *dataplane.State) {
 	if err := tg.Backend.Sync(context.Background(), st); err != nil {
 		t.Fatalf("Sync: %v\n%s", err, st.Dump())
 	}
+	// A backend that terminates stale sockets off the sync path (eBPF):
+	// the cases check the state after that job too.
+	if w, ok := tg.Backend.(interface{ WaitSocketsTerminated(context.Context) error }); ok {
+		if err := w.WaitSocketsTerminated(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func mustReach(t *testing.T, tg *Target, proto dataplane.Protocol, addr netip.AddrPort, eps []netip.AddrPort) netip.AddrPort {

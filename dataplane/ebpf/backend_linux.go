@@ -29,9 +29,14 @@ type Backend struct {
 	m    *metrics
 	// closed is set by Close and Cleanup.
 	closed bool
+	// sockets terminates sockets of removed backends, off the sync path.
+	sockets *socketJanitor
 }
 
-var _ dataplane.Backend = (*Backend)(nil)
+var (
+	_ dataplane.IncrementalBackend = (*Backend)(nil)
+	_ dataplane.FullResyncer       = (*Backend)(nil)
+)
 
 // progAttach lists the programs and their attach points, in attach order.
 // The bind guards come first so no frontend can be bound while connects
@@ -151,6 +156,7 @@ func New(cfg Config) (b *Backend, err error) {
 		}
 		b.log.Info("resized pinned maps", "maps", resized.names)
 	}
+	b.sockets = newSocketJanitor(b)
 	if cfg.Metrics != nil {
 		b.m = newMetricsFor(b)
 		if err := cfg.Metrics.Register(b.m); err != nil {
@@ -278,9 +284,35 @@ func checkMeta(m *ebpf.Map, dir string) error {
 func (b *Backend) Name() string { return "ebpf" }
 
 // Sync programs state; see the package documentation for the write order.
-// Frontends that do not fit the maps are left out and named in an error
-// wrapping dataplane.ErrMapFull; the rest is programmed.
+// Frontends that do not fit the maps are left out and each is named in a
+// dataplane.FrontendError wrapping dataplane.ErrMapFull; the rest is
+// programmed.
 func (b *Backend) Sync(ctx context.Context, state *dataplane.State) error {
+	return b.program(ctx, len(state.Frontends), func() (syncResult, error) { return b.rec.sync(state) })
+}
+
+// Apply programs a change on top of the maps, touching only the frontends it
+// names (O(change)); errors as Sync's.
+func (b *Backend) Apply(ctx context.Context, ch *dataplane.Change) error {
+	return b.program(ctx, len(ch.Upsert)+len(ch.Remove), func() (syncResult, error) { return b.rec.applyChange(ch) })
+}
+
+// WaitSocketsTerminated waits until the sockets of every backend removed by
+// the syncs so far have been terminated (that job runs off the sync path).
+func (b *Backend) WaitSocketsTerminated(ctx context.Context) error {
+	return b.sockets.wait(ctx)
+}
+
+// RequestFullSync makes the next Sync re-read every map first, so that it
+// rewrites whatever drifted from the mirror (the proxy's periodic full
+// reconcile).
+func (b *Backend) RequestFullSync() {
+	b.mu.Lock()
+	b.rec.dirty = true
+	b.mu.Unlock()
+}
+
+func (b *Backend) program(ctx context.Context, n int, fn func() (syncResult, error)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -290,28 +322,17 @@ func (b *Backend) Sync(ctx context.Context, state *dataplane.State) error {
 		return ErrClosed
 	}
 	start := time.Now()
-	res, err := b.rec.sync(state)
+	res, err := fn()
 	if b.m != nil {
 		b.m.observeSync(time.Since(start), res, len(b.rec.fronts), len(b.rec.beIDs), err)
 	}
-	if err != nil {
-		if errors.Is(err, dataplane.ErrMapFull) {
-			b.log.Error("eBPF maps full: frontends not programmed", "err", err)
-		}
+	if err != nil && errors.Is(err, dataplane.ErrMapFull) {
+		b.log.Error("eBPF maps full: frontends not programmed", "frontends", len(res.rejected), "err", err)
 	}
 	if len(res.lost) > 0 {
-		n, derr := destroyStaleSockets(b.cfg.CgroupPath, b.objs.WaggleReverseSk, res.lost, b.cfg.DestroyTCPSockets)
-		if derr != nil {
-			b.log.Warn("destroy sockets of removed backends", "err", derr)
-		}
-		if n > 0 {
-			b.log.Info("destroyed sockets connected to removed backends", "sockets", n, "tcp", b.cfg.DestroyTCPSockets)
-		}
-		if b.m != nil {
-			b.m.socketsDestroyed.Add(float64(n))
-		}
+		b.sockets.enqueue(res.lost)
 	}
-	b.log.Debug("synced eBPF maps", "frontends", len(state.Frontends), "writes", res.writes,
+	b.log.Debug("synced eBPF maps", "frontends", n, "writes", res.writes,
 		"deletes", res.deletes, "took", time.Since(start))
 	return err
 }
@@ -326,6 +347,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.closed = true
+	b.sockets.stop()
 	if b.cfg.Metrics != nil && b.m != nil {
 		b.cfg.Metrics.Unregister(b.m)
 	}

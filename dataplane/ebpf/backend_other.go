@@ -24,11 +24,14 @@ func Supported() error { return errOS }
 // CleanupPinned fails: there is no pinned state off Linux.
 func CleanupPinned(dir string) error { return errOS }
 
-func (b *Backend) Name() string                                 { return "ebpf" }
-func (b *Backend) Sync(context.Context, *dataplane.State) error { return errOS }
-func (b *Backend) Cleanup(context.Context) error                { return errOS }
-func (b *Backend) Close() error                                 { return nil }
-func (b *Backend) View() *View                                  { return &View{} }
+func (b *Backend) Name() string                                   { return "ebpf" }
+func (b *Backend) Sync(context.Context, *dataplane.State) error   { return errOS }
+func (b *Backend) Apply(context.Context, *dataplane.Change) error { return errOS }
+func (b *Backend) RequestFullSync()                               {}
+func (b *Backend) WaitSocketsTerminated(context.Context) error    { return errOS }
+func (b *Backend) Cleanup(context.Context) error                  { return errOS }
+func (b *Backend) Close() error                                   { return nil }
+func (b *Backend) View() *View                                    { return &View{} }
 
 // View is the pinned-state view; it exists only on Linux.
 type View struct{}

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -78,6 +79,9 @@ type Config struct {
 	// DestroyTCPSockets also destroys TCP sockets connected through a
 	// frontend to a backend it lost (connected UDP sockets always are).
 	DestroyTCPSockets bool
+	// SocketTerminationInterval is the least time between two runs of the
+	// job that destroys sockets of removed backends (default 100 ms).
+	SocketTerminationInterval time.Duration
 	// Log receives the backend's logs; nil discards them.
 	Log *slog.Logger
 	// Metrics, when set, gets the backend's metrics registered.
@@ -121,6 +125,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxReverseSockets <= 0 {
 		c.MaxReverseSockets = DefaultMaxReverseSockets
+	}
+	if c.SocketTerminationInterval <= 0 {
+		c.SocketTerminationInterval = 100 * time.Millisecond
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)

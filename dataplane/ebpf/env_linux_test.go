@@ -203,6 +203,10 @@ func (e *env) sync(st *dataplane.State) {
 	if err := e.b.Sync(context.Background(), st); err != nil {
 		e.t.Fatalf("Sync: %v", err)
 	}
+	// Sockets of removed backends are terminated off the sync path.
+	if err := e.b.WaitSocketsTerminated(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // errno extracts the syscall errno from a network error.

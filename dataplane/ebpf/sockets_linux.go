@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -34,7 +37,7 @@ import (
 func destroyStaleSockets(cgroupPath string, reverse *ebpf.Map, lost []lostBackend, tcp bool) (int, error) {
 	stale := map[staleKey]map[uint32]bool{}
 	for _, l := range lost {
-		if l.frontend.Protocol != dataplane.UDP && !(tcp && l.frontend.Protocol == dataplane.TCP) {
+		if l.frontend.Protocol != dataplane.UDP && !((tcp || l.terminateTCP) && l.frontend.Protocol == dataplane.TCP) {
 			continue
 		}
 		k := staleKey{protoNum(l.frontend.Protocol), l.backend}
@@ -198,4 +201,125 @@ func cgroupNetNS(root string) ([]string, error) {
 		return nil, fmt.Errorf("list network namespaces of cgroup %s: %w", root, err)
 	}
 	return paths, nil
+}
+
+// socketJanitor destroys the sockets of removed backends as its own job, off
+// the sync path: a sync only queues what it removed, so an endpoint change
+// is in the maps without waiting for every network namespace's socket dump.
+// Runs are at least SocketTerminationInterval apart; backends removed in
+// between are handled together. A kernel without SOCK_DESTROY
+// (CONFIG_INET_DIAG_DESTROY) is reported once and the job stops trying.
+type socketJanitor struct {
+	b       *Backend
+	mu      sync.Mutex
+	queue   []lostBackend
+	kick    chan struct{}
+	done    chan struct{}
+	stopped chan struct{}
+	// queued counts enqueue calls, handled how many of them a finished
+	// run covered; cond signals each run's end (WaitSocketsTerminated).
+	queued, handled uint64
+	cond            *sync.Cond
+}
+
+func newSocketJanitor(b *Backend) *socketJanitor {
+	j := &socketJanitor{b: b, kick: make(chan struct{}, 1), done: make(chan struct{}), stopped: make(chan struct{})}
+	j.cond = sync.NewCond(&j.mu)
+	go j.loop()
+	return j
+}
+
+func (j *socketJanitor) enqueue(lost []lostBackend) {
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	j.queue = append(j.queue, lost...)
+	j.queued++
+	j.mu.Unlock()
+	select {
+	case j.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (j *socketJanitor) stop() {
+	if j == nil {
+		return
+	}
+	select {
+	case <-j.done:
+	default:
+		close(j.done)
+	}
+	<-j.stopped
+	j.mu.Lock()
+	j.handled = j.queued // nothing will run any more: release waiters
+	j.cond.Broadcast()
+	j.mu.Unlock()
+}
+
+// wait blocks until every job queued before the call has run.
+func (j *socketJanitor) wait(ctx context.Context) error {
+	j.mu.Lock()
+	want := j.queued
+	j.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() {
+		j.mu.Lock()
+		j.cond.Broadcast()
+		j.mu.Unlock()
+	})
+	defer stop()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for j.handled < want {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		j.cond.Wait()
+	}
+	return nil
+}
+
+func (j *socketJanitor) loop() {
+	defer close(j.stopped)
+	unsupported := false
+	for {
+		select {
+		case <-j.done:
+			return
+		case <-j.kick:
+		}
+		j.mu.Lock()
+		lost, seq := j.queue, j.queued
+		j.queue = nil
+		j.mu.Unlock()
+		if !unsupported && len(lost) > 0 {
+			n, err := destroyStaleSockets(j.b.cfg.CgroupPath, j.b.objs.WaggleReverseSk, lost, j.b.cfg.DestroyTCPSockets)
+			switch {
+			case errors.Is(err, unix.EOPNOTSUPP):
+				unsupported = true
+				j.b.log.Warn("this kernel cannot destroy sockets (no CONFIG_INET_DIAG_DESTROY): connected UDP sockets keep a removed backend until they reconnect", "err", err)
+			case err != nil:
+				j.b.log.Warn("destroy sockets of removed backends", "err", err)
+			}
+			if n > 0 {
+				j.b.log.Info("destroyed sockets connected to removed backends", "sockets", n)
+			}
+			if j.b.m != nil {
+				j.b.m.socketsDestroyed.Add(float64(n))
+			}
+		}
+		j.mu.Lock()
+		j.handled = seq
+		j.cond.Broadcast()
+		j.mu.Unlock()
+		t := time.NewTimer(j.b.cfg.SocketTerminationInterval)
+		select {
+		case <-j.done:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -45,6 +45,8 @@ type programmed struct {
 	name      string
 	svc       dataplane.ServicePortName // as last synced (zero after restore)
 	seen      uint64                    // the sync generation that last saw it desired
+	// terminateTCP: TCP sockets to a backend it loses are destroyed too.
+	terminateTCP bool
 }
 
 // lostBackend is a backend that a frontend no longer has.
@@ -52,6 +54,8 @@ type lostBackend struct {
 	serviceID uint32
 	frontend  dataplane.FrontendKey
 	backend   netip.AddrPort
+	// terminateTCP: the frontend asked for its TCP sockets to go too.
+	terminateTCP bool
 }
 
 // syncResult tells the caller what a sync changed.
@@ -60,7 +64,7 @@ type syncResult struct {
 	// lost lists backends removed from frontends (for stale sockets).
 	lost []lostBackend
 	// rejected lists frontends that did not fit in the maps.
-	rejected []dataplane.FrontendKey
+	rejected []*dataplane.FrontendError
 }
 
 // reconciler keeps the maps equal to the desired state with make-before-
@@ -84,6 +88,9 @@ type reconciler struct {
 	// dirty: a write failed; re-read the maps before the next sync.
 	dirty bool
 	gen   uint64
+	// used: services-map entries the mirror holds (kept current, so that
+	// admission costs nothing per unchanged frontend).
+	used int
 }
 
 func newReconciler(t tables, maxServices, maxBackends int) *reconciler {
@@ -186,6 +193,7 @@ func (r *reconciler) restore() error {
 		return fmt.Errorf("read %s: %w", MapServiceNames, err)
 	}
 	slices.Sort(r.orphanRev)
+	r.used = r.entries()
 	r.dirty = false
 	return nil
 }
@@ -200,6 +208,8 @@ type want struct {
 	name     string
 	svc      dataplane.ServicePortName
 	ids      []uint32 // backend IDs, set at admission
+	// terminateTCP, from the frontend.
+	terminateTCP bool
 }
 
 func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
@@ -218,7 +228,7 @@ func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
 // per unchanged frontend.
 func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 	if p == nil || p.keys == nil || !p.hasMaster || len(p.keys) != len(f.Endpoints) || len(p.slots) != len(p.keys) ||
-		p.count != len(p.keys) || p.kind != f.Kind || p.svc != f.Service {
+		p.count != len(p.keys) || p.kind != f.Kind || p.svc != f.Service || p.terminateTCP != f.TerminateTCP {
 		return false
 	}
 	if flags, timeout := frontendFlags(f); flags != p.flags || timeout != p.timeout {
@@ -234,12 +244,12 @@ func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 	return true
 }
 
-// wantsOf resolves the frontends of st that differ from what r holds, and
+// wantsOf resolves the frontends of fs that differ from what r holds, and
 // marks every desired frontend r holds with this sync's generation.
-func (r *reconciler) wantsOf(st *dataplane.State) []want {
+func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 	var out []want
-	for i := range st.Frontends {
-		f := &st.Frontends[i]
+	for i := range fs {
+		f := &fs[i]
 		p := r.fronts[f.FrontendKey]
 		if p != nil {
 			p.seen = r.gen
@@ -247,7 +257,7 @@ func (r *reconciler) wantsOf(st *dataplane.State) []want {
 		if p.sameAs(f) {
 			continue
 		}
-		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service}
+		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service, terminateTCP: f.TerminateTCP}
 		w.backends = make([]backendKey, 0, len(f.Endpoints))
 		var seen map[backendKey]bool // only for long lists
 		if len(f.Endpoints) > 16 {
@@ -286,20 +296,7 @@ func (r *reconciler) sync(st *dataplane.State) (syncResult, error) {
 		}
 	}
 	r.gen++
-	res, err := r.apply(r.wantsOf(st))
-	if err != nil {
-		r.dirty = true
-	}
-	return res, err
-}
-
-func (r *reconciler) apply(wants []want) (syncResult, error) {
-	var res syncResult
-	lostPairs := map[[2]uint32]bool{} // service ID, backend ID
-	goneServices := map[uint32]bool{} // service IDs deleted
-
-	// 1. Frontends no longer desired: master first, so connects stop
-	// finding them, then their slots, rev_nat and name.
+	wants := r.wantsOf(st.Frontends)
 	var gone []dataplane.FrontendKey
 	for k, p := range r.fronts {
 		if p.seen != r.gen { // wantsOf marked every desired frontend
@@ -307,6 +304,51 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		}
 	}
 	slices.SortFunc(gone, dataplane.FrontendKey.Compare)
+	return r.applyAndMark(wants, gone)
+}
+
+// applyAndMark applies and, after a failed write (not a mere rejection,
+// which leaves the maps as mirrored), marks the mirror for re-reading.
+func (r *reconciler) applyAndMark(wants []want, gone []dataplane.FrontendKey) (syncResult, error) {
+	res, err := r.apply(wants, gone)
+	var rej *dataplane.RejectedFrontends
+	if err != nil && !errors.As(err, &rej) {
+		r.dirty = true
+	}
+	return res, err
+}
+
+// applyChange programs a Change: only the frontends it names are looked at,
+// so its cost is proportional to the change, not to the maps.
+func (r *reconciler) applyChange(ch *dataplane.Change) (syncResult, error) {
+	var res syncResult
+	if err := (&dataplane.State{Frontends: ch.Upsert}).Validate(); err != nil {
+		return res, fmt.Errorf("invalid dataplane change: %w", err)
+	}
+	if r.dirty {
+		if err := r.restore(); err != nil {
+			return res, err
+		}
+	}
+	r.gen++
+	wants := r.wantsOf(ch.Upsert)
+	var gone []dataplane.FrontendKey
+	for _, k := range ch.Remove {
+		if _, ok := r.fronts[k]; ok {
+			gone = append(gone, k)
+		}
+	}
+	return r.applyAndMark(wants, gone)
+}
+
+// apply writes wants and removes gone (sorted), make-before-break.
+func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResult, error) {
+	var res syncResult
+	lostPairs := map[[2]uint32]bool{} // service ID, backend ID
+	goneServices := map[uint32]bool{} // service IDs deleted
+
+	// 1. Frontends no longer desired: master first, so connects stop
+	// finding them, then their slots, rev_nat and name.
 	if len(gone) > 0 || len(r.orphanRev) > 0 {
 		var masters, slots []sockLBLbServiceKey
 		revs := slices.Clone(r.orphanRev)
@@ -318,7 +360,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 			for i, id := range p.slots {
 				slots = append(slots, serviceKey(k, uint16(i+1)))
 				if id != 0 {
-					res.lost = append(res.lost, r.lost(p.id, k, id))
+					res.lost = append(res.lost, r.lost(p, k, id))
 				}
 			}
 			if p.id != 0 {
@@ -342,8 +384,13 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		}
 		res.deletes += len(masters) + len(slots) + 2*len(revs)
 		for _, k := range gone {
-			for _, id := range r.fronts[k].slots {
+			p := r.fronts[k]
+			for _, id := range p.slots {
 				r.release(id)
+			}
+			r.used -= len(p.slots)
+			if p.hasMaster {
+				r.used--
 			}
 			delete(r.fronts, k)
 		}
@@ -353,7 +400,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	// 2. Admission: what fits in the maps, counting the peak of the
 	// make-before-break transition (new slots are written before stale
 	// ones are deleted).
-	used := r.entries()
+	used := r.used
 	nfronts := len(r.fronts)
 	if len(r.beIDs) == 0 && len(wants) > 0 { // a first sync: size the mirror once
 		hint := 0
@@ -387,9 +434,18 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 				fresh++
 			}
 		}
-		if used+growth > r.maxServices || len(r.beIDs)+fresh > r.maxBackends ||
-			(p == nil && nfronts+1 > r.maxServices) {
-			res.rejected = append(res.rejected, w.key)
+		var full string
+		switch {
+		case used+growth > r.maxServices:
+			full = fmt.Sprintf("%s needs %d more entries, %d of %d used", MapServices, growth, used, r.maxServices)
+		case len(r.beIDs)+fresh > r.maxBackends:
+			full = fmt.Sprintf("%s needs %d more entries, %d of %d used", MapBackends, fresh, len(r.beIDs), r.maxBackends)
+		case p == nil && nfronts+1 > r.maxServices:
+			full = fmt.Sprintf("%s has room for %d frontends", MapRevNat, r.maxServices)
+		}
+		if full != "" {
+			res.rejected = append(res.rejected, &dataplane.FrontendError{Frontend: w.key, Service: w.svc,
+				Err: fmt.Errorf("%s: %w", full, dataplane.ErrMapFull)})
 			continue
 		}
 		used += growth
@@ -429,7 +485,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	for _, w := range accepted {
 		old := r.fronts[w.key]
 		p := &programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
-			name: w.name, keys: w.backends, svc: w.svc, seen: r.gen}
+			name: w.name, keys: w.backends, svc: w.svc, seen: r.gen, terminateTCP: w.terminateTCP}
 		if old != nil && old.id != 0 {
 			p.id = old.id
 		} else {
@@ -472,7 +528,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 			}
 			for _, id := range old.slots {
 				if id != 0 && !keep[id] {
-					res.lost = append(res.lost, r.lost(p.id, w.key, id))
+					res.lost = append(res.lost, r.lost(p, w.key, id))
 					if old.flags&FlagAffinity != 0 {
 						lostPairs[[2]uint32{p.id, id}] = true
 					}
@@ -500,6 +556,13 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 	res.writes += len(revIDs) + len(nameIDs) + len(slotKeys) + len(masterKeys)
 	res.deletes += len(staleKeys)
 	for k, p := range next {
+		if old := r.fronts[k]; old != nil {
+			r.used -= len(old.slots)
+			if old.hasMaster {
+				r.used--
+			}
+		}
+		r.used += len(p.slots) + 1
 		r.fronts[k] = p
 	}
 
@@ -542,7 +605,7 @@ func (r *reconciler) apply(wants []want) (syncResult, error) {
 		return cmp.Or(a.frontend.Compare(b.frontend), a.backend.Compare(b.backend))
 	})
 	if len(res.rejected) > 0 {
-		return res, rejectedError(res.rejected)
+		return res, &dataplane.RejectedFrontends{Errs: res.rejected, Hint: "raise --bpf-lb-map-max or --bpf-lb-backends-max"}
 	}
 	return res, nil
 }
@@ -556,22 +619,9 @@ func (r *reconciler) release(id uint32) {
 	r.touched = append(r.touched, id)
 }
 
-func (r *reconciler) lost(svcID uint32, k dataplane.FrontendKey, beID uint32) lostBackend {
+func (r *reconciler) lost(p *programmed, k dataplane.FrontendKey, beID uint32) lostBackend {
 	b := r.beByID[beID]
-	return lostBackend{serviceID: svcID, frontend: k, backend: netip.AddrPortFrom(b.addr, b.port)}
-}
-
-func rejectedError(keys []dataplane.FrontendKey) error {
-	names := make([]string, 0, min(len(keys), 5))
-	for _, k := range keys[:min(len(keys), 5)] {
-		names = append(names, k.String())
-	}
-	more := ""
-	if len(keys) > 5 {
-		more = fmt.Sprintf(" and %d more", len(keys)-5)
-	}
-	return fmt.Errorf("%d frontends not programmed (%v%s): raise --bpf-lb-map-max or --bpf-lb-backends-max: %w",
-		len(keys), names, more, dataplane.ErrMapFull)
+	return lostBackend{serviceID: p.id, frontend: k, backend: netip.AddrPortFrom(b.addr, b.port), terminateTCP: p.terminateTCP}
 }
 
 // errMapFull wraps a kernel E2BIG into the dataplane's ErrMapFull.

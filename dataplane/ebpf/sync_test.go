@@ -3,10 +3,12 @@ package ebpf
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -233,8 +235,8 @@ func TestLostBackendsAndAffinityEntriesAreCleanedUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []lostBackend{
-		{r.fronts[dns.FrontendKey].id, dns.FrontendKey, netip.MustParseAddrPort("10.244.0.1:53")},
-		{webID, web.FrontendKey, netip.MustParseAddrPort("10.244.0.1:80")},
+		{r.fronts[dns.FrontendKey].id, dns.FrontendKey, netip.MustParseAddrPort("10.244.0.1:53"), false},
+		{webID, web.FrontendKey, netip.MustParseAddrPort("10.244.0.1:80"), false},
 	}
 	if len(res.lost) != 2 || res.lost[0] != want[0] || res.lost[1] != want[1] {
 		t.Errorf("lost = %+v, want %+v", res.lost, want)
@@ -409,5 +411,112 @@ func BenchmarkSyncFromScratch10kx10(b *testing.B) {
 		if _, err := r.sync(st); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// changeBetween is the Change a tracker would hand out between two states:
+// the frontends that differ, and the keys that went.
+func changeBetween(prev, next *dataplane.State) *dataplane.Change {
+	ch := &dataplane.Change{}
+	old := map[dataplane.FrontendKey]int{}
+	for i, f := range prev.Frontends {
+		old[f.FrontendKey] = i
+	}
+	for _, f := range next.Frontends {
+		if i, ok := old[f.FrontendKey]; ok {
+			delete(old, f.FrontendKey)
+			if reflect.DeepEqual(prev.Frontends[i], f) {
+				continue
+			}
+		}
+		ch.Upsert = append(ch.Upsert, f)
+	}
+	for k := range old {
+		ch.Remove = append(ch.Remove, k)
+	}
+	slices.SortFunc(ch.Remove, dataplane.FrontendKey.Compare)
+	return ch
+}
+
+// TestAppliedChangesMatchAFullSync: programming each transition as a Change
+// (only what differs) leaves the maps exactly as a full sync of the target
+// state into empty maps, and every intermediate map state is consistent.
+func TestAppliedChangesMatchAFullSync(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	r, f := newFakeReconciler(t, 1024, 1024)
+	prev := &dataplane.State{NodeName: "node"}
+	for i := range 300 {
+		st := randomState(rng)
+		if _, err := r.applyChange(changeBetween(prev, st)); err != nil {
+			t.Fatalf("transition %d: %v", i, err)
+		}
+		prev = st
+		ref, rf := newFakeReconciler(t, 1024, 1024)
+		ref.sync(st)
+		if got, want := stripIDs(dumpTables(f.tables())), stripIDs(dumpTables(rf.tables())); got != want {
+			t.Fatalf("transition %d: maps\n%s\nwant\n%s", i, got, want)
+		}
+		if r.used != r.entries() {
+			t.Fatalf("transition %d: used = %d, mirror holds %d entries", i, r.used, r.entries())
+		}
+	}
+}
+
+// BenchmarkApplyOneEndpointChangeAt10k is BenchmarkSyncOneEndpointChangeAt10k
+// through Apply: the reconciler looks only at the changed frontend.
+func BenchmarkApplyOneEndpointChangeAt10k(b *testing.B) {
+	st := bigState(10000, 10)
+	f := newFakeMaps(1<<20, 1<<20)
+	r := newReconciler(f.tables(), 1<<20, 1<<20)
+	if _, err := r.sync(st); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		fr := st.Frontends[(i*7919)%len(st.Frontends)]
+		fr.Endpoints = append(slices.Clone(fr.Endpoints[1:]), dataplane.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 199, byte(i >> 8), byte(i)}), Port: 8080})
+		st.Frontends[(i*7919)%len(st.Frontends)] = fr
+		if _, err := r.applyChange(&dataplane.Change{Upsert: []dataplane.Frontend{fr}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestEveryRejectedFrontendIsNamed is the reproduction: a services
+// map of 64 entries and 30 Services of 2 endpoints (3 entries each): 21 fit,
+// and each of the other 9 comes back as its own FrontendError naming its
+// Service, not only the first five in a message.
+func TestEveryRejectedFrontendIsNamed(t *testing.T) {
+	r, _ := newFakeReconciler(t, 64, 1024)
+	var fs []dataplane.Frontend
+	for i := range 30 {
+		f := fe(fmt.Sprintf("10.96.0.%d:80", i+1), dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80")
+		f.Service.Name = fmt.Sprintf("svc-%02d", i)
+		fs = append(fs, f)
+	}
+	_, err := r.sync(sorted(fs...))
+	fes := dataplane.FrontendErrors(err)
+	if len(fes) != 9 {
+		t.Fatalf("%d frontend errors, want 9: %v", len(fes), err)
+	}
+	names := map[string]bool{}
+	for _, fe := range fes {
+		if !errors.Is(fe.Err, dataplane.ErrMapFull) {
+			t.Errorf("%s: %v does not wrap ErrMapFull", fe.Frontend, fe.Err)
+		}
+		names[fe.Service.Name] = true
+	}
+	if len(names) != 9 {
+		t.Errorf("rejected Services %v, want 9 distinct", names)
+	}
+	// A rejection leaves the mirror valid: no re-read of the maps, and a
+	// repeated sync writes nothing new and rejects the same nine.
+	if r.dirty {
+		t.Error("a rejection marked the mirror dirty (the next sync would re-read every map)")
+	}
+	res, err := r.sync(sorted(fs...))
+	if len(dataplane.FrontendErrors(err)) != 9 || res.writes != 0 {
+		t.Errorf("repeated sync: %d writes, %v", res.writes, err)
 	}
 }

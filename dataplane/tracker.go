@@ -1,0 +1,397 @@
+package dataplane
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// Change is what a sync hands an IncrementalBackend: the frontends of the
+// Services that changed since the last sync, and the frontends no longer
+// desired. A key is never in both (a frontend that moves between Services
+// is an Upsert, written in place).
+type Change struct {
+	// Upsert holds every frontend of each changed Service, sorted by key.
+	// Unchanged ones among them cost a comparison, no write.
+	Upsert []Frontend
+	// Remove holds the keys of frontends no Service wants any more, sorted.
+	Remove []FrontendKey
+	// Services are the Services this change covers.
+	Services []ServiceRef
+}
+
+// Empty reports whether the change has nothing to write.
+func (c *Change) Empty() bool { return len(c.Upsert) == 0 && len(c.Remove) == 0 }
+
+// IncrementalBackend is a Backend that can program a Change without seeing
+// the whole State, in time and memory proportional to the change. Sync (the
+// whole State) is still used for the first sync, for periodic full
+// reconciles and after errors that are not confined to frontends.
+type IncrementalBackend interface {
+	Backend
+	// Apply programs ch on top of what the backend holds. Per-frontend
+	// failures are reported as FrontendErrors (errors.Join); the proxy
+	// retries exactly those Services.
+	Apply(ctx context.Context, ch *Change) error
+}
+
+// Tracker is the proxy's change tracker, as kube-proxy's Service and
+// EndpointSlice change trackers: informer events update its copy of the
+// objects and mark the Services concerned dirty; Drain recomputes only the
+// dirty Services and returns what changed; State materializes the whole
+// desired State (equal to Compute over the same objects) for backends that
+// program everything at once.
+//
+// Memory and CPU per Drain are proportional to the dirty Services (a Node
+// address change dirties every Service with NodePorts). It is safe for
+// concurrent use: event handlers and the sync run on different goroutines.
+type Tracker struct {
+	nodeName   string
+	noLoopback bool
+
+	mu       sync.Mutex
+	services map[ServiceRef]*v1.Service
+	slices   map[ServiceRef]map[string]*discoveryv1.EndpointSlice
+	nodeIPs  []netip.Addr
+	dirty    map[ServiceRef]struct{}
+	// cands: every frontend a Service asks for (before conflicts).
+	cands map[ServiceRef][]Frontend
+	// claims: every Service asking for a key; the first by namespace/name
+	// owns it (as Compute).
+	claims map[FrontendKey][]ServiceRef
+	// owned: the frontends each Service owns, as last drained.
+	owned map[ServiceRef][]Frontend
+	// sorted is the materialized State's frontends; nil when stale.
+	sorted      []Frontend
+	frontends   int
+	endpoints   int
+	withFronts  int
+	everDrained bool
+}
+
+// NewTracker returns an empty tracker for node nodeName. noLoopback leaves
+// out 127.0.0.1 NodePort frontends (ComputeOptions.NoLoopbackNodePorts).
+func NewTracker(nodeName string, noLoopback bool) *Tracker {
+	return &Tracker{
+		nodeName: nodeName, noLoopback: noLoopback,
+		services: map[ServiceRef]*v1.Service{},
+		slices:   map[ServiceRef]map[string]*discoveryv1.EndpointSlice{},
+		dirty:    map[ServiceRef]struct{}{},
+		cands:    map[ServiceRef][]Frontend{},
+		claims:   map[FrontendKey][]ServiceRef{},
+		owned:    map[ServiceRef][]Frontend{},
+	}
+}
+
+// Service records a Service added or updated (svc) or deleted (deleted).
+func (t *Tracker) Service(svc *v1.Service, deleted bool) {
+	if svc == nil {
+		return
+	}
+	ref := ServiceRef{svc.Namespace, svc.Name}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if deleted {
+		delete(t.services, ref)
+	} else {
+		t.services[ref] = svc
+	}
+	t.dirty[ref] = struct{}{}
+}
+
+// EndpointSlice records an EndpointSlice added, updated or deleted and
+// returns the Service it belongs to ("" name when none).
+func (t *Tracker) EndpointSlice(es *discoveryv1.EndpointSlice, deleted bool) ServiceRef {
+	if es == nil {
+		return ServiceRef{}
+	}
+	name := es.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return ServiceRef{}
+	}
+	ref := ServiceRef{es.Namespace, name}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := t.slices[ref]
+	if deleted {
+		delete(m, es.Name)
+		if len(m) == 0 {
+			delete(t.slices, ref)
+		}
+	} else {
+		if m == nil {
+			m = map[string]*discoveryv1.EndpointSlice{}
+			t.slices[ref] = m
+		}
+		m[es.Name] = es
+	}
+	t.dirty[ref] = struct{}{}
+	return ref
+}
+
+// Node records this node's Node object (nil when deleted or absent). When
+// its addresses change, every Service with NodePorts is dirty.
+func (t *Tracker) Node(n *v1.Node) {
+	var ips []netip.Addr
+	if n != nil {
+		ips = nodeAddresses(t.nodeName, []*v1.Node{n})
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slices.Equal(ips, t.nodeIPs) {
+		return
+	}
+	t.nodeIPs = ips
+	for ref, svc := range t.services {
+		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
+			t.dirty[ref] = struct{}{}
+		}
+	}
+}
+
+// HasNode reports whether this node's addresses are known.
+func (t *Tracker) HasNode() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.nodeIPs) > 0
+}
+
+// Requeue marks Services dirty again (their last Change was not fully
+// programmed), so the next Drain hands all their frontends out again.
+func (t *Tracker) Requeue(refs ...ServiceRef) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range refs {
+		t.dirty[r] = struct{}{}
+	}
+}
+
+// Pending reports whether some Service is dirty.
+func (t *Tracker) Pending() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.dirty) > 0
+}
+
+// Drain recomputes the dirty Services and returns what changed. warn
+// receives the recomputed Services' Warnings (after the tracker's lock is
+// released, so it may call back into the tracker).
+func (t *Tracker) Drain(warn func(Warning)) *Change {
+	var warns []Warning
+	ch := t.drain(func(w Warning) { warns = append(warns, w) })
+	if warn != nil {
+		for _, w := range warns {
+			warn(w)
+		}
+	}
+	return ch
+}
+
+func (t *Tracker) drain(warn func(Warning)) *Change {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.everDrained = true
+	ch := &Change{}
+	if len(t.dirty) == 0 {
+		return ch
+	}
+	// 1. Recompute the dirty Services' candidates and their claims; a key
+	// whose owner changes makes its old and new owners affected too.
+	affected := make(map[ServiceRef]struct{}, len(t.dirty))
+	var conflictKeys []FrontendKey
+	for ref := range t.dirty {
+		affected[ref] = struct{}{}
+		var next []Frontend
+		if svc := t.services[ref]; svc != nil {
+			var ss []*discoveryv1.EndpointSlice
+			if m := t.slices[ref]; len(m) > 0 {
+				ss = make([]*discoveryv1.EndpointSlice, 0, len(m))
+				for _, es := range m {
+					ss = append(ss, es)
+				}
+				// Compute sees slices in the lister's order; the result
+				// does not depend on it (endpoints are sorted, duplicates
+				// resolved by readiness), but keep it deterministic.
+				slices.SortFunc(ss, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
+			}
+			next = serviceFrontends(svc, ss, t.nodeName, t.nodeIPs, t.noLoopback, warn)
+			// A key asked for twice by one Service: the first wins, as in
+			// Compute.
+			for i := 1; i < len(next); i++ {
+				if containsKey(next[:i], next[i].FrontendKey) {
+					warn(Warning{ref, ReasonFrontendConflict, conflictMessage(next[i:i+1], next, next[i].FrontendKey)})
+					next = slices.Delete(next, i, i+1)
+					i--
+				}
+			}
+		}
+		prev := t.cands[ref]
+		for i := range prev {
+			k := prev[i].FrontendKey
+			if !containsKey(next, k) {
+				old := t.claims[k]
+				t.claims[k] = slices.DeleteFunc(slices.Clone(old), func(r ServiceRef) bool { return r == ref })
+				if len(t.claims[k]) == 0 {
+					delete(t.claims, k)
+				} else if old[0] == ref {
+					affected[t.claims[k][0]] = struct{}{}
+				}
+			}
+		}
+		for i := range next {
+			k := next[i].FrontendKey
+			if containsKey(prev, k) {
+				if len(t.claims[k]) > 1 {
+					conflictKeys = append(conflictKeys, k)
+				}
+				continue
+			}
+			old := t.claims[k]
+			i, _ := slices.BinarySearchFunc(old, ref, compareRef)
+			cl := slices.Insert(slices.Clone(old), i, ref)
+			t.claims[k] = cl
+			if len(old) > 0 {
+				conflictKeys = append(conflictKeys, k)
+				if cl[0] == ref {
+					affected[old[0]] = struct{}{}
+				}
+			}
+		}
+		if len(next) == 0 {
+			delete(t.cands, ref)
+		} else {
+			t.cands[ref] = next
+		}
+	}
+	t.dirty = make(map[ServiceRef]struct{}) // not clear(): that walks every bucket of the old size
+	for _, k := range conflictKeys {
+		cl := t.claims[k]
+		for _, r := range cl[1:] {
+			if _, ok := affected[r]; ok {
+				warn(Warning{r, ReasonFrontendConflict, conflictMessage(t.cands[r], t.cands[cl[0]], k)})
+			}
+		}
+	}
+
+	// 2. Each affected Service's owned frontends, against what it owned.
+	removed := map[FrontendKey]bool{}
+	upserted := map[FrontendKey]bool{}
+	for ref := range affected {
+		var own []Frontend
+		for _, f := range t.cands[ref] {
+			if cl := t.claims[f.FrontendKey]; len(cl) > 0 && cl[0] == ref {
+				own = append(own, f)
+			}
+		}
+		prev := t.owned[ref]
+		if len(prev) > 0 {
+			t.withFronts--
+		}
+		for i := range prev {
+			t.frontends--
+			t.endpoints -= len(prev[i].Endpoints)
+			if !containsKey(own, prev[i].FrontendKey) {
+				removed[prev[i].FrontendKey] = true
+			}
+		}
+		for i := range own {
+			t.frontends++
+			t.endpoints += len(own[i].Endpoints)
+			upserted[own[i].FrontendKey] = true
+		}
+		if len(own) == 0 {
+			delete(t.owned, ref)
+		} else {
+			t.owned[ref] = own
+			t.withFronts++
+		}
+		ch.Upsert = append(ch.Upsert, own...)
+		ch.Services = append(ch.Services, ref)
+	}
+	for k := range removed {
+		if !upserted[k] {
+			ch.Remove = append(ch.Remove, k)
+		}
+	}
+	slices.SortFunc(ch.Upsert, func(a, b Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })
+	slices.SortFunc(ch.Remove, FrontendKey.Compare)
+	slices.SortFunc(ch.Services, compareRef)
+	if len(ch.Upsert) > 0 || len(ch.Remove) > 0 {
+		t.sorted = nil
+	}
+	return ch
+}
+
+// State returns the whole desired State (Drain first to include pending
+// changes). It is cached between changes; callers must not modify it.
+func (t *Tracker) State(clusterCIDRs []netip.Prefix) *State {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.sorted == nil {
+		t.sorted = make([]Frontend, 0, t.frontends)
+		for _, fs := range t.owned {
+			t.sorted = append(t.sorted, fs...)
+		}
+		slices.SortFunc(t.sorted, func(a, b Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })
+	}
+	return &State{Frontends: t.sorted, NodeName: t.nodeName, ClusterCIDRs: slices.Clone(clusterCIDRs)}
+}
+
+// Counts returns the Services with frontends, the frontends and the
+// endpoints (summed over frontends) of the desired state, as last drained.
+func (t *Tracker) Counts() (services, frontends, endpoints int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.withFronts, t.frontends, t.endpoints
+}
+
+// Frontends returns the frontends Service ref owns, as last drained.
+func (t *Tracker) Frontends(ref ServiceRef) []Frontend {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.owned[ref])
+}
+
+// ServiceObject returns the Service object recorded for ref (nil if none).
+func (t *Tracker) ServiceObject(ref ServiceRef) *v1.Service {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.services[ref]
+}
+
+func conflictMessage(fs, ownerFs []Frontend, k FrontendKey) string {
+	var kind FrontendKind
+	for _, f := range fs {
+		if f.FrontendKey == k {
+			kind = f.Kind
+			break
+		}
+	}
+	var owner ServicePortName
+	for _, f := range ownerFs {
+		if f.FrontendKey == k {
+			owner = f.Service
+			break
+		}
+	}
+	return fmt.Sprintf("%s %s is already used by Service %s; ignored here", kind, k, owner)
+}
+
+func containsKey(fs []Frontend, k FrontendKey) bool {
+	for i := range fs {
+		if fs[i].FrontendKey == k {
+			return true
+		}
+	}
+	return false
+}
+
+func compareRef(a, b ServiceRef) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
