@@ -433,7 +433,7 @@ func startIncrementalProxy(t *testing.T, b *incrementalBackend, objs ...runtimeO
 		o(t, h.client)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := Config{Client: h.client, NodeName: "a", Mode: ModeEBPF, SyncPeriod: time.Hour, MinSyncPeriod: time.Hour,
+	cfg := Config{Client: h.client, NodeName: "a", Mode: ModeEBPF, NetworkPolicy: "off", SyncPeriod: time.Hour, MinSyncPeriod: time.Hour,
 		Health: h.health, Log: slog.New(slog.DiscardHandler),
 		Modes: []Mode{{Name: ModeEBPF, Supported: func() error { return nil }, New: func(ModeConfig) (Backend, error) { return b, nil }, LoopbackNodePorts: true}}}
 	go func() { h.done <- Run(ctx, cfg) }()
