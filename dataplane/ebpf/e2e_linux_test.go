@@ -505,6 +505,10 @@ func TestMapFullNamesTheFrontendsLeftOut(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
+	// 2 frontends × 3 entries of the services map's 8.
+	if got := testutil.ToFloat64(gaugeFor(t, reg, "waggle_ebpf_map_pressure", MapServices)); got != 6.0/8 {
+		t.Errorf("waggle_ebpf_map_pressure{map=%q} = %v, want 0.75", MapServices, got)
+	}
 }
 
 func TestMetricsCountMapEntriesExactly(t *testing.T) {

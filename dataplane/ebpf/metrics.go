@@ -40,7 +40,7 @@ type metrics struct {
 	backends         prometheus.Gauge
 	writes           prometheus.Counter
 
-	entriesDesc, maxDesc, statDesc, runsDesc, runTimeDesc *prometheus.Desc
+	entriesDesc, maxDesc, pressureDesc, statDesc, runsDesc, runTimeDesc *prometheus.Desc
 }
 
 func newMetricsFor(src metricsSource) *metrics {
@@ -63,6 +63,8 @@ func newMetricsFor(src metricsSource) *metrics {
 			Name: "waggle_ebpf_map_operations_total", Help: "Map entries written or deleted by syncs."}),
 		entriesDesc: prometheus.NewDesc("waggle_ebpf_map_entries", "Entries in a BPF map (exact).", []string{"map"}, nil),
 		maxDesc:     prometheus.NewDesc("waggle_ebpf_map_max_entries", "Capacity of a BPF map.", []string{"map"}, nil),
+		pressureDesc: prometheus.NewDesc("waggle_ebpf_map_pressure", "A BPF map's fill ratio, entries ÷ max entries (as Cilium's bpf_map_pressure); "+
+			"a sync rejects frontends before the services or backends map reaches 1.", []string{"map"}, nil),
 		statDesc:    prometheus.NewDesc("waggle_ebpf_events_total", "Events counted by the socket programs.", []string{"event"}, nil),
 		runsDesc:    prometheus.NewDesc("waggle_ebpf_program_runs_total", "Program runs kept by the kernel (needs kernel.bpf_stats_enabled=1).", []string{"program"}, nil),
 		runTimeDesc: prometheus.NewDesc("waggle_ebpf_program_run_seconds_total", "Program run time kept by the kernel (needs kernel.bpf_stats_enabled=1).", []string{"program"}, nil),
@@ -91,6 +93,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- m.entriesDesc
 	ch <- m.maxDesc
+	ch <- m.pressureDesc
 	ch <- m.statDesc
 	ch <- m.runsDesc
 	ch <- m.runTimeDesc
@@ -105,6 +108,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		for _, c := range counts {
 			ch <- prometheus.MustNewConstMetric(m.entriesDesc, prometheus.GaugeValue, float64(c.Entries), c.Name)
 			ch <- prometheus.MustNewConstMetric(m.maxDesc, prometheus.GaugeValue, float64(c.MaxEntries), c.Name)
+			if c.MaxEntries > 0 {
+				ch <- prometheus.MustNewConstMetric(m.pressureDesc, prometheus.GaugeValue, float64(c.Entries)/float64(c.MaxEntries), c.Name)
+			}
 		}
 	} else {
 		ch <- prometheus.NewInvalidMetric(m.entriesDesc, err)
