@@ -7,7 +7,7 @@
 #
 #   FOCUS, SKIP  ginkgo --focus/--skip over the [Conformance] specs (e.g. FOCUS=sig-network)
 #   PARALLEL     ginkgo processes (default 4); [Serial] specs still run alone, at the end
-#   SMOKE=1      only the CI subset: the specs matched by test/conformance/smoke.txt
+#   SMOKE=1      only the CI subset: the specs test/conformance/smoke.txt names (full names)
 #   UPDATE=1     rewrite test/conformance/expectations.tsv from this run
 #   CHECK=0      do not fail when a spec the expectations file marks pass does not pass
 #   TIMEOUT      ginkgo's suite timeout; specs not reached by then are reported as not run
@@ -114,10 +114,14 @@ kubeconfig="$data/control-plane/admin.kubeconfig"
 ginkgo_flags=(--procs "$PARALLEL" --timeout "$TIMEOUT" --label-filter Conformance --no-color
 	--junit-report junit.xml --json-report report.json --output-dir "$results" --poll-progress-after 5m --silence-skips)
 if [ -n "$SMOKE" ]; then
+	n=0
 	while IFS= read -r l; do
 		case "$l" in "" | "#"*) continue ;; esac
-		ginkgo_flags+=(--focus "$l")
+		# A line is a spec's full name, matched literally (ginkgo matches "<suite> <spec>").
+		ginkgo_flags+=(--focus " $(printf '%s' "$l" | sed 's/[][\.*^$(){}?+|/]/\\&/g')\$")
+		n=$((n + 1))
 	done <"$here/smoke.txt"
+	[ "$n" -gt 0 ] || { echo "smoke.txt lists no spec" >&2; exit 1; }
 fi
 [ -n "$FOCUS" ] && ginkgo_flags+=(--focus "$FOCUS")
 [ -n "$SKIP" ] && ginkgo_flags+=(--skip "$SKIP")
