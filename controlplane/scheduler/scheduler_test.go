@@ -95,9 +95,12 @@ func (f *fakeCluster) create(t *testing.T, objs ...runtime.Object) {
 	}
 }
 
+// eventually polls cond until it holds. The deadline only bounds a test
+// that would otherwise hang: a machine under heavy load (CI beside other
+// builds) takes seconds for what takes milliseconds here.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(45 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -7,9 +7,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -29,6 +31,9 @@ type Embedded struct {
 	// ClientURL is where clients reach it (http://127.0.0.1:port).
 	ClientURL string
 	etcd      *embed.Etcd
+	// closing silences etcd's log while it shuts down: its listeners
+	// report their own closing ("http: Server closed") as errors.
+	closing *atomic.Bool
 }
 
 // StartEmbedded starts a single-member etcd with data under
@@ -48,7 +53,10 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	ec.Logger = "zap"
 	ec.LogLevel = "warn"
 	ec.LogOutputs = []string{"stderr"}
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(cfg.Log, "etcd", zapcore.WarnLevel))
+	closing := new(atomic.Bool)
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(cfg.Log, "etcd", zapcore.WarnLevel).WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return silenced{Core: c, off: closing}
+	})))
 	cu := url.URL{Scheme: "http", Host: addr}
 	pu := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	ec.ListenClientUrls = []url.URL{cu}
@@ -90,8 +98,11 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.Log != nil {
 		cfg.Log.Info("embedded etcd serving", "url", u, "dir", dir)
 	}
-	return &Embedded{ClientURL: u, etcd: e}, nil
+	return &Embedded{ClientURL: u, etcd: e, closing: closing}, nil
 }
 
 // Close stops the embedded etcd and waits for it.
-func (e *Embedded) Close() { e.etcd.Close() }
+func (e *Embedded) Close() {
+	e.closing.Store(true)
+	e.etcd.Close()
+}

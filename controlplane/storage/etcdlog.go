@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -65,3 +66,20 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 }
 
 func (c *slogCore) Sync() error { return nil }
+
+// silenced drops every entry once off is set.
+type silenced struct {
+	zapcore.Core
+	off *atomic.Bool
+}
+
+func (s silenced) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if s.off.Load() {
+		return ce
+	}
+	return s.Core.Check(e, ce)
+}
+
+func (s silenced) With(fields []zapcore.Field) zapcore.Core {
+	return silenced{Core: s.Core.With(fields), off: s.off}
+}

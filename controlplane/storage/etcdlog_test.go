@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"testing"
@@ -24,5 +25,20 @@ func TestEtcdWarningsReachSlogAndInfoDoesNot(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %s in:\n%s", want, out)
 		}
+	}
+}
+
+// The embedded etcd's listeners report their own shutdown as errors; a
+// closed Embedded logs nothing of that.
+func TestClosingEmbeddedEtcdLogsNoErrors(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e, err := StartEmbedded(context.Background(), EmbeddedConfig{DataDir: t.TempDir(), UnsafeNoFsync: true, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	if strings.Contains(buf.String(), "level=ERROR") {
+		t.Fatalf("errors logged while closing:\n%s", buf.String())
 	}
 }
