@@ -15,7 +15,7 @@ import (
 // runBench dispatches `waggle bench <what>`.
 func runBench(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintf(os.Stderr, "Usage: waggle bench WHAT [flags]\n\n  dataplane   direct vs eBPF vs iptables ClusterIP: TCP_CRR, TCP_RR, UDP_RR at several service counts; eBPF programming time\n")
+		fmt.Fprintf(os.Stderr, "Usage: waggle bench WHAT [flags]\n\n  dataplane   direct vs eBPF vs iptables ClusterIP: TCP_CRR, TCP_RR, UDP_RR at several service counts; eBPF programming time\n  policy      NetworkPolicy pod to pod: no programs vs no policy vs 1 vs 1,000 policies (TCP_CRR, TCP_RR); write-to-enforced latency\n")
 		if len(args) == 0 {
 			return fmt.Errorf("which benchmark? (dataplane)")
 		}
@@ -24,8 +24,29 @@ func runBench(ctx context.Context, args []string) error {
 	switch args[0] {
 	case "dataplane":
 		return runBenchDataplane(ctx, args[1:])
+	case "policy":
+		return runBenchPolicy(ctx, args[1:])
 	}
-	return fmt.Errorf("unknown benchmark %q (dataplane)", args[0])
+	return fmt.Errorf("unknown benchmark %q (dataplane, policy)", args[0])
+}
+
+func runBenchPolicy(ctx context.Context, args []string) error {
+	fs := cliflag.NewFlagSet("bench policy", "Measure NetworkPolicy enforcement pod to pod in network namespaces on this machine (needs root).")
+	var cfg bench.PolicyConfig
+	fs.DurationVar(&cfg.Duration, "duration", 1e9, "length of one measurement (one test, one path, one round)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 2e8, "warm-up before each measurement counts")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds (no programs, no policy, 1 policy, many, ...)")
+	fs.IntVar(&cfg.Clients, "clients", 4, "clients in parallel")
+	fs.IntVar(&cfg.Policies, "policies", 1000, "policies selecting the measured server")
+	fs.IntVar(&cfg.Pods, "pods", 5000, "pods (of other nodes, 5 per label set) whose identities are known")
+	fs.IntVar(&cfg.LatencySamples, "write-samples", 200, "policy writes timed to enforcement")
+	fs.StringVar(&cfg.Output, "output", "", "write the JSON report to this file")
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	cfg.Out = os.Stdout
+	_, err := bench.RunPolicy(ctx, cfg)
+	return err
 }
 
 func runBenchDataplane(ctx context.Context, args []string) error {

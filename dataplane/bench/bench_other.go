@@ -13,3 +13,8 @@ import (
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return nil, fmt.Errorf("waggle bench dataplane needs Linux: %w", dataplane.ErrNotSupported)
 }
+
+// RunPolicy fails: the benchmark needs Linux network namespaces and eBPF.
+func RunPolicy(ctx context.Context, cfg PolicyConfig) (*PolicyReport, error) {
+	return nil, fmt.Errorf("waggle bench policy needs Linux: %w", dataplane.ErrNotSupported)
+}

@@ -1,0 +1,35 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+// TestRunPolicyMeasuresEveryPath runs a tiny policy benchmark for real and
+// checks every path carried traffic without errors (not how fast).
+func TestRunPolicyMeasuresEveryPath(t *testing.T) {
+	testutil.Privileged(t)
+	testutil.RequiresRoot(t)
+	rep, err := RunPolicy(context.Background(), PolicyConfig{Duration: 150 * time.Millisecond, Warmup: 50 * time.Millisecond,
+		Rounds: 1, Clients: 2, Policies: 10, Pods: 50, LatencySamples: 4, Out: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 2 {
+		t.Fatalf("%d rows, want TCP_CRR and TCP_RR", len(rep.Rows))
+	}
+	for _, row := range rep.Rows {
+		for _, p := range []string{PolicyPathNone, PolicyPathAttached, PolicyPathOne, PolicyPathMany} {
+			if s := row.Paths[p]; s == nil || s.Median <= 0 || s.Errors > 2 {
+				t.Errorf("%s %s: %+v", row.Test, p, s)
+			}
+		}
+	}
+	if rep.Entries < 10 || rep.WriteToEnforcedP99ms <= 0 {
+		t.Errorf("server entries %d, write-to-enforced p99 %v", rep.Entries, rep.WriteToEnforcedP99ms)
+	}
+}
