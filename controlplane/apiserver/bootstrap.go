@@ -20,6 +20,9 @@ import (
 // ClusterIP, port 443) with its Endpoints and EndpointSlice pointing at this
 // server, refreshed at every start.
 func (s *Server) bootstrap(ctx context.Context) error {
+	if err := s.bootstrapPriorityClasses(ctx); err != nil {
+		return err
+	}
 	nsReg := s.registries["namespaces"]
 	for _, name := range initialNamespaces {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}

@@ -152,7 +152,20 @@ func encodeForStorage(res *catalog.Resource, obj runtime.Object) ([]byte, error)
 	rv := m.GetResourceVersion()
 	m.SetResourceVersion("")
 	obj.GetObjectKind().SetGroupVersionKind(res.GroupVersionKind())
-	b, err := json.Marshal(obj)
+	stored := obj
+	if res.StoredAs != nil {
+		c, err := converterFor(res, nil)
+		if err != nil {
+			return nil, err
+		}
+		if stored, err = c.toStorage(obj); err != nil {
+			m.SetResourceVersion(rv)
+			return nil, fmt.Errorf("convert %s to %s: %w", res.GroupVersionKind(), c.storage.GroupVersionKind(), err)
+		}
+		objectMeta(stored).SetResourceVersion("")
+		stored.GetObjectKind().SetGroupVersionKind(c.storage.GroupVersionKind())
+	}
+	b, err := json.Marshal(stored)
 	m.SetResourceVersion(rv)
 	return b, err
 }
@@ -162,6 +175,9 @@ func encodeForStorage(res *catalog.Resource, obj runtime.Object) ([]byte, error)
 type storageCodec struct {
 	res    *catalog.Resource
 	fields func(runtime.Object) fields.Set
+	// conv converts from the store's version when the resource shares
+	// another's store.
+	conv *converter
 }
 
 var metadataOpen = []byte(`"metadata":{`)
@@ -186,6 +202,9 @@ func withResourceVersion(stored []byte, rev int64) []byte {
 }
 
 func (c *storageCodec) Decode(key string, value []byte, rev int64) (*storage.Object, error) {
+	if c.conv != nil {
+		return c.decodeConverted(key, value, rev)
+	}
 	obj := c.res.New()
 	if err := json.Unmarshal(value, obj); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", key, err)
@@ -201,6 +220,27 @@ func (c *storageCodec) Decode(key string, value []byte, rev int64) (*storage.Obj
 		if enc, err = json.Marshal(obj); err != nil {
 			return nil, err
 		}
+	}
+	return &storage.Object{Key: key, Rev: rev, Obj: obj, JSON: enc, Labels: labels.Set(m.GetLabels()), Fields: c.fields(obj)}, nil
+}
+
+// decodeConverted decodes a value stored in another resource's version and
+// converts it to this resource's.
+func (c *storageCodec) decodeConverted(key string, value []byte, rev int64) (*storage.Object, error) {
+	stored := c.conv.storage.New()
+	if err := json.Unmarshal(value, stored); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", key, err)
+	}
+	obj, err := c.conv.fromStorage(stored)
+	if err != nil {
+		return nil, fmt.Errorf("convert %s to %s: %w", key, c.res.GroupVersionKind(), err)
+	}
+	m := objectMeta(obj)
+	m.SetResourceVersion(strconv.FormatInt(rev, 10))
+	obj.GetObjectKind().SetGroupVersionKind(c.res.GroupVersionKind())
+	enc, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
 	}
 	return &storage.Object{Key: key, Rev: rev, Obj: obj, JSON: enc, Labels: labels.Set(m.GetLabels()), Fields: c.fields(obj)}, nil
 }

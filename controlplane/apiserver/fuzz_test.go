@@ -46,7 +46,8 @@ func FuzzDecodeDefaultValidate(f *testing.F) {
 			}
 			r := &registry{res: res, st: st}
 			_ = st.validateCreate(r, obj)
-			_ = st.validateUpdate(r, obj, obj.DeepCopyObject())
+			_ = st.validateUpdate(r, obj, obj.DeepCopyObject(), "")
+			_ = st.validateUpdate(r, obj, obj.DeepCopyObject(), "status")
 			_ = st.fieldSet(obj)
 			if _, err := encodeForStorage(res, obj); err != nil {
 				t.Fatalf("%s: decoded object does not encode: %v", res.Resource, err)

@@ -89,6 +89,8 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	var err error
 	switch {
+	case reg.res.Virtual:
+		err = s.serveVirtual(ctx, w, r, req)
 	case req.sub == "scale":
 		err = s.serveScale(ctx, w, r, req)
 	case req.sub == "binding" && r.Method == http.MethodPost:
@@ -631,6 +633,19 @@ func scaleOf(obj runtime.Object) (*autoscalingv1.Scale, error) {
 			spec = *o.Spec.Replicas
 		}
 		status, sel = o.Status.Replicas, o.Spec.Selector
+	case *appsv1.StatefulSet:
+		if o.Spec.Replicas != nil {
+			spec = *o.Spec.Replicas
+		}
+		status, sel = o.Status.Replicas, o.Spec.Selector
+	case *corev1.ReplicationController:
+		if o.Spec.Replicas != nil {
+			spec = *o.Spec.Replicas
+		}
+		status = o.Status.Replicas
+		if len(o.Spec.Selector) > 0 {
+			sel = &metav1.LabelSelector{MatchLabels: o.Spec.Selector}
+		}
 	default:
 		return nil, fmt.Errorf("%T has no scale subresource", obj)
 	}
@@ -655,6 +670,10 @@ func setReplicas(obj runtime.Object, n int32) {
 	case *appsv1.Deployment:
 		o.Spec.Replicas = &n
 	case *appsv1.ReplicaSet:
+		o.Spec.Replicas = &n
+	case *appsv1.StatefulSet:
+		o.Spec.Replicas = &n
+	case *corev1.ReplicationController:
 		o.Spec.Replicas = &n
 	}
 }

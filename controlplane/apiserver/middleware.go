@@ -41,8 +41,10 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		Help: "Open watches served from the watch cache.",
 	}, func() float64 {
 		n := 0
-		for _, r := range s.registries {
-			n += r.cache.Watchers()
+		for _, r := range s.byGVR {
+			if r.cache != nil {
+				n += r.cache.Watchers()
+			}
 		}
 		return float64(n)
 	}))
@@ -51,8 +53,10 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		Help: "Watchers closed because they fell behind (they resume from their last revision).",
 	}, func() float64 {
 		var n int64
-		for _, r := range s.registries {
-			n += r.cache.SlowClosed()
+		for _, r := range s.byGVR {
+			if r.cache != nil {
+				n += r.cache.SlowClosed()
+			}
 		}
 		return float64(n)
 	}))

@@ -547,7 +547,7 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 	if err := r.srv.admit(ctx, &AdmissionAttributes{Operation: OpUpdate, Resource: r.res, Subresource: sub, Namespace: ns, Name: name, Object: obj, OldObject: old, DryRun: wo.dryRun}); err != nil {
 		return nil, err
 	}
-	if errs := r.st.validateUpdate(r, obj, old); len(errs) > 0 {
+	if errs := r.st.validateUpdate(r, obj, old, sub); len(errs) > 0 {
 		return nil, invalid(r, name, errs)
 	}
 	var release func()

@@ -128,8 +128,10 @@ type Server struct {
 	authn      authn.Authenticator
 	authz      authz.Authorizer
 	admission  []Admitter
-	registries map[string]*registry // by plural resource name (unique in the catalog)
-	byGVR      map[string]*registry // "group/version/resource"
+	catalog    *catalog.Catalog
+	registries map[string]*registry // stored resources by plural name (a shared store's owner wins)
+	byGVR      map[string]*registry // every served resource by "group/version/resource"
+	virtual    map[string]VirtualCreate
 	discovery  http.Handler
 	ipAlloc    *allocator   // the primary family's
 	ipAllocs   []*allocator // one per served family, primary first
@@ -174,7 +176,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("apiserver: data dir: %w", err)
 	}
-	s := &Server{cfg: cfg, log: log, health: ops.NewHealth(), registries: map[string]*registry{}, byGVR: map[string]*registry{}, watchStop: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, health: ops.NewHealth(), catalog: catalog.Builtin(), registries: map[string]*registry{}, byGVR: map[string]*registry{}, virtual: map[string]VirtualCreate{}, watchStop: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -256,29 +258,20 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 
 	bgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.bgCancel = cancel
-	for _, r := range catalog.All() {
-		res := r
-		st := strategyFor(&res)
-		codec := &storageCodec{res: &res, fields: st.fieldSet}
-		cache := storage.NewCacher(s.store, storage.CacherConfig{
-			Resource: res.Resource, Prefix: res.EtcdPrefix(), Codec: codec,
-			BookmarkInterval: cfg.BookmarkInterval, Log: log,
-		})
-		// Each kind brings its own schema; custom resources will pass
-		// their CRD's (managedfields.NewTypeConverter).
-		tc, err := BuiltinTypeConverter(&res)
+	for _, r := range s.catalog.All() {
+		reg, err := s.newRegistry(r)
 		if err != nil {
-			return nil, fmt.Errorf("apiserver: schema of %s: %w", res.Resource, err)
+			return nil, err
 		}
-		fms, err := fieldManagers(&res, st, tc)
-		if err != nil {
-			return nil, fmt.Errorf("apiserver: %w", err)
+		s.byGVR[r.Group+"/"+r.Version+"/"+r.Resource] = reg
+		if reg.cache == nil {
+			continue
 		}
-		reg := &registry{res: &res, gr: res.GroupResource(), store: s.store, cache: cache, codec: codec, st: st, srv: s, fms: fms}
-		s.registries[res.Resource] = reg
-		s.byGVR[res.Group+"/"+res.Version+"/"+res.Resource] = reg
+		if _, taken := s.registries[r.Resource]; !taken && r.StoredAs == nil {
+			s.registries[r.Resource] = reg
+		}
 		s.bg.Add(1)
-		go func() { defer s.bg.Done(); cache.Run(bgCtx) }()
+		go func() { defer s.bg.Done(); reg.cache.Run(bgCtx) }()
 	}
 	s.admission = []Admitter{namespaceLifecycle{s}, defaultTolerationSeconds{seconds: 300}}
 
@@ -310,7 +303,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return err
 	}})
 	s.health.AddReadiness(ops.Check{Name: "watch-cache", Func: func(ctx context.Context) error {
-		for name, r := range s.registries {
+		for name, r := range s.byGVR {
+			if r.cache == nil {
+				continue
+			}
 			cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 			_, _, err := r.cache.List(cctx, 0, storage.Predicate{KeyPrefix: "\x00"})
 			cancel()
@@ -438,7 +434,7 @@ func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(legacyProxyPaths, s.recoverer, s.instrument, limitBody)
 	health := s.health.Handler()
-	disc := discovery.Handler(catalog.All(), catalog.Groups())
+	disc := discovery.Handler(s.catalog.All(), s.catalog.Groups())
 	for _, p := range []string{"/healthz", "/livez", "/readyz"} {
 		r.Handle(p, health)
 	}
@@ -450,7 +446,7 @@ func (s *Server) Handler() http.Handler {
 			r.Get(p, disc.ServeHTTP)
 		}
 		s.discovery = disc
-		mountOpenAPI(r)
+		mountOpenAPI(r, s.catalog)
 		r.Handle("/api/v1/*", s.resourceHandler())
 		r.Handle("/apis/{group}/{version}/*", s.resourceHandler())
 	})

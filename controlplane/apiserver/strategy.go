@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/apiserver/registry/upstream"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +27,9 @@ type strategy struct {
 	// spec never changes through status. Upstream's status strategies
 	// differ per kind: most keep metadata changes.
 	statusMetaResets []string
+	// upstream: defaults and validation are kube-apiserver's own (package
+	// registry/upstream); validate and validateSpecUpdate are unused.
+	upstream bool
 	// fieldLabels are the field selector keys the resource supports.
 	fieldLabels map[string]bool
 	fieldSet    func(runtime.Object) fields.Set
@@ -57,6 +61,14 @@ func (s *strategy) removable(obj runtime.Object) bool {
 }
 
 func (s *strategy) validateCreate(r *registry, obj runtime.Object) field.ErrorList {
+	if s.upstream {
+		// As kube-apiserver: the kind's validation, then (when it passed)
+		// the generic metadata checks.
+		if errs, _ := upstream.ValidateCreate(obj); len(errs) > 0 {
+			return errs
+		}
+		return apivalidation.ValidateObjectMetaAccessor(objectMeta(obj), r.res.Namespaced, s.nameFn, field.NewPath("metadata"))
+	}
 	errs := apivalidation.ValidateObjectMetaAccessor(objectMeta(obj), r.res.Namespaced, s.nameFn, field.NewPath("metadata"))
 	if s.validate != nil {
 		errs = append(errs, s.validate(obj)...)
@@ -64,7 +76,14 @@ func (s *strategy) validateCreate(r *registry, obj runtime.Object) field.ErrorLi
 	return errs
 }
 
-func (s *strategy) validateUpdate(r *registry, obj, old runtime.Object) field.ErrorList {
+func (s *strategy) validateUpdate(r *registry, obj, old runtime.Object, sub string) field.ErrorList {
+	if s.upstream {
+		if errs, _ := upstream.ValidateUpdate(obj, old, sub); len(errs) > 0 {
+			return errs
+		}
+		errs := apivalidation.ValidateObjectMetaAccessor(objectMeta(obj), r.res.Namespaced, s.nameFn, field.NewPath("metadata"))
+		return append(errs, apivalidation.ValidateObjectMetaAccessorUpdate(objectMeta(obj), objectMeta(old), field.NewPath("metadata"))...)
+	}
 	errs := apivalidation.ValidateObjectMetaAccessor(objectMeta(obj), r.res.Namespaced, s.nameFn, field.NewPath("metadata"))
 	errs = append(errs, apivalidation.ValidateObjectMetaAccessorUpdate(objectMeta(obj), objectMeta(old), field.NewPath("metadata"))...)
 	if s.validate != nil {
@@ -148,7 +167,11 @@ func strategyFor(res *catalog.Resource) *strategy {
 	s := &strategy{hasStatus: hasStatus, nameFn: apivalidation.NameIsDNSSubdomain, fieldLabels: labelsOf()}
 	ns := res.Namespaced
 	s.fieldSet = func(o runtime.Object) fields.Set { return metaFields(o, ns) }
-	switch res.Resource {
+	key := res.Resource
+	if res.Group == "events.k8s.io" {
+		key = "events.k8s.io/events" // not core/v1 events: upstream validation below
+	}
+	switch key {
 	case "pods":
 		s.fieldLabels = labelsOf("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
 			"spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName")
@@ -332,6 +355,8 @@ func strategyFor(res *catalog.Resource) *strategy {
 		s.validateSpecUpdate = func(o, old runtime.Object) field.ErrorList {
 			return immutableSelector(o.(*appsv1.DaemonSet).Spec.Selector, old.(*appsv1.DaemonSet).Spec.Selector)
 		}
+	default:
+		upstreamStrategy(res, s)
 	}
 	return s
 }

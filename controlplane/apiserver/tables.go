@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/openapi"
 	"github.com/waggle-io/waggle/controlplane/apiserver/printers"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -120,8 +121,12 @@ func printTable(obj runtime.Object, noHeaders bool, include metav1.IncludeObject
 	return t, nil
 }
 
-func mountOpenAPI(r chi.Router) {
-	h := openapi.Handler()
+func mountOpenAPI(r chi.Router, c *catalog.Catalog) {
+	docs, err := openapi.Build(c.All(), c.Groups())
+	if err != nil {
+		panic(err) // a programming error the openapi tests catch
+	}
+	h := openapi.NewHandler(docs)
 	r.Handle("/openapi/v2", h)
 	r.Handle("/openapi/v3", h)
 	r.Handle("/openapi/v3/*", h)

@@ -470,7 +470,10 @@ func served(d Deps, groupVersion, resource string) error {
 func gcResources() []garbagecollector.Resource {
 	var out []garbagecollector.Resource
 	for _, r := range catalog.All() {
-		if r.Resource == "events" || !slices.Contains(r.Verbs, "watch") || !slices.Contains(r.Verbs, "delete") {
+		// A second version of a store (autoscaling/v1 HPAs) holds the same
+		// objects: the GC watches each store once, as upstream watches
+		// preferred versions only.
+		if r.Resource == "events" || r.StoredAs != nil || !slices.Contains(r.Verbs, "watch") || !slices.Contains(r.Verbs, "delete") {
 			continue
 		}
 		out = append(out, garbagecollector.Resource{GVR: r.GroupVersionResource, Kind: r.Kind, Namespaced: r.Namespaced})

@@ -3,26 +3,34 @@
 // subresources and Go types. Routing, discovery, OpenAPI, table printing and
 // storage all read this one list, so a resource is added in one place.
 //
+// The built-in resources (Builtin) are those kube-apiserver of the same
+// version serves by default: every GA group version and no beta or alpha
+// one. A Catalog also takes entries at run time (Add), which is how
+// CustomResourceDefinitions join the same layer.
+//
 // It holds descriptions only; behaviour (validation, defaulting, status
-// handling) lives with the registry in the apiserver package.
+// handling, conversion between versions of one store) lives with the
+// registry in the apiserver package.
 package catalog
 
 import (
-	appsv1 "k8s.io/api/apps/v1"
-	autoscalingv1 "k8s.io/api/autoscaling/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/scheme"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 )
 
 // Verbs of a resource, as discovery names them.
 var (
 	allVerbs     = []string{"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
 	noCollection = []string{"create", "delete", "get", "list", "patch", "update", "watch"}
+	createOnly   = []string{"create"}
 )
 
 // Subresource describes one subresource of a resource (status, scale, ...).
@@ -52,6 +60,17 @@ type Resource struct {
 	// list.
 	New     func() runtime.Object
 	NewList func() runtime.Object
+
+	// StoredAs, when set, is the resource whose store this one shares:
+	// objects live in etcd in that resource's type and are converted on
+	// every read and write (events.k8s.io/v1 events are core/v1 events,
+	// autoscaling/v1 HorizontalPodAutoscalers are autoscaling/v2 ones, as
+	// in kube-apiserver).
+	StoredAs *schema.GroupVersionResource
+	// Virtual resources are never stored: a create is answered by a
+	// handler (TokenReview, SubjectAccessReview, ...) and nothing else is
+	// served.
+	Virtual bool
 }
 
 // GroupVersionKind of the resource's objects.
@@ -69,146 +88,179 @@ func (r *Resource) Sub(name string) (Subresource, bool) {
 	return Subresource{}, false
 }
 
+// HasVerb reports whether the resource serves verb.
+func (r *Resource) HasVerb(verb string) bool { return slices.Contains(r.Verbs, verb) }
+
+// StorageResource is the resource whose store holds this one's objects:
+// StoredAs, or the resource itself.
+func (r *Resource) StorageResource() schema.GroupVersionResource {
+	if r.StoredAs != nil {
+		return *r.StoredAs
+	}
+	return r.GroupVersionResource
+}
+
 // EtcdPrefix is the key prefix of the resource's objects, as Kubernetes lays
 // them out: /registry/<resource>/ followed by <namespace>/<name> or <name>.
-func (r *Resource) EtcdPrefix() string { return "/registry/" + r.Resource + "/" }
+// Resources sharing a store share the prefix.
+func (r *Resource) EtcdPrefix() string { return "/registry/" + r.StorageResource().Resource + "/" }
 
-var (
-	statusSub = Subresource{Name: "status", Verbs: []string{"get", "patch", "update"}}
-	scaleSub  = Subresource{Name: "scale", Kind: "Scale", Group: autoscalingv1.GroupName, Version: "v1", Verbs: []string{"get", "patch", "update"}}
-)
-
-func res(gv schema.GroupVersion, plural, singular, kind string, namespaced bool, newObj, newList func() runtime.Object) Resource {
-	return Resource{
-		GroupVersionResource: gv.WithResource(plural),
-		Kind:                 kind,
-		ListKind:             kind + "List",
-		Singular:             singular,
-		Namespaced:           namespaced,
-		Verbs:                allVerbs,
-		New:                  newObj,
-		NewList:              newList,
-	}
+// Catalog is a set of served resources and the order of their group
+// versions. It is safe for concurrent use; entries may be added and removed
+// while the server runs.
+type Catalog struct {
+	mu        sync.RWMutex
+	resources []Resource
+	groups    []schema.GroupVersion
+	// generation counts changes, so that derived documents (discovery,
+	// OpenAPI) know when to rebuild.
+	generation int64
 }
 
-// All returns the catalog, ordered by group (core first) then resource.
-func All() []Resource {
-	core := corev1.SchemeGroupVersion
-	apps := appsv1.SchemeGroupVersion
-	disc := discoveryv1.SchemeGroupVersion
-	coord := coordinationv1.SchemeGroupVersion
-
-	namespaces := res(core, "namespaces", "namespace", "Namespace", false,
-		func() runtime.Object { return &corev1.Namespace{} }, func() runtime.Object { return &corev1.NamespaceList{} })
-	namespaces.Verbs = noCollection
-	namespaces.ShortNames = []string{"ns"}
-	namespaces.Subs = []Subresource{{Name: "finalize", Verbs: []string{"update"}}, statusSub}
-
-	pods := res(core, "pods", "pod", "Pod", true,
-		func() runtime.Object { return &corev1.Pod{} }, func() runtime.Object { return &corev1.PodList{} })
-	pods.ShortNames = []string{"po"}
-	pods.Categories = []string{"all"}
-	pods.Subs = []Subresource{
-		statusSub,
-		{Name: "binding", Kind: "Binding", Verbs: []string{"create"}},
-		{Name: "log", Kind: "Pod", Verbs: []string{"get"}},
-		{Name: "exec", Kind: "PodExecOptions", Verbs: []string{"create", "get"}},
-		{Name: "proxy", Kind: "PodProxyOptions", Verbs: []string{"create", "delete", "get", "patch", "update"}},
-		{Name: "eviction", Kind: "Eviction", Group: "policy", Version: "v1", Verbs: []string{"create"}},
+// New returns a catalog of resources; groups gives the discovery order of
+// their group versions (preferred version first within a group).
+func New(groups []schema.GroupVersion, resources ...Resource) (*Catalog, error) {
+	c := &Catalog{groups: slices.Clone(groups)}
+	for _, r := range resources {
+		if err := c.add(r); err != nil {
+			return nil, err
+		}
 	}
-
-	services := res(core, "services", "service", "Service", true,
-		func() runtime.Object { return &corev1.Service{} }, func() runtime.Object { return &corev1.ServiceList{} })
-	services.ShortNames = []string{"svc"}
-	services.Categories = []string{"all"}
-	services.Subs = []Subresource{statusSub, {Name: "proxy", Kind: "ServiceProxyOptions", Verbs: []string{"create", "delete", "get", "patch", "update"}}}
-
-	endpoints := res(core, "endpoints", "endpoints", "Endpoints", true,
-		func() runtime.Object { return &corev1.Endpoints{} }, func() runtime.Object { return &corev1.EndpointsList{} })
-	endpoints.ShortNames = []string{"ep"}
-
-	nodes := res(core, "nodes", "node", "Node", false,
-		func() runtime.Object { return &corev1.Node{} }, func() runtime.Object { return &corev1.NodeList{} })
-	nodes.ShortNames = []string{"no"}
-	nodes.Subs = []Subresource{statusSub, {Name: "proxy", Kind: "NodeProxyOptions", Verbs: []string{"create", "delete", "get", "patch", "update"}}}
-
-	events := res(core, "events", "event", "Event", true,
-		func() runtime.Object { return &corev1.Event{} }, func() runtime.Object { return &corev1.EventList{} })
-	events.ShortNames = []string{"ev"}
-
-	configmaps := res(core, "configmaps", "configmap", "ConfigMap", true,
-		func() runtime.Object { return &corev1.ConfigMap{} }, func() runtime.Object { return &corev1.ConfigMapList{} })
-	configmaps.ShortNames = []string{"cm"}
-
-	secrets := res(core, "secrets", "secret", "Secret", true,
-		func() runtime.Object { return &corev1.Secret{} }, func() runtime.Object { return &corev1.SecretList{} })
-
-	serviceaccounts := res(core, "serviceaccounts", "serviceaccount", "ServiceAccount", true,
-		func() runtime.Object { return &corev1.ServiceAccount{} }, func() runtime.Object { return &corev1.ServiceAccountList{} })
-	serviceaccounts.ShortNames = []string{"sa"}
-
-	endpointslices := res(disc, "endpointslices", "endpointslice", "EndpointSlice", true,
-		func() runtime.Object { return &discoveryv1.EndpointSlice{} }, func() runtime.Object { return &discoveryv1.EndpointSliceList{} })
-
-	leases := res(coord, "leases", "lease", "Lease", true,
-		func() runtime.Object { return &coordinationv1.Lease{} }, func() runtime.Object { return &coordinationv1.LeaseList{} })
-
-	deployments := res(apps, "deployments", "deployment", "Deployment", true,
-		func() runtime.Object { return &appsv1.Deployment{} }, func() runtime.Object { return &appsv1.DeploymentList{} })
-	deployments.ShortNames = []string{"deploy"}
-	deployments.Categories = []string{"all"}
-	deployments.Subs = []Subresource{statusSub, scaleSub}
-
-	replicasets := res(apps, "replicasets", "replicaset", "ReplicaSet", true,
-		func() runtime.Object { return &appsv1.ReplicaSet{} }, func() runtime.Object { return &appsv1.ReplicaSetList{} })
-	replicasets.ShortNames = []string{"rs"}
-	replicasets.Categories = []string{"all"}
-	replicasets.Subs = []Subresource{statusSub, scaleSub}
-
-	daemonsets := res(apps, "daemonsets", "daemonset", "DaemonSet", true,
-		func() runtime.Object { return &appsv1.DaemonSet{} }, func() runtime.Object { return &appsv1.DaemonSetList{} })
-	daemonsets.ShortNames = []string{"ds"}
-	daemonsets.Categories = []string{"all"}
-	daemonsets.Subs = []Subresource{statusSub}
-
-	return []Resource{
-		configmaps, endpoints, events, namespaces, nodes, pods, secrets, serviceaccounts, services,
-		daemonsets, deployments, replicasets,
-		leases,
-		endpointslices,
-	}
+	return c, nil
 }
 
-// Groups returns the served API groups in discovery order, core ("") first.
-func Groups() []schema.GroupVersion {
-	return []schema.GroupVersion{
-		corev1.SchemeGroupVersion,
-		appsv1.SchemeGroupVersion,
-		coordinationv1.SchemeGroupVersion,
-		discoveryv1.SchemeGroupVersion,
+// Add serves a new resource. Its group version joins the discovery order
+// after the known ones when new.
+func (c *Catalog) Add(r Resource) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.add(r)
+}
+
+func (c *Catalog) add(r Resource) error {
+	if r.Resource == "" || r.Kind == "" || r.Version == "" || r.New == nil || (r.NewList == nil && !r.Virtual) {
+		return fmt.Errorf("catalog: resource %v: resource, kind, version and types are required", r.GroupVersionResource)
 	}
+	for _, have := range c.resources {
+		if have.GroupVersionResource == r.GroupVersionResource {
+			return fmt.Errorf("catalog: %s is already served", r.GroupVersionResource)
+		}
+	}
+	if r.ListKind == "" {
+		r.ListKind = r.Kind + "List"
+	}
+	if r.Singular == "" {
+		r.Singular = strings.ToLower(r.Kind)
+	}
+	if r.Verbs == nil {
+		r.Verbs = allVerbs
+	}
+	if !slices.Contains(c.groups, r.GroupVersion()) {
+		c.groups = append(c.groups, r.GroupVersion())
+	}
+	c.resources = append(c.resources, r)
+	c.generation++
+	return nil
+}
+
+// Remove stops serving a resource; its group version leaves the discovery
+// order when it has no resource left.
+func (c *Catalog) Remove(gvr schema.GroupVersionResource) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.resources = slices.DeleteFunc(c.resources, func(r Resource) bool { return r.GroupVersionResource == gvr })
+	gv := gvr.GroupVersion()
+	if !slices.ContainsFunc(c.resources, func(r Resource) bool { return r.GroupVersion() == gv }) {
+		c.groups = slices.DeleteFunc(c.groups, func(g schema.GroupVersion) bool { return g == gv })
+	}
+	c.generation++
+}
+
+// All returns a copy of the catalog's resources in insertion order.
+func (c *Catalog) All() []Resource {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return slices.Clone(c.resources)
+}
+
+// Groups returns the served group versions in discovery order.
+func (c *Catalog) Groups() []schema.GroupVersion {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]schema.GroupVersion, 0, len(c.groups))
+	for _, gv := range c.groups {
+		if slices.ContainsFunc(c.resources, func(r Resource) bool { return r.GroupVersion() == gv }) {
+			out = append(out, gv)
+		}
+	}
+	return out
+}
+
+// Generation changes whenever a resource is added or removed.
+func (c *Catalog) Generation() int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.generation
 }
 
 // Lookup finds a resource by group, version and plural name.
-func Lookup(gvr schema.GroupVersionResource) (*Resource, bool) {
-	for _, r := range All() {
-		if r.GroupVersionResource == gvr {
+func (c *Catalog) Lookup(gvr schema.GroupVersionResource) (*Resource, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for i := range c.resources {
+		if c.resources[i].GroupVersionResource == gvr {
+			r := c.resources[i]
 			return &r, true
 		}
 	}
 	return nil, false
 }
 
-// Scheme is the runtime scheme holding every served type (client-go's, which
-// registers all of k8s.io/api). Codecs for the wire come from it.
-var Scheme = scheme.Scheme
+// builtin is the catalog of built-in resources, made once.
+var builtin = sync.OnceValue(func() *Catalog {
+	c, err := New(builtinGroups(), builtinResources()...)
+	if err != nil {
+		panic(err)
+	}
+	return c
+})
+
+// Builtin returns a new catalog of the built-in resources, for a server
+// to extend with its own.
+func Builtin() *Catalog {
+	c, err := New(builtinGroups(), builtinResources()...)
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// All returns the built-in resources, ordered by group (core first).
+func All() []Resource { return builtin().All() }
+
+// Groups returns the built-in group versions in discovery order, core ("")
+// first.
+func Groups() []schema.GroupVersion { return builtin().Groups() }
+
+// Lookup finds a built-in resource by group, version and plural name.
+func Lookup(gvr schema.GroupVersionResource) (*Resource, bool) { return builtin().Lookup(gvr) }
+
+// Scheme is Waggle's runtime scheme: every k8s.io/api type (client-go's
+// set), with the meta/v1 option types (ListOptions, DeleteOptions, ...)
+// registered in every served group version. Codecs for the wire come from
+// it. It is Waggle's own, so nothing here changes client-go's global
+// scheme.
+var Scheme = newScheme()
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
+	for _, gv := range builtinGroups() {
+		metav1.AddToGroupVersion(s, gv)
+	}
+	return s
+}
 
 // ParameterCodec converts query parameters into option structs.
 var ParameterCodec = runtime.NewParameterCodec(Scheme)
-
-// Ensure metav1 options types are registered for every served version.
-func init() {
-	for _, gv := range Groups() {
-		metav1.AddToGroupVersion(Scheme, gv)
-	}
-}

@@ -55,7 +55,11 @@ func TestClientGoDiscoversEveryCatalogResource(t *testing.T) {
 			for _, g := range groups {
 				names = append(names, g.Name)
 			}
-			if want := []string{"", "apps", "coordination.k8s.io", "discovery.k8s.io"}; !slices.Equal(names, want) {
+			// kube-apiserver's order of its default-enabled groups.
+			want := []string{"", "apps", "events.k8s.io", "authentication.k8s.io", "authorization.k8s.io", "autoscaling", "batch",
+				"certificates.k8s.io", "networking.k8s.io", "policy", "rbac.authorization.k8s.io", "storage.k8s.io", "scheduling.k8s.io",
+				"coordination.k8s.io", "node.k8s.io", "discovery.k8s.io", "resource.k8s.io", "flowcontrol.apiserver.k8s.io", "storagemigration.k8s.io"}
+			if !slices.Equal(names, want) {
 				t.Errorf("groups = %q, want %q", names, want)
 			}
 			byName := map[string]metav1.APIResource{}

@@ -148,7 +148,9 @@ func gvkIndex(resources []catalog.Resource, groups []schema.GroupVersion) map[st
 	for i := range resources {
 		r := &resources[i]
 		add(reflect.TypeOf(r.New()), r.GroupVersionKind())
-		add(reflect.TypeOf(r.NewList()), r.GroupVersion().WithKind(r.ListKind))
+		if r.NewList != nil {
+			add(reflect.TypeOf(r.NewList()), r.GroupVersion().WithKind(r.ListKind))
+		}
 	}
 	for k, t := range subresourceTypes {
 		add(t, k)
@@ -214,7 +216,10 @@ func addPaths(g *generator, paths map[string]any, resources []catalog.Resource, 
 			continue
 		}
 		objT := reflect.TypeOf(r.New()).Elem()
-		listT := reflect.TypeOf(r.NewList()).Elem()
+		var listT reflect.Type
+		if r.NewList != nil {
+			listT = reflect.TypeOf(r.NewList()).Elem()
+		}
 		k := r.GroupVersionKind()
 		has := func(v string) bool {
 			for _, x := range r.Verbs {
@@ -253,8 +258,12 @@ func addPaths(g *generator, paths map[string]any, resources []catalog.Resource, 
 		if has("delete") {
 			itemOps = append(itemOps, operation{method: "delete", action: "delete", verb: "delete", kind: k, body: typeDeleteOptions, response: objT, query: []param{pDryRun, pGrace, pPropagation}})
 		}
-		paths[collection] = g.pathItem(colOps, r.Namespaced, false, r)
-		paths[item] = g.pathItem(itemOps, r.Namespaced, true, r)
+		if len(colOps) > 0 {
+			paths[collection] = g.pathItem(colOps, r.Namespaced, false, r)
+		}
+		if len(itemOps) > 0 {
+			paths[item] = g.pathItem(itemOps, r.Namespaced, true, r)
+		}
 		if r.Namespaced && has("list") {
 			paths[prefix+"/"+r.Resource] = g.pathItem([]operation{{method: "get", action: "list", verb: "listForAllNamespaces", kind: k, response: listT, query: listParams}}, false, false, r)
 		}

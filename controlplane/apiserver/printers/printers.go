@@ -3,8 +3,10 @@
 // catalog resource has the columns kubectl users know from kube-apiserver
 // (pods: NAME READY STATUS RESTARTS AGE, wide: IP NODE ...), with pod STATUS
 // computed as kube-apiserver does; wide columns carry priority 1 and are
-// always present, kubectl hides them without -o wide. Types without their
-// own printer get Name and Created At.
+// always present, kubectl hides them without -o wide. Types without a
+// printer here are rendered by kube-apiserver's own printers
+// (k8s.io/kubernetes/pkg/printers/internalversion, on the internal type);
+// types neither knows get Name and Created At.
 //
 // It renders only: it neither fetches objects nor writes HTTP responses.
 package printers
@@ -79,6 +81,9 @@ func Columns(obj runtime.Object) []metav1.TableColumnDefinition {
 
 func printerFor(obj runtime.Object) printer {
 	if p, ok := registry[reflect.TypeOf(obj)]; ok {
+		return p
+	}
+	if p, ok := upstreamPrinter(obj); ok {
 		return p
 	}
 	return defaultPrinter

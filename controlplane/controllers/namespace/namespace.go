@@ -66,7 +66,7 @@ type Options struct {
 func CatalogResources() []Resource {
 	var out []Resource
 	for _, r := range catalog.All() {
-		if !r.Namespaced || !slices.Contains(r.Verbs, "delete") || !slices.Contains(r.Verbs, "list") {
+		if !r.Namespaced || r.StoredAs != nil || !slices.Contains(r.Verbs, "delete") || !slices.Contains(r.Verbs, "list") {
 			continue
 		}
 		out = append(out, Resource{GVR: r.GroupVersionResource, DeleteCollection: slices.Contains(r.Verbs, "deletecollection")})

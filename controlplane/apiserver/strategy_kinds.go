@@ -1,0 +1,117 @@
+package apiserver
+
+import (
+	"reflect"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/apiserver/registry/upstream"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/apimachinery/pkg/api/validation/path"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// generationKinds are the kinds whose metadata.generation kube-apiserver
+// sets to 1 on create and bumps on every spec change (the strategies that
+// do so in k8s.io/kubernetes/pkg/registry), beyond those strategy.go sets.
+var generationKinds = map[schema.GroupKind]bool{
+	{Group: "apps", Kind: "StatefulSet"}:                                        true,
+	{Group: "autoscaling", Kind: "HorizontalPodAutoscaler"}:                     true,
+	{Group: "batch", Kind: "CronJob"}:                                           true,
+	{Group: "batch", Kind: "Job"}:                                               true,
+	{Group: "", Kind: "PodTemplate"}:                                            true,
+	{Group: "", Kind: "ReplicationController"}:                                  true,
+	{Group: "flowcontrol.apiserver.k8s.io", Kind: "FlowSchema"}:                 true,
+	{Group: "flowcontrol.apiserver.k8s.io", Kind: "PriorityLevelConfiguration"}: true,
+	{Group: "networking.k8s.io", Kind: "Ingress"}:                               true,
+	{Group: "networking.k8s.io", Kind: "IngressClass"}:                          true,
+	{Group: "networking.k8s.io", Kind: "NetworkPolicy"}:                         true,
+	{Group: "policy", Kind: "PodDisruptionBudget"}:                              true,
+	{Group: "resource.k8s.io", Kind: "DeviceClass"}:                             true,
+	{Group: "resource.k8s.io", Kind: "DeviceTaintRule"}:                         true,
+	{Group: "resource.k8s.io", Kind: "ResourceSlice"}:                           true,
+	{Group: "scheduling.k8s.io", Kind: "PriorityClass"}:                         true,
+}
+
+// upstreamStrategy makes s the strategy of a kind that kube-apiserver's
+// own code defaults and validates (package upstream): status cleared on
+// create where the kind has a status subresource, generation where
+// upstream keeps one, upstream's defaults, and upstream's validation with
+// the generic metadata checks after it (as kube-apiserver's BeforeCreate
+// and BeforeUpdate run them).
+func upstreamStrategy(res *catalog.Resource, s *strategy) {
+	gk := res.GroupVersionKind().GroupKind()
+	if !upstream.Has(gk) {
+		return
+	}
+	s.upstream = true
+	s.nameFn = path.ValidatePathSegmentName
+	s.generation = generationKinds[gk]
+	if s.hasStatus {
+		s.prepareCreate = clearStatus
+	}
+	s.defaults = upstream.Default
+	if gk == (schema.GroupKind{Group: "batch", Kind: "Job"}) {
+		s.prepareCreate = func(o runtime.Object) {
+			clearStatus(o)
+			upstream.Default(o) // manualSelector is decided by then, as upstream decodes with defaults
+			generateJobSelector(o.(*batchv1.Job))
+		}
+	}
+}
+
+// generateJobSelector gives a Job without manualSelector the selector
+// and pod labels kube-apiserver generates (job-name and controller-uid,
+// legacy and batch.kubernetes.io/ forms); labels the user set are kept,
+// and a conflict is left for validation to reject.
+func generateJobSelector(j *batchv1.Job) {
+	if j.Spec.ManualSelector != nil && *j.Spec.ManualSelector {
+		return
+	}
+	if j.Spec.Template.Labels == nil {
+		j.Spec.Template.Labels = map[string]string{}
+	}
+	for k, v := range map[string]string{
+		"job-name": j.Name, batchv1.JobNameLabel: j.Name,
+		"controller-uid": string(j.UID), batchv1.ControllerUidLabel: string(j.UID),
+	} {
+		if _, set := j.Spec.Template.Labels[k]; !set {
+			j.Spec.Template.Labels[k] = v
+		}
+	}
+	if j.Spec.Selector == nil {
+		j.Spec.Selector = &metav1.LabelSelector{}
+	}
+	if j.Spec.Selector.MatchLabels == nil {
+		j.Spec.Selector.MatchLabels = map[string]string{}
+	}
+	if _, set := j.Spec.Selector.MatchLabels[batchv1.ControllerUidLabel]; !set {
+		j.Spec.Selector.MatchLabels[batchv1.ControllerUidLabel] = string(j.UID)
+	}
+}
+
+// clearStatus empties the Status field of a new object: status is written
+// through the status subresource only.
+func clearStatus(obj runtime.Object) {
+	v := reflect.ValueOf(obj).Elem().FieldByName("Status")
+	if v.IsValid() && v.CanSet() {
+		v.Set(reflect.Zero(v.Type()))
+	}
+}
+
+func init() {
+	// autoscaling/v1 HorizontalPodAutoscalers are stored as autoscaling/v2
+	// ones, converted through the internal type as kube-apiserver does
+	// (what v1 cannot express travels in annotations).
+	v1, v2 := autoscalingv1.SchemeGroupVersion, autoscalingv2.SchemeGroupVersion
+	hpa := "HorizontalPodAutoscaler"
+	conversions[[2]schema.GroupVersionKind{v1.WithKind(hpa), v2.WithKind(hpa)}] = func(o runtime.Object) (runtime.Object, error) {
+		return upstream.Convert(o, v2)
+	}
+	conversions[[2]schema.GroupVersionKind{v2.WithKind(hpa), v1.WithKind(hpa)}] = func(o runtime.Object) (runtime.Object, error) {
+		return upstream.Convert(o, v1)
+	}
+}
