@@ -22,11 +22,14 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	kptr "k8s.io/utils/ptr"
 )
 
 // Defaults, as in Kubernetes' components.
@@ -185,12 +188,16 @@ func Run(ctx context.Context, log *slog.Logger, cs kubernetes.Interface, cfg Con
 		},
 	}
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock:            lock,
-		LeaseDuration:   cfg.LeaseDuration,
-		RenewDeadline:   cfg.RenewDeadline,
-		RetryPeriod:     cfg.RetryPeriod,
-		Callbacks:       callbacks,
-		ReleaseOnCancel: true,
+		Lock:          lock,
+		LeaseDuration: cfg.LeaseDuration,
+		RenewDeadline: cfg.RenewDeadline,
+		RetryPeriod:   cfg.RetryPeriod,
+		Callbacks:     callbacks,
+		// Released by release below, not by the elector: client-go 0.37's
+		// release re-reads the Lease and then trusts its own cached view
+		// of who holds it, so a leader that was paused past the lease
+		// duration would wipe out its successor's Lease on the way out.
+		ReleaseOnCancel: false,
 		Name:            cfg.LeaseName,
 	})
 	if err != nil {
@@ -222,16 +229,51 @@ func Run(ctx context.Context, log *slog.Logger, cs kubernetes.Interface, cfg Con
 	mu.Lock()
 	f := finished
 	mu.Unlock()
-	if f {
-		log.Info("work ended, released the lease")
-		return nil
-	}
-	if ctx.Err() != nil {
-		log.Info("stopped leading and released the lease")
+	if f || ctx.Err() != nil {
+		if s {
+			if err := release(cs, cfg); err != nil {
+				log.Warn("could not release the leader lease; a standby takes over after the lease duration", "err", err)
+			}
+		}
+		if f {
+			log.Info("work ended, released the lease")
+		} else {
+			log.Info("stopped leading and released the lease")
+		}
 		return nil
 	}
 	log.Error("lost the leader lease")
 	return fmt.Errorf("%w: lease %s/%s could not be renewed within %v", ErrLeadershipLost, cfg.LeaseNamespace, cfg.LeaseName, cfg.RenewDeadline)
+}
+
+// release gives the Lease up if, as stored now, this instance holds it: its
+// holder is cleared and its duration cut to one second (as client-go's
+// release does), written against the resourceVersion just read, so a
+// successor that took the Lease meanwhile is never overwritten.
+func release(cs kubernetes.Interface, cfg Config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.RenewDeadline)
+	defer cancel()
+	leases := cs.CoordinationV1().Leases(cfg.LeaseNamespace)
+	for {
+		l, err := leases.Get(ctx, cfg.LeaseName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != cfg.Identity {
+			return nil // someone else holds it now
+		}
+		now := metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity = nil
+		l.Spec.LeaseDurationSeconds = kptr.To[int32](1)
+		l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+	}
 }
 
 func metaFor(cfg Config) metav1.ObjectMeta {
