@@ -24,6 +24,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -247,6 +249,13 @@ var tools = map[string]func(args []string) int{
 		}
 		return 0
 	},
+	// nslookup NAME [A|SRV|PTR] resolves through the pod's resolv.conf (Go's
+	// resolver: search path and ndots honoured) and prints one answer a line.
+	"nslookup": nslookup,
+	// dnsbench NAME N CONC looks NAME up N times from CONC goroutines and
+	// prints lookups/s and latency percentiles (each lookup is an A and an
+	// AAAA query, as Go's resolver sends them).
+	"dnsbench": dnsbench,
 	"echo":     func(args []string) int { fmt.Println(strings.Join(args, " ")); return 0 },
 	"hostname": func([]string) int { fmt.Println(hostname()); return 0 },
 	"pwd": func([]string) int {
@@ -339,4 +348,90 @@ var tools = map[string]func(args []string) int{
 		time.Sleep(time.Hour * 24)
 		return 0
 	},
+}
+
+func nslookup(args []string) int {
+	if len(args) < 1 {
+		fmt.Fprintln(os.Stderr, "usage: nslookup NAME [A|SRV|PTR]")
+		return 2
+	}
+	r := &net.Resolver{PreferGo: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	typ := "A"
+	if len(args) > 1 {
+		typ = strings.ToUpper(args[1])
+	}
+	var out []string
+	var err error
+	switch typ {
+	case "SRV":
+		var srvs []*net.SRV
+		_, srvs, err = r.LookupSRV(ctx, "", "", args[0])
+		for _, s := range srvs {
+			out = append(out, fmt.Sprintf("%s %d", s.Target, s.Port))
+		}
+	case "PTR":
+		out, err = r.LookupAddr(ctx, args[0])
+	case "CNAME":
+		var c string
+		c, err = r.LookupCNAME(ctx, args[0])
+		out = []string{c}
+	default:
+		out, err = r.LookupHost(ctx, args[0])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	sort.Strings(out)
+	for _, o := range out {
+		fmt.Println(o)
+	}
+	return 0
+}
+
+func dnsbench(args []string) int {
+	if len(args) < 3 {
+		fmt.Fprintln(os.Stderr, "usage: dnsbench NAME N CONC")
+		return 2
+	}
+	n, _ := strconv.Atoi(args[1])
+	conc, _ := strconv.Atoi(args[2])
+	if n <= 0 || conc <= 0 {
+		return 2
+	}
+	r := &net.Resolver{PreferGo: true}
+	lat := make([][]time.Duration, conc)
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := 0; c < conc; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := c; i < n; i += conc {
+				t0 := time.Now()
+				if _, err := r.LookupHost(context.Background(), args[0]); err != nil {
+					failed.Add(1)
+					continue
+				}
+				lat[c] = append(lat[c], time.Since(t0))
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	if len(all) == 0 {
+		fmt.Fprintln(os.Stderr, "every lookup failed")
+		return 1
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	fmt.Printf("lookups=%d failed=%d lookups/s=%.0f p50=%v p99=%v\n", len(all), failed.Load(), float64(len(all))/el.Seconds(),
+		all[len(all)/2].Round(time.Microsecond), all[len(all)*99/100].Round(time.Microsecond))
+	return 0
 }

@@ -131,6 +131,8 @@ func TestLab(t *testing.T) {
 		}
 	})
 
+	t.Run("ClusterDNSFromPodsOnEveryNode", func(t *testing.T) { testClusterDNS(t, e, nodes, vip) })
+
 	t.Run("NodePortFromANode", func(t *testing.T) {
 		for i, n := range nodes {
 			addr := fmt.Sprintf("%s:30080", e.cfg.NodeAddr(i+1).Addr())
