@@ -20,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/flowcontrol"
@@ -387,7 +387,8 @@ func (k *Kubelet) buildNetwork() {
 	}
 	k.net = network.NewCNI(network.CNIOptions{
 		ConfDir: k.cfg.CNIConfDir, BinDirs: k.cfg.CNIBinDirs, CacheDir: k.cfg.CNICacheDir,
-		NetNSDir: k.cfg.NetNSDir, Log: k.log,
+		IPAMDataDir: filepath.Join(k.cfg.RootDir, "ipam"),
+		NetNSDir:    k.cfg.NetNSDir, Log: k.log,
 	})
 }
 

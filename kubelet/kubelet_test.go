@@ -607,7 +607,7 @@ func TestCNIConfigWrittenFromNodePodCIDR(t *testing.T) {
 	cs := fake.NewSimpleClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: v1.NodeSpec{PodCIDR: "10.44.3.0/24"}})
 	cfg := Config{NodeName: node, RootDir: t.TempDir(), Address: "127.0.0.1", Port: 0, CNIConfDir: confDir,
 		DisableRouteController: true, SyncFrequency: 50 * time.Millisecond}
-	k, err := New(cfg, Deps{Client: cs, Runtime: runtimetest.NewFake(), Network: network.NewCNI(network.CNIOptions{ConfDir: confDir})})
+	k, err := New(cfg, Deps{Client: cs, Runtime: runtimetest.NewFake()}) // the kubelet's own CNI manager
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -619,6 +619,12 @@ func TestCNIConfigWrittenFromNodePodCIDR(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join(confDir, "10-waggle.conflist"))
 		return err == nil && strings.Contains(string(b), "10.44.3.0/24"), fmt.Sprint(err)
 	})
+	// The IPAM store is this node's own, under its root dir: another
+	// cluster or lab node on the machine never shares its allocations.
+	b, _ := os.ReadFile(filepath.Join(confDir, "10-waggle.conflist"))
+	if want := fmt.Sprintf("%q", filepath.Join(cfg.RootDir, "ipam")); !strings.Contains(string(b), `"dataDir":`+want) && !strings.Contains(string(b), `"dataDir": `+want) {
+		t.Errorf("conflist does not keep IPAM under the node's root dir %s:\n%s", cfg.RootDir, b)
+	}
 	// The node reports Ready once the network has a config.
 	k.updateNodeStatus(ctx)
 	n, _ := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})

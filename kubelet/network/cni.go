@@ -31,6 +31,11 @@ type CNIOptions struct {
 	NetNSDir string
 	// NetNSPrefix starts every namespace's name (default "waggle-").
 	NetNSPrefix string
+	// IPAMDataDir is the IPAM store written into the configuration Configure
+	// writes: the node's own (under its root dir), so that clusters and lab
+	// nodes on one machine never share allocations ("" keeps the plugin's
+	// default, /var/lib/cni/networks).
+	IPAMDataDir string
 	Log         *slog.Logger
 }
 
@@ -223,5 +228,9 @@ var _ Configurer = (*CNI)(nil)
 // Configure implements Configurer: it writes the waggle configuration for
 // podCIDR into the config dir unless one is there.
 func (c *CNI) Configure(podCIDR, clusterCIDR netip.Prefix) (bool, error) {
-	return WriteConfig(c.opts.ConfDir, podCIDR, clusterCIDR)
+	var opts []wcni.ConfListOption
+	if c.opts.IPAMDataDir != "" {
+		opts = append(opts, wcni.WithDataDir(c.opts.IPAMDataDir))
+	}
+	return WriteConfig(c.opts.ConfDir, podCIDR, clusterCIDR, opts...)
 }
