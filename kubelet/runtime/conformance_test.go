@@ -151,3 +151,37 @@ func TestNormalizeImage(t *testing.T) {
 		t.Error("invalid reference accepted")
 	}
 }
+
+func TestLocalOnlyImages(t *testing.T) {
+	for ref, want := range map[string]bool{
+		"waggle.local/waggle-echo:dev":   true,
+		"waggle.local/waggle-echo":       true,
+		"docker.io/library/busybox:1.36": false,
+		"registry.example/waggle.local":  false,
+		"localhost:5000/app:v1":          false,
+	} {
+		if got := runtime.LocalOnly(ref); got != want {
+			t.Errorf("LocalOnly(%q) = %v, want %v", ref, got, want)
+		}
+	}
+}
+
+// TestMissingLocalImageIsNeverPulled: a waggle.local image that is not on
+// the node (here a missing tag, defaulting to :latest and so to
+// imagePullPolicy Always) fails at once, without a registry or DNS lookup.
+func TestMissingLocalImageIsNeverPulled(t *testing.T) {
+	rt, ok := runtimes(t)["containerd"]
+	if !ok {
+		t.Skip("containerd runtime runs in the privileged tier (not -short)")
+	}
+	for _, policy := range []runtime.PullPolicy{runtime.PullAlways, runtime.PullIfNotPresent} {
+		_, err := rt.EnsureImage(context.Background(), "waggle.local/waggle-echo", policy)
+		if err == nil || !errors.Is(err, runtime.ErrNotFound) || !strings.Contains(err.Error(), "never looked up in DNS") {
+			t.Errorf("policy %v: err = %v, want the local-only refusal", policy, err)
+		}
+	}
+	// The present image with PullAlways is the node's copy, not a pull.
+	if _, err := rt.EnsureImage(context.Background(), images.EchoImage, runtime.PullAlways); err != nil {
+		t.Errorf("present local image with PullAlways: %v", err)
+	}
+}

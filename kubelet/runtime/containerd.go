@@ -215,12 +215,28 @@ func NormalizeImage(image string) (string, error) {
 	return n.String(), nil
 }
 
+// LocalRegistry is the registry name of images that exist only on the
+// node (imported from --image-dir or `waggle images`): never resolved in
+// DNS, never pulled.
+const LocalRegistry = "waggle.local"
+
+// LocalOnly reports whether a normalized reference names a node-local image.
+func LocalOnly(ref string) bool {
+	n, err := reference.ParseNormalizedNamed(ref)
+	return err == nil && reference.Domain(n) == LocalRegistry
+}
+
 // EnsureImage implements Runtime.
 func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullPolicy) (string, error) {
 	ctx = c.ctx(ctx)
 	ref, err := NormalizeImage(image)
 	if err != nil {
 		return "", err
+	}
+	local := LocalOnly(ref)
+	if local && policy == PullAlways {
+		// There is no registry to ask: the node's copy is the image.
+		policy = PullIfNotPresent
 	}
 	if policy != PullAlways {
 		img, err := c.client.GetImage(ctx, ref)
@@ -237,6 +253,10 @@ func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullP
 		}
 		if policy == PullNever {
 			return "", fmt.Errorf("%w: %s (imagePullPolicy is Never)", ErrImageNotFound, ref)
+		}
+		if local {
+			return "", fmt.Errorf("pull image %s: %w: images under %s exist only where they were imported (--image-dir, waggle images) and are never looked up in DNS or pulled; check the name and tag",
+				ref, ErrNotFound, LocalRegistry)
 		}
 	}
 	v, err, _ := c.pulls.Do(ref, func() (any, error) {
