@@ -1,7 +1,7 @@
 // Package controllers is the controller-manager: `waggle controller-manager`
 // builds one client and one SharedInformerFactory, and, while it holds the
 // leader Lease, runs every enabled controller (replicaset, deployment,
-// daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished,
+// daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
 //
@@ -30,8 +30,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
-	"github.com/waggle-io/waggle/controlplane/controllers/cronjob"
 	"github.com/waggle-io/waggle/controlplane/controllers/clusterdns"
+	"github.com/waggle-io/waggle/controlplane/controllers/cronjob"
 	"github.com/waggle-io/waggle/controlplane/controllers/daemonset"
 	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
@@ -40,6 +40,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/namespace"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodeipam"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
+	"github.com/waggle-io/waggle/controlplane/controllers/podgc"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
 	"github.com/waggle-io/waggle/controlplane/controllers/serviceaccount"
 	"github.com/waggle-io/waggle/controlplane/controllers/statefulset"
@@ -90,6 +91,14 @@ type Config struct {
 	ConcurrentCronJobSyncs        int
 	ConcurrentTTLSyncs            int
 
+	// TerminatedPodGCThreshold: terminated pods kept before the pod GC
+	// deletes the oldest (12500; ≤ 0 keeps all). PodGCPeriod and
+	// PodGCQuarantine: how often it runs (20s) and how long a node must be
+	// gone before its pods are deleted (40s).
+	TerminatedPodGCThreshold int
+	PodGCPeriod              time.Duration
+	PodGCQuarantine          time.Duration
+
 	// JobPodFailureBackoff is the Job controller's delay before replacing
 	// the first failed pod (10s, doubling per consecutive failure).
 	JobPodFailureBackoff time.Duration
@@ -138,6 +147,9 @@ func DefaultConfig() Config {
 		ConcurrentCronJobSyncs:        5,
 		ConcurrentTTLSyncs:            5,
 		JobPodFailureBackoff:          job.DefaultPodFailureBackoff,
+		TerminatedPodGCThreshold:      podgc.DefaultThreshold,
+		PodGCPeriod:                   podgc.DefaultPeriod,
+		PodGCQuarantine:               podgc.DefaultQuarantine,
 		MaxEndpointsPerSlice:          100,
 		NodeCIDRMaskSize:              24,
 		NodeMonitorGracePeriod:        40 * time.Second,
@@ -439,6 +451,11 @@ func starters() []starter {
 				return nil, errors.New("--cluster-dns-ip is not set")
 			}
 			c := clusterdns.New(d.Client, d.Factory, d.Log, clusterdns.Options{ClusterIP: d.Config.ClusterDNSIP, Port: d.Config.ClusterDNSPort})
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
+		{name: podgc.Name, build: func(d Deps) (func(context.Context), error) {
+			c := podgc.New(d.Client, d.Factory, d.Log, podgc.Options{TerminatedPodThreshold: d.Config.TerminatedPodGCThreshold,
+				Period: d.Config.PodGCPeriod, Quarantine: d.Config.PodGCQuarantine})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: garbagecollector.Name, build: func(d Deps) (func(context.Context), error) {
