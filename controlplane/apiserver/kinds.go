@@ -113,3 +113,6 @@ func (s *Server) serveVirtual(ctx context.Context, w http.ResponseWriter, r *htt
 	warn(w, warnings)
 	return s.writeObject(w, r, req.reg, http.StatusCreated, out)
 }
+
+// Catalog is the set of resources the server serves.
+func (s *Server) Catalog() *catalog.Catalog { return s.catalog }
