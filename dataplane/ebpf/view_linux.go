@@ -415,3 +415,32 @@ func (v *View) Explain(k dataplane.FrontendKey, netnsCookie uint64, now time.Dur
 	}
 	return ex, nil
 }
+
+// Frontend reads one frontend's master entry, slots and backends by key
+// (a handful of lookups, whatever the maps hold). ok is false when the
+// frontend has no master entry.
+func (v *View) Frontend(k dataplane.FrontendKey) (svc Service, ok bool, err error) {
+	var m sockLBLbService
+	if err := v.maps[MapServices].Lookup(serviceKey(k, 0), &m); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return svc, false, nil
+		}
+		return svc, false, fmt.Errorf("look up %s in %s: %w", k, MapServices, err)
+	}
+	svc = Service{ID: m.RevNatId, Frontend: k, Address: k.String(), Count: int(m.Count), Flags: m.Flags,
+		AffinityTimeout: time.Duration(m.AffinityTimeout) * time.Second}
+	for i := 1; i <= int(m.Count); i++ {
+		var s sockLBLbService
+		slot := Slot{Slot: i}
+		if err := v.maps[MapServices].Lookup(serviceKey(k, uint16(i)), &s); err == nil {
+			slot.BackendID = s.BackendId
+			var b sockLBLbBackend
+			if err := v.maps[MapBackends].Lookup(s.BackendId, &b); err == nil {
+				bk := backendKeyOf(b)
+				slot.Backend = netip.AddrPortFrom(bk.addr, bk.port)
+			}
+		}
+		svc.Slots = append(svc.Slots, slot)
+	}
+	return svc, true, nil
+}

@@ -1,0 +1,329 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
+	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/dataplane/ebpf"
+	"github.com/waggle-io/waggle/dataplane/modes"
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+// The proxy under test runs as its own process (this test binary,
+// re-executed), so that its CPU time and RSS are its own.
+const (
+	envProxyKubeconfig = "DP_BENCH_PROXY_KUBECONFIG"
+	envProxyCgroup     = "DP_BENCH_PROXY_CGROUP"
+	envProxyPinDir     = "DP_BENCH_PROXY_PIN_DIR"
+	envProxyMapMax     = "DP_BENCH_PROXY_MAP_MAX"
+)
+
+func TestMain(m *testing.M) {
+	if kc := os.Getenv(envProxyKubeconfig); kc != "" {
+		os.Exit(runProxyChild(kc))
+	}
+	os.Exit(m.Run())
+}
+
+func runProxyChild(kubeconfig string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	max, _ := strconv.Atoi(os.Getenv(envProxyMapMax))
+	err := dataplane.Run(ctx, dataplane.Config{
+		Kubeconfig: kubeconfig, NodeName: "dp-bench", Mode: dataplane.ModeEBPF, Modes: modes.All(),
+		CgroupRoot: os.Getenv(envProxyCgroup), BPFPinDir: os.Getenv(envProxyPinDir),
+		MaxServices: max, MaxBackends: max, NetworkPolicy: "off", HealthBindAddress: "0",
+		SyncPeriod: 30 * time.Minute, MinSyncPeriod: time.Second,
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "proxy:", err)
+		return 1
+	}
+	return 0
+}
+
+// BenchmarkEndpointChangeToMap times what a user waits for: from the API
+// write of an EndpointSlice change (client-go Update against the real API
+// server on real etcd) to the changed backend in the pinned eBPF maps, read
+// by point lookups, through a real `waggle proxy` process in ebpf mode. At
+// each Service count (DP_BENCH_SERVICES, default 1000,10000; the Services
+// accumulate, 4 endpoints each) it reports p50/p99 over DP_BENCH_CHANGES
+// (default 200) changes made one after another, the proxy's CPU per change
+// and its RSS. Run it once: -benchtime 1x.
+func BenchmarkEndpointChangeToMap(b *testing.B) {
+	testutil.RequiresKernelFeature(b, testutil.CgroupSockAddr)
+	counts := []int{1000, 10000}
+	if s := os.Getenv("DP_BENCH_SERVICES"); s != "" {
+		counts = nil
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				b.Fatalf("DP_BENCH_SERVICES: %v", err)
+			}
+			counts = append(counts, n)
+		}
+	}
+	changes := 200
+	if s := os.Getenv("DP_BENCH_CHANGES"); s != "" {
+		changes, _ = strconv.Atoi(s)
+	}
+	srv := apiservertest.Start(b, apiservertest.Options{})
+	rc := *srv.Config
+	rc.QPS, rc.Burst = -1, 0
+	cs, err := kubernetes.NewForConfig(&rc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	const perSvc = 4
+	var vips []netip.Addr
+	var names []string
+	create := func(n int) {
+		start := len(vips)
+		vips = append(vips, make([]netip.Addr, n-start)...)
+		for i := start; i < n; i++ {
+			names = append(names, fmt.Sprintf("dp-%d", i))
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var firstErr error
+		work := make(chan int)
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range work {
+					if err := createService(ctx, cs, names[i], i, perSvc, &vips[i]); err != nil {
+						mu.Lock()
+						firstErr = cmpErr(firstErr, err)
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		for i := start; i < n; i++ {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
+		if firstErr != nil {
+			b.Fatal(firstErr)
+		}
+	}
+
+	cg := testutil.NewCgroup(b)
+	pin := filepath.Join(ebpf.DefaultPinRoot, testutil.UniqueName("dp-bench"))
+	maxEntries := 1 << 16
+	for maxEntries < counts[len(counts)-1]*(perSvc+2) {
+		maxEntries <<= 1
+	}
+	kubeconfig := filepath.Join(srv.DataDir, "admin.kubeconfig")
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), envProxyKubeconfig+"="+kubeconfig, envProxyCgroup+"="+cg, envProxyPinDir+"="+pin,
+		envProxyMapMax+"="+strconv.Itoa(maxEntries))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	b.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		ebpf.CleanupPinned(pin)
+	})
+
+	type row struct {
+		services          int
+		setup             time.Duration
+		p50, p99, max     time.Duration
+		cpuPerChange      time.Duration
+		rssMB             float64
+		changesWithErrors int
+	}
+	var rows []row
+	next := 0 // unique endpoint addresses for changes
+	for _, n := range counts {
+		t0 := time.Now()
+		create(n)
+		// Wait until the proxy has programmed every frontend: the services
+		// map holds n × (1 + perSvc) entries (and the kubernetes Service's).
+		var view *ebpf.View
+		for deadline := time.Now().Add(5 * time.Minute); ; {
+			if view == nil {
+				view, _ = ebpf.OpenPinned(pin)
+			}
+			if view != nil {
+				if maps, err := view.Maps(); err == nil && mapEntries(maps, ebpf.MapServices) >= n*(1+perSvc) {
+					break
+				}
+			}
+			select {
+			case err := <-exited:
+				b.Fatalf("proxy exited: %v", err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("the proxy did not program %d services in time", n)
+			}
+			time.Sleep(100 * time.Millisecond) // polling the kernel maps for a condition, with a deadline
+		}
+		setup := time.Since(t0)
+		cpu0 := procCPU(b, cmd.Process.Pid)
+		var lat []time.Duration
+		r := row{services: n, setup: setup}
+		for i := range changes {
+			j := (i * 7919) % n
+			es, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, names[j], metav1.GetOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			next++
+			addr := netip.AddrFrom4([4]byte{10, 128 + byte(next>>16), byte(next >> 8), byte(next)})
+			es.Endpoints[0].Addresses = []string{addr.String()}
+			want := netip.AddrPortFrom(addr, 8080)
+			k := dataplane.FrontendKey{Addr: vips[j], Port: 80, Protocol: dataplane.TCP}
+			start := time.Now()
+			if _, err := cs.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			for {
+				svc, ok, err := view.Frontend(k)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if ok && slices.ContainsFunc(svc.Slots, func(s ebpf.Slot) bool { return s.Backend == want }) {
+					break
+				}
+				if time.Since(start) > 30*time.Second {
+					r.changesWithErrors++
+					break
+				}
+				time.Sleep(100 * time.Microsecond) // a poll of the kernel map, at 0.1 ms resolution
+			}
+			lat = append(lat, time.Since(start))
+		}
+		cpu := procCPU(b, cmd.Process.Pid) - cpu0
+		slices.Sort(lat)
+		r.p50, r.p99, r.max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
+		r.cpuPerChange = cpu / time.Duration(changes)
+		r.rssMB = procRSSMB(b, cmd.Process.Pid)
+		rows = append(rows, r)
+		view.Close()
+	}
+	b.StopTimer()
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "EndpointSlice update (API) → pinned eBPF map entry, through apiserver+etcd and a `waggle proxy` process; %d changes one after another, %d endpoints per Service\n", changes, perSvc)
+	fmt.Fprintf(&sb, "%9s %10s %9s %9s %9s %14s %10s %7s\n", "services", "setup", "p50", "p99", "max", "proxy CPU/chg", "proxy RSS", "errors")
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "%9d %10s %9s %9s %9s %14s %8.0fMB %7d\n", r.services, r.setup.Round(time.Millisecond), r.p50.Round(10*time.Microsecond),
+			r.p99.Round(10*time.Microsecond), r.max.Round(10*time.Microsecond), r.cpuPerChange.Round(10*time.Microsecond), r.rssMB, r.changesWithErrors)
+	}
+	b.Log("\n" + sb.String())
+	last := rows[len(rows)-1]
+	b.ReportMetric(float64(last.p50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(last.p99.Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(last.cpuPerChange.Microseconds())/1000, "proxy-cpu-ms/change")
+	b.ReportMetric(last.rssMB, "proxy-rss-MB")
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func createService(ctx context.Context, cs kubernetes.Interface, name string, i, perSvc int, vip *netip.Addr) error {
+	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}
+	got, err := cs.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create service %s: %w", name, err)
+	}
+	a, err := netip.ParseAddr(got.Spec.ClusterIP)
+	if err != nil {
+		return fmt.Errorf("service %s got clusterIP %q: %w", name, got.Spec.ClusterIP, err)
+	}
+	*vip = a
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(8080)), Protocol: ptr.To(v1.ProtocolTCP)}},
+	}
+	for j := range perSvc {
+		k := i*perSvc + j
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{netip.AddrFrom4([4]byte{10, 64 + byte(k>>16), byte(k >> 8), byte(k)}).String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	}
+	if _, err := cs.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpointslice %s: %w", name, err)
+	}
+	return nil
+}
+
+func mapEntries(maps []ebpf.MapInfo, name string) int {
+	for _, m := range maps {
+		if m.Name == name {
+			return m.Entries
+		}
+	}
+	return -1
+}
+
+// procCPU is a process's user+system CPU time (clock ticks of 10 ms).
+func procCPU(b *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+func procRSSMB(b *testing.B, pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, l := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+
