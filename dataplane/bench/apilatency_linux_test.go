@@ -325,5 +325,3 @@ func procRSSMB(b *testing.B, pid int) float64 {
 	}
 	return 0
 }
-
-

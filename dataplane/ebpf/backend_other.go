@@ -53,4 +53,6 @@ func (v *View) Explain(k dataplane.FrontendKey, netnsCookie uint64, now time.Dur
 	return Explanation{}, errOS
 }
 func (v *View) Programs() ([]ProgramInfo, error) { return nil, errOS }
-func (v *View) Frontend(k dataplane.FrontendKey) (Service, bool, error) { return Service{}, false, errOS }
+func (v *View) Frontend(k dataplane.FrontendKey) (Service, bool, error) {
+	return Service{}, false, errOS
+}
