@@ -49,7 +49,8 @@ func (s *Server) kubeletRT() (http.RoundTripper, error) {
 }
 
 // connect serves the subresources that reach a node: pods/log, pods/exec,
-// pods/attach (proxied to the pod's kubelet with upgrades passed through),
+// pods/attach, pods/portforward (proxied to the pod's kubelet with SPDY and
+// WebSocket upgrades passed through),
 // pods/proxy (to the pod's IP) and nodes/proxy (to the kubelet).
 func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
 	if err := s.admit(ctx, &AdmissionAttributes{Operation: OpConnect, Resource: req.reg.res, Subresource: req.sub, Namespace: req.ns, Name: req.name}); err != nil {
@@ -139,6 +140,17 @@ func (s *Server) podTarget(ctx context.Context, r *http.Request, req *request) (
 	node, err := s.node(ctx, pod.Spec.NodeName)
 	if err != nil {
 		return nil, err
+	}
+	if req.sub == "portforward" {
+		// The ports travel in the stream (SPDY headers or WebSocket
+		// query), not as a container: the kubelet forwards to the pod's
+		// network namespace.
+		u, err := kubeletclient.PortForwardURL(node, req.ns, name)
+		if err != nil {
+			return nil, apierrors.NewServiceUnavailable(err.Error())
+		}
+		u.RawQuery = r.URL.RawQuery
+		return u, nil
 	}
 	container := r.URL.Query().Get("container")
 	if container == "" {

@@ -101,6 +101,12 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 		err = s.serveConnect(ctx, w, r, req)
 	case req.sub == "finalize" && r.Method == http.MethodPut:
 		err = s.serveUpdate(ctx, w, r, req)
+	case (req.sub == "ephemeralcontainers" || req.sub == "resize") && a.Verb == "get":
+		err = s.serveGet(ctx, w, r, req)
+	case (req.sub == "ephemeralcontainers" || req.sub == "resize") && a.Verb == "update":
+		err = s.serveUpdate(ctx, w, r, req)
+	case (req.sub == "ephemeralcontainers" || req.sub == "resize") && a.Verb == "patch":
+		err = s.servePatch(ctx, w, r, req)
 	case req.sub != "" && req.sub != "status":
 		err = apierrors.NewMethodNotSupported(reg.gr, r.Method)
 	case a.Verb == "get":

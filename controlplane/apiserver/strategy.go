@@ -40,6 +40,9 @@ type strategy struct {
 	defaults           func(obj runtime.Object)
 	validate           func(obj runtime.Object) field.ErrorList
 	validateSpecUpdate func(obj, old runtime.Object) field.ErrorList
+	// validateSub replaces validateSpecUpdate for writes through a
+	// subresource that changes one part of the spec (pods/resize).
+	validateSub map[string]func(obj, old runtime.Object) field.ErrorList
 
 	// allocate reserves what obj needs (ClusterIPs, NodePorts) that old did
 	// not hold; release undoes it when the write fails.
@@ -88,6 +91,9 @@ func (s *strategy) validateUpdate(r *registry, obj, old runtime.Object, sub stri
 	errs = append(errs, apivalidation.ValidateObjectMetaAccessorUpdate(objectMeta(obj), objectMeta(old), field.NewPath("metadata"))...)
 	if s.validate != nil {
 		errs = append(errs, s.validate(obj)...)
+	}
+	if v := s.validateSub[sub]; v != nil {
+		return append(errs, v(obj, old)...)
 	}
 	if s.validateSpecUpdate != nil {
 		errs = append(errs, s.validateSpecUpdate(obj, old)...)
@@ -193,12 +199,23 @@ func strategyFor(res *catalog.Resource) *strategy {
 			p.Status = corev1.PodStatus{Phase: corev1.PodPending, QOSClass: qosClass(&p.Spec)}
 		}
 		s.prepareUpdate = func(o, old runtime.Object, sub string) {
-			if sub == "status" {
+			switch sub {
+			case "status":
 				p := o.(*corev1.Pod)
 				if p.Status.QOSClass == "" {
 					p.Status.QOSClass = old.(*corev1.Pod).Status.QOSClass
 				}
+			case "ephemeralcontainers":
+				ephemeralOnly(o.(*corev1.Pod), old.(*corev1.Pod))
+			case "resize":
+				resizeOnly(o.(*corev1.Pod), old.(*corev1.Pod))
 			}
+		}
+		s.validateSub = map[string]func(o, old runtime.Object) field.ErrorList{
+			"ephemeralcontainers": func(o, old runtime.Object) field.ErrorList {
+				return validateEphemeralContainersUpdate(o.(*corev1.Pod), old.(*corev1.Pod))
+			},
+			"resize": func(o, old runtime.Object) field.ErrorList { return validateResize(o.(*corev1.Pod), old.(*corev1.Pod)) },
 		}
 		s.defaults = func(o runtime.Object) { defaultPod(o.(*corev1.Pod)) }
 		s.validate = func(o runtime.Object) field.ErrorList { return validatePod(o.(*corev1.Pod)) }
