@@ -89,6 +89,8 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	var err error
 	switch {
+	case reg.res.Virtual && reg.res.Group == "" && (reg.res.Resource == "bindings" || reg.res.Resource == "componentstatuses"):
+		err = s.serveCoreVirtual(ctx, w, r, req, a.Verb)
 	case reg.res.Virtual:
 		err = s.serveVirtual(ctx, w, r, req)
 	case req.sub == "scale":
@@ -566,16 +568,21 @@ func writeSuccess(w http.ResponseWriter, code int) {
 // serveBinding assigns a pod to a node (pods/binding), as the scheduler
 // does: once only, and never for a pod being deleted.
 func (s *Server) serveBinding(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
-	wo, _, err := parseWriteOpts(r)
-	if err != nil {
-		return err
-	}
 	body, err := readBody(r)
 	if err != nil {
 		return err
 	}
 	var b corev1.Binding
 	if _, err := decodeInto(body, &b, r.Header.Get("Content-Type"), decode.Ignore); err != nil {
+		return err
+	}
+	return s.bindPod(ctx, w, r, req, &b)
+}
+
+// bindPod assigns the pod req names to the Binding's target node.
+func (s *Server) bindPod(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request, b *corev1.Binding) error {
+	wo, _, err := parseWriteOpts(r)
+	if err != nil {
 		return err
 	}
 	if b.Target.Name == "" {

@@ -83,6 +83,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// EtcdTimeout bounds each etcd call (default storage.DefaultTimeout).
 	EtcdTimeout time.Duration
+	// ComponentProbes are the health URLs componentstatuses reports, by
+	// component name (default DefaultComponentProbes; etcd-0 is always the
+	// server's own store).
+	ComponentProbes map[string]string
 }
 
 func (c *Config) setDefaults() {

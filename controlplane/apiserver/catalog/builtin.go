@@ -131,6 +131,15 @@ func builtinResources() []Resource {
 
 	return []Resource{
 		// core/v1
+		// bindings bind the pod they name (as pods/binding); componentstatuses
+		// are read from the components' health endpoints. Neither is stored.
+		virtual(core, "bindings", true, &corev1.Binding{}),
+		func() Resource {
+			r := virtual(core, "componentstatuses", false, &corev1.ComponentStatus{})
+			r.Verbs, r.ShortNames, r.ListKind = []string{"get", "list"}, []string{"cs"}, "ComponentStatusList"
+			r.NewList = func() runtime.Object { return &corev1.ComponentStatusList{} }
+			return r
+		}(),
 		def(core, "configmaps", true, &corev1.ConfigMap{}, &corev1.ConfigMapList{}, short("cm")),
 		def(core, "endpoints", true, &corev1.Endpoints{}, &corev1.EndpointsList{}, short("ep"), func(r *Resource) { r.Singular = "endpoints" }),
 		def(core, "events", true, &corev1.Event{}, &corev1.EventList{}, short("ev")),

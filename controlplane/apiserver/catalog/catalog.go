@@ -69,7 +69,8 @@ type Resource struct {
 	StoredAs *schema.GroupVersionResource
 	// Virtual resources are never stored: a create is answered by a
 	// handler (TokenReview, SubjectAccessReview, ...) and nothing else is
-	// served.
+	// served, or, with a list type, they are read-only and computed when
+	// read (componentstatuses).
 	Virtual bool
 }
 

@@ -196,6 +196,35 @@ func init() {
 		return []any{s.Name, int64(len(s.Secrets)), age(s.CreationTimestamp, now)}
 	})
 
+	// ComponentStatus as kubectl prints it: the Healthy condition.
+	register([]metav1.TableColumnDefinition{
+		nameCol,
+		col("Status", "string", "Status of the component conditions"),
+		col("Message", "string", "Message of the component conditions"),
+		col("Error", "string", "Error of the component conditions"),
+	}, func(c *corev1.ComponentStatus, _ time.Time) []any {
+		status, msg, errText := "Unknown", "", ""
+		for _, cond := range c.Conditions {
+			if cond.Type == corev1.ComponentHealthy {
+				status = "Unhealthy"
+				if cond.Status == corev1.ConditionTrue {
+					status = "Healthy"
+				}
+				msg, errText = cond.Message, cond.Error
+				break
+			}
+		}
+		return []any{c.Name, status, msg, errText}
+	})
+
+	register([]metav1.TableColumnDefinition{
+		nameCol,
+		col("Target", "string", corev1.Binding{}.SwaggerDoc()["target"]),
+		ageCol,
+	}, func(b *corev1.Binding, now time.Time) []any {
+		return []any{b.Name, b.Target.Kind + "/" + b.Target.Name, age(b.CreationTimestamp, now)}
+	})
+
 	register([]metav1.TableColumnDefinition{
 		nameCol,
 		col("Holder", "string", coordinationv1.LeaseSpec{}.SwaggerDoc()["holderIdentity"]),
