@@ -72,7 +72,10 @@ func writeStatus(w http.ResponseWriter, err error, gr schema.GroupResource, name
 	switch {
 	case st.Details != nil && st.Details.RetryAfterSeconds > 0:
 		w.Header().Set("Retry-After", strconv.Itoa(int(st.Details.RetryAfterSeconds)))
-	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout:
+	case code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout:
+		// Storage and timeout errors: worth retrying soon. (A 429 says
+		// when only if its Status does, as kube-apiserver: an eviction
+		// a budget forbids is not retried by client-go itself.)
 		w.Header().Set("Retry-After", strconv.Itoa(1))
 	}
 	b, _ := json.Marshal(&st)
