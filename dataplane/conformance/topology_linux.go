@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -14,6 +13,9 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/internal/testutil"
@@ -47,7 +49,6 @@ const dialTimeout = 2 * time.Second
 func NewTopology(t *testing.T) *Topology {
 	t.Helper()
 	testutil.RequiresRoot(t)
-	testutil.RequiresBinary(t, "conntrack")
 	tp := &Topology{Node: testutil.NewNetNS(t), Pods: testutil.NewNetNS(t)}
 	tp.Node.Run(t, "ip", "link", "add", "wgn0", "type", "veth", "peer", "name", "wgp0", "netns", tp.Pods.Name)
 	// No duplicate address detection: link-local addresses are usable at
@@ -201,8 +202,27 @@ func classify(err error) error {
 // socket reusing a source port would otherwise follow an old translation).
 func (tp *Topology) Reset(t *testing.T) {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", tp.Node.Name, "conntrack", "-F").CombinedOutput()
-	if err != nil && !strings.Contains(string(out), "flow entries have been deleted") {
-		t.Fatalf("conntrack -F: %v: %s", err, out)
+	nsh, err := netns.GetFromName(tp.Node.Name)
+	if err != nil {
+		t.Fatalf("open netns %s: %v", tp.Node.Name, err)
+	}
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_NETFILTER)
+	if err != nil {
+		t.Fatalf("netlink in netns %s: %v", tp.Node.Name, err)
+	}
+	defer h.Close()
+	// Every TCP, UDP and ICMP flow of both families (an empty filter
+	// matches nothing).
+	var filters []netlink.CustomConntrackFilter
+	for _, p := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_ICMP, unix.IPPROTO_ICMPV6} {
+		f := &netlink.ConntrackFilter{}
+		f.AddProtocol(p)
+		filters = append(filters, f)
+	}
+	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		if _, err := h.ConntrackDeleteFilters(netlink.ConntrackTable, fam, filters...); err != nil {
+			t.Fatalf("flush conntrack: %v", err)
+		}
 	}
 }

@@ -156,16 +156,8 @@ type ConntrackCleaner interface {
 	DeleteUDPFlows(ctx context.Context, fam Family, orig netip.AddrPort, endpoint netip.Addr) error
 }
 
-// DeleteUDPFlows implements ConntrackCleaner with the conntrack tool.
+// DeleteUDPFlows implements ConntrackCleaner through netlink (conntrack
+// filters, as kube-proxy does), in the namespace at NetNSPath when set.
 func (r *ExecRunner) DeleteUDPFlows(ctx context.Context, fam Family, orig netip.AddrPort, endpoint netip.Addr) error {
-	args := []string{"-D", "-p", "udp", "--orig-dst", orig.Addr().String(), "--orig-port-dst", fmt.Sprint(orig.Port()), "--reply-src", endpoint.String()}
-	if fam == IPv6 {
-		args = append([]string{"-f", "ipv6"}, args...)
-	}
-	_, err := r.run(ctx, nil, "conntrack", args...)
-	var ee *ExecError
-	if errors.As(err, &ee) && ee.exitCode() == 1 && strings.Contains(ee.Stderr, "0 flow entries") {
-		return nil
-	}
-	return err
+	return deleteUDPFlows(r.NetNSPath, fam, orig, endpoint)
 }
