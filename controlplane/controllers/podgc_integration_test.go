@@ -58,7 +58,7 @@ func TestPodGCDeletesTerminatedPodsOverTheThresholdAndOrphans(t *testing.T) {
 		sort.Strings(out)
 		return out, nil
 	}
-	eventually(t, 30*time.Second, func() error {
+	eventually(t, 60*time.Second, func() error {
 		n, err := names()
 		if err != nil {
 			return err
@@ -73,7 +73,7 @@ func TestPodGCDeletesTerminatedPodsOverTheThresholdAndOrphans(t *testing.T) {
 	if err := c.cs.CoreV1().Nodes().Delete(ctx, "doomed", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, func() error {
+	eventually(t, 60*time.Second, func() error {
 		_, err := c.cs.CoreV1().Pods("default").Get(ctx, "orphan", metav1.GetOptions{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("orphan still there (err %v)", err)

@@ -97,7 +97,7 @@ func TestScheduleHonoursTheTimeZone(t *testing.T) {
 func TestCreatesTheJobOfTheMostRecentScheduledTime(t *testing.T) {
 	cs := start(t, t0, newCronJob("tick", nil))
 	want := fmt.Sprintf("tick-%d", time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC).Unix()/60)
-	ctrltest.Eventually(t, 5*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		if n := jobNames(t, cs); len(n) != 1 || n[0] != want {
 			return fmt.Errorf("jobs %v, want [%s] (only the latest of the missed times)", n, want)
 		}
@@ -133,7 +133,7 @@ func TestForbidSkipsWhileAJobRunsAndReplaceDeletesIt(t *testing.T) {
 	pf, pr := old(forbid), old(replace)
 	pr.Name = "prev-r"
 	cs := start(t, t0, forbid, replace, pf, pr)
-	ctrltest.Eventually(t, 5*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		n := jobNames(t, cs)
 		for _, name := range n {
 			if name == "prev-r" {
@@ -166,7 +166,7 @@ func TestHistoryLimitsDeleteTheOldestFinishedJobs(t *testing.T) {
 		objs = append(objs, j)
 	}
 	cs := start(t, t0, objs...)
-	ctrltest.Eventually(t, 5*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		if n := jobNames(t, cs); len(n) != 1 || n[0] != "done-2" {
 			return fmt.Errorf("jobs %v, want only the newest", n)
 		}

@@ -30,7 +30,7 @@ func TestRevisionsFollowTheTemplateAndAnUndoRenumbersTheOldOne(t *testing.T) {
 	}
 	wait := func(want map[string]int64) {
 		t.Helper()
-		ctrltest.Eventually(t, 10*time.Second, func() error {
+		ctrltest.Eventually(t, 45*time.Second, func() error {
 			if got := revs(); fmt.Sprint(got) != fmt.Sprint(want) {
 				return fmt.Errorf("revisions %v, want %v", got, want)
 			}

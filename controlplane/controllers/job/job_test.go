@@ -101,7 +101,7 @@ func running(pods []corev1.Pod) []corev1.Pod {
 func (e *env) waitRunning(n int) []corev1.Pod {
 	e.t.Helper()
 	var out []corev1.Pod
-	ctrltest.Eventually(e.t, 10*time.Second, func() error {
+	ctrltest.Eventually(e.t, 45*time.Second, func() error {
 		out = running(e.pods())
 		if len(out) != n {
 			return fmt.Errorf("%d running pods, want %d", len(out), n)
@@ -114,7 +114,7 @@ func (e *env) waitRunning(n int) []corev1.Pod {
 func (e *env) waitCondition(name string, t batchv1.JobConditionType, reason string) *batchv1.Job {
 	e.t.Helper()
 	var j *batchv1.Job
-	ctrltest.Eventually(e.t, 10*time.Second, func() error {
+	ctrltest.Eventually(e.t, 45*time.Second, func() error {
 		j = e.job(name)
 		for _, c := range j.Status.Conditions {
 			if c.Type == t && c.Status == corev1.ConditionTrue {
@@ -145,7 +145,7 @@ func TestNonIndexedJobRunsParallelPodsToCompletionsWithFinalizers(t *testing.T) 
 	}
 	e.finish(pods[0], 0)
 	// The counted pod loses its finalizer; a third pod replaces it.
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		if j := e.job("pi"); j.Status.Succeeded != 1 {
 			return fmt.Errorf("succeeded %d", j.Status.Succeeded)
 		}
@@ -198,7 +198,7 @@ func TestPodFailurePolicyFailJobAndIgnore(t *testing.T) {
 	first := e.waitRunning(1)[0]
 	e.finish(first, 3) // ignored: not counted, replaced despite backoffLimit 0
 	var second corev1.Pod
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		r := running(e.pods())
 		if len(r) != 1 || r[0].Name == first.Name {
 			return fmt.Errorf("no replacement yet")
@@ -243,7 +243,7 @@ func TestIndexedJobGivesEachIndexItsPodAndReportsCompletedIndexes(t *testing.T) 
 			e.finish(p, 0)
 		}
 	}
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		if j := e.job("idx"); j.Status.CompletedIndexes != "0,2" || j.Status.Succeeded != 2 {
 			return fmt.Errorf("completedIndexes %q succeeded %d", j.Status.CompletedIndexes, j.Status.Succeeded)
 		}
@@ -274,7 +274,7 @@ func TestBackoffLimitPerIndexFailsOnlyThatIndex(t *testing.T) {
 	e.waitRunning(2)
 	e.finish(byIdx()["1"], 1)
 	var retry corev1.Pod
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		p, ok := byIdx()["1"]
 		if !ok || p.Annotations[batchv1.JobIndexFailureCountAnnotation] != "1" {
 			return fmt.Errorf("index 1 not retried with failure count 1: %+v", p.Annotations)
@@ -283,7 +283,7 @@ func TestBackoffLimitPerIndexFailsOnlyThatIndex(t *testing.T) {
 		return nil
 	})
 	e.finish(retry, 1)
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		if j := e.job("per"); j.Status.FailedIndexes == nil || *j.Status.FailedIndexes != "1" {
 			return fmt.Errorf("failedIndexes %v", j.Status.FailedIndexes)
 		}
@@ -336,7 +336,7 @@ func TestSuspendDeletesPodsAndResumeRestartsThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitRunning(2)
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		j = e.job("sus")
 		if c := condition(&j.Status, batchv1.JobSuspended); c == nil || c.Status != corev1.ConditionFalse || c.Reason != "JobResumed" || j.Status.StartTime == nil {
 			return fmt.Errorf("status %+v", j.Status)

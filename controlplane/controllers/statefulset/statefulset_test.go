@@ -82,7 +82,7 @@ func (e *env) markReady(name string) {
 
 func (e *env) waitNames(want ...string) {
 	e.t.Helper()
-	ctrltest.Eventually(e.t, 10*time.Second, func() error {
+	ctrltest.Eventually(e.t, 45*time.Second, func() error {
 		if got := e.names(); fmt.Sprint(got) != fmt.Sprint(want) {
 			return fmt.Errorf("pods %v, want %v", got, want)
 		}
@@ -112,7 +112,7 @@ func TestOrderedReadyCreatesOneOrdinalAtATimeWithItsClaim(t *testing.T) {
 	e.markReady("web-1")
 	e.waitNames("web-0", "web-1", "web-2")
 	e.markReady("web-2")
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		s, _ := e.cs.AppsV1().StatefulSets("default").Get(context.Background(), "web", metav1.GetOptions{})
 		if s.Status.ReadyReplicas != 3 || s.Status.CurrentRevision != rev || s.Status.UpdateRevision != rev || s.Status.UpdatedReplicas != 3 {
 			return fmt.Errorf("status %+v", s.Status)
@@ -127,7 +127,7 @@ func TestOrderedReadyCreatesOneOrdinalAtATimeWithItsClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	var newRev string
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		for _, p := range e.pods() {
 			if p.Name == "web-2" && p.Spec.Containers[0].Image == "nginx:2" {
 				newRev = p.Labels[appsv1.ControllerRevisionHashLabelKey]
@@ -142,7 +142,7 @@ func TestOrderedReadyCreatesOneOrdinalAtATimeWithItsClaim(t *testing.T) {
 		}
 	}
 	e.markReady("web-2")
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		for _, p := range e.pods() {
 			if p.Name == "web-1" && p.Labels[appsv1.ControllerRevisionHashLabelKey] == newRev {
 				return nil
@@ -171,7 +171,7 @@ func TestParallelScaleDownAndPartition(t *testing.T) {
 	if _, err := e.cs.AppsV1().StatefulSets("default").Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		for _, p := range e.pods() {
 			if p.Name == "db-2" && p.Spec.Containers[0].Image == "nginx:2" {
 				return nil
@@ -180,7 +180,7 @@ func TestParallelScaleDownAndPartition(t *testing.T) {
 		return fmt.Errorf("db-2 not updated")
 	})
 	e.markReady("db-2")
-	ctrltest.Eventually(t, 10*time.Second, func() error {
+	ctrltest.Eventually(t, 45*time.Second, func() error {
 		st, _ := e.cs.AppsV1().StatefulSets("default").Get(context.Background(), "db", metav1.GetOptions{})
 		if st.Status.UpdatedReplicas != 1 || st.Status.CurrentReplicas != 2 || st.Status.ReadyReplicas != 3 {
 			return fmt.Errorf("status %+v", st.Status)

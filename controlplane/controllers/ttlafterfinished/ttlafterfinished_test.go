@@ -44,8 +44,8 @@ func TestDeletesFinishedJobsOnceTheirTTLExpires(t *testing.T) {
 		}
 		return errNotGone(name)
 	}
-	ctrltest.Eventually(t, 5*time.Second, func() error { return gone("expired") })
-	ctrltest.Eventually(t, 5*time.Second, func() error { return gone("soon") }) // woken up when its TTL ran out
+	ctrltest.Eventually(t, 45*time.Second, func() error { return gone("expired") })
+	ctrltest.Eventually(t, 45*time.Second, func() error { return gone("soon") }) // woken up when its TTL ran out
 	for _, name := range []string{"keep", "no-ttl"} {
 		if gone(name) == nil {
 			t.Fatalf("%s deleted", name)
