@@ -26,6 +26,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.ConcurrentGCSyncs, "concurrent-gc-syncs", cfg.ConcurrentGCSyncs, "garbage collector workers")
 	fs.IntVar(&cfg.ConcurrentNamespaceSyncs, "concurrent-namespace-syncs", cfg.ConcurrentNamespaceSyncs, "namespace workers")
 	fs.IntVar(&cfg.TerminatedPodGCThreshold, "terminated-pod-gc-threshold", cfg.TerminatedPodGCThreshold, "terminated pods kept before the pod garbage collector deletes the oldest (<= 0: keep all)")
+	fs.IntVar(&cfg.ConcurrentRCSyncs, "concurrent-rc-syncs", cfg.ConcurrentRCSyncs, "ReplicationController workers")
 	fs.IntVar(&cfg.ConcurrentStatefulSetSyncs, "concurrent-statefulset-syncs", cfg.ConcurrentStatefulSetSyncs, "StatefulSet workers")
 	fs.IntVar(&cfg.ConcurrentJobSyncs, "concurrent-job-syncs", cfg.ConcurrentJobSyncs, "Job workers")
 	fs.IntVar(&cfg.ConcurrentCronJobSyncs, "concurrent-cron-job-syncs", cfg.ConcurrentCronJobSyncs, "CronJob workers")

@@ -1,6 +1,7 @@
 // Package controllers is the controller-manager: `waggle controller-manager`
 // builds one client and one SharedInformerFactory, and, while it holds the
-// leader Lease, runs every enabled controller (replicaset, deployment,
+// leader Lease, runs every enabled controller (replicaset,
+// replicationcontroller, deployment,
 // daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
@@ -87,6 +88,7 @@ type Config struct {
 	ConcurrentNamespaceSyncs      int
 	ConcurrentServiceAccountSyncs int
 	ConcurrentJobSyncs            int
+	ConcurrentRCSyncs             int
 	ConcurrentStatefulSetSyncs    int
 	ConcurrentCronJobSyncs        int
 	ConcurrentTTLSyncs            int
@@ -143,6 +145,7 @@ func DefaultConfig() Config {
 		ConcurrentNamespaceSyncs:      10,
 		ConcurrentServiceAccountSyncs: 5,
 		ConcurrentJobSyncs:            5,
+		ConcurrentRCSyncs:             5,
 		ConcurrentStatefulSetSyncs:    5,
 		ConcurrentCronJobSyncs:        5,
 		ConcurrentTTLSyncs:            5,
@@ -380,6 +383,13 @@ func starters() []starter {
 		{name: replicaset.Name, build: func(d Deps) (func(context.Context), error) {
 			c := replicaset.New(d.Client, d.Factory, d.Log, replicaset.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentReplicaSetSyncs) }, nil
+		}},
+		{name: replicaset.RCName, build: func(d Deps) (func(context.Context), error) {
+			if err := served(d, "v1", "replicationcontrollers"); err != nil {
+				return nil, err
+			}
+			c := replicaset.NewReplicationController(d.Client, d.Factory, d.Log, replicaset.Options{})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentRCSyncs) }, nil
 		}},
 		{name: deployment.Name, build: func(d Deps) (func(context.Context), error) {
 			c := deployment.New(d.Client, d.Factory, d.Log, deployment.Options{})

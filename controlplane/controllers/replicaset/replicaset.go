@@ -29,9 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
-	appsinformers "k8s.io/client-go/informers/apps/v1"
 	"k8s.io/client-go/kubernetes"
-	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -56,7 +54,7 @@ type Controller struct {
 	log      *slog.Logger
 	opts     Options
 	queue    workqueue.TypedRateLimitingInterface[string]
-	rsLister appslisters.ReplicaSetLister
+	b        backend
 	pods     corelisters.PodLister
 	synced   []cache.InformerSynced
 	exp      *ctrlutil.Expectations
@@ -67,25 +65,29 @@ type Controller struct {
 
 // New wires the controller to the factory's ReplicaSet and Pod informers.
 func New(client kubernetes.Interface, factory informers.SharedInformerFactory, log *slog.Logger, opts Options) *Controller {
+	rsInf := factory.Apps().V1().ReplicaSets()
+	return newController(client, factory, log, opts, rsBackend{client: client, lister: rsInf.Lister()}, rsInf.Informer())
+}
+
+func newController(client kubernetes.Interface, factory informers.SharedInformerFactory, log *slog.Logger, opts Options, b backend, ownerInf cache.SharedIndexInformer) *Controller {
 	if opts.BurstReplicas <= 0 {
 		opts.BurstReplicas = 500
 	}
-	rsInf := factory.Apps().V1().ReplicaSets()
 	podInf := factory.Core().V1().Pods()
 	c := &Controller{
-		client: client, log: log.With("controller", Name), opts: opts,
-		queue:    ctrlutil.NewQueue(Name),
-		rsLister: rsInf.Lister(), pods: podInf.Lister(),
-		synced: []cache.InformerSynced{rsInf.Informer().HasSynced, podInf.Informer().HasSynced},
+		client: client, log: log.With("controller", b.name()), opts: opts,
+		queue: ctrlutil.NewQueue(b.name()),
+		b:     b, pods: podInf.Lister(),
+		synced: []cache.InformerSynced{ownerInf.HasSynced, podInf.Informer().HasSynced},
 		exp:    ctrlutil.NewExpectations(), now: time.Now,
 	}
-	c.rec, c.stopRec = ctrlutil.NewRecorder(client, "replicaset-controller")
-	c.watch(rsInf, podInf.Informer())
+	c.rec, c.stopRec = ctrlutil.NewRecorder(client, b.component())
+	c.watch(ownerInf, podInf.Informer())
 	return c
 }
 
-func (c *Controller) watch(rsInf appsinformers.ReplicaSetInformer, podInf cache.SharedIndexInformer) {
-	rsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+func (c *Controller) watch(ownerInf cache.SharedIndexInformer, podInf cache.SharedIndexInformer) {
+	ownerInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: c.enqueue,
 		UpdateFunc: func(old, cur any) {
 			// A shrinking selector can release pods; a grown replicas must be
@@ -165,13 +167,13 @@ func (c *Controller) rsByKey(key string) (*appsv1.ReplicaSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.rsLister.ReplicaSets(ns).Get(name)
+	return c.b.get(ns, name)
 }
 
 // resolveRef returns the key of the ReplicaSet that controls pod, if it is
 // one this controller knows (same UID).
 func (c *Controller) resolveRef(pod *corev1.Pod) string {
-	rs, ok := ctrlutil.ResolveController(pod, "ReplicaSet", func(ns, name string) (*appsv1.ReplicaSet, error) { return c.rsLister.ReplicaSets(ns).Get(name) })
+	rs, ok := ctrlutil.ResolveController(pod, c.b.kind(), c.b.get)
 	if !ok {
 		return ""
 	}
@@ -181,7 +183,7 @@ func (c *Controller) resolveRef(pod *corev1.Pod) string {
 // enqueueMatching enqueues every ReplicaSet whose selector matches an orphan
 // (it may adopt it) or a pod whose labels changed.
 func (c *Controller) enqueueMatching(pod *corev1.Pod) {
-	list, err := c.rsLister.ReplicaSets(pod.Namespace).List(labels.Everything())
+	list, err := c.b.list(pod.Namespace)
 	if err != nil {
 		return
 	}
@@ -197,7 +199,7 @@ func (c *Controller) enqueueMatching(pod *corev1.Pod) {
 // Run runs workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) {
 	defer c.stopRec()
-	ctrlutil.RunWorkers(ctx, c.log, Name, c.queue, workers, c.sync, c.synced...)
+	ctrlutil.RunWorkers(ctx, c.log, c.b.name(), c.queue, workers, c.sync, c.synced...)
 }
 
 // Queue exposes the work queue, for tests and the manager's readiness.
@@ -208,7 +210,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return nil
 	}
-	cached, err := c.rsLister.ReplicaSets(ns).Get(name)
+	cached, err := c.b.get(ns, name)
 	if apierrors.IsNotFound(err) {
 		c.exp.Forget(key)
 		return nil
@@ -234,9 +236,9 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		}
 	}
 	cl := &ctrlutil.Claimer[*corev1.Pod]{
-		Owner: rs, APIVersion: "apps/v1", Kind: "ReplicaSet", Selector: sel,
+		Owner: rs, APIVersion: c.b.apiVersion(), Kind: c.b.kind(), Selector: sel,
 		CanAdopt: ctrlutil.RecheckOwner(rs, func(ctx context.Context) (metav1.Object, error) {
-			return c.client.AppsV1().ReplicaSets(ns).Get(ctx, name, metav1.GetOptions{})
+			return c.b.getLive(ctx, ns, name)
 		}),
 		Update: func(ctx context.Context, p *corev1.Pod) error {
 			_, err := c.client.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{})
@@ -281,16 +283,16 @@ func (c *Controller) manage(ctx context.Context, key string, active []*corev1.Po
 		n := min(-diff, c.opts.BurstReplicas)
 		c.exp.ExpectCreations(key, n)
 		created, err := ctrlutil.SlowStartBatch(n, 1, func() error {
-			pod := ctrlutil.PodFromTemplate(rs, &rs.Spec.Template, "apps/v1", "ReplicaSet")
+			pod := ctrlutil.PodFromTemplate(rs, &rs.Spec.Template, c.b.apiVersion(), c.b.kind())
 			created, err := c.client.CoreV1().Pods(rs.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 			if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
 				return nil // the namespace is going away; nothing to do
 			}
 			if err != nil {
-				c.rec.Eventf(rs, corev1.EventTypeWarning, "FailedCreate", "Error creating: %v", err)
+				c.rec.Eventf(c.b.eventObject(rs), corev1.EventTypeWarning, "FailedCreate", "Error creating: %v", err)
 				return err
 			}
-			c.rec.Eventf(rs, corev1.EventTypeNormal, "SuccessfulCreate", "Created pod: %v", created.Name)
+			c.rec.Eventf(c.b.eventObject(rs), corev1.EventTypeNormal, "SuccessfulCreate", "Created pod: %v", created.Name)
 			return nil
 		})
 		// Creations that were never attempted or failed will not be observed.
@@ -317,12 +319,12 @@ func (c *Controller) manage(ctx context.Context, key string, active []*corev1.Po
 				defer wg.Done()
 				err := c.client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}})
 				if err == nil {
-					c.rec.Eventf(rs, corev1.EventTypeNormal, "SuccessfulDelete", "Deleted pod: %v", p.Name)
+					c.rec.Eventf(c.b.eventObject(rs), corev1.EventTypeNormal, "SuccessfulDelete", "Deleted pod: %v", p.Name)
 				}
 				if err != nil {
 					c.exp.DeletionObserved(key, keys[i])
 					if !apierrors.IsNotFound(err) {
-						c.rec.Eventf(rs, corev1.EventTypeWarning, "FailedDelete", "Error deleting: %v", err)
+						c.rec.Eventf(c.b.eventObject(rs), corev1.EventTypeWarning, "FailedDelete", "Error deleting: %v", err)
 						mu.Lock()
 						errs = append(errs, err)
 						mu.Unlock()
@@ -455,7 +457,7 @@ func (c *Controller) writeStatus(ctx context.Context, rs *appsv1.ReplicaSet, st 
 		return nil
 	}
 	rs.Status = st
-	_, err := c.client.AppsV1().ReplicaSets(rs.Namespace).UpdateStatus(ctx, rs, metav1.UpdateOptions{})
+	err := c.b.updateStatus(ctx, rs)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
