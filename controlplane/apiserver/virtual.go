@@ -90,6 +90,7 @@ func (s *Server) serveComponentStatuses(ctx context.Context, w http.ResponseWrit
 		list.Items = append(list.Items, corev1.ComponentStatus{TypeMeta: metav1.TypeMeta{Kind: "ComponentStatus", APIVersion: "v1"},
 			ObjectMeta: metav1.ObjectMeta{Name: n}, Conditions: []corev1.ComponentCondition{cond}})
 	}
+	warn(w, []string{"v1 ComponentStatus is deprecated in v1.19+"}) // as kube-apiserver says
 	if verb == "get" {
 		return s.writeObject(w, r, req.reg, http.StatusOK, &list.Items[0])
 	}
