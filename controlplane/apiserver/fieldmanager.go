@@ -80,6 +80,8 @@ func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeCon
 				paths = append(paths, fieldpath.MakePathOrDie("metadata", f))
 			}
 			subs["status"] = reset(paths...)
+		case "approval":
+			subs["approval"] = reset(spec)
 		case "scale", "ephemeralcontainers", "resize":
 			subs[sub.Name] = reset(status)
 		case "finalize":

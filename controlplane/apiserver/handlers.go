@@ -109,7 +109,7 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 		err = s.serveUpdate(ctx, w, r, req)
 	case (req.sub == "ephemeralcontainers" || req.sub == "resize") && a.Verb == "patch":
 		err = s.servePatch(ctx, w, r, req)
-	case req.sub != "" && req.sub != "status":
+	case req.sub != "" && req.sub != "status" && req.sub != "approval":
 		err = apierrors.NewMethodNotSupported(reg.gr, r.Method)
 	case a.Verb == "get":
 		err = s.serveGet(ctx, w, r, req)

@@ -8,9 +8,12 @@ import (
 	"testing"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -154,5 +157,47 @@ func TestOneStoreServesTwoVersions(t *testing.T) {
 	}
 	if msg, _, _ := unstructured.NestedString(core.Object, "message"); msg != "an events.k8s.io/v1 event" {
 		t.Errorf("core/v1 view of an events.k8s.io/v1 event: %v", core.Object)
+	}
+}
+
+// TestCertificateSigningRequestApprovalAndStatus: a CSR records its
+// requester (not what the client claims), approval writes only
+// conditions, and a status write sets the certificate but cannot drop the
+// approval, as kube-apiserver's CSR strategies.
+func TestCertificateSigningRequestApprovalAndStatus(t *testing.T) {
+	cs, _ := newClient(t)
+	ctx := context.Background()
+	fx := kindFixtures(t)
+	csr := &certificatesv1.CertificateSigningRequest{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(fx["certificatesigningrequests"].Object, csr); err != nil {
+		t.Fatal(err)
+	}
+	csr.Spec.Username, csr.Spec.Groups = "mallory", []string{"system:masters"}
+	csrs := cs.CertificatesV1().CertificateSigningRequests()
+	got, err := csrs.Create(ctx, csr, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.Username != "admin" || len(got.Status.Conditions) != 0 {
+		t.Fatalf("requester = %q %v (want the caller, admin), conditions %v", got.Spec.Username, got.Spec.Groups, got.Status.Conditions)
+	}
+	got.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "Test", Message: "approved by the test"}}
+	got.Spec.SignerName = "example.com/other" // ignored: approval writes conditions only
+	approved, err := csrs.UpdateApproval(ctx, got.Name, got, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(approved.Status.Conditions) != 1 || approved.Status.Conditions[0].LastUpdateTime.IsZero() || approved.Spec.SignerName != "example.com/signer" {
+		t.Fatalf("after approval: conditions %+v, signer %q", approved.Status.Conditions, approved.Spec.SignerName)
+	}
+	bundle, _, _ := unstructured.NestedString(fx["clustertrustbundles"].Object, "spec", "trustBundle")
+	approved.Status.Certificate = []byte(bundle)
+	approved.Status.Conditions = nil // a status write cannot drop the approval
+	issued, err := csrs.UpdateStatus(ctx, approved, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(issued.Status.Certificate) == 0 || len(issued.Status.Conditions) != 1 || issued.Status.Conditions[0].Type != certificatesv1.CertificateApproved {
+		t.Fatalf("after status: certificate %d bytes, conditions %+v", len(issued.Status.Certificate), issued.Status.Conditions)
 	}
 }

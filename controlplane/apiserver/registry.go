@@ -378,6 +378,9 @@ func (r *registry) create(ctx context.Context, ns string, obj runtime.Object, wo
 	if r.st.prepareCreate != nil {
 		r.st.prepareCreate(obj)
 	}
+	if r.st.prepareCreateFor != nil {
+		r.st.prepareCreateFor(ctx, obj)
+	}
 	if r.st.defaults != nil {
 		r.st.defaults(obj)
 	}
@@ -512,6 +515,11 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 	m.SetGenerateName(om.GetGenerateName())
 	m.SetSelfLink("")
 	switch sub {
+	case "approval":
+		// CertificateSigningRequest approval: conditions only (the
+		// strategy keeps the rest of status); metadata as for status.
+		copyField(obj, old, "Spec")
+		metav1.ResetObjectMetaForStatus(m, om)
 	case "status":
 		// Status writes change status and metadata, never spec, and not
 		// the metadata fields the kind's status strategy resets.

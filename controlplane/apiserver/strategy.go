@@ -35,7 +35,10 @@ type strategy struct {
 	fieldSet    func(runtime.Object) fields.Set
 	nameFn      apivalidation.ValidateNameFunc
 
-	prepareCreate      func(obj runtime.Object)
+	prepareCreate func(obj runtime.Object)
+	// prepareCreateFor sees the request (its user): a CSR records who
+	// asked for it.
+	prepareCreateFor   func(ctx context.Context, obj runtime.Object)
 	prepareUpdate      func(obj, old runtime.Object, sub string)
 	defaults           func(obj runtime.Object)
 	validate           func(obj runtime.Object) field.ErrorList

@@ -1,13 +1,16 @@
 package apiserver
 
 import (
+	"context"
 	"reflect"
 
+	"github.com/waggle-io/waggle/controlplane/apiserver/authn"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/registry/upstream"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	"k8s.io/apimachinery/pkg/api/validation/path"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -54,6 +57,10 @@ func upstreamStrategy(res *catalog.Resource, s *strategy) {
 		s.prepareCreate = clearStatus
 	}
 	s.defaults = upstream.Default
+	if gk == (schema.GroupKind{Group: "certificates.k8s.io", Kind: "CertificateSigningRequest"}) {
+		s.prepareCreateFor = csrRequester
+		s.prepareUpdate = csrPrepareUpdate
+	}
 	if gk == (schema.GroupKind{Group: "batch", Kind: "Job"}) {
 		s.prepareCreate = func(o runtime.Object) {
 			clearStatus(o)
@@ -90,6 +97,60 @@ func generateJobSelector(j *batchv1.Job) {
 	}
 	if _, set := j.Spec.Selector.MatchLabels[batchv1.ControllerUidLabel]; !set {
 		j.Spec.Selector.MatchLabels[batchv1.ControllerUidLabel] = string(j.UID)
+	}
+}
+
+// csrRequester records the requesting user in a new CSR's spec
+// (username, uid, groups; extra once authn carries it), replacing what the client sent, and
+// starts it with no conditions: nobody creates a pre-approved request.
+func csrRequester(ctx context.Context, o runtime.Object) {
+	csr := o.(*certificatesv1.CertificateSigningRequest)
+	csr.Spec.Username, csr.Spec.UID, csr.Spec.Groups, csr.Spec.Extra = "", "", nil, nil
+	if u, ok := authn.UserFrom(ctx); ok {
+		csr.Spec.Username, csr.Spec.UID, csr.Spec.Groups = u.Name, u.UID, u.Groups
+	}
+	csr.Status = certificatesv1.CertificateSigningRequestStatus{Conditions: []certificatesv1.CertificateSigningRequestCondition{}}
+}
+
+// csrPrepareUpdate is upstream's CSR status and approval split: approval
+// writes change only the conditions; status writes keep the Approved and
+// Denied conditions as they were (changing them is approval's job) and
+// may set the certificate. New conditions get their timestamps.
+func csrPrepareUpdate(o, old runtime.Object, sub string) {
+	csr, oc := o.(*certificatesv1.CertificateSigningRequest), old.(*certificatesv1.CertificateSigningRequest)
+	switch sub {
+	case "approval":
+		conds := csr.Status.Conditions
+		csr.Status = *oc.Status.DeepCopy()
+		csr.Status.Conditions = conds
+	case "status":
+		var keep []certificatesv1.CertificateSigningRequestCondition
+		for _, c := range csr.Status.Conditions {
+			if c.Type != certificatesv1.CertificateApproved && c.Type != certificatesv1.CertificateDenied {
+				keep = append(keep, c)
+			}
+		}
+		for _, c := range oc.Status.Conditions {
+			if c.Type == certificatesv1.CertificateApproved || c.Type == certificatesv1.CertificateDenied {
+				keep = append(keep, c)
+			}
+		}
+		csr.Status.Conditions = keep
+	}
+	now := metav1.Now()
+	for i := range csr.Status.Conditions {
+		c := &csr.Status.Conditions[i]
+		if c.LastUpdateTime.IsZero() {
+			c.LastUpdateTime = now
+		}
+		if c.LastTransitionTime.IsZero() {
+			c.LastTransitionTime = now
+			for _, prev := range oc.Status.Conditions {
+				if prev.Type == c.Type && prev.Status == c.Status && !prev.LastTransitionTime.IsZero() {
+					c.LastTransitionTime = prev.LastTransitionTime
+				}
+			}
+		}
 	}
 }
 

@@ -45,6 +45,8 @@ type Validation struct {
 	Create func(obj runtime.Object) field.ErrorList
 	Update func(obj, old runtime.Object) field.ErrorList
 	Status func(obj, old runtime.Object) field.ErrorList
+	// Subs validates writes through other subresources (approval).
+	Subs map[string]func(obj, old runtime.Object) field.ErrorList
 }
 
 // validations by internal group and kind; filled by the per-group files.
@@ -118,6 +120,10 @@ func ValidateUpdate(obj, old runtime.Object, sub string) (errs field.ErrorList, 
 		return internalError(err), true
 	}
 	switch {
+	case v.Subs[sub] != nil:
+		return v.Subs[sub](in, oldIn), true
+	case sub != "" && sub != "status":
+		return nil, true
 	case sub == "status" && v.Status != nil:
 		return v.Status(in, oldIn), true
 	case sub == "status":

@@ -150,6 +150,13 @@ func init() {
 	// certificates.k8s.io/v1
 	kind(certificates.GroupName, "CertificateSigningRequest", certvalidation.ValidateCertificateSigningRequestCreate,
 		certvalidation.ValidateCertificateSigningRequestUpdate, certvalidation.ValidateCertificateSigningRequestStatusUpdate)
+	csr := validations[schema.GroupKind{Group: certificates.GroupName, Kind: "CertificateSigningRequest"}]
+	csr.Subs = map[string]func(obj, old runtime.Object) field.ErrorList{
+		"approval": func(o, old runtime.Object) field.ErrorList {
+			return certvalidation.ValidateCertificateSigningRequestApprovalUpdate(o.(*certificates.CertificateSigningRequest), old.(*certificates.CertificateSigningRequest))
+		},
+	}
+	validations[schema.GroupKind{Group: certificates.GroupName, Kind: "CertificateSigningRequest"}] = csr
 	kind(certificates.GroupName, "ClusterTrustBundle",
 		func(o *certificates.ClusterTrustBundle) field.ErrorList {
 			return certvalidation.ValidateClusterTrustBundle(o, certvalidation.ValidateClusterTrustBundleOptions{})
