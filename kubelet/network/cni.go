@@ -166,31 +166,32 @@ func (c *CNI) SetUp(ctx context.Context, pod Pod) (Sandbox, error) {
 	return sb, nil
 }
 
-// TearDown implements Manager.
+// TearDown implements Manager. The namespace goes first: while it cannot be
+// removed it may still hold the pod's interface and address, so CNI DEL —
+// which releases the address to the IPAM store — runs only once it is gone
+// (with no netns, which the CNI spec requires plugins to accept).
 func (c *CNI) TearDown(ctx context.Context, pod Pod, sb Sandbox) error {
-	var errs []error
-	if sb.ContainerID != "" {
-		conf, err := c.loadConf()
-		if err == nil {
-			// DEL with a namespace that may be gone is still required to
-			// release the address (the spec says plugins must accept it).
-			rc := c.runtimeConf(pod, sb)
-			if _, serr := os.Stat(sb.NetNS); serr != nil {
-				rc.NetNS = ""
-			}
-			if err := c.cni.DelNetworkList(ctx, conf, rc); err != nil {
-				errs = append(errs, fmt.Errorf("CNI DEL for pod %s/%s: %w", pod.Namespace, pod.Name, err))
-			}
-		} else if !errors.Is(err, ErrNoConfig) {
-			errs = append(errs, err)
-		}
-	}
 	if sb.NetNS != "" {
 		if err := removeNetNS(sb.NetNS); err != nil {
-			errs = append(errs, err)
+			return fmt.Errorf("pod %s/%s: %w (its address stays reserved)", pod.Namespace, pod.Name, err)
 		}
 	}
-	return errors.Join(errs...)
+	if sb.ContainerID == "" {
+		return nil
+	}
+	conf, err := c.loadConf()
+	if err != nil {
+		if errors.Is(err, ErrNoConfig) {
+			return nil
+		}
+		return err
+	}
+	rc := c.runtimeConf(pod, sb)
+	rc.NetNS = ""
+	if err := c.cni.DelNetworkList(ctx, conf, rc); err != nil {
+		return fmt.Errorf("CNI DEL for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
 }
 
 // WriteConfig writes the waggle CNI configuration list for podCIDR into dir

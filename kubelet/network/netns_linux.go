@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -63,15 +64,34 @@ func createNetNS(path string) error {
 }
 
 // removeNetNS unmounts and removes the namespace at path; a missing one is
-// not an error.
+// not an error. Mounts stacked on the path (a namespace dir that is shared
+// and bind-mounted, as `ip netns` makes /run/netns) are detached one by one,
+// and the whole is retried a few times; a path that still cannot be removed
+// is ErrNetNSBusy: the namespace may still hold the pod's interface and
+// address.
 func removeNetNS(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount netns %s: %w", path, err)
+	var last error
+	for attempt := 0; attempt < 5; attempt++ {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
+		}
+		for i := 0; i < 16; i++ {
+			err := unix.Unmount(path, unix.MNT_DETACH)
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+				break // nothing (more) mounted there
+			}
+			if err != nil {
+				last = fmt.Errorf("unmount netns %s: %w", path, err)
+				break
+			}
+		}
+		err := os.Remove(path)
+		if err == nil || os.IsNotExist(err) {
+			return nil
+		}
+		last = fmt.Errorf("remove netns %s: %w", path, err)
 	}
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("remove netns %s: %w", path, err)
-	}
-	return nil
+	return fmt.Errorf("%w: %w", ErrNetNSBusy, last)
 }
 
 // DialInNetNS dials addr (TCP) from inside the network namespace at path,

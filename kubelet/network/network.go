@@ -20,6 +20,11 @@ import (
 // ErrNoConfig means the CNI config dir holds no network configuration yet.
 var ErrNoConfig = errors.New("no CNI network configuration")
 
+// ErrNetNSBusy means a pod's network namespace could not be removed (it is
+// still mounted or referenced somewhere): its address is kept, not released
+// to another pod, until a later TearDown succeeds.
+var ErrNetNSBusy = errors.New("network namespace cannot be removed")
+
 // Pod names a pod for its network.
 type Pod struct {
 	UID, Namespace, Name string
