@@ -23,6 +23,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/flowcontrol"
 
@@ -38,6 +39,8 @@ type Deps struct {
 	Network network.Manager
 	// Prober runs probes (nil: from the Config; hollow nodes pass every probe).
 	Prober Prober
+	// Recorder records Events (nil: one writing to the API server).
+	Recorder record.EventRecorder
 	Health *ops.Health
 }
 
@@ -48,8 +51,9 @@ type Kubelet struct {
 	client kubernetes.Interface
 	rt     runtime.Runtime
 	net    network.Manager
-	prober Prober
-	health *ops.Health
+	prober   Prober
+	recorder record.EventRecorder
+	health   *ops.Health
 	nodeIP string
 
 	mu       sync.Mutex
@@ -120,6 +124,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		rt:         d.Runtime,
 		net:        d.Network,
 		prober:     d.Prober,
+		recorder:   d.Recorder,
 	}
 	if k.prober == nil {
 		if cfg.Runtime == RuntimeHollow {
@@ -228,6 +233,7 @@ func (k *Kubelet) Run(ctx context.Context) error {
 	if k.net == nil {
 		k.buildNetwork()
 	}
+	defer k.startEvents(ctx)()
 	srv, err := k.startServer(ctx)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
 	"github.com/waggle-io/waggle/kubelet/network"
 	"github.com/waggle-io/waggle/kubelet/runtime"
@@ -32,6 +33,8 @@ type harness struct {
 	cs     *fake.Clientset
 	rt     *runtimetest.Fake
 	net    *network.Hollow
+	// netMgr, when set, is the network the kubelet gets instead of net.
+	netMgr network.Manager
 	cancel context.CancelFunc
 	done   chan error
 	cfg    Config
@@ -39,7 +42,17 @@ type harness struct {
 
 func newHarness(t *testing.T, mutate func(*Config)) *harness {
 	t.Helper()
+	return newHarnessWithNet(t, mutate, nil)
+}
+
+// newHarnessWithNet starts a harness whose kubelet's network is wrap(net)
+// (nil: net itself).
+func newHarnessWithNet(t *testing.T, mutate func(*Config), wrap func(*network.Hollow) network.Manager) *harness {
+	t.Helper()
 	h := &harness{t: t, cs: fake.NewSimpleClientset(), rt: runtimetest.NewFake(), net: network.NewHollow(netipPrefix("10.9.0.0/24"))}
+	if wrap != nil {
+		h.netMgr = wrap(h.net)
+	}
 	h.cfg = Config{NodeName: node, RootDir: t.TempDir(), Port: 0, Address: "127.0.0.1", DisableRouteController: true,
 		SyncFrequency: 50 * time.Millisecond, BackoffBase: 300 * time.Millisecond, BackoffMax: 2 * time.Second,
 		NodeLabels: map[string]string{"tier": "test"}, RegisterWithTaints: []string{"dedicated=x:NoSchedule"}}
@@ -52,7 +65,11 @@ func newHarness(t *testing.T, mutate func(*Config)) *harness {
 
 func (h *harness) start() {
 	h.t.Helper()
-	k, err := New(h.cfg, Deps{Client: h.cs, Runtime: h.rt, Network: h.net})
+	var nm network.Manager = h.net
+	if h.netMgr != nil {
+		nm = h.netMgr
+	}
+	k, err := New(h.cfg, Deps{Client: h.cs, Runtime: h.rt, Network: nm})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -632,5 +649,86 @@ func TestCNIConfigWrittenFromNodePodCIDR(t *testing.T) {
 		if c.Type == v1.NodeReady && c.Status != v1.ConditionTrue {
 			t.Errorf("node not Ready with a CNI config: %+v", c)
 		}
+	}
+}
+
+// busyNet is a network whose namespaces cannot be removed while busy is set.
+type busyNet struct {
+	*network.Hollow
+	busy atomic.Bool
+}
+
+func (b *busyNet) TearDown(ctx context.Context, p network.Pod, sb network.Sandbox) error {
+	if b.busy.Load() {
+		return fmt.Errorf("pod %s/%s: %w: device or resource busy (its address stays reserved)", p.Namespace, p.Name, network.ErrNetNSBusy)
+	}
+	return b.Hollow.TearDown(ctx, p, sb)
+}
+
+// events lists the Events recorded about name with reason.
+func (h *harness) events(name, reason string) []v1.Event {
+	list, _ := h.cs.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+	var out []v1.Event
+	for _, e := range list.Items {
+		if e.InvolvedObject.Name == name && e.Reason == reason {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestBusyNetNSKeepsPodTerminatingAndItsAddress is the kubelet half of the
+// netns-busy regression: the pod stays in the API (Terminating) with the
+// reason in its status and a FailedKillPod Event, its address is not
+// released, and once the namespace can go the pod is removed.
+func TestBusyNetNSKeepsPodTerminatingAndItsAddress(t *testing.T) {
+	var bn *busyNet
+	h := newHarnessWithNet(t, nil, func(n *network.Hollow) network.Manager { bn = &busyNet{Hollow: n}; return bn })
+	h.create(echoPod("stuck", nil))
+	h.waitPod("stuck", "running", running)
+	bn.busy.Store(true)
+	p := h.pod("stuck")
+	now := metav1.Now()
+	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, ptr.To[int64](0)
+	if _, err := h.cs.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p = h.waitPod("stuck", "teardown failure in the status", func(p *v1.Pod) bool { return p.Status.Reason == "NetworkTeardownFailed" })
+	if !strings.Contains(p.Status.Message, "cannot be removed") {
+		t.Errorf("status message %q", p.Status.Message)
+	}
+	waitFor(t, 10*time.Second, "FailedKillPod event", func() (bool, string) {
+		return len(h.events("stuck", EventFailedKillPod)) > 0, "none yet"
+	})
+	if h.net.InUse() != 1 {
+		t.Errorf("address released while the namespace is busy: %d in use", h.net.InUse())
+	}
+	bn.busy.Store(false)
+	waitFor(t, 30*time.Second, "pod removed once the namespace is free", func() (bool, string) {
+		_, err := h.cs.CoreV1().Pods("default").Get(context.Background(), "stuck", metav1.GetOptions{})
+		return err != nil && h.net.InUse() == 0, fmt.Sprintf("%d in use", h.net.InUse())
+	})
+}
+
+// TestCrashLoopEventsAreAggregated: a crash-looping container's repeated
+// Started and BackOff events are one Event each with a growing count, not
+// one per restart.
+func TestCrashLoopEventsAreAggregated(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.BackoffBase = 200 * time.Millisecond; c.BackoffMax = 400 * time.Millisecond })
+	h.create(echoPod("loop", nil))
+	h.waitPod("loop", "running", running)
+	for i := 1; i <= 4; i++ {
+		h.rt.Exit(h.current("loop", "echo").ID, 1, "Error")
+		h.waitPod("loop", fmt.Sprintf("restart %d", i), func(p *v1.Pod) bool { return p.Status.ContainerStatuses[0].RestartCount == int32(i) && running(p) })
+	}
+	waitFor(t, 10*time.Second, "Started counted 5 times in one Event", func() (bool, string) {
+		ev := h.events("loop", EventStarted)
+		return len(ev) == 1 && ev[0].Count >= 5, fmt.Sprintf("%d Started events %v", len(ev), ev)
+	})
+	if ev := h.events("loop", EventBackOff); len(ev) > 1 {
+		t.Errorf("%d BackOff events, want them aggregated into one", len(ev))
+	}
+	if ev := h.events("loop", EventCreated); len(ev) != 1 || ev[0].InvolvedObject.FieldPath != "spec.containers{echo}" {
+		t.Errorf("Created events %+v", ev)
 	}
 }

@@ -198,6 +198,13 @@ func (k *Kubelet) fillStatus(n *v1.Node) {
 	for _, c := range n.Status.Conditions {
 		old[c.Type] = c
 	}
+	if o, had := old[v1.NodeReady]; !had || o.Status != ready.Status {
+		if ready.Status == v1.ConditionTrue {
+			k.nodeEvent(v1.EventTypeNormal, EventNodeReady, "Node %s status is now: NodeReady", k.cfg.NodeName)
+		} else {
+			k.nodeEvent(v1.EventTypeNormal, EventNodeNotReady, "Node %s status is now: NodeNotReady", k.cfg.NodeName)
+		}
+	}
 	for i := range conds {
 		conds[i].LastHeartbeatTime = now
 		conds[i].LastTransitionTime = now

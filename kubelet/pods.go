@@ -125,6 +125,9 @@ type podWorker struct {
 	statusReset atomic.Bool
 	// ips are the pod's addresses, readable from any goroutine.
 	ips atomic.Pointer[[]string]
+	// teardownErr is why the pod's network could not be torn down (its
+	// address then stays reserved); nil once it was.
+	teardownErr atomic.Pointer[string]
 }
 
 func (w *podWorker) update(p *v1.Pod) {
@@ -263,6 +266,11 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 		}
 		final := w.computeStatus(pod, w.containers(), true)
 		if err := w.cleanup(ctx, pod); err != nil {
+			if errors.Is(err, network.ErrNetNSBusy) {
+				// The pod stays Terminating, its address reserved, and says why.
+				w.teardownFailed(pod, err)
+				w.writeStatus(ctx, pod, w.computeStatus(pod, w.containers(), true))
+			}
 			return false, err
 		}
 		if !gone && !w.static {
@@ -302,11 +310,13 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 	}
 
 	if err := w.ensureSandbox(ctx, pod); err != nil {
+		w.k.event(pod, v1.EventTypeWarning, EventFailedCreatePodSandBox, "Failed to create pod sandbox: %v", err)
 		w.setAllWaiting(pod, "ContainerCreating", err.Error())
 		w.writeStatus(ctx, pod, w.computeStatus(pod, ctrs, false))
 		return false, err
 	}
 	if err := w.ensureVolumes(ctx, pod); err != nil {
+		w.k.event(pod, v1.EventTypeWarning, EventFailedMount, "MountVolume.SetUp failed: %v", err)
 		w.setAllWaiting(pod, "ContainerCreating", err.Error())
 		w.writeStatus(ctx, pod, w.computeStatus(pod, ctrs, false))
 		return false, err
@@ -383,8 +393,10 @@ func (w *podWorker) tearDownNetwork(ctx context.Context, pod *v1.Pod) {
 	}
 	if err := w.k.net.TearDown(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, w.sb.Sandbox); err != nil {
 		w.k.log.Warn("tear down pod network", "pod", pod.Name, "err", err)
+		w.teardownFailed(pod, err)
 		return
 	}
+	w.teardownErr.Store(nil)
 	w.sb.Torn = true
 	w.k.saveSandbox(w.sb)
 }
@@ -405,6 +417,7 @@ func (w *podWorker) terminate(ctx context.Context, pod *v1.Pod, ctrs []runtime.C
 		if c.State != runtime.StateRunning && c.State != runtime.StateCreated {
 			continue
 		}
+		k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventKilling, "Stopping container %s", c.Name)
 		wg.Add(1)
 		go func(c runtime.Container) {
 			defer wg.Done()
@@ -575,6 +588,9 @@ func (w *podWorker) restart(ctx context.Context, pod *v1.Pod, c *v1.Container, c
 	}
 	if k.backoff.IsInBackOffSince(key, finished) {
 		d := k.backoff.Get(key)
+		if w.waiting[c.Name].reason != "CrashLoopBackOff" {
+			k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventBackOff, "Back-off restarting failed container %s in pod %s", c.Name, podRef(pod))
+		}
 		w.waiting[c.Name] = waitReason{"CrashLoopBackOff", fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, c.Name, pod.Name, pod.Namespace, pod.UID)}
 		// Come back when the back-off ends.
 		time.AfterFunc(time.Until(finished.Add(d))+10*time.Millisecond, w.poke)
@@ -615,13 +631,31 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 	pullKey := "pull/" + backoffKey(pod.UID, c.Name)
 	if k.backoff.IsInBackOffSinceUpdate(pullKey, time.Now()) {
 		if wr := w.waiting[c.Name]; wr.reason == "ErrImagePull" || wr.reason == "ImagePullBackOff" {
+			if wr.reason == "ErrImagePull" {
+				k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventBackOff, "Back-off pulling image %q", c.Image)
+			}
 			w.waiting[c.Name] = waitReason{"ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q", c.Image)}
 		}
 		return nil
 	}
-	imageID, err := k.rt.EnsureImage(ctx, c.Image, pullPolicy(c))
+	// Present already (and not to be pulled again)? Otherwise say we pull.
+	policy := pullPolicy(c)
+	imageID, err := "", error(nil)
+	if policy != runtime.PullAlways {
+		if imageID, err = k.rt.EnsureImage(ctx, c.Image, runtime.PullNever); err == nil {
+			k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventPulled, "Container image %q already present on machine", c.Image)
+		}
+	}
+	if imageID == "" && (policy != runtime.PullNever || err == nil) {
+		k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventPulling, "Pulling image %q", c.Image)
+		imageID, err = k.rt.EnsureImage(ctx, c.Image, policy)
+		if err == nil {
+			k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventPulled, "Successfully pulled image %q in %v", c.Image, time.Since(t0).Round(time.Millisecond))
+		}
+	}
 	tImage := time.Since(t0)
 	if err != nil {
+		k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Failed to pull image %q: %v", c.Image, err)
 		reason := "ErrImagePull"
 		if errors.Is(err, runtime.ErrImageNotFound) {
 			reason = "ErrImageNeverPull"
@@ -634,6 +668,7 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 	k.backoff.Reset(pullKey)
 	env, err := k.makeEnv(ctx, pod, c, w.sb)
 	if err != nil {
+		k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)
 		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
 		return err
 	}
@@ -660,9 +695,12 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 	applyResources(&cfg, c.Resources)
 	id, err := k.rt.StartContainer(ctx, cfg)
 	if err != nil {
+		k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)
 		w.waiting[c.Name] = waitReason{"RunContainerError", err.Error()}
 		return err
 	}
+	k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventCreated, "Created container: %s", c.Name)
+	k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventStarted, "Started container %s", c.Name)
 	delete(w.waiting, c.Name)
 	k.metrics.podStarts.Inc()
 	k.log.Debug("started container", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "attempt", attempt,
@@ -703,4 +741,16 @@ func podHostname(p *v1.Pod) string {
 func (w *podWorker) resetStatus() {
 	w.statusReset.Store(true)
 	w.poke()
+}
+
+func podRef(p *v1.Pod) string { return p.Name + "_" + p.Namespace + "(" + string(p.UID) + ")" }
+
+// teardownFailed surfaces a network teardown that failed: an Event, and
+// the pod's status message (kept until a teardown succeeds).
+func (w *podWorker) teardownFailed(pod *v1.Pod, err error) {
+	msg := err.Error()
+	if prev := w.teardownErr.Load(); prev == nil || *prev != msg {
+		w.k.event(pod, v1.EventTypeWarning, EventFailedKillPod, "error killing pod: failed to tear down the pod network: %v", err)
+	}
+	w.teardownErr.Store(&msg)
 }

@@ -29,6 +29,9 @@ const (
 
 func (p probeKind) String() string { return [...]string{"liveness", "readiness", "startup"}[p] }
 
+// title is the kind as upstream's Unhealthy events name it ("Readiness").
+func (p probeKind) title() string { return [...]string{"Liveness", "Readiness", "Startup"}[p] }
+
 type probeKey struct {
 	containerID string
 	kind        probeKind
@@ -204,6 +207,7 @@ func (m *probeManager) run(pod *v1.Pod, c *v1.Container, rc runtime.Container, k
 			} else {
 				failRun++
 				okRun = 0
+				m.k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventUnhealthy, "%s probe failed: %v", kind.title(), err)
 			}
 			m.mu.Lock()
 			key := probeKey{rc.ID, kind}

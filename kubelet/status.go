@@ -187,6 +187,9 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	if isTerminalPhase(st.Phase) && initDone {
 		st.Conditions[0].Reason = "PodCompleted"
 	}
+	if msg := w.teardownErr.Load(); msg != nil {
+		st.Reason, st.Message = "NetworkTeardownFailed", *msg
+	}
 	return st
 }
 
