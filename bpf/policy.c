@@ -253,7 +253,9 @@ static __always_inline void check(__u32 ep, const struct pol_endpoint *e, __u8 d
 		cidr = info->identity;
 	v->peer_identity = label ? label : (cidr ? cidr : POL_ID_WORLD);
 
-	if (dir == POL_DIR_INGRESS && label == POL_ID_HOST) {
+	/* Traffic to and from the pod's own node is always allowed (upstream:
+	 * kubelet probes; and Waggle's cluster DNS answers on the node). */
+	if (label == POL_ID_HOST) {
 		v->allow = 1;
 		v->reason = POL_REASON_HOST;
 		return;

@@ -35,7 +35,7 @@
 
 #define POL_REASON_POLICY 0      /* a policy entry allowed it */
 #define POL_REASON_NOT_ISOLATED 1 /* no policy isolates the pod this way */
-#define POL_REASON_HOST 2        /* node to its own pod */
+#define POL_REASON_HOST 2        /* the pod's own node, either way */
 #define POL_REASON_CT 3          /* established (or reply), revision current */
 #define POL_REASON_DEFAULT_DENY 4 /* isolated, nothing allows it */
 #define POL_REASON_CT_REVOKED 5  /* established, but the new policy denies it */

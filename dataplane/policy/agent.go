@@ -82,7 +82,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		idents:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "waggle_policy_identities", Help: "Label-set identities allocated."}),
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{a.m.duration, a.m.errors, a.m.endpoints, a.m.policies, a.m.idents} {
+		for _, c := range []prometheus.Collector{a.m.duration, a.m.errors, a.m.endpoints, a.m.policies, a.m.idents, newVerdictCollector(a)} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("register policy metrics: %w", err)
 			}

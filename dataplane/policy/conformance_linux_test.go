@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -78,6 +80,7 @@ func TestConformance(t *testing.T) {
 			checks: []check{
 				{"x/b", "y/c", "", 0, false}, {"x/b", "x/a", "udp", 80, false},
 				{"y/c", "x/b", "", 0, true}, {"y/c", "x/b", "udp", 80, true},
+				{"x/b", "node", "", 80, true},
 			},
 		},
 		{
@@ -384,5 +387,58 @@ func TestViewExplainsAndMonitors(t *testing.T) {
 	}
 	if got, err := v.FindEndpoint(b.ip.String()); err != nil || got.Pod != "x/b" {
 		t.Errorf("FindEndpoint(%s) = %+v, %v", b.ip, got, err)
+	}
+}
+
+// TestRestartKeepsEnforcing: the agent's process goes (file descriptors
+// closed) and a new one opens the pinned maps: enforcement never stopped,
+// the new datapath restores what is written, and re-programming the same
+// compiled state changes nothing.
+func TestRestartKeepsEnforcing(t *testing.T) {
+	e := newEnv(t)
+	a := e.addPod("x", "a", map[string]string{"app": "a"})
+	b := e.addPod("x", "b", map[string]string{"app": "b"})
+	e.setPolicy(np("x", "deny", sel("app", "b"), ingress))
+	if e.reach(a, b, "tcp", 80) {
+		t.Fatal("deny not enforced")
+	}
+	// The new process opens the pinned maps before the old one's file
+	// descriptors are gone; then the old ones close.
+	dp, err := NewBPF(BPFConfig{PinDir: e.dp.cfg.PinDir, NetNS: e.dp.cfg.NetNS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	e.dp.Close()
+	e.dp = dp
+	if e.reach(a, b, "tcp", 80) {
+		t.Error("enforcement stopped with the agent's file descriptors")
+	}
+	if got := len(dp.cur[b.ifindex]); got != 0 {
+		t.Errorf("restored %d entries for b, want 0 (deny-all)", got)
+	}
+	var before polBPFPolEndpoint
+	dp.objs.WagglePolEndpoints.Lookup(b.ifindex, &before)
+	// A fresh compiler with the same inputs programs the same state.
+	c := NewCompiler("node-a")
+	c.SetHostIPs([]netip.Addr{netip.MustParseAddr("10.77.0.1")})
+	for _, n := range []string{"x", "y", "z"} {
+		c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"kubernetes.io/metadata.name": n, "ns": n}}})
+	}
+	for _, p := range []*tpod{a, b} {
+		c.SetPod(p.obj, p.ifindex)
+	}
+	if err := c.SetPolicy(np("x", "deny", sel("app", "b"), ingress)); err != nil {
+		t.Fatal(err)
+	}
+	e.c = c
+	e.sync()
+	var after polBPFPolEndpoint
+	dp.objs.WagglePolEndpoints.Lookup(b.ifindex, &after)
+	if after.Rev != before.Rev || after.Flags != before.Flags {
+		t.Errorf("re-programming the same state changed the endpoint: %+v -> %+v", before, after)
+	}
+	if e.reach(a, b, "tcp", 80) || !e.reach(b, a, "tcp", 80) {
+		t.Error("after the restart the policy is not what it was")
 	}
 }

@@ -496,3 +496,39 @@ func Cleanup(pinDir string) error {
 	os.Remove(filepath.Dir(pinDir))
 	return errors.Join(errs...)
 }
+
+// Counters reads the verdict counters (for /metrics).
+func (d *BPF) Counters() (Counters, error) {
+	cs := Counters{Allowed: map[string][2]uint64{}, Denied: map[string][2]uint64{}, PolicyHits: map[uint32][2]uint64{}}
+	d.mu.Lock()
+	names := map[uint32]string{}
+	for k, n := range d.names {
+		if k.Kind == NameEndpoint {
+			names[k.Id] = n
+		}
+	}
+	d.mu.Unlock()
+	var ep uint32
+	var e polBPFPolEndpoint
+	it := d.objs.WagglePolEndpoints.Iterate()
+	for it.Next(&ep, &e) {
+		pod := names[ep]
+		if pod == "" {
+			continue
+		}
+		cs.Allowed[pod] = e.Allowed
+		cs.Denied[pod] = e.Denied
+	}
+	if err := it.Err(); err != nil {
+		return cs, err
+	}
+	var k polBPFPolKey
+	var v polBPFPolEntry
+	it = d.objs.WagglePolPolicy.Iterate()
+	for it.Next(&k, &v) {
+		h := cs.PolicyHits[v.Policy]
+		h[k.Dir&1] += v.Hits
+		cs.PolicyHits[v.Policy] = h
+	}
+	return cs, it.Err()
+}

@@ -78,6 +78,9 @@ func newEnv(t *testing.T) *env {
 		os.Remove(filepath.Dir(pin))
 	})
 	e.c.SetHostIPs([]netip.Addr{netip.MustParseAddr("10.77.0.1")})
+	// The node serves too (a pod reaching its own node).
+	e.pods["node"] = &tpod{name: "node", netns: node, ip: netip.MustParseAddr("10.77.0.1")}
+	serveTCP(t, node, "10.77.0.1:80")
 	for _, n := range []string{"x", "y", "z"} {
 		e.c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"kubernetes.io/metadata.name": n, "ns": n}}})
 	}

@@ -113,7 +113,7 @@ func ParseProto(s string) (uint8, error) {
 	return 0, fmt.Errorf("protocol %q: want TCP or UDP", s)
 }
 
-var reasons = []string{"policy", "not isolated", "from this node", "established", "default deny", "established, denied by the new policy"}
+var reasons = []string{"policy", "not isolated", "this node (always allowed)", "established", "default deny", "established, denied by the new policy"}
 
 // ReasonName names a verdict reason.
 func ReasonName(r uint8) string {

@@ -254,7 +254,7 @@ func (v *View) check(ep uint32, e *polBPFPolEndpoint, dir uint8, peer netip.Addr
 		vd.PeerIdentity = cmpOr(cidr, IdentityWorld)
 	}
 	vd.Peer = v.identityName(vd.PeerIdentity)
-	if dir == DirIngress && label == IdentityHost {
+	if label == IdentityHost {
 		vd.Allowed, vd.Reason = true, ReasonName(2)
 		return vd
 	}
