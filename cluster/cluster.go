@@ -82,6 +82,9 @@ type Config struct {
 	// NodeMonitorGracePeriod is how long a node may miss heartbeats before
 	// it is NotReady (Kubernetes' default: 40 s).
 	NodeMonitorGracePeriod time.Duration
+	// AuthorizationModes is the API server's --authorization-mode (default
+	// Node,RBAC).
+	AuthorizationModes []string
 	// Out receives the human-facing lines (where the kubeconfig is).
 	Out io.Writer
 }
@@ -142,6 +145,8 @@ func Run(ctx context.Context, cfg Config) error {
 		AdvertiseAddress:      cfg.AdvertiseAddress,
 		ServiceClusterIPRange: cfg.ServiceClusterIPRange,
 		ServiceNodePortRange:  cfg.ServiceNodePortRange,
+		NodeName:              cfg.NodeName,
+		AuthorizationModes:    cfg.AuthorizationModes,
 		LogLevel:              cfg.LogLevel,
 		Log:                   componentLog("apiserver", cfg.LogLevel),
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
 	"io"
 	"os"
 	"path/filepath"
@@ -115,6 +116,22 @@ func nodeKubeconfig(cfg *Config, component, nodeDir string) (string, error) {
 	}
 	dst := filepath.Join(nodeDir, component+".kubeconfig")
 	return dst, clientcmd.WriteToFile(*kc, dst)
+}
+
+// nodeKubeletKubeconfig writes the node's own kubelet kubeconfig: a client
+// certificate for system:node:<name> in system:nodes, issued by the control
+// plane's CA, so the Node authorizer limits each node to itself (nodes do
+// not share one identity).
+func nodeKubeletKubeconfig(cfg *Config, name, nodeDir string) (string, error) {
+	ca, err := pki.LoadCA(filepath.Join(controlPlaneDir(cfg.DataDir), "pki"))
+	if err != nil {
+		return "", fmt.Errorf("kubelet kubeconfig: %w", err)
+	}
+	dst := filepath.Join(nodeDir, "kubelet.kubeconfig")
+	if err := ca.WriteKubeconfig(dst, cfg.APIServer(), "system:node:"+name, []string{"system:nodes"}); err != nil {
+		return "", fmt.Errorf("kubelet kubeconfig: %w", err)
+	}
+	return dst, nil
 }
 
 func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {

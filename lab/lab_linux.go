@@ -318,7 +318,7 @@ func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
 	if err := os.MkdirAll(nodeDir, 0o755); err != nil {
 		return err
 	}
-	kubeletKC, err := nodeKubeconfig(cfg, "kubelet", nodeDir)
+	kubeletKC, err := nodeKubeletKubeconfig(cfg, name, nodeDir)
 	if err != nil {
 		return err
 	}

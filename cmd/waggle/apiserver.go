@@ -25,9 +25,12 @@ func runAPIServer(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.TLSPrivateKeyFile, "tls-private-key-file", "", "serving certificate's key")
 	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA bundle that client certificates are verified against")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	var modes cliflag.StringList
+	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
+	cfg.AuthorizationModes = modes
 	cfg.EtcdServers = etcd
 	return apiserver.Run(ctx, cfg)
 }

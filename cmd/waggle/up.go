@@ -31,8 +31,11 @@ func runUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ImageDir, "image-dir", "", "OCI image archives imported at start (e.g. bin/images from make images)")
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may miss heartbeats before it is NotReady")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
+	var modes cliflag.StringList
+	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
+	cfg.AuthorizationModes = modes
 	return cluster.Run(ctx, cfg)
 }

@@ -16,7 +16,7 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
-func defaultPodSpec(s *corev1.PodSpec) {
+func defaultPodSpec(s *corev1.PodSpec, mirror bool) {
 	if s.RestartPolicy == "" {
 		s.RestartPolicy = corev1.RestartPolicyAlways
 	}
@@ -35,7 +35,10 @@ func defaultPodSpec(s *corev1.PodSpec) {
 	if s.EnableServiceLinks == nil {
 		s.EnableServiceLinks = ptr(corev1.DefaultEnableServiceLinks)
 	}
-	if s.ServiceAccountName == "" && s.DeprecatedServiceAccount == "" {
+	// As upstream's ServiceAccount admission: every pod runs as a
+	// ServiceAccount, "default" unless named, except mirror pods, which
+	// may reference no API object.
+	if !mirror && s.ServiceAccountName == "" && s.DeprecatedServiceAccount == "" {
 		s.ServiceAccountName = "default"
 	}
 	if s.DeprecatedServiceAccount == "" {
@@ -133,13 +136,14 @@ func defaultContainer(c *corev1.Container) {
 }
 
 func defaultPod(p *corev1.Pod) {
-	defaultPodSpec(&p.Spec)
+	_, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]
+	defaultPodSpec(&p.Spec, mirror)
 	if p.Spec.Priority == nil {
 		p.Spec.Priority = ptr(int32(0))
 	}
 }
 
-func defaultPodTemplate(t *corev1.PodTemplateSpec) { defaultPodSpec(&t.Spec) }
+func defaultPodTemplate(t *corev1.PodTemplateSpec) { defaultPodSpec(&t.Spec, false) }
 
 // qosClass computes the pod's QoS class as the kubelet and apiserver do.
 func qosClass(s *corev1.PodSpec) corev1.PodQOSClass {

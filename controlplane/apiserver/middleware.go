@@ -38,13 +38,16 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 	reg.MustRegister(m.requests, m.latency)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "apiserver_registered_watchers",
-		Help: "Open watches served from the watch cache.",
+		Help: "Open watches served from the watch cache (to clients; the authorizers' own are not counted).",
 	}, func() float64 {
 		n := 0
 		for _, r := range s.byGVR {
 			if r.cache != nil {
 				n += r.cache.Watchers()
 			}
+		}
+		if s.authorization != nil {
+			n -= int(s.authorization.following.Load())
 		}
 		return float64(n)
 	}))
@@ -175,14 +178,18 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				reason = err.Error()
 			}
 			gr := schema.GroupResource{Group: a.APIGroup, Resource: a.Resource}
-			msg := fmt.Sprintf("user %q cannot %s", u.Name, a.Verb)
+			// Worded as kube-apiserver's, which clients and tests match.
+			msg := fmt.Sprintf("User %q cannot %s", u.Name, a.Verb)
 			if a.ResourceRequest {
-				msg += fmt.Sprintf(" resource %q", a.Resource)
+				res := a.Resource
 				if a.Subresource != "" {
-					msg += "/" + a.Subresource
+					res += "/" + a.Subresource
 				}
+				msg += fmt.Sprintf(" resource %q in API group %q", res, a.APIGroup)
 				if a.Namespace != "" {
 					msg += fmt.Sprintf(" in the namespace %q", a.Namespace)
+				} else {
+					msg += " at the cluster scope"
 				}
 			} else {
 				msg += fmt.Sprintf(" path %q", a.Path)

@@ -56,6 +56,12 @@ type Config struct {
 	// ranges (defaults 10.96.0.0/12 and 30000-32767).
 	ServiceClusterIPRange string
 	ServiceNodePortRange  string
+	// NodeName is the node whose kubelet.kubeconfig the server writes
+	// (default: the hostname, as the kubelet's default node name).
+	NodeName string
+	// AuthorizationModes is --authorization-mode, in order (default
+	// Node,RBAC; AlwaysAllow only when asked for).
+	AuthorizationModes []string
 	// TokenAuthFile is kube-apiserver's static token CSV (optional).
 	TokenAuthFile string
 	// TLSCertFile, TLSPrivateKeyFile and ClientCAFile replace the generated
@@ -69,7 +75,7 @@ type Config struct {
 	Listener net.Listener
 	// Log overrides the logger made from LogLevel.
 	Log *slog.Logger
-	// Authorizer defaults to allowing every authenticated user.
+	// Authorizer, when set, replaces the chain AuthorizationModes builds.
 	Authorizer authz.Authorizer
 	// EtcdUnsafeNoFsync turns off fsync in the embedded etcd (tests only).
 	EtcdUnsafeNoFsync bool
@@ -110,39 +116,53 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Kubeconfigs written at start: file name (under DataDir) → identity.
-var Kubeconfigs = []struct {
+// Kubeconfig is one kubeconfig written at start: file name (under
+// DataDir) → identity.
+type Kubeconfig struct {
 	File, CommonName string
 	Orgs             []string
-}{
-	{"admin.kubeconfig", "admin", []string{"system:masters"}},
-	{"scheduler.kubeconfig", "system:kube-scheduler", nil},
-	{"controller-manager.kubeconfig", "system:kube-controller-manager", nil},
-	{"kubelet.kubeconfig", "system:node:waggle", []string{"system:nodes"}},
-	{"proxy.kubeconfig", "system:kube-proxy", nil},
+}
+
+// Kubeconfigs returns the kubeconfigs written at start, each component with
+// its own identity (the RBAC each needs is in the default policy): admin
+// (system:masters), the scheduler, the controller-manager, the proxy, and
+// the kubelet of the node nodeName (system:node:<nodeName> in
+// system:nodes, which the Node authorizer limits to that node).
+func Kubeconfigs(nodeName string) []Kubeconfig {
+	return []Kubeconfig{
+		{"admin.kubeconfig", "admin", []string{"system:masters"}},
+		{"scheduler.kubeconfig", "system:kube-scheduler", nil},
+		{"controller-manager.kubeconfig", "system:kube-controller-manager", nil},
+		{"kubelet.kubeconfig", "system:node:" + nodeName, []string{"system:nodes"}},
+		{"proxy.kubeconfig", "system:kube-proxy", nil},
+	}
 }
 
 // Server is a running API server.
 type Server struct {
-	cfg        Config
-	log        *slog.Logger
-	store      *storage.Store
-	health     *ops.Health
-	bundle     *pki.Bundle
-	authn      authn.Authenticator
-	authz      authz.Authorizer
-	admission  []Admitter
-	catalog    *catalog.Catalog
-	registries map[string]*registry // stored resources by plural name (a shared store's owner wins)
-	byGVR      map[string]*registry // every served resource by "group/version/resource"
-	virtual    map[string]VirtualCreate
-	discovery  http.Handler
-	ipAlloc    *allocator   // the primary family's
-	ipAllocs   []*allocator // one per served family, primary first
-	portAlloc  *allocator
-	metrics    *metrics
-	ln         net.Listener
-	url        string
+	cfg    Config
+	log    *slog.Logger
+	store  *storage.Store
+	health *ops.Health
+	bundle *pki.Bundle
+	authn  authn.Authenticator
+	authz  authz.Authorizer
+	// authorization holds the RBAC and Node authorizers' state (nil with
+	// an injected Authorizer).
+	authorization *authorization
+	bgCtx         context.Context
+	admission     []Admitter
+	catalog       *catalog.Catalog
+	registries    map[string]*registry // stored resources by plural name (a shared store's owner wins)
+	byGVR         map[string]*registry // every served resource by "group/version/resource"
+	virtual       map[string]VirtualCreate
+	discovery     http.Handler
+	ipAlloc       *allocator   // the primary family's
+	ipAllocs      []*allocator // one per served family, primary first
+	portAlloc     *allocator
+	metrics       *metrics
+	ln            net.Listener
+	url           string
 
 	kubelet kubeletTransport
 
@@ -241,10 +261,6 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		auths = append(auths, ta)
 	}
 	s.authn = authn.Union(auths...)
-	s.authz = cfg.Authorizer
-	if s.authz == nil {
-		s.authz = authz.AlwaysAllow{}
-	}
 
 	s.store, err = storage.Open(ctx, storage.Config{
 		Servers: cfg.EtcdServers, DataDir: cfg.DataDir, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Timeout: cfg.EtcdTimeout,
@@ -262,6 +278,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 
 	bgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.bgCancel = cancel
+	s.bgCtx = bgCtx
 	for _, r := range s.catalog.All() {
 		reg, err := s.newRegistry(r)
 		if err != nil {
@@ -278,8 +295,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		go func() { defer s.bg.Done(); reg.cache.Run(bgCtx) }()
 	}
 	s.admission = []Admitter{namespaceLifecycle{s}, defaultTolerationSeconds{seconds: 300}}
+	if err := s.setupAuthorization(ctx); err != nil {
+		return nil, err
+	}
 
 	if err := s.bootstrap(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.reconcilePolicy(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.waitAuthorizationReady(ctx); err != nil {
 		return nil, err
 	}
 	s.bg.Add(1)
@@ -291,7 +317,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		go func() { defer s.bg.Done(); s.compactLoop(bgCtx, 5*time.Minute) }()
 	}
 
-	for _, k := range Kubeconfigs {
+	nodeName := cfg.NodeName
+	if nodeName == "" {
+		nodeName, _ = os.Hostname()
+	}
+	for _, k := range Kubeconfigs(nodeName) {
 		if !s.bundle.HasCAKey() {
 			break
 		}
@@ -306,6 +336,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		_, err := s.store.Revision(ctx)
 		return err
 	}})
+	s.health.AddReadiness(ops.Check{Name: "authorization", Func: func(context.Context) error { return s.authorizationReady() }})
 	s.health.AddReadiness(ops.Check{Name: "watch-cache", Func: func(ctx context.Context) error {
 		for name, r := range s.byGVR {
 			if r.cache == nil {

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/controllers/clusterroleaggregation"
 	"github.com/waggle-io/waggle/controlplane/controllers/clusterdns"
 	"github.com/waggle-io/waggle/controlplane/controllers/cronjob"
 	"github.com/waggle-io/waggle/controlplane/controllers/daemonset"
@@ -403,6 +404,10 @@ func starters() []starter {
 			c := endpointslice.New(d.Client, d.Factory, d.Log, endpointslice.Options{
 				MaxEndpointsPerSlice: d.Config.MaxEndpointsPerSlice, EndpointsWorkers: d.Config.ConcurrentEndpointSyncs})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentEndpointSliceSyncs) }, nil
+		}},
+		{name: clusterroleaggregation.Name, build: func(d Deps) (func(context.Context), error) {
+			c := clusterroleaggregation.New(d.Client, d.Factory, d.Log)
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: serviceaccount.Name, build: func(d Deps) (func(context.Context), error) {
 			c := serviceaccount.New(d.Client, d.Factory, d.Log, serviceaccount.Options{})

@@ -152,3 +152,17 @@ func (s *Server) Stop() {
 	s.cancel()
 	<-s.done
 }
+
+// UserConfig returns a rest.Config that authenticates to s as user (a
+// client certificate from the server's CA, groups as its organizations):
+// what tests of authorization use for identities other than admin.
+func (s *Server) UserConfig(t testing.TB, user string, groups ...string) *rest.Config {
+	t.Helper()
+	certPEM, keyPEM, err := s.Bundle().IssueClient(user, groups)
+	if err != nil {
+		t.Fatalf("apiservertest: issue a certificate for %s: %v", user, err)
+	}
+	rc := rest.AnonymousClientConfig(s.Config)
+	rc.CertData, rc.KeyData = certPEM, keyPEM
+	return rc
+}

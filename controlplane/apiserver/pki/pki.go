@@ -129,6 +129,20 @@ func Ensure(dir string, hosts []string) (*Bundle, error) {
 	return b, nil
 }
 
+// LoadCA loads only the CA (certificate and key) from dir, for issuing
+// client certificates elsewhere than in the API server (the lab gives each
+// node its own). The bundle has no serving certificate.
+func LoadCA(dir string) (*Bundle, error) {
+	b := &Bundle{}
+	if err := b.loadCA(filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)); err != nil {
+		return nil, err
+	}
+	if b.caKey == nil {
+		return nil, fmt.Errorf("pki: %s: %w", dir, ErrNoCAKey)
+	}
+	return b, nil
+}
+
 // Load builds a bundle from user-provided files: the serving certificate and
 // key, and the CA that client certificates must chain to. Without
 // clientCAFile no client certificate is requested (CAPool is nil) and only
