@@ -57,8 +57,10 @@ func TestNodeAuthorizerAndNodeRestriction(t *testing.T) {
 	if _, err := n1.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{}); err != nil {
 		t.Errorf("node reading itself: %v", err)
 	}
-	if _, err := n1.CoreV1().Nodes().Get(ctx, "n2", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("node reading another node: %v, want 403", err)
+	// Reading other Nodes is granted by RBAC (waggle:node-routes: the node
+	// agent routes to their pod CIDRs), writing them is not.
+	if _, err := n1.CoreV1().Nodes().Get(ctx, "n2", metav1.GetOptions{}); err != nil {
+		t.Errorf("node reading another node: %v", err)
 	}
 	patch := []byte(`{"metadata":{"labels":{"team":"b"}}}`)
 	if _, err := n1.CoreV1().Nodes().Patch(ctx, "n2", types.MergePatchType, patch, metav1.PatchOptions{}); !apierrors.IsForbidden(err) {

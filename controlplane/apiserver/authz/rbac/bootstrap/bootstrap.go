@@ -156,6 +156,10 @@ func meta(name string) metav1.ObjectMeta {
 //   - Waggle's proxy enforces NetworkPolicy at each pod's veth, so beyond
 //     system:node-proxier it reads pods, namespaces and NetworkPolicies
 //     (ClusterRole waggle:proxy).
+//   - Waggle's node agent programs the routes to other nodes' pod CIDRs
+//     (cni/routes), as a CNI daemon does, so nodes read all Nodes
+//     (ClusterRole waggle:node-routes bound to system:nodes); the Node
+//     authorizer alone would let a node read only itself.
 func extra(p *Policy) {
 	for _, r := range p.ClusterRoles {
 		ctrl, ok := strings.CutPrefix(r.Name, "system:controller:")
@@ -169,6 +173,17 @@ func extra(p *Policy) {
 			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}},
 		})
 	}
+	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: meta("waggle:node-routes"),
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}},
+	})
+	p.ClusterRoleBindings = append(p.ClusterRoleBindings, rbacv1.ClusterRoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+		ObjectMeta: meta("waggle:node-routes"),
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "waggle:node-routes"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: NodesGroup}},
+	})
 	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
 		ObjectMeta: meta("waggle:proxy"),
