@@ -31,8 +31,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
-	"github.com/waggle-io/waggle/controlplane/controllers/clusterroleaggregation"
 	"github.com/waggle-io/waggle/controlplane/controllers/clusterdns"
+	"github.com/waggle-io/waggle/controlplane/controllers/clusterroleaggregation"
 	"github.com/waggle-io/waggle/controlplane/controllers/cronjob"
 	"github.com/waggle-io/waggle/controlplane/controllers/daemonset"
 	"github.com/waggle-io/waggle/controlplane/controllers/deployment"

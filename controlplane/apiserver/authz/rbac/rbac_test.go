@@ -147,6 +147,12 @@ func TestDefaultPolicyLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := NewIndex()
+	for i := range p.Roles {
+		x.Upsert(&p.Roles[i])
+	}
+	for i := range p.RoleBindings {
+		x.Upsert(&p.RoleBindings[i])
+	}
 	for i := range p.ClusterRoles {
 		x.Upsert(&p.ClusterRoles[i])
 	}
@@ -170,6 +176,9 @@ func TestDefaultPolicyLoads(t *testing.T) {
 		{&authn.User{Name: "system:kube-proxy"}, res("list", "", "secrets", "", "", ""), false},
 		{&authn.User{Name: "system:kube-controller-manager"}, res("create", "apps", "replicasets", "", "default", ""), true},
 		{&authn.User{Name: "system:kube-controller-manager"}, res("delete", "", "pods", "", "default", "p"), true},
+		{&authn.User{Name: "system:kube-controller-manager"}, res("create", "", "services", "", "kube-system", ""), true},
+		{&authn.User{Name: "system:kube-controller-manager"}, res("create", "", "services", "", "default", ""), false},
+		{&authn.User{Name: "system:node:n1", Groups: s("system:nodes")}, res("list", "", "nodes", "", "", ""), true},
 	}
 	for _, c := range cases {
 		c.a.User = c.u

@@ -138,6 +138,11 @@ func load(p *Policy) error {
 	return nil
 }
 
+func withNamespace(m metav1.ObjectMeta, ns string) metav1.ObjectMeta {
+	m.Namespace = ns
+	return m
+}
+
 func meta(name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{
 		Name:        name,
@@ -160,7 +165,24 @@ func meta(name string) metav1.ObjectMeta {
 //     (cni/routes), as a CNI daemon does, so nodes read all Nodes
 //     (ClusterRole waggle:node-routes bound to system:nodes); the Node
 //     authorizer alone would let a node read only itself.
+//   - The controller-manager's clusterdns controller publishes the
+//     kube-system/kube-dns Service and its EndpointSlice (Role
+//     waggle:controller:clusterdns in kube-system).
 func extra(p *Policy) {
+	p.Roles = append(p.Roles, rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: withNamespace(meta("waggle:controller:clusterdns"), "kube-system"),
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"get", "create", "update"}},
+			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"get", "create", "update"}},
+		},
+	})
+	p.RoleBindings = append(p.RoleBindings, rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: withNamespace(meta("waggle:controller:clusterdns"), "kube-system"),
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "waggle:controller:clusterdns"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}},
+	})
 	for _, r := range p.ClusterRoles {
 		ctrl, ok := strings.CutPrefix(r.Name, "system:controller:")
 		if !ok {
