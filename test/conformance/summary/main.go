@@ -11,8 +11,9 @@
 //
 // result is pass, fail, skip or notrun (not yet reached by a run); area is the issue area a
 // failing spec belongs to (API, security, workloads, node, network), "-" for a passing one.
-// Areas are kept when a spec's line already has one, so a hand-triaged area survives updates;
-// new failures get the area of their SIG (areaFor).
+// A failure whose signature is known (the framework's wait for kube-root-ca.crt) gets that
+// signature's area; otherwise an area already on the spec's line is kept, so a hand-triaged area
+// survives updates, and a new failure gets the area of its topic or SIG (areaFor).
 package main
 
 import (
@@ -34,6 +35,7 @@ type testcase struct {
 	Skipped *struct{} `xml:"skipped"`
 	Failure *struct {
 		Message string `xml:"message,attr"`
+		Body    string `xml:",chardata"`
 	} `xml:"failure"`
 	Error *struct {
 		Message string `xml:"message,attr"`
@@ -67,24 +69,29 @@ func main() {
 }
 
 var (
-	trailingLabels = regexp.MustCompile(`\s+\[[^\[\]]*\]$`)
+	trailingLabels = regexp.MustCompile(`\s+\[([^\[\]]*)\]$`)
 	sigOf          = regexp.MustCompile(`^\[(sig-[a-z-]+)\]`)
 )
 
 // specName turns a JUnit test case name into the spec's full text: Ginkgo prefixes the leaf node
-// type ("[It] ") and may append the spec's labels ("[Conformance, sig-apps]"); every conformance
-// spec's own text ends in "[Conformance]".
+// type ("[It] ") and appends the spec's labels ("[sig-apps, Serial, Conformance]"). The spec's
+// own text may end in bracketed tags too ("... [Conformance] [Serial]"), so only a last group
+// that is the label list (it holds the Conformance label, and the [Conformance] tag is left
+// before it) goes.
 func specName(n string) string {
 	n = strings.TrimSpace(strings.TrimPrefix(n, "[It] "))
-	for !strings.HasSuffix(n, "[Conformance]") {
-		m := trailingLabels.FindStringIndex(n)
-		if m == nil {
-			break
+	if m := trailingLabels.FindStringSubmatchIndex(n); m != nil {
+		for _, l := range strings.Split(n[m[2]:m[3]], ", ") {
+			if l == "Conformance" && isConformance(n[:m[0]]) {
+				return n[:m[0]]
+			}
 		}
-		n = n[:m[0]]
 	}
 	return n
 }
+
+// isConformance: the spec's text carries the [Conformance] tag.
+func isConformance(spec string) bool { return strings.Contains(spec, "[Conformance]") }
 
 func sig(spec string) string {
 	if m := sigOf.FindStringSubmatch(spec); m != nil {
@@ -110,6 +117,28 @@ func areaFor(spec string) string {
 	return "API"
 }
 
+// signatures are failures whose cause is known whatever the spec: the area of the fix.
+var signatures = []struct{ where, area string }{
+	// The framework waits 2 minutes for each test namespace's kube-root-ca.crt ConfigMap
+	// (the root CA publisher, issue 14) before any spec body runs.
+	{"test/e2e/framework/framework.go:382", "security"},
+	// ... and for its default ServiceAccount.
+	{"test/e2e/framework/framework.go:379", "security"},
+}
+
+// failureArea is the area a failure's signature names, or "".
+func failureArea(c testcase) string {
+	if c.Failure == nil {
+		return ""
+	}
+	for _, s := range signatures {
+		if strings.Contains(c.Failure.Body, s.where) {
+			return s.area
+		}
+	}
+	return ""
+}
+
 func readJUnit(path string) (map[string]testcase, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -126,8 +155,11 @@ func readJUnit(path string) (map[string]testcase, error) {
 	out := map[string]testcase{}
 	for _, c := range cases {
 		n := specName(c.Name)
-		if !strings.HasSuffix(n, "[Conformance]") {
-			continue // suite set-up nodes (BeforeSuite, AfterSuite)
+		if !isConformance(n) {
+			continue // other specs, suite set-up nodes (BeforeSuite, AfterSuite)
+		}
+		if c.Status == "skipped" && c.Time == 0 {
+			continue // not selected by this run's focus: it did not run at all
 		}
 		out[n] = c
 	}
@@ -325,12 +357,15 @@ func writeExpectations(path string, all []string, got map[string]testcase, exp m
 		if !had {
 			e = expectation{Result: "notrun"}
 		}
-		if tc, ran := got[n]; ran {
+		tc, ran := got[n]
+		if ran {
 			e.Result = result(tc)
 		}
 		switch {
 		case e.Result == "pass":
 			e.Area = "-"
+		case ran && failureArea(tc) != "":
+			e.Area = failureArea(tc)
 		case e.Area == "" || e.Area == "-":
 			e.Area = areaFor(n)
 		}

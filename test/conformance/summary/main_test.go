@@ -12,12 +12,15 @@ func TestSpecNameStripsLeafTypeAndLabels(t *testing.T) {
 	for _, in := range []string{
 		want,
 		"[It] " + want,
-		"[It] " + want + " [Conformance, sig-apps]",
-		want + " [sig-apps, Conformance]",
+		"[It] " + want + " [sig-apps, Conformance]",
 	} {
 		if got := specName(in); got != want {
 			t.Errorf("specName(%q) = %q", in, got)
 		}
+	}
+	const serial = "[sig-api-machinery] Namespaces should patch a Namespace [Conformance] [Serial]"
+	if got := specName("[It] " + serial + " [sig-api-machinery, Serial, Conformance]"); got != serial {
+		t.Errorf("specName(serial) = %q, want %q", got, serial)
 	}
 }
 
@@ -31,6 +34,7 @@ func TestRunComparesWithExpectationsAndUpdates(t *testing.T) {
 <testcase name="[It] `+a+` [Conformance, sig-apps]" status="passed"></testcase>
 <testcase name="[It] `+b+`" status="failed"><failure message="boom"></failure></testcase>
 <testcase name="[SynchronizedBeforeSuite]" status="passed"></testcase>
+<testcase name="[It] `+c+` [sig-node, Conformance]" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
 </testsuite></testsuites>`), 0o644)
 	exp := filepath.Join(dir, "expectations.tsv")
 	os.WriteFile(exp, []byte("fail\tworkloads\t"+a+"\npass\t-\t"+b+"\nnotrun\tnode\t"+c+"\n"), 0o644)
