@@ -104,6 +104,22 @@ func TestEveryNewKindThroughKubectl(t *testing.T) {
 			}
 		})
 	}
+	// Tables are kube-apiserver's own printers, through server-side printing.
+	for r, want := range map[string]string{
+		"statefulsets":             "NAME READY AGE",
+		"jobs":                     "NAME STATUS COMPLETIONS DURATION AGE",
+		"cronjobs":                 "NAME SCHEDULE TIMEZONE SUSPEND ACTIVE LAST SCHEDULE AGE",
+		"persistentvolumeclaims":   "NAME STATUS VOLUME CAPACITY ACCESS MODES STORAGECLASS VOLUMEATTRIBUTESCLASS AGE",
+		"horizontalpodautoscalers": "NAME REFERENCE TARGETS MINPODS MAXPODS REPLICAS AGE",
+		"priorityclasses":          "NAME VALUE GLOBAL-DEFAULT AGE PREEMPTIONPOLICY",
+		"roles":                    "NAME CREATED AT",
+		"ingresses":                "NAME CLASS HOSTS ADDRESS PORTS AGE",
+		"poddisruptionbudgets":     "NAME MIN AVAILABLE MAX UNAVAILABLE ALLOWED DISRUPTIONS AGE",
+	} {
+		if got := strings.Join(fields(header(k.run("get", r, "-n", ns))), " "); got != want {
+			t.Errorf("kubectl get %s: columns %q, want %q", r, got, want)
+		}
+	}
 	deleted := k.run("delete", "-f", dir, "-n", ns, "--wait=false")
 	for _, fx := range fxs {
 		kind, name, _ := strings.Cut(fx.ref, "/")
