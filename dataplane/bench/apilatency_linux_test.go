@@ -325,3 +325,32 @@ func procRSSMB(b *testing.B, pid int) float64 {
 	}
 	return 0
 }
+
+// BenchmarkProgramFromScratch times programming DP_BENCH_PROGRAM
+// (default 10000x10,100000x4: services × backends, all distinct) into empty
+// kernel maps with one Sync, as `waggle bench dataplane` does, without the
+// traffic part. Run it once: -benchtime 1x.
+func BenchmarkProgramFromScratch(b *testing.B) {
+	testutil.RequiresKernelFeature(b, testutil.CgroupSockAddr)
+	spec := os.Getenv("DP_BENCH_PROGRAM")
+	if spec == "" {
+		spec = "10000x10,100000x4"
+	}
+	cg := testutil.NewCgroup(b)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%22s %12s %12s %16s\n", "programmed", "wall (med)", "CPU (med)", "services/s")
+	for _, s := range strings.Split(spec, ",") {
+		var n, m int
+		if _, err := fmt.Sscanf(s, "%dx%d", &n, &m); err != nil {
+			b.Fatalf("DP_BENCH_PROGRAM %q: %v", s, err)
+		}
+		cfg := Config{ProgramServices: n, ProgramBackends: m, ProgramRounds: 3, LatencySamples: 1}.withDefaults()
+		rep := &Report{}
+		if err := programBench(context.Background(), cfg, &topo{cgroup: filepath.Join(cg, "x"), suffix: testutil.UniqueName("dp")}, rep); err != nil {
+			b.Fatal(err)
+		}
+		fmt.Fprintf(&sb, "%22s %11.3fs %11.3fs %16.0f\n", fmt.Sprintf("%d × %d", n, m), rep.Program.Median, rep.ProgramCPU.Median, float64(n)/rep.Program.Median)
+		b.ReportMetric(rep.Program.Median, fmt.Sprintf("s/%dx%d", n, m))
+	}
+	b.Log("\n" + sb.String())
+}

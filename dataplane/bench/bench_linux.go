@@ -580,7 +580,7 @@ func programBench(ctx context.Context, cfg Config, t *topo, rep *Report) error {
 	rep.ProgramSize = fmt.Sprintf("%d services × %d backends (all distinct), one TCP port each", n, m)
 	st := &dataplane.State{NodeName: "bench"}
 	for i := range n {
-		vip := netip.AddrFrom4([4]byte{10, 98, byte(i >> 8), byte(i)})
+		vip := netip.AddrFrom4([4]byte{10, 98 + byte(i>>16), byte(i >> 8), byte(i)})
 		f := dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: vip, Port: 80, Protocol: dataplane.TCP},
 			Kind: dataplane.ClusterIP, Service: dataplane.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("p-%d", i)}}
 		for j := range m {
