@@ -16,7 +16,7 @@ type msgCache struct {
 	size    int
 	max     time.Duration
 	entries map[string]cacheEntry
-	now     func() time.Time
+	now     func() time.Time // read under mu (tests move the clock)
 }
 
 type cacheEntry struct {
@@ -71,9 +71,9 @@ func (c *msgCache) put(key string, m *dns.Msg) {
 	if !ok || ttl <= 0 {
 		return
 	}
-	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := c.now()
 	if len(c.entries) >= c.size {
 		// Drop expired entries first, then arbitrary ones (map order).
 		for k, e := range c.entries {
@@ -89,8 +89,8 @@ func (c *msgCache) put(key string, m *dns.Msg) {
 // get returns a copy of the cached answer with its TTLs lowered by the time
 // it has been kept, or nil.
 func (c *msgCache) get(key string) *dns.Msg {
-	now := c.now()
 	c.mu.Lock()
+	now := c.now()
 	e, ok := c.entries[key]
 	if ok && !now.Before(e.expires) {
 		delete(c.entries, key)
