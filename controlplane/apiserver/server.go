@@ -298,6 +298,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.setupAuthorization(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.installReviews(); err != nil {
+		return nil, err
+	}
 
 	if err := s.bootstrap(ctx); err != nil {
 		return nil, err
