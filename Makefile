@@ -61,6 +61,7 @@ bench: deps build ## run the benchmarks and print their tables
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./controlplane/...
 	$(GO) test -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 15m ./kubelet/
 	$(GO) test -run '^$$' -bench AddDel -benchtime 1000x ./cni/
+	$(GO) test -run '^$$' -bench ClusterIPQuery -benchtime 100000x ./clusterdns/
 	$(BIN)/waggle bench dataplane --output $(BIN)/bench-dataplane.json $(BENCH_DATAPLANE_FLAGS)
 
 up: deps build images ## run a single-machine cluster (waggle up); Ctrl-C stops it, running it again resumes it
