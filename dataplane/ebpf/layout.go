@@ -32,6 +32,11 @@ const (
 	FlagLocal    = 1 << 1
 )
 
+// BackendFlagTerminating marks a backend (lb_backend.flags bit 0) that is
+// serving but terminating (KEP-1669): programmed because its frontend has no
+// ready endpoint. The programs do not read it; `waggle bpf` shows it.
+const BackendFlagTerminating = 1 << 0
+
 // Stat indexes the per-CPU counters the programs keep (enum lb_stat).
 type Stat int
 
@@ -127,6 +132,9 @@ type backendKey struct {
 	addr  netip.Addr
 	port  uint16
 	proto uint8 // IPPROTO_*
+	// terminating: a serving-and-terminating endpoint (a distinct backend
+	// entry, so its flag is true for every slot naming it).
+	terminating bool
 }
 
 func (b backendKey) String() string {
@@ -134,11 +142,15 @@ func (b backendKey) String() string {
 }
 
 func backendValue(b backendKey) sockLBLbBackend {
-	return sockLBLbBackend{Addr: addr16(b.addr), Port: toNet16(b.port), Proto: b.proto}
+	v := sockLBLbBackend{Addr: addr16(b.addr), Port: toNet16(b.port), Proto: b.proto}
+	if b.terminating {
+		v.Flags |= BackendFlagTerminating
+	}
+	return v
 }
 
 func backendKeyOf(v sockLBLbBackend) backendKey {
-	return backendKey{addr: addrFrom16(v.Addr), port: fromNet16(v.Port), proto: v.Proto}
+	return backendKey{addr: addrFrom16(v.Addr), port: fromNet16(v.Port), proto: v.Proto, terminating: v.Flags&BackendFlagTerminating != 0}
 }
 
 func revNatValue(k dataplane.FrontendKey) sockLBLbRevNat {
@@ -185,6 +197,8 @@ type Slot struct {
 	Slot      int            `json:"slot"`
 	BackendID uint32         `json:"backendID"`
 	Backend   netip.AddrPort `json:"backend"`
+	// Terminating: the backend is serving but terminating.
+	Terminating bool `json:"terminating,omitempty"`
 }
 
 // BackendEntry is one entry of the backends map.
@@ -192,6 +206,8 @@ type BackendEntry struct {
 	ID       uint32             `json:"id"`
 	Backend  netip.AddrPort     `json:"backend"`
 	Protocol dataplane.Protocol `json:"protocol"`
+	// Terminating: serving but terminating (BackendFlagTerminating).
+	Terminating bool `json:"terminating,omitempty"`
 }
 
 // AffinityEntry is one entry of the affinity LRU.

@@ -237,7 +237,7 @@ func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 	proto := protoNum(f.Protocol)
 	for i := range f.Endpoints {
 		e, k := &f.Endpoints[i], &p.keys[i]
-		if k.port != e.Port || k.proto != proto || k.addr != e.Addr.Unmap() {
+		if k.port != e.Port || k.proto != proto || k.addr != e.Addr.Unmap() || k.terminating != e.Terminating {
 			return false
 		}
 	}
@@ -264,7 +264,7 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 			seen = make(map[backendKey]bool, len(f.Endpoints))
 		}
 		for _, e := range f.Endpoints {
-			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: protoNum(f.Protocol)}
+			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: protoNum(f.Protocol), terminating: e.Terminating}
 			if seen != nil {
 				if seen[b] {
 					continue
@@ -523,11 +523,15 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 				staleKeys = append(staleKeys, serviceKey(w.key, uint16(i+1)))
 			}
 			keep := make(map[uint32]bool, len(p.slots))
-			for _, id := range p.slots {
+			still := make(map[netip.AddrPort]bool, len(w.backends))
+			for i, id := range p.slots {
 				keep[id] = true
+				still[netip.AddrPortFrom(w.backends[i].addr, w.backends[i].port)] = true
 			}
 			for _, id := range old.slots {
-				if id != 0 && !keep[id] {
+				// A backend that only turned terminating is not lost:
+				// its sockets keep it.
+				if b := r.beByID[id]; id != 0 && !keep[id] && !still[netip.AddrPortFrom(b.addr, b.port)] {
 					res.lost = append(res.lost, r.lost(p, w.key, id))
 					if old.flags&FlagAffinity != 0 {
 						lostPairs[[2]uint32{p.id, id}] = true

@@ -225,7 +225,7 @@ func TestLostBackendsAndAffinityEntriesAreCleanedUp(t *testing.T) {
 	if _, err := r.sync(sorted(web, dns)); err != nil {
 		t.Fatal(err)
 	}
-	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[backendKey{netip.MustParseAddr("10.244.0.1"), 80, protoTCP}]
+	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[backendKey{addr: netip.MustParseAddr("10.244.0.1"), port: 80, proto: protoTCP}]
 	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 7, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1}
 	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 8, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1 + 1}
 	web.Endpoints = web.Endpoints[1:]
@@ -518,5 +518,37 @@ func TestEveryRejectedFrontendIsNamed(t *testing.T) {
 	res, err := r.sync(sorted(fs...))
 	if len(dataplane.FrontendErrors(err)) != 9 || res.writes != 0 {
 		t.Errorf("repeated sync: %d writes, %v", res.writes, err)
+	}
+}
+
+// TestTerminatingBackendsAreMarkedAndNotLost: an endpoint that turns
+// serving-but-terminating gets a backend entry flagged terminating (what
+// `waggle bpf lb list` marks), and is not reported lost, so its sockets
+// live on.
+func TestTerminatingBackendsAreMarkedAndNotLost(t *testing.T) {
+	r, f := newFakeReconciler(t, 1024, 1024)
+	web := fe("10.96.0.10:53", dataplane.UDP, "10.244.0.1:53", "10.244.0.2:53")
+	if _, err := r.sync(sorted(web)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range web.Endpoints {
+		web.Endpoints[i].Terminating = true
+	}
+	res, err := r.sync(sorted(web))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.lost) != 0 {
+		t.Errorf("lost %v: a backend that only turned terminating is not lost", res.lost)
+	}
+	n := 0
+	for _, b := range f.backends.m {
+		if b.Flags&BackendFlagTerminating == 0 {
+			t.Errorf("backend %v not flagged terminating", backendKeyOf(b))
+		}
+		n++
+	}
+	if n != 2 {
+		t.Errorf("%d backends, want 2", n)
 	}
 }

@@ -115,7 +115,7 @@ func (v *View) Backends() ([]BackendEntry, error) {
 	var out []BackendEntry
 	err := iterate(v.maps[MapBackends], MapBackends, func(id uint32, b sockLBLbBackend) {
 		k := backendKeyOf(b)
-		out = append(out, BackendEntry{ID: id, Backend: netip.AddrPortFrom(k.addr, k.port), Protocol: protoName(k.proto)})
+		out = append(out, BackendEntry{ID: id, Backend: netip.AddrPortFrom(k.addr, k.port), Protocol: protoName(k.proto), Terminating: k.terminating})
 	})
 	slices.SortFunc(out, func(a, b BackendEntry) int { return cmp.Compare(a.ID, b.ID) })
 	return out, err
@@ -125,13 +125,13 @@ func (v *View) Backends() ([]BackendEntry, error) {
 // frontend. A master entry whose slots are missing shows those slots with a
 // zero BackendID; a slot whose backend is missing an invalid Backend.
 func (v *View) Services() ([]Service, error) {
-	backends := map[uint32]netip.AddrPort{}
+	backends := map[uint32]BackendEntry{}
 	bes, err := v.Backends()
 	if err != nil {
 		return nil, err
 	}
 	for _, b := range bes {
-		backends[b.ID] = b.Backend
+		backends[b.ID] = b
 	}
 	names := map[uint32]sockLBLbSvcName{}
 	if err := iterate(v.maps[MapServiceNames], MapServiceNames, func(id uint32, n sockLBLbSvcName) { names[id] = n }); err != nil {
@@ -150,7 +150,8 @@ func (v *View) Services() ([]Service, error) {
 			byKey[mk] = svc
 			return
 		}
-		slots[mk] = append(slots[mk], Slot{Slot: int(k.Slot), BackendID: s.BackendId, Backend: backends[s.BackendId]})
+		be := backends[s.BackendId]
+		slots[mk] = append(slots[mk], Slot{Slot: int(k.Slot), BackendID: s.BackendId, Backend: be.Backend, Terminating: be.Terminating})
 	})
 	if err != nil {
 		return nil, err
@@ -437,7 +438,7 @@ func (v *View) Frontend(k dataplane.FrontendKey) (svc Service, ok bool, err erro
 			var b sockLBLbBackend
 			if err := v.maps[MapBackends].Lookup(s.BackendId, &b); err == nil {
 				bk := backendKeyOf(b)
-				slot.Backend = netip.AddrPortFrom(bk.addr, bk.port)
+				slot.Backend, slot.Terminating = netip.AddrPortFrom(bk.addr, bk.port), bk.terminating
 			}
 		}
 		svc.Slots = append(svc.Slots, slot)

@@ -142,6 +142,7 @@ type Status struct {
 // Slot states.
 const (
 	StateActive         = "active"
+	StateTerminating    = "terminating"     // serving but terminating (KEP-1669): used only while no backend is ready
 	StateBackendMissing = "backend-missing" // the slot names a backend ID the backends map lacks
 	StateSlotMissing    = "slot-missing"    // the master entry counts a slot that does not exist
 )
@@ -230,6 +231,8 @@ func frontendsOf(svcs []ebpf.Service, backends []ebpf.BackendEntry) []Frontend {
 				// A slot beyond count is never picked (left over by a
 				// shrink in progress): show it, marked.
 				f.Backends = append(f.Backends, BackendSlot{Slot: i, BackendID: sl.BackendID, Backend: sl.Backend.String(), State: "unused"})
+			case sl.Terminating:
+				f.Backends = append(f.Backends, BackendSlot{Slot: i, BackendID: sl.BackendID, Backend: sl.Backend.String(), State: StateTerminating})
 			default:
 				f.Backends = append(f.Backends, BackendSlot{Slot: i, BackendID: sl.BackendID, Backend: sl.Backend.String(), State: StateActive})
 			}
