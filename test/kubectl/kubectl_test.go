@@ -22,7 +22,19 @@ func TestAPIResourcesListsTheCatalog(t *testing.T) {
 		t.Errorf("header = %q", h)
 	}
 	for _, r := range catalog.All() {
-		row := rowOf(t, out, r.Resource)
+		if r.StoredAs != nil && r.StoredAs.Group == r.Group {
+			continue // a second version of its group (autoscaling/v1): api-resources lists the preferred one
+		}
+		var row []string
+		for _, l := range strings.Split(out, "\n") {
+			if f := fields(l); len(f) >= 4 && f[0] == r.Resource && f[len(f)-3] == r.GroupVersion().String() {
+				row = f
+			}
+		}
+		if row == nil {
+			t.Errorf("api-resources has no %s row for %s", r.Resource, r.GroupVersion())
+			continue
+		}
 		if row[len(row)-1] != r.Kind || row[len(row)-2] != fmt.Sprint(r.Namespaced) || row[len(row)-3] != r.GroupVersion().String() {
 			t.Errorf("%s row = %q", r.Resource, row)
 		}
