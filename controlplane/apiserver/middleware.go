@@ -171,6 +171,10 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			writeStatus(w, apierrors.NewUnauthorized(msg), notFoundGR, "")
 			return
 		}
+		if u, err = s.impersonate(r.Context(), r, u); err != nil {
+			writeStatus(w, err, notFoundGR, "")
+			return
+		}
 		a := authz.AttributesFrom(r, u)
 		allowed, reason, err := s.authz.Authorize(r.Context(), a)
 		if err != nil || !allowed {

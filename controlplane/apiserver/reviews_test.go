@@ -74,4 +74,30 @@ func TestAccessReviewsAnswerFromTheAuthorizer(t *testing.T) {
 	if out, err := run("auth", "whoami"); err != nil || !strings.Contains(out, "system:kube-scheduler") {
 		t.Errorf("whoami: %q %v", out, err)
 	}
+
+	// Impersonation: admin may (cluster-admin has impersonate on *), the
+	// scheduler may not.
+	kc = filepath.Join(s.DataDir, "admin.kubeconfig")
+	if out, err := run("auth", "can-i", "create", "pods", "--subresource=binding", "--as", "system:kube-scheduler"); err != nil || out != "yes" {
+		t.Errorf("admin --as scheduler can-i: %q %v", out, err)
+	}
+	if out, _ := run("auth", "can-i", "get", "secrets", "--as", "system:kube-scheduler"); out != "no" {
+		t.Errorf("admin --as scheduler can-i get secrets: %q", out)
+	}
+	if out, err := run("auth", "whoami", "--as", "alice", "--as-group", "devs"); err != nil || !strings.Contains(out, "alice") || !strings.Contains(out, "devs") {
+		t.Errorf("whoami --as alice: %q %v", out, err)
+	}
+	if out, err := run("get", "secrets", "--as", "alice"); err == nil || !strings.Contains(out, "forbidden") {
+		t.Errorf("get secrets --as alice: %q %v, want forbidden", out, err)
+	}
+	kc = filepath.Join(s.DataDir, "scheduler.kubeconfig")
+	if out, err := run("get", "pods", "--as", "admin", "--as-group", "system:masters"); err == nil || !strings.Contains(out, "Forbidden") {
+		t.Errorf("scheduler impersonating admin: %q %v, want forbidden", out, err)
+	}
+	rc := s.UserConfig(t, "system:kube-scheduler")
+	rc.Impersonate.UserName, rc.Impersonate.Groups = "admin", []string{"system:masters"}
+	_, err = kubernetes.NewForConfigOrDie(rc).CoreV1().Secrets("default").List(ctx, metav1.ListOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "cannot impersonate resource \"users\"") {
+		t.Errorf("scheduler impersonating admin through client-go: %v, want 403", err)
+	}
 }
