@@ -63,6 +63,7 @@ bench: deps build ## run the benchmarks and print their tables
 	$(GO) test -run '^$$' -bench AddDel -benchtime 1000x ./cni/
 	$(GO) test -run '^$$' -bench ClusterIPQuery -benchtime 100000x ./clusterdns/
 	$(BIN)/waggle bench dataplane --output $(BIN)/bench-dataplane.json $(BENCH_DATAPLANE_FLAGS)
+	$(BIN)/waggle bench policy --rounds 5 --output $(BIN)/bench-policy.json
 
 up: deps build images ## run a single-machine cluster (waggle up); Ctrl-C stops it, running it again resumes it
 	$(BIN)/waggle up --data-dir $${WAGGLE_DATA_DIR:-/var/lib/waggle} --image-dir $(BIN)/images

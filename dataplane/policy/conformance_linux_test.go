@@ -442,3 +442,32 @@ func TestRestartKeepsEnforcing(t *testing.T) {
 		t.Error("after the restart the policy is not what it was")
 	}
 }
+
+// TestIPv6: the same programs enforce IPv6 flows (neighbour discovery
+// always passes; peers resolve through the same identities).
+func TestIPv6(t *testing.T) {
+	e := newEnv(t)
+	e.node.Run(t, "ip", "addr", "add", "fd77::1/64", "dev", e.bridge, "nodad")
+	e.c.SetHostIPs([]netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("fd77::1")})
+	var pods []*tpod
+	for i, name := range []string{"a", "b", "c"} {
+		p := e.addPod("x", name, map[string]string{"app": name})
+		v6 := netip.MustParseAddr(fmt.Sprintf("fd77::%d", 20+i))
+		p.netns.Run(t, "ip", "addr", "add", v6.String()+"/64", "dev", "eth0", "nodad")
+		serveTCP(t, p.netns, netip.AddrPortFrom(v6, 80).String())
+		p.obj.Status.PodIPs = append(p.obj.Status.PodIPs, v1.PodIP{IP: v6.String()})
+		e.c.SetPod(p.obj, p.ifindex)
+		p.ip = v6 // probes go over IPv6 from here on
+		pods = append(pods, p)
+	}
+	e.sync()
+	p := np("x", "from-a", sel("app", "b"), ingress)
+	p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "a")}}}}
+	e.setPolicy(p)
+	if !e.reach(pods[0], pods[1], "tcp", 80) {
+		t.Error("a -> b over IPv6 denied, want allowed")
+	}
+	if e.reach(pods[2], pods[1], "tcp", 80) {
+		t.Error("c -> b over IPv6 allowed, want denied")
+	}
+}

@@ -272,7 +272,7 @@ func (e *env) reach(from *tpod, to *tpod, network string, port int) bool {
 	if from != nil {
 		n = from.netns
 	}
-	c := e.dialFrom(n, network, fmt.Sprintf("%s:%d", to.ip, port))
+	c := e.dialFrom(n, network, netip.AddrPortFrom(to.ip, uint16(port)).String())
 	if c == nil {
 		return false
 	}
