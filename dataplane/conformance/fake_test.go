@@ -10,6 +10,7 @@ import (
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/dataplane/iptables"
 	"github.com/waggle-io/waggle/dataplane/ipvs"
+	"github.com/waggle-io/waggle/dataplane/ipvs/ipvstest"
 )
 
 var (
@@ -76,7 +77,7 @@ func fakeIPTables(t *testing.T, compactAbove int) {
 func TestFakeIPVS(t *testing.T) {
 	Run(t, func(t *testing.T) *Target {
 		fr := iptables.NewFakeRunner(nodeIP, nodeIP6)
-		fh, fl := ipvs.NewFakeHandle(), ipvs.NewFakeLink()
+		fh, fl := ipvstest.NewFakeHandle(), ipvstest.NewFakeLink()
 		b, err := ipvs.New(ipvs.Config{Handle: fh, Link: fl, Runner: fr})
 		if err != nil {
 			t.Fatal(err)
@@ -104,7 +105,7 @@ func TestFakeIPVS(t *testing.T) {
 				ep, err := fh.Connect(dataplane.FrontendKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}, src)
 				fh.CloseAll() // each connection is short
 				switch {
-				case errors.Is(err, ipvs.ErrNoRealServer):
+				case errors.Is(err, ipvstest.ErrNoRealServer):
 					return netip.AddrPort{}, ErrRefused
 				case err != nil:
 					return netip.AddrPort{}, ErrNotServed

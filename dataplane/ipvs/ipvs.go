@@ -8,7 +8,7 @@
 // Removed endpoints terminate gracefully: a TCP real server with connections
 // gets weight 0 and is deleted by a later Sync once its connections are gone
 // (or GracePeriod passed). Kernels without IPVS (Supported says why) cannot
-// run it; its logic is tested against FakeHandle and FakeLink. It does not
+// run it; its logic is tested against ipvstest.FakeHandle and FakeLink. It does not
 // decide what to program: that is dataplane.Compute.
 package ipvs
 
@@ -378,6 +378,10 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 	b.jumped = false
 	return errors.Join(errs...)
 }
+
+// Dump renders what this backend programmed in the kernel (Dump of its
+// handle and link).
+func (b *Backend) Dump() (string, error) { return Dump(b.handle, b.link) }
 
 // Dump renders the IPVS state like `ipvsadm -Ln` (sorted), then the dummy
 // interface's addresses: what golden files show.

@@ -1,4 +1,4 @@
-package ipvs
+package ipvs_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/dataplane/iptables"
+	"github.com/waggle-io/waggle/dataplane/ipvs"
+	"github.com/waggle-io/waggle/dataplane/ipvs/ipvstest"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
@@ -52,17 +54,17 @@ func sampleState() *dataplane.State {
 }
 
 type fakes struct {
-	h  *FakeHandle
-	l  *FakeLink
+	h  *ipvstest.FakeHandle
+	l  *ipvstest.FakeLink
 	r  *iptables.FakeRunner
-	b  *Backend
+	b  *ipvs.Backend
 	at time.Time
 }
 
 func newFakes(t *testing.T, sched string) *fakes {
 	t.Helper()
-	f := &fakes{h: NewFakeHandle(), l: NewFakeLink(), r: iptables.NewFakeRunner(), at: time.Unix(1000, 0)}
-	b, err := New(Config{Scheduler: sched, Handle: f.h, Link: f.l, Runner: f.r, Now: func() time.Time { return f.at }})
+	f := &fakes{h: ipvstest.NewFakeHandle(), l: ipvstest.NewFakeLink(), r: iptables.NewFakeRunner(), at: time.Unix(1000, 0)}
+	b, err := ipvs.New(ipvs.Config{Scheduler: sched, Handle: f.h, Link: f.l, Runner: f.r, Now: func() time.Time { return f.at }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +95,7 @@ func TestSyncGolden(t *testing.T) {
 	if err := f.b.Sync(context.Background(), sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	d, err := Dump(f.h, f.l)
+	d, err := ipvs.Dump(f.h, f.l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,11 +110,11 @@ func TestRepeatedSyncChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := f.h.Calls
-	before, _ := Dump(f.h, f.l)
+	before, _ := ipvs.Dump(f.h, f.l)
 	if err := f.b.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	after, _ := Dump(f.h, f.l)
+	after, _ := ipvs.Dump(f.h, f.l)
 	if f.h.Calls != calls || after != before {
 		t.Errorf("second sync made %d IPVS calls and changed:\n%s\nvs\n%s", f.h.Calls-calls, before, after)
 	}
@@ -129,7 +131,7 @@ func TestSchedulerFlag(t *testing.T) {
 			t.Errorf("%s has scheduler %s, want lc", vs.Key(), vs.Scheduler)
 		}
 	}
-	if _, err := New(Config{Scheduler: "fastest", Handle: f.h, Link: f.l, Runner: f.r}); !errors.Is(err, ErrBadScheduler) {
+	if _, err := ipvs.New(ipvs.Config{Scheduler: "fastest", Handle: f.h, Link: f.l, Runner: f.r}); !errors.Is(err, ipvs.ErrBadScheduler) {
 		t.Errorf("unknown scheduler: err = %v", err)
 	}
 }
@@ -139,7 +141,7 @@ func TestNodePortAddressesAreNotBound(t *testing.T) {
 	if err := f.b.Sync(context.Background(), sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	addrs, _ := f.l.Addrs(DummyInterface)
+	addrs, _ := f.l.Addrs(ipvs.DummyInterface)
 	for _, a := range addrs {
 		if a == netip.MustParseAddr("192.168.1.10") {
 			t.Error("the node IP of a NodePort was bound to the dummy interface")
@@ -168,7 +170,7 @@ func TestGracefulTermination(t *testing.T) {
 	if err := f.b.Sync(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	rss, _ := f.h.Destinations(VirtualServer{Addr: key.Addr, Port: key.Port, Protocol: key.Protocol})
+	rss, _ := f.h.Destinations(ipvs.VirtualServer{Addr: key.Addr, Port: key.Port, Protocol: key.Protocol})
 	if len(rss) != 2 || rss[1].Weight != 0 {
 		t.Fatalf("removed real server with connections should stay at weight 0: %+v", rss)
 	}
@@ -185,7 +187,7 @@ func TestGracefulTermination(t *testing.T) {
 	if err := f.b.Sync(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	rss, _ = f.h.Destinations(VirtualServer{Addr: key.Addr, Port: key.Port, Protocol: key.Protocol})
+	rss, _ = f.h.Destinations(ipvs.VirtualServer{Addr: key.Addr, Port: key.Port, Protocol: key.Protocol})
 	if len(rss) != 1 {
 		t.Errorf("drained real server not removed: %+v", rss)
 	}
@@ -204,7 +206,7 @@ func TestGracePeriodBoundsDraining(t *testing.T) {
 	f.b.Sync(ctx, st)
 	f.at = f.at.Add(16 * time.Minute)
 	f.b.Sync(ctx, st)
-	rss, _ := f.h.Destinations(VirtualServer{Addr: key.Addr, Port: key.Port, Protocol: key.Protocol})
+	rss, _ := f.h.Destinations(ipvs.VirtualServer{Addr: key.Addr, Port: key.Port, Protocol: key.Protocol})
 	if len(rss) != 0 {
 		t.Errorf("real server kept past the grace period: %+v", rss)
 	}
@@ -222,7 +224,7 @@ func TestUDPRealServersAreRemovedAtOnce(t *testing.T) {
 	if err := f.b.Sync(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	rss, _ := f.h.Destinations(VirtualServer{Addr: key.Addr, Port: key.Port, Protocol: key.Protocol})
+	rss, _ := f.h.Destinations(ipvs.VirtualServer{Addr: key.Addr, Port: key.Port, Protocol: key.Protocol})
 	if len(rss) != 1 {
 		t.Errorf("UDP real server kept: %+v", rss)
 	}
@@ -232,7 +234,7 @@ func TestServiceDeletionAndCleanup(t *testing.T) {
 	f := newFakes(t, "")
 	ctx := context.Background()
 	// Someone else's virtual server, not on our interface: left alone.
-	foreign := VirtualServer{Addr: netip.MustParseAddr("172.16.0.1"), Port: 80, Protocol: dataplane.TCP, Scheduler: "rr"}
+	foreign := ipvs.VirtualServer{Addr: netip.MustParseAddr("172.16.0.1"), Port: 80, Protocol: dataplane.TCP, Scheduler: "rr"}
 	f.h.AddService(foreign)
 	if err := f.b.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)
@@ -244,7 +246,7 @@ func TestServiceDeletionAndCleanup(t *testing.T) {
 	if len(vss) != 1 || vss[0] != foreign {
 		t.Errorf("after deleting every service: %+v", vss)
 	}
-	if addrs, _ := f.l.Addrs(DummyInterface); len(addrs) != 0 {
+	if addrs, _ := f.l.Addrs(ipvs.DummyInterface); len(addrs) != 0 {
 		t.Errorf("addresses still bound: %v", addrs)
 	}
 	f.b.Sync(ctx, sampleState())
@@ -252,8 +254,8 @@ func TestServiceDeletionAndCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	vss, _ = f.h.Services()
-	if len(vss) != 1 || f.l.Exists(DummyInterface) || strings.Contains(f.r.Dump(iptables.IPv4)+f.r.Dump(iptables.IPv6), "WAGGLE") {
-		t.Errorf("cleanup left: %+v, link %v\n%s", vss, f.l.Exists(DummyInterface), f.r.Dump(iptables.IPv4))
+	if len(vss) != 1 || f.l.Exists(ipvs.DummyInterface) || strings.Contains(f.r.Dump(iptables.IPv4)+f.r.Dump(iptables.IPv6), "WAGGLE") {
+		t.Errorf("cleanup left: %+v, link %v\n%s", vss, f.l.Exists(ipvs.DummyInterface), f.r.Dump(iptables.IPv4))
 	}
 	if err := f.b.Cleanup(ctx); err != nil {
 		t.Errorf("second cleanup: %v", err)
@@ -274,10 +276,10 @@ func TestNoEndpointsIsRejected(t *testing.T) {
 // TestSupportedOnThisKernel checks that a kernel without IPVS gives a clear
 // ErrNotSupported (and one with IPVS none).
 func TestSupportedOnThisKernel(t *testing.T) {
-	err := Supported()
+	err := ipvs.Supported()
 	if _, statErr := os.Stat("/proc/net/ip_vs"); statErr == nil {
 		if err != nil {
-			t.Fatalf("IPVS present but Supported() = %v", err)
+			t.Fatalf("IPVS present but ipvs.Supported() = %v", err)
 		}
 		return
 	}
@@ -294,7 +296,7 @@ func TestRealKernel(t *testing.T) {
 	testutil.RequiresKernelFeature(t, testutil.IPVS)
 	n := testutil.NewNetNS(t)
 	path := "/run/netns/" + n.Name
-	b, err := New(Config{NetNSPath: path})
+	b, err := ipvs.New(ipvs.Config{NetNSPath: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +305,7 @@ func TestRealKernel(t *testing.T) {
 	if err := b.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	d, err := Dump(b.handle, b.link)
+	d, err := b.Dump()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +320,7 @@ func TestRealKernel(t *testing.T) {
 func TestRestartRemovesStaleNodePortServers(t *testing.T) {
 	f := newFakes(t, "")
 	ctx := context.Background()
-	stale := VirtualServer{Addr: netip.MustParseAddr("192.168.1.10"), Port: 30999, Protocol: dataplane.TCP, Scheduler: "rr"}
+	stale := ipvs.VirtualServer{Addr: netip.MustParseAddr("192.168.1.10"), Port: 30999, Protocol: dataplane.TCP, Scheduler: "rr"}
 	f.h.AddService(stale)
 	if err := f.b.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,7 @@
-package ipvs
+// Package ipvstest holds in-memory fakes of the IPVS backend's kernel edge
+// (ipvs.Handle and ipvs.Link) for unit tests and the conformance suite. It
+// is not for production use.
+package ipvstest
 
 import (
 	"errors"
@@ -9,6 +12,7 @@ import (
 	"time"
 
 	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/dataplane/ipvs"
 )
 
 // FakeHandle is an in-memory IPVS for unit tests. Connect schedules a new
@@ -26,8 +30,8 @@ type FakeHandle struct {
 }
 
 type fakeService struct {
-	vs      VirtualServer
-	dests   []RealServer
+	vs      ipvs.VirtualServer
+	dests   []ipvs.RealServer
 	next    int
 	persist map[netip.Addr]fakePersist
 }
@@ -45,31 +49,31 @@ func NewFakeHandle() *FakeHandle {
 var errExists = errors.New("file exists")
 var errNoSuch = errors.New("no such process")
 
-func (f *FakeHandle) Services() ([]VirtualServer, error) {
+func (f *FakeHandle) Services() ([]ipvs.VirtualServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []VirtualServer
+	var out []ipvs.VirtualServer
 	for _, s := range f.services {
 		out = append(out, s.vs)
 	}
 	return out, nil
 }
 
-func (f *FakeHandle) AddService(v VirtualServer) error {
+func (f *FakeHandle) AddService(v ipvs.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Calls++
 	if _, ok := f.services[v.Key()]; ok {
 		return errExists
 	}
-	if !slices.Contains(Schedulers, v.Scheduler) {
+	if !slices.Contains(ipvs.Schedulers, v.Scheduler) {
 		return fmt.Errorf("scheduler %q: %w", v.Scheduler, errNoSuch)
 	}
 	f.services[v.Key()] = &fakeService{vs: v, persist: map[netip.Addr]fakePersist{}}
 	return nil
 }
 
-func (f *FakeHandle) UpdateService(v VirtualServer) error {
+func (f *FakeHandle) UpdateService(v ipvs.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Calls++
@@ -81,7 +85,7 @@ func (f *FakeHandle) UpdateService(v VirtualServer) error {
 	return nil
 }
 
-func (f *FakeHandle) DelService(v VirtualServer) error {
+func (f *FakeHandle) DelService(v ipvs.VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Calls++
@@ -89,7 +93,7 @@ func (f *FakeHandle) DelService(v VirtualServer) error {
 	return nil
 }
 
-func (f *FakeHandle) Destinations(v VirtualServer) ([]RealServer, error) {
+func (f *FakeHandle) Destinations(v ipvs.VirtualServer) ([]ipvs.RealServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.services[v.Key()]
@@ -99,7 +103,7 @@ func (f *FakeHandle) Destinations(v VirtualServer) ([]RealServer, error) {
 	return slices.Clone(s.dests), nil
 }
 
-func (f *FakeHandle) AddDestination(v VirtualServer, r RealServer) error {
+func (f *FakeHandle) AddDestination(v ipvs.VirtualServer, r ipvs.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Calls++
@@ -120,7 +124,7 @@ func (f *FakeHandle) AddDestination(v VirtualServer, r RealServer) error {
 	return nil
 }
 
-func (f *FakeHandle) UpdateDestination(v VirtualServer, r RealServer) error {
+func (f *FakeHandle) UpdateDestination(v ipvs.VirtualServer, r ipvs.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Calls++
@@ -137,7 +141,7 @@ func (f *FakeHandle) UpdateDestination(v VirtualServer, r RealServer) error {
 	return errNoSuch
 }
 
-func (f *FakeHandle) DelDestination(v VirtualServer, r RealServer) error {
+func (f *FakeHandle) DelDestination(v ipvs.VirtualServer, r ipvs.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Calls++
@@ -145,7 +149,7 @@ func (f *FakeHandle) DelDestination(v VirtualServer, r RealServer) error {
 	if !ok {
 		return errNoSuch
 	}
-	s.dests = slices.DeleteFunc(s.dests, func(d RealServer) bool { return d.AddrPort() == r.AddrPort() })
+	s.dests = slices.DeleteFunc(s.dests, func(d ipvs.RealServer) bool { return d.AddrPort() == r.AddrPort() })
 	return nil
 }
 
