@@ -132,6 +132,7 @@ func TestLab(t *testing.T) {
 	})
 
 	t.Run("ClusterDNSFromPodsOnEveryNode", func(t *testing.T) { testClusterDNS(t, e, nodes, vip) })
+	t.Run("CrashLoopingPodsEvents", func(t *testing.T) { testCrashLoopEvents(t, e) })
 
 	t.Run("NodePortFromANode", func(t *testing.T) {
 		for i, n := range nodes {
