@@ -3,6 +3,7 @@
 // leader Lease, runs every enabled controller (replicaset,
 // replicationcontroller, deployment,
 // daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
+// root-ca-cert-publisher,
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
 //
@@ -17,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +46,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
 	"github.com/waggle-io/waggle/controlplane/controllers/podgc"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
+	"github.com/waggle-io/waggle/controlplane/controllers/rootcacertpublisher"
 	"github.com/waggle-io/waggle/controlplane/controllers/serviceaccount"
 	"github.com/waggle-io/waggle/controlplane/controllers/statefulset"
 	"github.com/waggle-io/waggle/controlplane/controllers/ttlafterfinished"
@@ -123,6 +126,12 @@ type Config struct {
 	ClusterDNSIP   string
 	ClusterDNSPort int32
 
+	// RootCAFile is the CA bundle the root-ca-cert-publisher puts in every
+	// namespace's kube-root-ca.crt ConfigMap; empty uses the CA the
+	// controller-manager itself trusts the API server with (its kubeconfig's),
+	// as kube-controller-manager does.
+	RootCAFile string
+
 	// ResyncPeriod of the shared informers (0: none).
 	ResyncPeriod time.Duration
 
@@ -175,6 +184,8 @@ type Deps struct {
 	Factory informers.SharedInformerFactory
 	Log     *slog.Logger
 	Config  *Config
+	// RootCA is the CA bundle to publish (see Config.RootCAFile).
+	RootCA []byte
 }
 
 // starter builds one controller and returns its run function.
@@ -288,6 +299,10 @@ func Run(ctx context.Context, cfg Config) error {
 		rc.QPS, rc.Burst = 200, 400
 	}
 	rc.UserAgent = "waggle-controller-manager"
+	rootCA, err := rootCABundle(cfg.RootCAFile, rc)
+	if err != nil {
+		return err
+	}
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
@@ -330,7 +345,7 @@ func Run(ctx context.Context, cfg Config) error {
 	leErr := leaderelect.Run(ctx, log, cs, cfg.LeaderElection, func(ctx context.Context) {
 		leading.Store(true)
 		defer leading.Store(false)
-		runControllers(ctx, Deps{Client: cs, Dynamic: dyn, Log: log, Config: &cfg}, &synced)
+		runControllers(ctx, Deps{Client: cs, Dynamic: dyn, Log: log, Config: &cfg, RootCA: rootCA}, &synced)
 	})
 	cancel()
 	wg.Wait()
@@ -409,6 +424,13 @@ func starters() []starter {
 			c := clusterroleaggregation.New(d.Client, d.Factory, d.Log)
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
+		{name: rootcacertpublisher.Name, build: func(d Deps) (func(context.Context), error) {
+			c, err := rootcacertpublisher.New(d.Client, d.Factory, d.Log, d.RootCA)
+			if err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
 		{name: serviceaccount.Name, build: func(d Deps) (func(context.Context), error) {
 			c := serviceaccount.New(d.Client, d.Factory, d.Log, serviceaccount.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentServiceAccountSyncs) }, nil
@@ -478,6 +500,24 @@ func starters() []starter {
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentGCSyncs) }, nil
 		}},
 	}
+}
+
+// rootCABundle reads --root-ca-file, or else the CA of rc (inline or file).
+func rootCABundle(file string, rc *rest.Config) ([]byte, error) {
+	if file == "" {
+		if len(rc.TLSClientConfig.CAData) > 0 {
+			return rc.TLSClientConfig.CAData, nil
+		}
+		file = rc.TLSClientConfig.CAFile
+	}
+	if file == "" {
+		return nil, nil // the publisher then refuses to start, saying why
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --root-ca-file: %w", ErrInvalidConfig, err)
+	}
+	return b, nil
 }
 
 // served reports an error when the API server does not serve resource in
