@@ -23,8 +23,8 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/waggle-io/waggle/internal/ops"
@@ -41,20 +41,20 @@ type Deps struct {
 	Prober Prober
 	// Recorder records Events (nil: one writing to the API server).
 	Recorder record.EventRecorder
-	Health *ops.Health
+	Health   *ops.Health
 }
 
 // Kubelet is one running node agent.
 type Kubelet struct {
-	cfg    Config
-	log    *slog.Logger
-	client kubernetes.Interface
-	rt     runtime.Runtime
-	net    network.Manager
+	cfg      Config
+	log      *slog.Logger
+	client   kubernetes.Interface
+	rt       runtime.Runtime
+	net      network.Manager
 	prober   Prober
 	recorder record.EventRecorder
 	health   *ops.Health
-	nodeIP string
+	nodeIP   string
 
 	mu       sync.Mutex
 	nodeObj  *v1.Node

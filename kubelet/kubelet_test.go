@@ -28,11 +28,11 @@ import (
 const node = "n1"
 
 type harness struct {
-	t      *testing.T
-	k      *Kubelet
-	cs     *fake.Clientset
-	rt     *runtimetest.Fake
-	net    *network.Hollow
+	t   *testing.T
+	k   *Kubelet
+	cs  *fake.Clientset
+	rt  *runtimetest.Fake
+	net *network.Hollow
 	// netMgr, when set, is the network the kubelet gets instead of net.
 	netMgr network.Manager
 	cancel context.CancelFunc

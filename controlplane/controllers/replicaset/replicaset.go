@@ -50,17 +50,17 @@ type Options struct {
 
 // Controller reconciles ReplicaSets with their pods.
 type Controller struct {
-	client   kubernetes.Interface
-	log      *slog.Logger
-	opts     Options
-	queue    workqueue.TypedRateLimitingInterface[string]
-	b        backend
-	pods     corelisters.PodLister
-	synced   []cache.InformerSynced
-	exp      *ctrlutil.Expectations
-	now      func() time.Time
-	rec      record.EventRecorder
-	stopRec  func()
+	client  kubernetes.Interface
+	log     *slog.Logger
+	opts    Options
+	queue   workqueue.TypedRateLimitingInterface[string]
+	b       backend
+	pods    corelisters.PodLister
+	synced  []cache.InformerSynced
+	exp     *ctrlutil.Expectations
+	now     func() time.Time
+	rec     record.EventRecorder
+	stopRec func()
 }
 
 // New wires the controller to the factory's ReplicaSet and Pod informers.
