@@ -66,8 +66,11 @@ func startCluster(t *testing.T) cluster {
 	cs := fake.NewClientset()
 	watches := testutil.TrackWatches(cs)
 	f := informers.NewSharedInformerFactory(cs, 0)
+	// Renewals come every 100 ms: a grace of 1.5 s leaves a healthy node
+	// Ready even when the race detector and a loaded machine delay a
+	// renewal by a second (400 ms was missed under go test -race).
 	c := New(cs, f, slog.New(slog.DiscardHandler), Options{
-		NodeMonitorGracePeriod: 400 * time.Millisecond, NodeMonitorPeriod: 100 * time.Millisecond, NodeStartupGracePeriod: 400 * time.Millisecond,
+		NodeMonitorGracePeriod: 1500 * time.Millisecond, NodeMonitorPeriod: 100 * time.Millisecond, NodeStartupGracePeriod: 1500 * time.Millisecond,
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	f.Start(ctx.Done())
