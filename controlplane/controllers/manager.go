@@ -3,7 +3,7 @@
 // leader Lease, runs every enabled controller (replicaset,
 // replicationcontroller, deployment,
 // daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
-// root-ca-cert-publisher,
+// disruption, root-ca-cert-publisher,
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
 //
@@ -38,6 +38,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/cronjob"
 	"github.com/waggle-io/waggle/controlplane/controllers/daemonset"
 	"github.com/waggle-io/waggle/controlplane/controllers/deployment"
+	"github.com/waggle-io/waggle/controlplane/controllers/disruption"
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
 	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
 	"github.com/waggle-io/waggle/controlplane/controllers/job"
@@ -488,6 +489,15 @@ func starters() []starter {
 				return nil, errors.New("--cluster-dns-ip is not set")
 			}
 			c := clusterdns.New(d.Client, d.Factory, d.Log, clusterdns.Options{ClusterIP: d.Config.ClusterDNSIP, Port: d.Config.ClusterDNSPort})
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
+		{name: disruption.Name, build: func(d Deps) (func(context.Context), error) {
+			for _, r := range []struct{ gv, res string }{{"policy/v1", "poddisruptionbudgets"}, {"apps/v1", "statefulsets"}, {"v1", "replicationcontrollers"}} {
+				if err := served(d, r.gv, r.res); err != nil {
+					return nil, err
+				}
+			}
+			c := disruption.New(d.Client, d.Factory, d.Log)
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: podgc.Name, build: func(d Deps) (func(context.Context), error) {
