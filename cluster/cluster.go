@@ -83,8 +83,9 @@ type Config struct {
 	// it is NotReady (Kubernetes' default: 40 s).
 	NodeMonitorGracePeriod time.Duration
 	// AuthorizationModes is the API server's --authorization-mode (default
-	// Node,RBAC).
+	// Node,RBAC); AnonymousAuth its --anonymous-auth (default on).
 	AuthorizationModes []string
+	AnonymousAuth      bool
 	// Out receives the human-facing lines (where the kubeconfig is).
 	Out io.Writer
 }
@@ -94,6 +95,7 @@ func Defaults() Config {
 	return Config{
 		DataDir:                "/var/lib/waggle",
 		Node:                   true,
+		AnonymousAuth:          true,
 		BindAddress:            "0.0.0.0",
 		SecurePort:             6443,
 		ComponentsBindAddress:  "127.0.0.1",
@@ -147,6 +149,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ServiceNodePortRange:  cfg.ServiceNodePortRange,
 		NodeName:              cfg.NodeName,
 		AuthorizationModes:    cfg.AuthorizationModes,
+		AnonymousAuth:         cfg.AnonymousAuth,
 		LogLevel:              cfg.LogLevel,
 		Log:                   componentLog("apiserver", cfg.LogLevel),
 	})

@@ -25,6 +25,7 @@ func runAPIServer(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.TLSPrivateKeyFile, "tls-private-key-file", "", "serving certificate's key")
 	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA bundle that client certificates are verified against")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", true, "requests without credentials run as system:anonymous (authorized like any user; RBAC grants only health and version); false: 401")
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {

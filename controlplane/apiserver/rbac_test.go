@@ -2,15 +2,19 @@ package apiserver_test
 
 import (
 	"context"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 func clientFor(t *testing.T, s *apiservertest.Server, user string, groups ...string) *kubernetes.Clientset {
@@ -188,5 +192,43 @@ func TestDefaultPolicyIsReconciledWithoutClobberingUserChanges(t *testing.T) {
 	}
 	if _, err := admin.RbacV1().ClusterRoles().Get(ctx, "system:node-proxier", metav1.GetOptions{}); err != nil {
 		t.Errorf("deleted default role not re-created: %v", err)
+	}
+}
+
+func TestAnonymousAuthRunsAsSystemAnonymous(t *testing.T) {
+	s := apiservertest.Start(t, apiservertest.Options{Configure: func(c *apiserver.Config) { c.AnonymousAuth = true }})
+	anon := rest.AnonymousClientConfig(s.Config)
+	hc, err := rest.HTTPClientFor(anon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path string
+		code int
+	}{{"/api/v1/namespaces/default/secrets", 403}, {"/api", 403}, {"/version", 200}, {"/healthz", 200}} {
+		resp, err := hc.Get(anon.Host + c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.code {
+			t.Errorf("anonymous GET %s: %d %s, want %d", c.path, resp.StatusCode, body, c.code)
+		}
+		if c.code == 403 && !strings.Contains(string(body), `User \"system:anonymous\" cannot`) {
+			t.Errorf("anonymous GET %s: %s", c.path, body)
+		}
+	}
+	// A wrong credential is still a 401, not anonymous.
+	bad := rest.AnonymousClientConfig(s.Config)
+	bad.BearerToken = "nope"
+	hc2, _ := rest.HTTPClientFor(bad)
+	resp, err := hc2.Get(bad.Host + "/api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Errorf("wrong token: %d, want 401", resp.StatusCode)
 	}
 }

@@ -59,6 +59,12 @@ type Config struct {
 	// NodeName is the node whose kubelet.kubeconfig the server writes
 	// (default: the hostname, as the kubelet's default node name).
 	NodeName string
+	// AnonymousAuth is --anonymous-auth: requests without credentials run
+	// as system:anonymous (group system:unauthenticated) and are authorized
+	// like any other (by default RBAC grants them only /healthz, /livez,
+	// /readyz, /version); off, they get 401. The commands default it on, as
+	// kube-apiserver.
+	AnonymousAuth bool
 	// AuthorizationModes is --authorization-mode, in order (default
 	// Node,RBAC; AlwaysAllow only when asked for).
 	AuthorizationModes []string
