@@ -268,10 +268,12 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		ImageDir:            cfg.ImageDir,
 		Port:                10250,
 		ClientCAFile:        filepath.Join(cfg.DataDir, "pki", "ca.crt"),
-		ClusterDNS:          []string{dnsIP.String()},
-		ClusterDomain:       cfg.ClusterDomain,
-		ResolvConf:          "/etc/resolv.conf",
-		Log:                 componentLog("kubelet", cfg.LogLevel),
+		// As long as the controller-manager waits for it (see lab).
+		LeaseDuration: cfg.NodeMonitorGracePeriod,
+		ClusterDNS:    []string{dnsIP.String()},
+		ClusterDomain: cfg.ClusterDomain,
+		ResolvConf:    "/etc/resolv.conf",
+		Log:           componentLog("kubelet", cfg.LogLevel),
 	}
 	g.Go(func() error { return kubelet.Run(ctx, kcfg) })
 	nodeName := cfg.NodeName

@@ -151,6 +151,11 @@ func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {
 		"--client-ca-file", filepath.Join(controlPlaneDir(cfg.DataDir), "pki", "ca.crt"),
 		"--image-dir", cfg.ImageDir,
 		"--cluster-dns", clusterdns.ServiceIP(cfg.ServiceCIDR).String(),
+		// The Lease lasts as long as the controller-manager waits for it
+		// (renewed every quarter of that), as upstream's 40 s and 40 s: with
+		// a shorter grace (the e2e tests' 10 s) and the default 10 s renewal,
+		// one late renewal made a healthy node Unknown.
+		"--node-lease-duration", cfg.NodeMonitorGracePeriod.String(),
 	}
 }
 
