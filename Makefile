@@ -20,7 +20,7 @@ TEST_FLAGS ?=
 # Flags of `waggle bench dataplane` in `make bench` (e.g. --rounds 5 --duration 2s).
 BENCH_DATAPLANE_FLAGS ?=
 
-.PHONY: help deps build images generate test test-unit lint bench up lab conformance clean
+.PHONY: help deps build images generate test test-unit test-race lint bench up lab conformance clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ test: deps ## run every test tier this machine can run (unit, integration as roo
 
 test-unit: ## run the unit tests only (no root needed)
 	$(GO) test -short -timeout 5m ./...
+
+test-race: ## run the unit tests under the race detector (CI runs it after make test)
+	$(GO) test -race -short -timeout 25m ./...
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
