@@ -94,15 +94,8 @@ func (c *Controller) Run(ctx context.Context, workers int) {
 }
 
 func (c *Controller) sync(ctx context.Context, nsName string) error {
-	ns, err := c.nsList.Get(nsName)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+	if ns, err := ctrlutil.ActiveNamespace(c.nsList, nsName); err != nil || ns == nil {
 		return err
-	}
-	if ns.DeletionTimestamp != nil || ns.Status.Phase == corev1.NamespaceTerminating {
-		return nil
 	}
 	want := map[string]string{DataKey: string(c.rootCA)}
 	cm, err := c.cmList.ConfigMaps(nsName).Get(ConfigMapName)

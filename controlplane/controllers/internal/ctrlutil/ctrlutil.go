@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	corelisters "k8s.io/client-go/listers/core/v1"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -216,6 +218,23 @@ func (e *Expectations) Forget(key string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.m, key)
+}
+
+// ActiveNamespace returns the namespace name from lister, or nil when it is
+// gone or terminating: the controllers that put objects into every
+// namespace (service accounts, the root CA bundle) leave those alone.
+func ActiveNamespace(lister corelisters.NamespaceLister, name string) (*corev1.Namespace, error) {
+	ns, err := lister.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ns.DeletionTimestamp != nil || ns.Status.Phase == corev1.NamespaceTerminating {
+		return nil, nil
+	}
+	return ns, nil
 }
 
 // IsPodReady reports whether the pod's Ready condition is True.
