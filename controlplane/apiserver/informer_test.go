@@ -194,7 +194,12 @@ func TestInformerConvergesAcrossRestartAndCompaction(t *testing.T) {
 	for _, p := range want.Items {
 		wantRV[p.Name] = p.ResourceVersion
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	// The informer may be backing off after the restarts and the 410
+	// before it relists; the deadline only bounds a hang (with no resync
+	// period, a lost event never converges however long one waits). A
+	// loaded CI machine once missed 60 s here with one deleted pod still
+	// in the store.
+	deadline := time.Now().Add(180 * time.Second)
 	for {
 		got := map[string]string{}
 		for _, o := range inf.GetStore().List() {
