@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	wtestutil "github.com/waggle-io/waggle/internal/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
@@ -343,11 +345,10 @@ func TestRunRecordsEventOnEveryRejectedService(t *testing.T) {
 	}
 	b.fail = rej
 	h := startProxy(t, b, objs...)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	wtestutil.Eventually(t, 20*time.Second, func() error {
 		evs, err := h.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		seen := map[string]bool{}
 		for _, ev := range evs.Items {
@@ -355,14 +356,11 @@ func TestRunRecordsEventOnEveryRejectedService(t *testing.T) {
 				seen[ev.InvolvedObject.Name] = true
 			}
 		}
-		if len(seen) == 12 {
-			break
+		if len(seen) != 12 {
+			return fmt.Errorf("MapFull events on %d Services, want all 12: %v", len(seen), seen)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("MapFull events on %d Services, want all 12: %v", len(seen), seen)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the API for a condition, with a deadline
-	}
+		return nil
+	})
 }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/waggle-io/waggle/internal/testutil"
+
 	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
 	corev1 "k8s.io/api/core/v1"
@@ -49,15 +51,10 @@ func BenchmarkAuthorizationCost(b *testing.B) {
 		rc := s.UserConfig(b, "bench", "team-a", "team-b")
 		rc.QPS, rc.Burst = -1, 0
 		cs := kubernetes.NewForConfigOrDie(rc)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if _, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "cfg", metav1.GetOptions{}); err == nil {
-				break
-			} else if time.Now().After(deadline) {
-				b.Fatal(err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testutil.Eventually(b, 10*time.Second, func() error {
+			_, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "cfg", metav1.GetOptions{})
+			return err
+		})
 		return cs
 	}
 	rbacCS := setup(apiserver.DefaultAuthorizationModes)

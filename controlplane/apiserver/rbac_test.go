@@ -2,10 +2,13 @@ package apiserver_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
@@ -31,13 +34,12 @@ func clientFor(t *testing.T, s *apiservertest.Server, user string, groups ...str
 // forbidden, failing after a second.
 func within(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
+	testutil.Eventually(t, d, func() error {
+		if !cond() {
+			return fmt.Errorf("%s: not yet", what)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestRBACDefaultsDenyAndBindingsGrantExactlyTheirRules(t *testing.T) {

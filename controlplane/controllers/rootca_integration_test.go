@@ -3,9 +3,12 @@ package controllers
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,16 +36,15 @@ func TestRootCAIsPublishedInEveryNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ns := range []string{"default", "kube-system", "later"} {
-		deadline := time.Now().Add(60 * time.Second)
-		for {
+		testutil.Eventually(t, 60*time.Second, func() error {
 			cm, err := c.cs.CoreV1().ConfigMaps(ns).Get(ctx, rootcacertpublisher.ConfigMapName, metav1.GetOptions{})
-			if err == nil && bytes.Equal([]byte(cm.Data[rootcacertpublisher.DataKey]), want) {
-				break
+			if err != nil {
+				return fmt.Errorf("kube-root-ca.crt in %s: %w", ns, err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no kube-root-ca.crt with the cluster CA in %s: %v", ns, err)
+			if !bytes.Equal([]byte(cm.Data[rootcacertpublisher.DataKey]), want) {
+				return fmt.Errorf("kube-root-ca.crt in %s does not hold the cluster CA", ns)
 			}
-			time.Sleep(50 * time.Millisecond) // poll the API server
-		}
+			return nil
+		})
 	}
 }

@@ -2,6 +2,7 @@ package clusterroleaggregation
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"testing"
@@ -35,11 +36,12 @@ func TestAdminEditViewAggregateDefaultAndLabelledRoles(t *testing.T) {
 	}
 	wait := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
+		testutil.Eventually(t, 20*time.Second, func() error {
+			if !cond() {
+				return fmt.Errorf("waiting for %s", what)
 			}
-		}
+			return nil
+		})
 	}
 	podsGet := func(r rbacv1.PolicyRule) bool {
 		return slices.Contains(r.Resources, "pods") && slices.Contains(r.Verbs, "get")

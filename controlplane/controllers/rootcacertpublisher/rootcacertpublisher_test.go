@@ -2,6 +2,7 @@ package rootcacertpublisher
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -49,11 +50,12 @@ func bundle(cs *fake.Clientset, ns string) (string, bool) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(45 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	testutil.Eventually(t, 45*time.Second, func() error {
+		if !cond() {
+			return fmt.Errorf("waiting for %s", what)
 		}
-	}
+		return nil
+	})
 }
 
 func TestEveryNamespaceGetsTheBundleBackAfterDeletionOrEdit(t *testing.T) {
