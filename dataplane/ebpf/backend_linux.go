@@ -31,6 +31,8 @@ type Backend struct {
 	closed bool
 	// sockets terminates sockets of removed backends, off the sync path.
 	sockets *socketJanitor
+	// np is the north-south half (nil when Config.NorthSouth is nil).
+	np *northSouth
 }
 
 var (
@@ -148,6 +150,14 @@ func New(cfg Config) (b *Backend, err error) {
 	if err := b.attach(); err != nil {
 		objs.Close()
 		return nil, err
+	}
+	if cfg.NorthSouth != nil {
+		if err := b.loadNorthSouth(); err != nil {
+			objs.Close()
+			return nil, err
+		}
+	} else if err := removeNorthSouth(cfg.PinDir); err != nil {
+		b.log.Warn("remove north-south state left by an earlier proxy", "err", err)
 	}
 	if resized != nil {
 		if err := resized.repin(); err != nil {
@@ -351,6 +361,7 @@ func (b *Backend) Close() error {
 	if b.cfg.Metrics != nil && b.m != nil {
 		b.cfg.Metrics.Unregister(b.m)
 	}
+	b.np.close()
 	return b.objs.Close()
 }
 
@@ -380,7 +391,7 @@ func CleanupPinned(dir string) error {
 		}
 	}
 	for _, name := range []string{MapServices, MapBackends, MapRevNat, MapReverseSockets, MapAffinity,
-		MapServiceNames, MapMeta, MapStats} {
+		MapServiceNames, MapMeta, MapStats, MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats} {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpin map: %w", err))
 		}

@@ -86,6 +86,10 @@ type Config struct {
 	Log *slog.Logger
 	// Metrics, when set, gets the backend's metrics registered.
 	Metrics prometheus.Registerer
+	// NorthSouth, when set, also serves NodePort, ExternalIP and
+	// LoadBalancer traffic arriving from outside on the node's external
+	// devices (bpf/nodeport.c).
+	NorthSouth *NorthSouth
 }
 
 // validate refuses configurations that would write outside the pin root or
@@ -103,7 +107,7 @@ func (c Config) validate() error {
 			return fmt.Errorf("%s = %d: want 0 (default) to %d", n.name, n.v, 1<<24)
 		}
 	}
-	return nil
+	return c.NorthSouth.validate()
 }
 
 // withDefaults fills the zero fields of c.
@@ -131,6 +135,10 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.NorthSouth != nil {
+		ns := c.NorthSouth.withDefaults()
+		c.NorthSouth = &ns
 	}
 	return c
 }

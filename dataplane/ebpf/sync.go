@@ -30,6 +30,9 @@ type tables struct {
 	revNat   table[uint32, sockLBLbRevNat]
 	names    table[uint32, sockLBLbSvcName]
 	affinity table[sockLBLbAffinityKey, sockLBLbAffinity]
+	// maglev, when north-south load balancing is on: the Maglev table of
+	// every NodePort, ExternalIP and LoadBalancer frontend.
+	maglev maglevTables
 }
 
 // programmed is the reconciler's mirror of one frontend in the maps.
@@ -47,6 +50,8 @@ type programmed struct {
 	seen      uint64                    // the sync generation that last saw it desired
 	// terminateTCP: TCP sockets to a backend it loses are destroyed too.
 	terminateTCP bool
+	// maglev: its Maglev table is written for exactly these slots.
+	maglev bool
 }
 
 // lostBackend is a backend that a frontend no longer has.
@@ -373,6 +378,18 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		if err := r.t.services.Delete(masters); err != nil {
 			return res, fmt.Errorf("delete removed frontends: %w", err)
 		}
+		if r.t.maglev != nil {
+			var ids []uint32
+			for _, k := range gone {
+				if p := r.fronts[k]; p.maglev {
+					ids = append(ids, p.id)
+				}
+			}
+			if err := r.t.maglev.Delete(ids); err != nil {
+				return res, fmt.Errorf("delete removed frontends' Maglev tables: %w", err)
+			}
+			res.deletes += len(ids)
+		}
 		if err := r.t.services.Delete(slots); err != nil {
 			return res, fmt.Errorf("delete removed frontends' slots: %w", err)
 		}
@@ -559,6 +576,30 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	}
 	res.writes += len(revIDs) + len(nameIDs) + len(slotKeys) + len(masterKeys)
 	res.deletes += len(staleKeys)
+	// Maglev tables of the north-south frontends whose slots changed (old
+	// backends stay in the backends map until step 5, so a table being
+	// replaced never names a missing one).
+	if r.t.maglev != nil {
+		for k, p := range next {
+			old := r.fronts[k]
+			same := old != nil && old.maglev && old.id == p.id && slices.Equal(old.slots, p.slots)
+			switch {
+			case northSouthKind(p.kind) && same:
+				p.maglev = true
+			case northSouthKind(p.kind):
+				if err := r.t.maglev.Set(p.id, p.slots, r.backendNames(p.slots)); err != nil {
+					return res, fmt.Errorf("write Maglev table of %s: %w", k, err)
+				}
+				p.maglev = true
+				res.writes++
+			case old != nil && old.maglev:
+				if err := r.t.maglev.Delete([]uint32{old.id}); err != nil {
+					return res, fmt.Errorf("delete Maglev table of %s: %w", k, err)
+				}
+				res.deletes++
+			}
+		}
+	}
 	for k, p := range next {
 		if old := r.fronts[k]; old != nil {
 			r.used -= len(old.slots)
@@ -612,6 +653,31 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		return res, &dataplane.RejectedFrontends{Errs: res.rejected, Hint: "raise --bpf-lb-map-max or --bpf-lb-backends-max"}
 	}
 	return res, nil
+}
+
+// backendNames names the backends of slots for the Maglev permutation.
+func (r *reconciler) backendNames(slots []uint32) []string {
+	out := make([]string, len(slots))
+	for i, id := range slots {
+		out[i] = r.beByID[id].String()
+	}
+	return out
+}
+
+// fillMaglev writes the Maglev table of every north-south frontend the
+// mirror holds (after restore, before the programs attach).
+func (r *reconciler) fillMaglev() error {
+	for k, p := range r.fronts {
+		if !northSouthKind(p.kind) || !p.hasMaster || p.id == 0 {
+			continue
+		}
+		slots := p.slots[:min(len(p.slots), p.count)]
+		if err := r.t.maglev.Set(p.id, slots, r.backendNames(slots)); err != nil {
+			return fmt.Errorf("write Maglev table of %s: %w", k, err)
+		}
+		p.maglev = true
+	}
+	return nil
 }
 
 // release drops one reference to a backend ID.

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * North-south load balancing (bpf/nodeport.c): the layout of its own maps,
+ * shared with the Go side (dataplane/ebpf, bpf2go -type). The frontends and
+ * backends are the socket load balancer's maps (lb.h); bpf/README.md
+ * documents every byte. A change to a struct here bumps
+ * WAGGLE_NP_LAYOUT_VERSION.
+ */
+#ifndef WAGGLE_NODEPORT_H
+#define WAGGLE_NODEPORT_H
+
+#include <linux/types.h>
+
+#define WAGGLE_NP_LAYOUT_VERSION 1
+/* "WGNP" as a little-endian u32. */
+#define WAGGLE_NP_MAGIC 0x504e4757
+
+#define NP_CT_MAX 131072
+#define NP_AFFINITY_MAX 65536
+#define NP_DEVICES_MAX 64
+#define NP_MAGLEV_MAX 65536
+#define NP_MAGLEV_SIZE 1021
+
+/* np_ct_key.dir */
+#define NP_CT_ORIGINAL 0 /* client -> frontend, as it arrived */
+#define NP_CT_REPLY 1    /* backend -> client or SNAT address, as it leaves the backend */
+
+/* np_ct.flags */
+#define NP_CT_F_SNAT (1 << 0)    /* source rewritten to the node (remote backend) */
+#define NP_CT_F_CLOSING (1 << 1) /* TCP FIN or RST seen */
+#define NP_CT_F_REPLIED (1 << 2) /* the backend answered */
+
+/* np_device.flags */
+#define NP_DEV_F_EXTERNAL (1 << 0) /* a north-south device: the programs are attached */
+
+/*
+ * Key of the conntrack LRU. Addresses are IPv6 or IPv4-mapped, network
+ * order, as in lb.h; the programs serve IPv4 today.
+ */
+struct np_ct_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir; /* NP_CT_ORIGINAL or NP_CT_REPLY */
+	__u8 pad[2];
+};
+
+/*
+ * Value of the conntrack LRU.
+ *   ORIGINAL: addr/port = the backend, nat/nat_port = the SNAT source (when
+ *             NP_CT_F_SNAT), backend_id = the backend chosen.
+ *   REPLY:    addr/port = the client (restored as destination),
+ *             nat/nat_port = the frontend (restored as source).
+ */
+struct np_ct {
+	__u64 expires_ns; /* bpf_ktime_get_ns() after which the entry is dead */
+	__u64 created_ns;
+	__u8 addr[16];
+	__u8 nat[16];
+	__be16 port;
+	__be16 nat_port;
+	__u32 backend_id;
+	__u32 rev_nat_id; /* the frontend's service ID */
+	__u8 flags;       /* NP_CT_F_* */
+	__u8 pad[3];
+	__u64 packets; /* packets seen in this entry's direction */
+};
+
+/* Key of the ClientIP affinity LRU: the client's address, not a netns. */
+struct np_affinity_key {
+	__u8 client[16];
+	__u32 rev_nat_id;
+	__u32 pad;
+};
+
+struct np_affinity {
+	__u64 last_used_ns;
+	__u32 backend_id;
+	__u32 pad;
+};
+
+/* Value of the devices map (key: __u32 ifindex). */
+struct np_device {
+	__be32 addr4; /* the SNAT source for traffic leaving this device */
+	__u32 flags;  /* NP_DEV_F_* */
+};
+
+/* The config map's one entry. */
+struct np_config {
+	__u32 magic;          /* WAGGLE_NP_MAGIC */
+	__u32 layout_version; /* WAGGLE_NP_LAYOUT_VERSION */
+	__u32 maglev_size;    /* entries of every Maglev table (a prime) */
+	__u16 snat_min;       /* SNAT source ports, host order, inclusive */
+	__u16 snat_max;
+};
+
+enum np_stat {
+	NP_STAT_XLATE_LOCAL = 0,   /* new flow to a backend on this node (DNAT only) */
+	NP_STAT_XLATE_SNAT = 1,    /* new flow to a remote backend (DNAT + SNAT) */
+	NP_STAT_CT_HIT = 2,        /* packet of an established flow */
+	NP_STAT_REPLY = 3,         /* reply translated back to the frontend */
+	NP_STAT_NO_BACKEND = 4,    /* frontend without backends: left to the stack (a reject) */
+	NP_STAT_LOCAL_DROP = 5,    /* externalTrafficPolicy Local, no local backend: dropped */
+	NP_STAT_FRAGMENT = 6,      /* IPv4 fragment to a frontend: not translated */
+	NP_STAT_SNAT_EXHAUSTED = 7, /* no free SNAT port: dropped */
+	NP_STAT_FIB_MISS = 8,      /* no route to the backend: left to the stack */
+	NP_STAT_MAGLEV_MISS = 9,   /* Maglev slot empty: fell back to the slot hash */
+	NP_STAT_AFFINITY_HIT = 10, /* backend from the ClientIP affinity LRU */
+	NP_STAT_BACKEND_GONE = 11, /* established flow's backend removed: chose again */
+	NP_STAT_MAX = 12,
+};
+
+#endif /* WAGGLE_NODEPORT_H */

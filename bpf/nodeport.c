@@ -1,0 +1,585 @@
+//go:build ignore
+
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * North-south load balancing: NodePort, ExternalIP and LoadBalancer-IP
+ * traffic that arrives on the node's external devices from outside, as
+ * Cilium's bpf_host/nodeport does (ideas, not code).
+ *
+ *  tcx ingress of an external device (waggle_np_ingress):
+ *    reply to a flow SNATed here?  -> restore frontend/client, forward
+ *    established flow (ct)?        -> its backend, as long as it exists
+ *    frontend in waggle_services with a Maglev table (a north-south kind)?
+ *        no backends: Local -> drop; Cluster -> the stack (it rejects)
+ *        backend: ClientIP affinity, else Maglev[hash % M], else slot hash
+ *        remote backend (the route leaves through an external device):
+ *            DNAT + SNAT to that device's address (a free port of the
+ *            configured range); Local or a backend on this node: DNAT only,
+ *            the client's address is kept
+ *        conntrack entries for both directions, rewrite, FIB, redirect
+ *  tcx egress of an external device (waggle_np_egress):
+ *    reply of a backend on this node (no SNAT) -> source back to the frontend
+ *
+ * IPv4 only; fragments and ICMP errors are not translated (bpf/README.md).
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "maps.h"
+#include "nodeport.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#ifndef TCX_NEXT
+#define TCX_NEXT -1
+#endif
+#define AF_INET_ 2
+#ifndef offsetof
+#define offsetof(t, m) __builtin_offsetof(t, m)
+#endif
+
+#define NSEC 1000000000ULL
+#define CT_LIFETIME_TCP (21600 * NSEC)
+#define CT_LIFETIME_SYN (60 * NSEC)
+#define CT_LIFETIME_NONTCP (60 * NSEC)
+#define CT_LIFETIME_CLOSE (10 * NSEC)
+#define SNAT_TRIES 32
+
+#define IP_OFF ETH_HLEN
+#define IP_CSUM_OFF (ETH_HLEN + offsetof(struct iphdr, check))
+#define IP_TTL_OFF (ETH_HLEN + offsetof(struct iphdr, ttl))
+#define IP_SRC_OFF (ETH_HLEN + offsetof(struct iphdr, saddr))
+#define IP_DST_OFF (ETH_HLEN + offsetof(struct iphdr, daddr))
+
+/* Keep the structs in BTF for bpf2go -type. */
+const struct np_affinity_key *unused_np_affinity_key __attribute__((unused));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct np_ct_key);
+	__type(value, struct np_ct);
+	__uint(max_entries, NP_CT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct np_affinity_key);
+	__type(value, struct np_affinity);
+	__uint(max_entries, NP_AFFINITY_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct np_device);
+	__uint(max_entries, NP_DEVICES_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_devices SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct np_config);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, NP_STAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_stats SEC(".maps");
+
+/* One Maglev table per distinct backend list: entry i is a backend ID. */
+struct np_maglev_inner {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, NP_MAGLEV_SIZE);
+};
+
+/* Key: the frontend's service ID (lb_service.rev_nat_id). Only frontends of
+ * the north-south kinds have an entry; the loader fills it before the
+ * programs are attached, so it is not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32);
+	__uint(max_entries, NP_MAGLEV_MAX);
+	__array(values, struct np_maglev_inner);
+} waggle_np_maglev SEC(".maps");
+
+static __always_inline void stat(__u32 i)
+{
+	__u64 *c = bpf_map_lookup_elem(&waggle_np_stats, &i);
+	if (c)
+		*c += 1;
+}
+
+struct pkt {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u32 l4_off;
+	__u16 tot_len;
+	__u8 proto;
+	__u8 tcp_flags; /* byte 13 of the TCP header */
+	__u8 tos;
+	__u8 frag;
+};
+
+/* parse returns 0 for a TCP or UDP IPv4 packet, 1 for an IPv4 fragment, -1
+ * for anything else. */
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return -1;
+	if ((void *)(ip + 1) > end)
+		return -1;
+	if (ip->ihl < 5 || (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP))
+		return -1;
+	p->saddr = ip->saddr;
+	p->daddr = ip->daddr;
+	p->proto = ip->protocol;
+	p->tos = ip->tos;
+	p->tot_len = bpf_ntohs(ip->tot_len);
+	p->l4_off = ETH_HLEN + ip->ihl * 4;
+	if (ip->frag_off & bpf_htons(0x3fff)) /* MF or an offset */
+		return 1;
+	__be16 ports[2];
+	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
+		return -1;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	if (p->proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
+		return -1;
+	return 0;
+}
+
+static __always_inline void mapped4(__u8 *a, __be32 v4)
+{
+	__builtin_memset(a, 0, 10);
+	a[10] = 0xff;
+	a[11] = 0xff;
+	__builtin_memcpy(a + 12, &v4, 4);
+}
+
+static __always_inline int is_mapped4(const __u8 *a)
+{
+	for (int i = 0; i < 10; i++)
+		if (a[i])
+			return 0;
+	return a[10] == 0xff && a[11] == 0xff;
+}
+
+static __always_inline __be32 v4of(const __u8 *a)
+{
+	__be32 v;
+	__builtin_memcpy(&v, a + 12, 4);
+	return v;
+}
+
+static __always_inline void ct_key(struct np_ct_key *k, __be32 src, __be16 sport, __be32 dst, __be16 dport,
+				   __u8 proto, __u8 dir)
+{
+	mapped4(k->src, src);
+	mapped4(k->dst, dst);
+	k->sport = sport;
+	k->dport = dport;
+	k->proto = proto;
+	k->dir = dir;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+}
+
+/* murmur3's 32-bit round and finalizer: the same on every node, so every
+ * node picks the same Maglev entry for a flow. */
+static __always_inline __u32 mix(__u32 h, __u32 k)
+{
+	k *= 0xcc9e2d51;
+	k = (k << 15) | (k >> 17);
+	k *= 0x1b873593;
+	h ^= k;
+	h = (h << 13) | (h >> 19);
+	return h * 5 + 0xe6546b64;
+}
+
+static __always_inline __u32 fmix(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+static __always_inline __u32 flow_hash(const struct pkt *p)
+{
+	__u32 h = mix(0x5741474c, p->saddr);
+	h = mix(h, p->daddr);
+	h = mix(h, ((__u32)p->sport << 16) | p->dport);
+	h = mix(h, p->proto);
+	return fmix(h);
+}
+
+static __always_inline __u64 lifetime(const struct pkt *p, __u8 flags)
+{
+	if (p->proto != IPPROTO_TCP)
+		return CT_LIFETIME_NONTCP;
+	if (flags & NP_CT_F_CLOSING)
+		return CT_LIFETIME_CLOSE;
+	if (!(flags & NP_CT_F_REPLIED))
+		return CT_LIFETIME_SYN;
+	return CT_LIFETIME_TCP;
+}
+
+/* tcp FIN (0x01) or RST (0x04) */
+static __always_inline __u8 closing(const struct pkt *p)
+{
+	return p->proto == IPPROTO_TCP && (p->tcp_flags & 0x05) ? NP_CT_F_CLOSING : 0;
+}
+
+static __always_inline int csum_off(const struct pkt *p)
+{
+	return p->l4_off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
+}
+
+static __always_inline int set_addr(struct __sk_buff *skb, const struct pkt *p, int off, __be32 old, __be32 new)
+{
+	__u64 l4 = BPF_F_PSEUDO_HDR | sizeof(new) | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
+	if (old == new)
+		return 0;
+	if (bpf_l4_csum_replace(skb, csum_off(p), old, new, l4) < 0)
+		return -1;
+	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, sizeof(new)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+}
+
+static __always_inline int set_port(struct __sk_buff *skb, const struct pkt *p, int off, __be16 old, __be16 new)
+{
+	__u64 l4 = sizeof(new) | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
+	if (old == new)
+		return 0;
+	if (bpf_l4_csum_replace(skb, csum_off(p), old, new, l4) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, p->l4_off + off, &new, sizeof(new), 0);
+}
+
+static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, __be32 saddr, __be16 sport,
+				   __be32 daddr, __be16 dport)
+{
+	if (set_addr(skb, p, IP_SRC_OFF, p->saddr, saddr) < 0 || set_addr(skb, p, IP_DST_OFF, p->daddr, daddr) < 0 ||
+	    set_port(skb, p, 0, p->sport, sport) < 0 || set_port(skb, p, 2, p->dport, dport) < 0)
+		return -1;
+	return 0;
+}
+
+static __always_inline int fib(struct __sk_buff *skb, const struct pkt *p, __be32 saddr, __be32 daddr,
+			       struct bpf_fib_lookup *f)
+{
+	__builtin_memset(f, 0, sizeof(*f));
+	f->family = AF_INET_;
+	f->l4_protocol = p->proto;
+	f->tot_len = p->tot_len;
+	f->tos = p->tos;
+	f->ifindex = skb->ifindex;
+	f->ipv4_src = saddr;
+	f->ipv4_dst = daddr;
+	return bpf_fib_lookup(skb, f, sizeof(*f), 0);
+}
+
+/* forward sends the rewritten packet where the FIB said: the next hop's
+ * MAC, one hop less, out of the device (a pod's veth or an external device). */
+static __always_inline int forward(struct __sk_buff *skb, int rc, struct bpf_fib_lookup *f)
+{
+	__u16 word, nword;
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_OK; /* local, or no route: the stack decides */
+	if (bpf_skb_load_bytes(skb, IP_TTL_OFF, &word, sizeof(word)) < 0)
+		return TC_ACT_SHOT;
+	if ((bpf_ntohs(word) >> 8) <= 1)
+		return TC_ACT_OK; /* the stack sends time-exceeded */
+	nword = bpf_htons(bpf_ntohs(word) - 0x100);
+	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, word, nword, sizeof(word)) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_TTL_OFF, &nword, sizeof(nword), 0) < 0)
+		return TC_ACT_SHOT;
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = {.nh_family = AF_INET_, .ipv4_nh = f->ipv4_dst};
+		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
+	}
+	if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, f->smac, ETH_ALEN, 0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(f->ifindex, 0);
+}
+
+/* A reply to a flow whose source this node rewrote: back to the client,
+ * from the frontend. */
+static __always_inline int reply_snat(struct __sk_buff *skb, const struct pkt *p, struct np_ct *ct, __u64 now)
+{
+	struct bpf_fib_lookup f;
+	__be32 client = v4of(ct->addr), front = v4of(ct->nat);
+	__be16 cport = ct->port, fport = ct->nat_port;
+	int rc;
+
+	ct->flags |= closing(p) | NP_CT_F_REPLIED;
+	ct->expires_ns = now + lifetime(p, ct->flags);
+	ct->packets++;
+	stat(NP_STAT_REPLY);
+	rc = fib(skb, p, front, client, &f);
+	if (rewrite(skb, p, front, fport, client, cport) < 0)
+		return TC_ACT_SHOT;
+	return forward(skb, rc, &f);
+}
+
+static __always_inline void mark_replied(__be32 client, __be16 cport, __be32 front, __be16 fport, __u8 proto,
+					 __u8 flags)
+{
+	struct np_ct_key k;
+	ct_key(&k, client, cport, front, fport, proto, NP_CT_ORIGINAL);
+	struct np_ct *o = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (o && !(o->flags & NP_CT_F_REPLIED))
+		o->flags |= NP_CT_F_REPLIED | flags;
+	else if (o && flags)
+		o->flags |= flags;
+}
+
+static __always_inline int is_external(__u32 ifindex, __be32 *addr)
+{
+	struct np_device *d = bpf_map_lookup_elem(&waggle_np_devices, &ifindex);
+	if (!d || !(d->flags & NP_DEV_F_EXTERNAL))
+		return 0;
+	*addr = d->addr4;
+	return 1;
+}
+
+SEC("tc")
+int waggle_np_ingress(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	struct np_ct_key k;
+	struct np_ct *ct;
+	struct np_ct nv;
+	struct bpf_fib_lookup f;
+	__u32 zero = 0, be_id = 0, id;
+	__u64 now;
+	int rc, r;
+
+	r = parse(skb, &p);
+	if (r < 0)
+		return TCX_NEXT;
+	if (r == 1) {
+		stat(NP_STAT_FRAGMENT);
+		return TCX_NEXT;
+	}
+	now = bpf_ktime_get_ns();
+
+	/* A reply to a flow SNATed here. */
+	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_REPLY);
+	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && (ct->flags & NP_CT_F_SNAT) && ct->expires_ns > now) {
+		mark_replied(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, p.proto, closing(&p));
+		return reply_snat(skb, &p, ct, now);
+	}
+
+	/* An established flow keeps its backend while the backend exists. */
+	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_ORIGINAL);
+	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && ct->expires_ns > now) {
+		struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &ct->backend_id);
+		if (be && be->port == ct->port && v4of(be->addr) == v4of(ct->addr)) {
+			__be32 baddr = v4of(ct->addr), saddr = p.saddr;
+			__be16 bport = ct->port, sport = p.sport;
+			if (ct->flags & NP_CT_F_SNAT) {
+				saddr = v4of(ct->nat);
+				sport = ct->nat_port;
+			}
+			ct->flags |= closing(&p);
+			ct->expires_ns = now + lifetime(&p, ct->flags);
+			ct->packets++;
+			stat(NP_STAT_CT_HIT);
+			rc = fib(skb, &p, p.saddr, baddr, &f);
+			if (rewrite(skb, &p, saddr, sport, baddr, bport) < 0)
+				return TC_ACT_SHOT;
+			return forward(skb, rc, &f);
+		}
+		stat(NP_STAT_BACKEND_GONE);
+	}
+
+	/* A new flow to a north-south frontend? */
+	struct lb_service_key sk = {};
+	mapped4(sk.addr, p.daddr);
+	sk.port = p.dport;
+	sk.proto = p.proto;
+	struct lb_service *svc = bpf_map_lookup_elem(&waggle_services, &sk);
+	if (!svc)
+		return TCX_NEXT;
+	id = svc->rev_nat_id;
+	void *table = bpf_map_lookup_elem(&waggle_np_maglev, &id);
+	if (!table)
+		return TCX_NEXT; /* a ClusterIP, or not yet programmed */
+	if (svc->count == 0) {
+		if (svc->flags & SVC_FLAG_LOCAL) {
+			stat(NP_STAT_LOCAL_DROP);
+			return TC_ACT_SHOT;
+		}
+		stat(NP_STAT_NO_BACKEND);
+		return TCX_NEXT; /* no socket: the stack resets / port-unreachables */
+	}
+	struct np_config *cfg = bpf_map_lookup_elem(&waggle_np_config, &zero);
+	if (!cfg || cfg->maglev_size == 0)
+		return TCX_NEXT;
+
+	struct np_affinity_key ak = {};
+	__u32 h;
+	if (svc->flags & SVC_FLAG_AFFINITY) {
+		mapped4(ak.client, p.saddr);
+		ak.rev_nat_id = id;
+		struct np_affinity *a = bpf_map_lookup_elem(&waggle_np_affinity, &ak);
+		if (a && now - a->last_used_ns <= (__u64)svc->affinity_timeout * NSEC &&
+		    bpf_map_lookup_elem(&waggle_backends, &a->backend_id)) {
+			be_id = a->backend_id;
+			a->last_used_ns = now;
+			stat(NP_STAT_AFFINITY_HIT);
+		}
+		h = fmix(mix(0x5741474c, p.saddr)); /* the client alone: every node agrees */
+	} else {
+		h = flow_hash(&p);
+	}
+	if (!be_id) {
+		__u32 idx = h % cfg->maglev_size;
+		__u32 *e = bpf_map_lookup_elem(table, &idx);
+		if (e)
+			be_id = *e;
+		if (!be_id) {
+			stat(NP_STAT_MAGLEV_MISS);
+			sk.slot = h % svc->count + 1;
+			struct lb_service *slot = bpf_map_lookup_elem(&waggle_services, &sk);
+			if (!slot)
+				return TCX_NEXT;
+			be_id = slot->backend_id;
+		}
+		if (svc->flags & SVC_FLAG_AFFINITY) {
+			struct np_affinity av = {.last_used_ns = now, .backend_id = be_id};
+			bpf_map_update_elem(&waggle_np_affinity, &ak, &av, BPF_ANY);
+		}
+	}
+	struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &be_id);
+	if (!be || !is_mapped4(be->addr))
+		return TCX_NEXT;
+	__be32 baddr = v4of(be->addr), saddr = p.saddr, snat = 0;
+	__be16 bport = be->port, sport = p.sport;
+	__u8 local = svc->flags & SVC_FLAG_LOCAL;
+
+	rc = fib(skb, &p, p.saddr, baddr, &f);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
+		stat(NP_STAT_FIB_MISS);
+		return TCX_NEXT;
+	}
+	__builtin_memset(&nv, 0, sizeof(nv));
+	nv.created_ns = now;
+	nv.rev_nat_id = id;
+	nv.flags = closing(&p);
+	if (!local && rc != BPF_FIB_LKUP_RET_NOT_FWDED && is_external(f.ifindex, &snat) && snat) {
+		/* Remote backend: the reply must come back here. Find a free
+		 * source port of the range for (backend, node address). */
+		__u32 range = (__u32)cfg->snat_max - cfg->snat_min + 1;
+		int found = 0;
+		mapped4(nv.addr, p.saddr);
+		nv.port = p.sport;
+		mapped4(nv.nat, p.daddr);
+		nv.nat_port = p.dport;
+		nv.flags |= NP_CT_F_SNAT;
+		for (int i = 0; i < SNAT_TRIES; i++) {
+			__be16 port = bpf_htons(cfg->snat_min + (h + i * 2654435761u) % range);
+			ct_key(&k, baddr, bport, snat, port, p.proto, NP_CT_REPLY);
+			struct np_ct *old = bpf_map_lookup_elem(&waggle_np_ct, &k);
+			if (old && old->expires_ns > now)
+				continue;
+			nv.expires_ns = now + lifetime(&p, nv.flags);
+			if (bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY) == 0) {
+				sport = port;
+				found = 1;
+				break;
+			}
+		}
+		if (!found) {
+			stat(NP_STAT_SNAT_EXHAUSTED);
+			return TC_ACT_SHOT;
+		}
+		saddr = snat;
+		stat(NP_STAT_XLATE_SNAT);
+	} else {
+		mapped4(nv.addr, p.saddr);
+		nv.port = p.sport;
+		mapped4(nv.nat, p.daddr);
+		nv.nat_port = p.dport;
+		nv.expires_ns = now + lifetime(&p, nv.flags);
+		ct_key(&k, baddr, bport, p.saddr, p.sport, p.proto, NP_CT_REPLY);
+		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
+		stat(NP_STAT_XLATE_LOCAL);
+	}
+	/* The original direction: backend and SNAT source. */
+	mapped4(nv.addr, baddr);
+	nv.port = bport;
+	if (nv.flags & NP_CT_F_SNAT) {
+		mapped4(nv.nat, saddr);
+		nv.nat_port = sport;
+	} else {
+		__builtin_memset(nv.nat, 0, sizeof(nv.nat));
+		nv.nat_port = 0;
+	}
+	nv.backend_id = be_id;
+	nv.packets = 1;
+	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_ORIGINAL);
+	bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
+
+	if (rewrite(skb, &p, saddr, sport, baddr, bport) < 0)
+		return TC_ACT_SHOT;
+	return forward(skb, rc, &f);
+}
+
+/* Replies of backends on this node leave through an external device with
+ * the backend's address: show the frontend instead. */
+SEC("tc")
+int waggle_np_egress(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	struct np_ct_key k;
+	__u64 now;
+
+	if (parse(skb, &p) != 0)
+		return TCX_NEXT;
+	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_REPLY);
+	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (!ct || (ct->flags & NP_CT_F_SNAT))
+		return TCX_NEXT;
+	now = bpf_ktime_get_ns();
+	if (ct->expires_ns <= now)
+		return TCX_NEXT;
+	ct->flags |= closing(&p) | NP_CT_F_REPLIED;
+	ct->expires_ns = now + lifetime(&p, ct->flags);
+	ct->packets++;
+	mark_replied(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, p.proto, closing(&p));
+	stat(NP_STAT_REPLY);
+	if (rewrite(skb, &p, v4of(ct->nat), ct->nat_port, p.daddr, p.dport) < 0)
+		return TC_ACT_SHOT;
+	return TCX_NEXT;
+}

@@ -1,0 +1,226 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"time"
+
+	"github.com/waggle-io/waggle/dataplane"
+)
+
+// North-south load balancing (bpf/nodeport.c): traffic that arrives on the
+// node's external devices for a NodePort, ExternalIP or LoadBalancer-IP
+// frontend, translated per packet by tcx programs on those devices. The
+// frontends and backends are the socket load balancer's maps; each frontend
+// of those kinds also gets a Maglev table (waggle_np_maglev), written by the
+// same reconciler in the same Apply.
+
+// Names of the north-south maps (pinned under the pin directory, except the
+// Maglev map of maps, which New fills before the programs attach).
+const (
+	MapNPConntrack = "waggle_np_ct"
+	MapNPAffinity  = "waggle_np_affinity"
+	MapNPDevices   = "waggle_np_devices"
+	MapNPConfig    = "waggle_np_config"
+	MapNPStats     = "waggle_np_stats"
+	MapNPMaglev    = "waggle_np_maglev"
+)
+
+// NPLayoutVersion is WAGGLE_NP_LAYOUT_VERSION (bpf/lib/nodeport.h).
+const NPLayoutVersion = 1
+
+// NPMagic marks the north-south config map ("WGNP" little-endian).
+const NPMagic = 0x504e4757
+
+// Defaults of NorthSouth.
+const (
+	// DefaultMaglevTableSize is the entries of each Maglev table: a prime
+	// well above 100 × the backends of a service (Maglev's rule of thumb
+	// for an even spread). Cilium's default is 16381; 1021 keeps 10,000
+	// distinct backend sets within 40 MB of kernel memory.
+	DefaultMaglevTableSize = 1021
+	DefaultNPConntrack     = 131072
+	DefaultSNATPortMin     = 61000
+	DefaultSNATPortMax     = 65535
+)
+
+// NPLinkPrefix starts the names of the north-south links under the link
+// directory: np-<device>-ingress, np-<device>-egress.
+const NPLinkPrefix = "np-"
+
+// NorthSouth configures north-south load balancing; nil in Config turns it
+// off (sockets on the node are still load-balanced).
+type NorthSouth struct {
+	// Devices are the external interfaces (by name) whose traffic is
+	// served: at least one, each must exist (in NetNS) and have an IPv4
+	// address, which is the SNAT source for remote backends reached
+	// through it.
+	Devices []string
+	// NetNS is the path of the network namespace holding Devices (and the
+	// routes to the backends); empty: the caller's.
+	NetNS string
+	// MaglevTableSize is the entries of every Maglev table, a prime
+	// (default DefaultMaglevTableSize).
+	MaglevTableSize int
+	// MaxConntrack is the size of the north-south conntrack LRU (two
+	// entries per flow; default DefaultNPConntrack).
+	MaxConntrack int
+	// SNATPortMin and SNATPortMax bound the source ports SNAT uses,
+	// inclusive (default 61000–65535: above the kernel's default
+	// ip_local_port_range, so they never collide with the node's own
+	// connections). Each (backend, node address) pair has this many
+	// concurrent SNATed flows.
+	SNATPortMin, SNATPortMax uint16
+}
+
+// ErrNoDevice: a north-south device does not exist.
+var ErrNoDevice = errors.New("no such north-south device")
+
+func (n *NorthSouth) validate() error {
+	if n == nil {
+		return nil
+	}
+	if len(n.Devices) == 0 {
+		return fmt.Errorf("north-south load balancing needs at least one external device (--nodeport-devices)")
+	}
+	seen := map[string]bool{}
+	for _, d := range n.Devices {
+		if d == "" || len(d) > 15 || seen[d] {
+			return fmt.Errorf("north-south device %q: want distinct interface names of 1 to 15 characters", d)
+		}
+		seen[d] = true
+	}
+	if n.MaglevTableSize != 0 && (n.MaglevTableSize < 7 || n.MaglevTableSize > 1<<20 || !isPrime(n.MaglevTableSize)) {
+		return fmt.Errorf("Maglev table size %d: want a prime from 7 to %d (e.g. 251, 509, 1021, 2039, 4093, 8191, 16381)", n.MaglevTableSize, 1<<20)
+	}
+	if n.MaxConntrack < 0 || n.MaxConntrack > 1<<24 {
+		return fmt.Errorf("north-south conntrack size %d: want 0 (default) to %d", n.MaxConntrack, 1<<24)
+	}
+	if (n.SNATPortMin != 0 || n.SNATPortMax != 0) && (n.SNATPortMin < 1024 || n.SNATPortMax < n.SNATPortMin) {
+		return fmt.Errorf("SNAT port range %d-%d: want 1024 <= min <= max", n.SNATPortMin, n.SNATPortMax)
+	}
+	return nil
+}
+
+func (n NorthSouth) withDefaults() NorthSouth {
+	if n.MaglevTableSize == 0 {
+		n.MaglevTableSize = DefaultMaglevTableSize
+	}
+	if n.MaxConntrack == 0 {
+		n.MaxConntrack = DefaultNPConntrack
+	}
+	if n.SNATPortMin == 0 && n.SNATPortMax == 0 {
+		n.SNATPortMin, n.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
+	}
+	return n
+}
+
+func isPrime(n int) bool {
+	if n < 2 {
+		return false
+	}
+	for i := 2; i*i <= n; i++ {
+		if n%i == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// northSouthKind reports whether frontends of kind k are served to traffic
+// from outside the node.
+func northSouthKind(k dataplane.FrontendKind) bool {
+	return k == dataplane.NodePort || k == dataplane.ExternalIP || k == dataplane.LoadBalancer
+}
+
+// Maglev computes a Maglev lookup table (Eisenbud et al., NSDI 2016) of m
+// entries for the named backends: entry i is an index into names. The
+// permutation of each backend comes from its name alone (offset and skip
+// from two FNV-1a hashes), so every node computes the same table for the
+// same backends in the same order, and a backend added or removed moves
+// about its own share of the entries. With no names the table is nil.
+func Maglev(names []string, m int) []int {
+	if len(names) == 0 || m <= 0 {
+		return nil
+	}
+	n := len(names)
+	offset := make([]uint64, n)
+	skip := make([]uint64, n)
+	for i, name := range names {
+		h := fnv.New64a()
+		h.Write([]byte("waggle-maglev-offset\x00" + name))
+		offset[i] = h.Sum64() % uint64(m)
+		h = fnv.New64a()
+		h.Write([]byte("waggle-maglev-skip\x00" + name))
+		skip[i] = h.Sum64()%uint64(max(1, m-1)) + 1
+	}
+	table := make([]int, m)
+	for i := range table {
+		table[i] = -1
+	}
+	next := make([]uint64, n)
+	filled := 0
+	for filled < m {
+		for i := 0; i < n && filled < m; i++ {
+			c := (offset[i] + next[i]*skip[i]) % uint64(m)
+			for table[c] >= 0 {
+				next[i]++
+				c = (offset[i] + next[i]*skip[i]) % uint64(m)
+			}
+			table[c] = i
+			next[i]++
+			filled++
+		}
+	}
+	return table
+}
+
+// maglevTables is the reconciler's view of the Maglev map of maps.
+type maglevTables interface {
+	// Set points service ID id at the table of backends ids (names give
+	// the permutation; both in slot order); no ids: an empty table.
+	Set(id uint32, ids []uint32, names []string) error
+	// Delete removes the services' entries.
+	Delete(ids []uint32) error
+}
+
+// Decoded north-south entries, as the View returns them.
+
+// ConntrackEntry is one entry of the north-south conntrack.
+type ConntrackEntry struct {
+	Direction string             `json:"direction"` // "original" or "reply"
+	Protocol  dataplane.Protocol `json:"protocol"`
+	Src       netip.AddrPort     `json:"src"`
+	Dst       netip.AddrPort     `json:"dst"`
+	// Original: the backend and the SNAT source (when SNAT). Reply: the
+	// client (restored destination) and the frontend (restored source).
+	Addr      netip.AddrPort `json:"addr"`
+	NAT       netip.AddrPort `json:"nat,omitempty"`
+	BackendID uint32         `json:"backendID,omitempty"`
+	ServiceID uint32         `json:"serviceID"`
+	SNAT      bool           `json:"snat"`
+	Closing   bool           `json:"closing,omitempty"`
+	Replied   bool           `json:"replied,omitempty"`
+	Packets   uint64         `json:"packets"`
+	// ExpiresIn is the time left (negative: dead, awaiting reuse).
+	ExpiresIn time.Duration `json:"expiresIn"`
+}
+
+// MaglevEntry summarizes one frontend's Maglev table.
+type MaglevEntry struct {
+	ServiceID uint32 `json:"serviceID"`
+	Frontend  string `json:"frontend,omitempty"`
+	Name      string `json:"service,omitempty"`
+	Size      int    `json:"size"`
+	// Share is the table entries per backend.
+	Share map[string]int `json:"share"`
+}
+
+// DeviceEntry is one north-south device.
+type DeviceEntry struct {
+	Ifindex  uint32     `json:"ifindex"`
+	Name     string     `json:"name,omitempty"`
+	SNATAddr netip.Addr `json:"snatAddress"`
+}

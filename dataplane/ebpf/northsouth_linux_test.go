@@ -1,0 +1,496 @@
+package ebpf
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+// nsTopo is a lab-style network for north-south tests, all in fresh
+// network namespaces (nothing in the host's): a "wire" namespace holding a
+// bridge, a client namespace outside every node, two node namespaces on the
+// bridge (eth0), and pod namespaces behind each node's veths.
+//
+//	client 10.27.0.100 ─┐
+//	node1  10.27.0.1   ─┼─ br0 (wire)      node1: pod 10.27.1.10, 10.27.1.11
+//	node2  10.27.0.2   ─┘                  node2: pod 10.27.2.10
+type nsTopo struct {
+	t                   *testing.T
+	wire, client        *nsNS
+	node1, node2        *nsNS
+	pods                map[string]*nsNS // by pod IP
+	node1Addr           netip.Addr
+	node2Addr, clientIP netip.Addr
+	backend             *Backend
+	pinDir              string
+	cgroup              string
+}
+
+type nsNS struct {
+	name string
+	h    ns.NetNS
+}
+
+func (n *nsNS) path() string { return filepath.Join("/run/netns", n.name) }
+
+func newNSNetNS(t *testing.T, role string) *nsNS {
+	t.Helper()
+	var b [3]byte
+	rand.Read(b[:])
+	name := "ns-" + role + "-" + hex.EncodeToString(b[:])
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		}
+	})
+	h, err := ns.GetNS(filepath.Join("/run/netns", name))
+	if err != nil {
+		t.Fatalf("open netns %s: %v", name, err)
+	}
+	t.Cleanup(func() { h.Close() })
+	n := &nsNS{name: name, h: h}
+	n.run(t, "ip", "link", "set", "lo", "up")
+	return n
+}
+
+func (n *nsNS) run(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", n.name}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("in %s: %s: %v: %s", n.name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (n *nsNS) do(fn func() error) error { return n.h.Do(func(ns.NetNS) error { return fn() }) }
+
+// plug connects a veth from `from` (named fromName) to `to` (named toName).
+func plug(t *testing.T, from *nsNS, fromName string, to *nsNS, toName string) {
+	t.Helper()
+	tmp := "nsv" + hex.EncodeToString([]byte(toName))[:6]
+	from.run(t, "ip", "link", "add", fromName, "type", "veth", "peer", "name", tmp)
+	from.run(t, "ip", "link", "set", tmp, "netns", to.name)
+	to.run(t, "ip", "link", "set", tmp, "name", toName)
+	from.run(t, "ip", "link", "set", fromName, "up")
+	to.run(t, "ip", "link", "set", toName, "up")
+}
+
+func newNSTopo(t *testing.T) *nsTopo {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	testutil.RequiresKernelFeature(t, testutil.CgroupSockAddr)
+	testutil.RequiresKernelFeature(t, testutil.BTF)
+	tp := &nsTopo{t: t, pods: map[string]*nsNS{},
+		node1Addr: netip.MustParseAddr("10.27.0.1"), node2Addr: netip.MustParseAddr("10.27.0.2"),
+		clientIP: netip.MustParseAddr("10.27.0.100")}
+	tp.wire = newNSNetNS(t, "wire")
+	tp.client = newNSNetNS(t, "client")
+	tp.node1 = newNSNetNS(t, "node1")
+	tp.node2 = newNSNetNS(t, "node2")
+	tp.wire.run(t, "ip", "link", "add", "br0", "type", "bridge")
+	tp.wire.run(t, "ip", "link", "set", "br0", "up")
+	for _, x := range []struct {
+		n    *nsNS
+		port string
+		addr string
+	}{{tp.client, "c0", "10.27.0.100/24"}, {tp.node1, "n1", "10.27.0.1/24"}, {tp.node2, "n2", "10.27.0.2/24"}} {
+		plug(t, tp.wire, x.port, x.n, "eth0")
+		tp.wire.run(t, "ip", "link", "set", x.port, "master", "br0")
+		x.n.run(t, "ip", "addr", "add", x.addr, "dev", "eth0")
+	}
+	for _, n := range []*nsNS{tp.node1, tp.node2} {
+		n.run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	}
+	tp.node1.run(t, "ip", "route", "add", "10.27.2.0/24", "via", "10.27.0.2")
+	tp.node2.run(t, "ip", "route", "add", "10.27.1.0/24", "via", "10.27.0.1")
+	// The client reaches pod IPs directly only for the "direct" comparison.
+	tp.client.run(t, "ip", "route", "add", "10.27.2.0/24", "via", "10.27.0.2")
+	tp.client.run(t, "ip", "route", "add", "10.27.1.0/24", "via", "10.27.0.1")
+	tp.addPod("10.27.1.10", tp.node1, "10.27.0.1")
+	tp.addPod("10.27.1.11", tp.node1, "10.27.0.1")
+	tp.addPod("10.27.2.10", tp.node2, "10.27.0.2")
+	return tp
+}
+
+func (tp *nsTopo) addPod(ip string, node *nsNS, gw string) {
+	t := tp.t
+	p := newNSNetNS(t, "pod")
+	host := "p" + strings.ReplaceAll(ip, ".", "")[4:]
+	plug(t, node, host, p, "eth0")
+	p.run(t, "ip", "addr", "add", ip+"/32", "dev", "eth0")
+	p.run(t, "ip", "route", "add", gw, "dev", "eth0", "scope", "link")
+	p.run(t, "ip", "route", "add", "default", "via", gw, "dev", "eth0")
+	node.run(t, "ip", "route", "add", ip+"/32", "dev", host)
+	tp.pods[ip] = p
+	tp.serve(p, ip)
+}
+
+// serve runs a TCP server on pod ip:8080 that writes "<pod ip> <peer>\n"
+// and then echoes, and a UDP server answering "<pod ip> <peer>".
+func (tp *nsTopo) serve(p *nsNS, ip string) {
+	t := tp.t
+	var ln net.Listener
+	var pc net.PacketConn
+	if err := p.do(func() (err error) {
+		if ln, err = net.Listen("tcp", ip+":8080"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", ip+":8080")
+		return err
+	}); err != nil {
+		t.Fatalf("listen in pod %s: %v", ip, err)
+	}
+	t.Cleanup(func() { ln.Close(); pc.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintf(c, "%s %s\n", ip, c.RemoteAddr())
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte(fmt.Sprintf("%s %s", ip, from)), from)
+		}
+	}()
+}
+
+// start loads the programs for node1, with north-south on its eth0.
+func (tp *nsTopo) start(tweak ...func(*Config)) {
+	t := tp.t
+	tp.cgroup = testutil.NewCgroup(t)
+	node := testutil.UniqueName("ns-")
+	tp.pinDir = filepath.Join(testPinRoot, node)
+	cfg := Config{NodeName: node, CgroupPath: tp.cgroup, PinDir: tp.pinDir, MaxServices: 1 << 12,
+		MaxBackends: 1 << 12, MaxAffinity: 1024, MaxReverseSockets: 1024,
+		NorthSouth: &NorthSouth{Devices: []string{"eth0"}, NetNS: tp.node1.path(), MaglevTableSize: 251},
+		Log:        slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	t.Cleanup(func() {
+		if err := CleanupPinned(cfg.PinDir); err != nil {
+			t.Errorf("cleanup pinned state: %v", err)
+		}
+	})
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	tp.backend = b
+}
+
+func nodePortFrontend(addr string, port uint16, proto dataplane.Protocol, local bool, backends ...string) dataplane.Frontend {
+	f := dataplane.Frontend{
+		FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr(addr), Port: port, Protocol: proto},
+		Kind:        dataplane.NodePort, LocalOnly: local,
+		Service: dataplane.ServicePortName{Namespace: "default", Name: fmt.Sprintf("np%d", port)},
+	}
+	for _, b := range backends {
+		ap := netip.MustParseAddrPort(b)
+		f.Endpoints = append(f.Endpoints, dataplane.Endpoint{Addr: ap.Addr(), Port: ap.Port()})
+	}
+	return f
+}
+
+func (tp *nsTopo) sync(fs ...dataplane.Frontend) {
+	tp.t.Helper()
+	slices.SortFunc(fs, func(a, b dataplane.Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })
+	if err := tp.backend.Sync(tp.t.Context(), &dataplane.State{Frontends: fs}); err != nil {
+		tp.t.Fatalf("Sync: %v", err)
+	}
+}
+
+// dial connects from the client namespace and reads the greeting: which
+// pod answered and which source address it saw.
+func (tp *nsTopo) dial(to string) (c net.Conn, pod, seen string, err error) {
+	err = tp.client.do(func() error {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		c, err = d.Dial("tcp", to)
+		return err
+	})
+	if err != nil {
+		return nil, "", "", err
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		c.Close()
+		return nil, "", "", fmt.Errorf("read greeting: %w", err)
+	}
+	f := strings.Fields(line)
+	if len(f) != 2 {
+		c.Close()
+		return nil, "", "", fmt.Errorf("greeting %q", line)
+	}
+	host, _, _ := net.SplitHostPort(f[1])
+	return c, f[0], host, nil
+}
+
+// echo checks an established connection still reaches its backend.
+func echo(c net.Conn, msg string) error {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != msg {
+		return fmt.Errorf("echo %q, want %q", buf, msg)
+	}
+	return nil
+}
+
+func (tp *nsTopo) udp(to string) (pod, seen string, err error) {
+	err = tp.client.do(func() error {
+		c, err := net.Dial("udp", to)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 256)
+		for i := 0; i < 5; i++ {
+			c.Write([]byte("hi"))
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			n, err := c.Read(buf)
+			if err == nil {
+				f := strings.Fields(string(buf[:n]))
+				host, _, _ := net.SplitHostPort(f[1])
+				pod, seen = f[0], host
+				return nil
+			}
+		}
+		return errors.New("no UDP answer")
+	})
+	return pod, seen, err
+}
+
+func TestNorthSouthNodePortToLocalAndRemoteBackends(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.start()
+	tp.sync(
+		// Cluster policy, the backend on another node: SNAT to node1.
+		nodePortFrontend("10.27.0.1", 30080, dataplane.TCP, false, "10.27.2.10:8080"),
+		// Cluster policy, the backend on this node: DNAT only.
+		nodePortFrontend("10.27.0.1", 30081, dataplane.TCP, false, "10.27.1.10:8080"),
+		// Local policy: client address kept.
+		nodePortFrontend("10.27.0.1", 30082, dataplane.TCP, true, "10.27.1.11:8080"),
+		nodePortFrontend("10.27.0.1", 30080, dataplane.UDP, false, "10.27.2.10:8080"),
+		// Local, no local endpoint: dropped.
+		nodePortFrontend("10.27.0.1", 30083, dataplane.TCP, true),
+		// Cluster, no endpoint: the node's stack rejects.
+		nodePortFrontend("10.27.0.1", 30084, dataplane.TCP, false),
+	)
+	for _, c := range []struct {
+		to, pod, seen string
+	}{
+		{"10.27.0.1:30080", "10.27.2.10", "10.27.0.1"},   // SNAT: the pod sees node1
+		{"10.27.0.1:30081", "10.27.1.10", "10.27.0.100"}, // local backend: the client
+		{"10.27.0.1:30082", "10.27.1.11", "10.27.0.100"}, // ETP Local: the client
+	} {
+		conn, pod, seen, err := tp.dial(c.to)
+		if err != nil {
+			t.Fatalf("%s: %v", c.to, err)
+		}
+		if pod != c.pod || seen != c.seen {
+			t.Errorf("%s: answered by %s seeing %s, want %s seeing %s", c.to, pod, seen, c.pod, c.seen)
+		}
+		if err := echo(conn, "hello"); err != nil {
+			t.Errorf("%s: echo: %v", c.to, err)
+		}
+		// The client sees the NodePort as its peer (reverse NAT).
+		if got := conn.RemoteAddr().String(); got != c.to {
+			t.Errorf("client's peer %s, want %s", got, c.to)
+		}
+		conn.Close()
+	}
+	pod, seen, err := tp.udp("10.27.0.1:30080")
+	if err != nil || pod != "10.27.2.10" || seen != "10.27.0.1" {
+		t.Errorf("UDP NodePort: %s seeing %s, %v", pod, seen, err)
+	}
+	// Cluster without endpoints: a reset from the node (connection refused).
+	if _, _, _, err := tp.dial("10.27.0.1:30084"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("no endpoints, Cluster: %v, want connection refused", err)
+	}
+	// Local without local endpoints: dropped (a timeout), after the
+	// program counted it.
+	err = tp.client.do(func() error {
+		c, err := net.DialTimeout("tcp", "10.27.0.1:30083", 500*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return errors.New("connected")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("no local endpoints, Local: %v", err)
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	st, err := v.NorthSouthStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st["local_drop"] == 0 || st["xlate_snat"] == 0 || st["xlate_local"] == 0 || st["reply"] == 0 {
+		t.Errorf("stats %v", st)
+	}
+	ct, err := v.Conntrack()
+	if err != nil || len(ct) == 0 {
+		t.Fatalf("conntrack: %d entries, %v", len(ct), err)
+	}
+	var snat bool
+	for _, e := range ct {
+		if e.SNAT && e.Direction == "reply" && e.Src.String() == "10.27.2.10:8080" && e.Dst.Addr().String() == "10.27.0.1" {
+			snat = true
+		}
+	}
+	if !snat {
+		t.Errorf("no SNAT reply entry for 10.27.2.10:8080 in %+v", ct)
+	}
+}
+
+func TestNorthSouthEstablishedFlowsSurviveBackendChanges(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.start()
+	bes := []string{"10.27.1.10:8080", "10.27.2.10:8080"}
+	tp.sync(nodePortFrontend("10.27.0.1", 30090, dataplane.TCP, false, bes...))
+	type flow struct {
+		c   net.Conn
+		pod string
+	}
+	var flows []flow
+	used := map[string]int{}
+	for i := 0; i < 24; i++ {
+		c, pod, _, err := tp.dial("10.27.0.1:30090")
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		flows = append(flows, flow{c, pod})
+		used[pod]++
+	}
+	if v, err := OpenPinned(tp.pinDir); err == nil {
+		mg, err := v.Maglev()
+		t.Logf("Maglev tables: %+v (%v)", mg, err)
+		if err != nil || len(mg) != 1 || len(mg[0].Share) != 2 {
+			t.Errorf("Maglev view: %+v, %v", mg, err)
+		}
+		v.Close()
+	}
+	if len(used) != 2 {
+		t.Errorf("24 flows reached %v, want both backends", used)
+	}
+	// A backend added: Maglev moves about a third of new flows to it, but
+	// every established flow keeps its backend (conntrack).
+	tp.sync(nodePortFrontend("10.27.0.1", 30090, dataplane.TCP, false, append(bes, "10.27.1.11:8080")...))
+	for i, f := range flows {
+		if err := echo(f.c, fmt.Sprintf("after add %d", i)); err != nil {
+			t.Errorf("flow %d to %s after a backend was added: %v", i, f.pod, err)
+		}
+	}
+	// The remote backend removed: flows to the others go on.
+	tp.sync(nodePortFrontend("10.27.0.1", 30090, dataplane.TCP, false, "10.27.1.10:8080", "10.27.1.11:8080"))
+	for i, f := range flows {
+		if f.pod == "10.27.2.10" {
+			continue
+		}
+		if err := echo(f.c, fmt.Sprintf("after remove %d", i)); err != nil {
+			t.Errorf("flow %d to %s after another backend was removed: %v", i, f.pod, err)
+		}
+	}
+	// New flows reach only the remaining backends.
+	for i := 0; i < 8; i++ {
+		c, pod, _, err := tp.dial("10.27.0.1:30090")
+		if err != nil {
+			t.Fatalf("dial after removal: %v", err)
+		}
+		c.Close()
+		if pod == "10.27.2.10" {
+			t.Errorf("new flow %d reached the removed backend", i)
+		}
+	}
+	// A restart of the proxy keeps established flows (pinned conntrack,
+	// Maglev refilled before the programs are swapped).
+	tp.backend.Close()
+	tp.start(func(c *Config) { c.NodeName = filepath.Base(tp.pinDir) })
+	for i, f := range flows {
+		if f.pod == "10.27.2.10" {
+			continue
+		}
+		if err := echo(f.c, fmt.Sprintf("after restart %d", i)); err != nil {
+			t.Errorf("flow %d after a proxy restart: %v", i, err)
+		}
+	}
+}
+
+func TestNorthSouthClientIPAffinity(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.start()
+	f := nodePortFrontend("10.27.0.1", 30095, dataplane.TCP, false, "10.27.1.10:8080", "10.27.1.11:8080", "10.27.2.10:8080")
+	f.AffinityTimeout = time.Hour
+	tp.sync(f)
+	first := ""
+	for i := 0; i < 10; i++ {
+		c, pod, _, err := tp.dial("10.27.0.1:30095")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		if first == "" {
+			first = pod
+		} else if pod != first {
+			t.Fatalf("connection %d reached %s, want %s (ClientIP affinity)", i, pod, first)
+		}
+	}
+}
+
+func TestNorthSouthUnknownDeviceIsAClearError(t *testing.T) {
+	tp := newNSTopo(t)
+	node := testutil.UniqueName("ns-")
+	dir := filepath.Join(testPinRoot, node)
+	t.Cleanup(func() { CleanupPinned(dir) })
+	_, err := New(Config{NodeName: node, CgroupPath: testutil.NewCgroup(t), PinDir: dir,
+		NorthSouth: &NorthSouth{Devices: []string{"nope0"}, NetNS: tp.node1.path()}})
+	if !errors.Is(err, ErrNoDevice) || !strings.Contains(err.Error(), `"nope0"`) || !strings.Contains(err.Error(), "eth0") {
+		t.Fatalf("New with a missing device: %v; want ErrNoDevice naming it and the devices there are", err)
+	}
+	t.Log(err)
+}

@@ -1,0 +1,220 @@
+package ebpf
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+var npStatNames = [...]string{"xlate_local", "xlate_snat", "ct_hit", "reply", "no_backend", "local_drop",
+	"fragment", "snat_exhausted", "fib_miss", "maglev_miss", "affinity_hit", "backend_gone"}
+
+// NorthSouthStatNames lists the north-south counters (enum np_stat), in
+// index order.
+func NorthSouthStatNames() []string { return slices.Clone(npStatNames[:]) }
+
+// ErrNoNorthSouth: the pinned state has no north-south maps (the proxy runs
+// without --nodeport-devices).
+var ErrNoNorthSouth = errors.New("north-south load balancing is not enabled on this node")
+
+// npMap opens one pinned north-south map (cached in the View).
+func (v *View) npMap(name string) (*ebpf.Map, error) {
+	if m := v.maps[name]; m != nil {
+		return m, nil
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(v.dir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", v.dir, ErrNoNorthSouth)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned map %s: %w", name, err)
+	}
+	v.maps[name] = m
+	return m, nil
+}
+
+// NorthSouthStats returns the north-south counters by name, summed over CPUs.
+func (v *View) NorthSouthStats() (map[string]uint64, error) {
+	m, err := v.npMap(MapNPStats)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for i, name := range npStatNames {
+		var per []uint64
+		if err := m.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("read %s: %w", MapNPStats, err)
+		}
+		for _, n := range per {
+			out[name] += n
+		}
+	}
+	return out, nil
+}
+
+func monotonicNow() time.Duration {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// Conntrack returns the north-south conntrack entries, live ones first.
+func (v *View) Conntrack() ([]ConntrackEntry, error) {
+	m, err := v.npMap(MapNPConntrack)
+	if err != nil {
+		return nil, err
+	}
+	now := monotonicNow()
+	var out []ConntrackEntry
+	err = iterate(m, MapNPConntrack, func(k nodePortNpCtKey, c nodePortNpCt) {
+		e := ConntrackEntry{Direction: "original", Protocol: protoName(k.Proto),
+			Src:       netip.AddrPortFrom(addrFrom16(k.Src), fromNet16(k.Sport)),
+			Dst:       netip.AddrPortFrom(addrFrom16(k.Dst), fromNet16(k.Dport)),
+			Addr:      netip.AddrPortFrom(addrFrom16(c.Addr), fromNet16(c.Port)),
+			BackendID: c.BackendId, ServiceID: c.RevNatId, SNAT: c.Flags&1 != 0, Closing: c.Flags&2 != 0,
+			Replied: c.Flags&4 != 0, Packets: c.Packets, ExpiresIn: time.Duration(c.ExpiresNs) - now}
+		if k.Dir == 1 {
+			e.Direction = "reply"
+		}
+		if e.Direction == "reply" || e.SNAT {
+			e.NAT = netip.AddrPortFrom(addrFrom16(c.Nat), fromNet16(c.NatPort))
+		}
+		out = append(out, e)
+	})
+	slices.SortFunc(out, func(a, b ConntrackEntry) int {
+		return cmp.Or(cmp.Compare(b.ExpiresIn, a.ExpiresIn), a.Src.Compare(b.Src), cmp.Compare(a.Direction, b.Direction))
+	})
+	return out, err
+}
+
+// Devices returns the north-south devices with their SNAT addresses.
+func (v *View) Devices() ([]DeviceEntry, error) {
+	m, err := v.npMap(MapNPDevices)
+	if err != nil {
+		return nil, err
+	}
+	var out []DeviceEntry
+	err = iterate(m, MapNPDevices, func(idx uint32, d nodePortNpDevice) {
+		a := netip.AddrFrom4([4]byte{byte(d.Addr4), byte(d.Addr4 >> 8), byte(d.Addr4 >> 16), byte(d.Addr4 >> 24)})
+		e := DeviceEntry{Ifindex: idx, SNATAddr: a}
+		if ifc, err := net.InterfaceByIndex(int(idx)); err == nil {
+			e.Name = ifc.Name // in the caller's namespace: right when run in the node's
+		}
+		out = append(out, e)
+	})
+	slices.SortFunc(out, func(a, b DeviceEntry) int { return cmp.Compare(a.Ifindex, b.Ifindex) })
+	return out, err
+}
+
+// Maglev returns each north-south frontend's Maglev table, summarized as
+// entries per backend. The map of maps is not pinned: it is found through
+// the attached ingress program.
+func (v *View) Maglev() ([]MaglevEntry, error) {
+	outer, err := v.maglevOuter()
+	if err != nil {
+		return nil, err
+	}
+	defer outer.Close()
+	svcs, err := v.Services()
+	if err != nil {
+		return nil, err
+	}
+	byID := map[uint32]Service{}
+	for _, s := range svcs {
+		byID[s.ID] = s
+	}
+	bes, err := v.Backends()
+	if err != nil {
+		return nil, err
+	}
+	beName := map[uint32]string{}
+	for _, b := range bes {
+		beName[b.ID] = b.Backend.String()
+	}
+	var out []MaglevEntry
+	var id uint32
+	var innerID uint32
+	it := outer.Iterate()
+	var ids []uint32
+	var inners []uint32
+	for it.Next(&id, &innerID) {
+		ids, inners = append(ids, id), append(inners, innerID)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNPMaglev, err)
+	}
+	for i, id := range ids {
+		inner, err := ebpf.NewMapFromID(ebpf.MapID(inners[i]))
+		if err != nil {
+			return nil, fmt.Errorf("open Maglev table of service %d: %w", id, err)
+		}
+		e := MaglevEntry{ServiceID: id, Size: int(inner.MaxEntries()), Share: map[string]int{}}
+		if s, ok := byID[id]; ok {
+			e.Frontend, e.Name = s.Address, s.Name
+		}
+		var k, be uint32
+		it := inner.Iterate()
+		for it.Next(&k, &be) {
+			if be == 0 {
+				continue
+			}
+			n := beName[be]
+			if n == "" {
+				n = fmt.Sprintf("id %d (missing)", be)
+			}
+			e.Share[n]++
+		}
+		inner.Close()
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b MaglevEntry) int { return cmp.Compare(a.ServiceID, b.ServiceID) })
+	return out, nil
+}
+
+func (v *View) maglevOuter() (*ebpf.Map, error) {
+	links, _ := filepath.Glob(filepath.Join(v.dir, LinkDir, NPLinkPrefix+"*-ingress"))
+	if len(links) == 0 {
+		return nil, fmt.Errorf("%s: no north-south program attached: %w", v.dir, ErrNoNorthSouth)
+	}
+	l, err := link.LoadPinnedLink(links[0], nil)
+	if err != nil {
+		return nil, err
+	}
+	info, err := l.Info()
+	l.Close()
+	if err != nil {
+		return nil, err
+	}
+	prog, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return nil, fmt.Errorf("open north-south program: %w", err)
+	}
+	defer prog.Close()
+	pi, err := prog.Info()
+	if err != nil {
+		return nil, err
+	}
+	mids, _ := pi.MapIDs()
+	for _, mid := range mids {
+		m, err := ebpf.NewMapFromID(mid)
+		if err != nil {
+			continue
+		}
+		if mi, err := m.Info(); err == nil && strings.HasPrefix(MapNPMaglev, mi.Name) && m.Type() == ebpf.HashOfMaps {
+			return m, nil
+		}
+		m.Close()
+	}
+	return nil, fmt.Errorf("the north-south program holds no %s", MapNPMaglev)
+}
