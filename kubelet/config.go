@@ -26,6 +26,12 @@ import (
 // ErrInvalidConfig marks a configuration the kubelet cannot run with.
 var ErrInvalidConfig = errors.New("invalid kubelet config")
 
+// The modes of Config.AuthorizationMode.
+const (
+	AuthzWebhook     = "Webhook"
+	AuthzAlwaysAllow = "AlwaysAllow"
+)
+
 // The runtimes of Config.Runtime.
 const (
 	RuntimeContainerd = "containerd"
@@ -92,9 +98,24 @@ type Config struct {
 	Address string
 	Port    int
 	// TLSCertFile/TLSPrivateKeyFile serve the API (generated self-signed
-	// under RootDir when empty); ClientCAFile authenticates clients (no
-	// file: every request is refused except /healthz).
+	// under RootDir when empty); ClientCAFile authenticates clients by
+	// certificate (reloaded when the file changes; no file: no client
+	// certificate is accepted).
 	TLSCertFile, TLSPrivateKeyFile, ClientCAFile string
+	// AnonymousAuth lets requests without a credential through as
+	// system:anonymous, to be authorized like any other (default false: 401).
+	AnonymousAuth bool
+	// DisableTokenWebhook stops bearer tokens from being checked by
+	// TokenReview against the API server (upstream's
+	// --authentication-token-webhook, on by default here).
+	DisableTokenWebhook bool
+	// AuthorizationMode is AuthzWebhook (default: a SubjectAccessReview per
+	// request) or AuthzAlwaysAllow (every authenticated request).
+	AuthorizationMode string
+	// TokenWebhookCacheTTL caches TokenReview answers (default 2 m);
+	// AuthorizedCacheTTL and UnauthorizedCacheTTL cache SubjectAccessReview
+	// answers (defaults 5 m and 30 s), as upstream's kubelet.
+	TokenWebhookCacheTTL, AuthorizedCacheTTL, UnauthorizedCacheTTL time.Duration
 	// HealthAddress serves /healthz, /readyz, /metrics over plain HTTP
 	// ("" or "0" disables).
 	HealthAddress string
@@ -174,6 +195,18 @@ func (c Config) WithDefaults() Config {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
+	if c.AuthorizationMode == "" {
+		c.AuthorizationMode = AuthzWebhook
+	}
+	if c.TokenWebhookCacheTTL == 0 {
+		c.TokenWebhookCacheTTL = 2 * time.Minute
+	}
+	if c.AuthorizedCacheTTL == 0 {
+		c.AuthorizedCacheTTL = 5 * time.Minute
+	}
+	if c.UnauthorizedCacheTTL == 0 {
+		c.UnauthorizedCacheTTL = 30 * time.Second
+	}
 	if c.ParallelStarts <= 0 {
 		c.ParallelStarts = 4 * runtime.NumCPU()
 	}
@@ -210,6 +243,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := ParseTaints(c.RegisterWithTaints); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	if c.AuthorizationMode != AuthzWebhook && c.AuthorizationMode != AuthzAlwaysAllow {
+		return fmt.Errorf("%w: --authorization-mode=%q (want Webhook or AlwaysAllow)", ErrInvalidConfig, c.AuthorizationMode)
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		return fmt.Errorf("%w: --port %d", ErrInvalidConfig, c.Port)

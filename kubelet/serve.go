@@ -26,6 +26,12 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/apis/apiserver"
+	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/waggle-io/waggle/cni/routes"
@@ -89,20 +95,11 @@ func (k *Kubelet) startServer(ctx context.Context) (*server.Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	var pool *x509.CertPool
-	if k.cfg.ClientCAFile != "" {
-		b, err := os.ReadFile(k.cfg.ClientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("client CA: %w", err)
-		}
-		pool = x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("client CA %s holds no PEM certificate", k.cfg.ClientCAFile)
-		}
-	} else {
-		k.log.Warn("no --client-ca-file: the kubelet API refuses every authenticated request")
+	auth, pool, err := k.apiAuth(ctx)
+	if err != nil {
+		return nil, err
 	}
-	srv, err := server.Start(server.Config{Address: k.cfg.Address, Port: k.cfg.Port, Cert: cert, ClientCAs: pool, Log: k.log}, (*provider)(k))
+	srv, err := server.Start(server.Config{Address: k.cfg.Address, Port: k.cfg.Port, Cert: cert, ClientCAs: pool, Auth: auth, Log: k.log}, (*provider)(k))
 	if err != nil {
 		return nil, err
 	}
@@ -111,6 +108,62 @@ func (k *Kubelet) startServer(ctx context.Context) (*server.Server, error) {
 		k.cfg.Ready(srv.Port())
 	}
 	return srv, nil
+}
+
+// webhookBackoff is upstream's DefaultAuthWebhookRetryBackoff.
+var webhookBackoff = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5}
+
+// apiAuth builds the kubelet API's authenticator and authorizer as
+// upstream's kubelet does (cmd/kubelet/app/auth.go) with k8s.io/apiserver's
+// delegating factories: client certificates of --client-ca-file (the file
+// reloaded on change), bearer tokens by TokenReview, anonymous only with
+// --anonymous-auth; authorization by SubjectAccessReview, answers cached.
+// The returned pool is what the TLS handshake advertises.
+func (k *Kubelet) apiAuth(ctx context.Context) (*server.Auth, *x509.CertPool, error) {
+	ac := authenticatorfactory.DelegatingAuthenticatorConfig{
+		Anonymous:           &apiserver.AnonymousAuthConfig{Enabled: k.cfg.AnonymousAuth},
+		CacheTTL:            k.cfg.TokenWebhookCacheTTL,
+		WebhookRetryBackoff: &webhookBackoff,
+	}
+	if !k.cfg.DisableTokenWebhook {
+		ac.TokenAccessReviewClient = k.client.AuthenticationV1()
+	}
+	var pool *x509.CertPool
+	if k.cfg.ClientCAFile != "" {
+		ca, err := dynamiccertificates.NewDynamicCAContentFromFile("client-ca-bundle", k.cfg.ClientCAFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kubelet --client-ca-file: %w", err)
+		}
+		pool = x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(ca.CurrentCABundleContent()) {
+			return nil, nil, fmt.Errorf("kubelet --client-ca-file %s holds no PEM certificate", k.cfg.ClientCAFile)
+		}
+		go ca.Run(ctx, 1)
+		ac.ClientCertificateCAContentProvider = ca
+	} else {
+		k.log.Warn("no --client-ca-file: the kubelet API accepts no client certificate (the API server cannot reach it for logs, exec, port-forward)")
+	}
+	authn, _, err := ac.New()
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubelet API authenticator: %w", err)
+	}
+	var authz authorizer.Authorizer
+	switch k.cfg.AuthorizationMode {
+	case AuthzAlwaysAllow:
+		k.log.Warn("--authorization-mode=AlwaysAllow: every authenticated client may exec into, read the logs of and port-forward to every pod of this node")
+		authz = authorizerfactory.NewAlwaysAllowAuthorizer()
+	default:
+		authz, err = authorizerfactory.DelegatingAuthorizerConfig{
+			SubjectAccessReviewClient: k.client.AuthorizationV1(),
+			AllowCacheTTL:             k.cfg.AuthorizedCacheTTL,
+			DenyCacheTTL:              k.cfg.UnauthorizedCacheTTL,
+			WebhookRetryBackoff:       &webhookBackoff,
+		}.New()
+		if err != nil {
+			return nil, nil, fmt.Errorf("kubelet API authorizer: %w", err)
+		}
+	}
+	return &server.Auth{Authenticator: authn, Authorizer: authz, NodeName: k.cfg.NodeName}, pool, nil
 }
 
 // provider is the Kubelet seen by the API server.

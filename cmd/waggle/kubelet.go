@@ -39,7 +39,13 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Port, "port", 10250, "kubelet API port (0 picks a free port)")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "kubelet API serving cert (default: self-signed under the root dir)")
 	fs.StringVar(&cfg.TLSPrivateKeyFile, "tls-private-key-file", "", "kubelet API serving key")
-	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA that signs the clients (the API server) of the kubelet API")
+	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA that signs the client certificates of the kubelet API (the API server's); reloaded when it changes")
+	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", false, "let requests to the kubelet API without a credential through as system:anonymous (still authorized)")
+	tokenWebhook := fs.Bool("authentication-token-webhook", true, "authenticate bearer tokens to the kubelet API by TokenReview against the API server")
+	fs.DurationVar(&cfg.TokenWebhookCacheTTL, "authentication-token-webhook-cache-ttl", 2*time.Minute, "how long TokenReview answers are cached")
+	fs.StringVar(&cfg.AuthorizationMode, "authorization-mode", kubelet.AuthzWebhook, "kubelet API authorization: Webhook (a SubjectAccessReview per request) or AlwaysAllow")
+	fs.DurationVar(&cfg.AuthorizedCacheTTL, "authorization-webhook-cache-authorized-ttl", 5*time.Minute, "how long allowed SubjectAccessReview answers are cached")
+	fs.DurationVar(&cfg.UnauthorizedCacheTTL, "authorization-webhook-cache-unauthorized-ttl", 30*time.Second, "how long denied SubjectAccessReview answers are cached")
 	fs.StringVar(&cfg.HealthAddress, "healthz-address", "127.0.0.1:10248", "plain-HTTP /healthz, /readyz, /metrics (0 disables)")
 	fs.DurationVar(&cfg.NodeStatusUpdateFrequency, "node-status-update-frequency", 10*time.Second, "node status update period")
 	fs.DurationVar(&cfg.LeaseDuration, "node-lease-duration", 40*time.Second, "duration of the node's Lease (kubelet config nodeLeaseDurationSeconds); it is renewed every quarter of it, so keep it at the controller-manager's --node-monitor-grace-period")
@@ -56,6 +62,7 @@ func runKubelet(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.RegisterWithTaints = taints
+	cfg.DisableTokenWebhook = !*tokenWebhook
 	cfg.CNIBinDirs = cniBin
 	cfg.ClusterDNS = clusterDNS
 	if cfg.Log, err = ops.NewLogger("kubelet", *logLevel); err != nil {

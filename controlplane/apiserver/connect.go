@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	kubeletclient "github.com/waggle-io/waggle/kubelet/client"
 	corev1 "k8s.io/api/core/v1"
@@ -21,8 +22,10 @@ import (
 )
 
 // kubeletTransport is the API server's client to kubelets: it presents a
-// client certificate of the cluster CA (system:kube-apiserver, group
-// system:masters) when the server holds the CA key.
+// client certificate of the cluster CA for kube-apiserver-kubelet-client
+// (no group: the kubelets authorize it by SubjectAccessReview, and the
+// default policy binds it to system:kubelet-api-admin) when the server
+// holds the CA key.
 type kubeletTransport struct {
 	once sync.Once
 	rt   http.RoundTripper
@@ -33,7 +36,7 @@ func (s *Server) kubeletRT() (http.RoundTripper, error) {
 	s.kubelet.once.Do(func() {
 		var cert tls.Certificate
 		if s.bundle.HasCAKey() {
-			c, k, err := s.bundle.IssueClient("system:kube-apiserver", []string{"system:masters"})
+			c, k, err := s.bundle.IssueClient(bootstrap.KubeletAPIUser, nil)
 			if err != nil {
 				s.kubelet.err = err
 				return

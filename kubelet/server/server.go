@@ -5,10 +5,14 @@
 // kubectl 1.27–1.33 work through the apiserver's proxy), /stats/summary and
 // /metrics.
 //
-// It is not the kubelet's pod logic: it reads what a Provider gives it. It
-// does no authorization beyond authentication: any client holding a
-// certificate of the client CA (the API server) is trusted, as with
-// Kubernetes' --authorization-mode=AlwaysAllow.
+// Every request, /healthz included, is authenticated and authorized as
+// upstream's kubelet does (Auth): a client certificate of the client CA or a
+// bearer token (TokenReview), then a SubjectAccessReview on the node's
+// subresource (nodes/proxy, nodes/stats, nodes/metrics, nodes/log,
+// nodes/pods, nodes/healthz...). An unauthenticated /healthz is served on the
+// kubelet's plain-HTTP health address (127.0.0.1:10248), not here.
+//
+// It is not the kubelet's pod logic: it reads what a Provider gives it.
 package server
 
 import (
@@ -66,10 +70,13 @@ type Config struct {
 	Port    int
 	// TLS serves HTTPS with this certificate.
 	Cert tls.Certificate
-	// ClientCAs verify client certificates; nil refuses every request that
-	// needs authentication.
+	// ClientCAs verify client certificates during the handshake (nil: no
+	// certificate is asked for).
 	ClientCAs *x509.CertPool
-	Log       *slog.Logger
+	// Auth authenticates and authorizes every request; nil answers 401 to
+	// every request.
+	Auth *Auth
+	Log  *slog.Logger
 }
 
 // Server is a running kubelet API.
@@ -93,10 +100,12 @@ func Start(cfg Config, p Provider) (*Server, error) {
 	s := &Server{cfg: cfg, p: p, ln: ln, port: ln.Addr().(*net.TCPAddr).Port}
 	tlsCfg := &tls.Config{
 		Certificates: []tls.Certificate{cfg.Cert},
-		ClientAuth:   tls.VerifyClientCertIfGiven,
-		ClientCAs:    cfg.ClientCAs,
-		MinVersion:   tls.VersionTLS12,
-		NextProtos:   []string{"http/1.1"}, // SPDY and WebSocket upgrades need HTTP/1.1
+		// The authenticator verifies the chain against the current client
+		// CA (which may be reloaded); the handshake only asks for it.
+		ClientAuth: tls.RequestClientCert,
+		ClientCAs:  cfg.ClientCAs,
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"}, // SPDY and WebSocket upgrades need HTTP/1.1
 	}
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second, ErrorLog: nil}
 	go func() {
@@ -120,8 +129,12 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// Handler is the server's router (exported for in-process tests).
+// Handler is the server's router behind authentication and authorization
+// (exported for in-process tests).
 func (s *Server) Handler() http.Handler {
+	if s.cfg.Log == nil {
+		s.cfg.Log = slog.New(slog.DiscardHandler)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := s.p.Healthy(r.Context()); err != nil {
@@ -130,31 +143,16 @@ func (s *Server) Handler() http.Handler {
 		}
 		io.WriteString(w, "ok")
 	})
-	auth := http.NewServeMux()
-	auth.HandleFunc("GET /pods", s.pods)
-	auth.HandleFunc("GET /containerLogs/{ns}/{pod}/{container}", s.logs)
-	auth.HandleFunc("/exec/{ns}/{pod}/{container}", s.exec)
-	auth.HandleFunc("/exec/{ns}/{pod}/{uid}/{container}", s.exec)
-	auth.HandleFunc("POST /run/{ns}/{pod}/{container}", s.run)
-	auth.HandleFunc("/portForward/{ns}/{pod}", s.portForward)
-	auth.HandleFunc("GET /stats/summary", s.summary)
-	auth.HandleFunc("GET /stats/summary/", s.summary)
-	auth.Handle("GET /metrics", s.p.Metrics())
-	mux.Handle("/", s.authenticate(auth))
-	return mux
-}
-
-// authenticate lets through only requests with a verified client cert.
-func (s *Server) authenticate(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			w.WriteHeader(http.StatusUnauthorized)
-			io.WriteString(w, "Unauthorized: the kubelet API needs a client certificate signed by its client CA\n")
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+	mux.HandleFunc("GET /pods", s.pods)
+	mux.HandleFunc("GET /containerLogs/{ns}/{pod}/{container}", s.logs)
+	mux.HandleFunc("/exec/{ns}/{pod}/{container}", s.exec)
+	mux.HandleFunc("/exec/{ns}/{pod}/{uid}/{container}", s.exec)
+	mux.HandleFunc("POST /run/{ns}/{pod}/{container}", s.run)
+	mux.HandleFunc("/portForward/{ns}/{pod}", s.portForward)
+	mux.HandleFunc("GET /stats/summary", s.summary)
+	mux.HandleFunc("GET /stats/summary/", s.summary)
+	mux.Handle("GET /metrics", s.p.Metrics())
+	return s.filter(mux)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -3,8 +3,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -13,11 +11,15 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
@@ -107,6 +109,8 @@ type fakeProvider struct {
 	rt  *runtimetest.Fake
 	cur runtime.Container
 	old runtime.Container
+	// runtimeCalls counts Runtime(): every exec and run goes through it.
+	runtimeCalls int
 }
 
 func (p *fakeProvider) Container(ns, pod, c string, previous bool) (runtime.Container, types.UID, error) {
@@ -126,11 +130,38 @@ func (p *fakeProvider) PortForwardDial(context.Context, string, string, int32) (
 func (p *fakeProvider) Summary(context.Context) (*statsapi.Summary, error) {
 	return &statsapi.Summary{Node: statsapi.NodeStats{NodeName: "n1"}}, nil
 }
-func (p *fakeProvider) Runtime() runtime.Runtime { return p.rt }
+func (p *fakeProvider) Runtime() runtime.Runtime { p.runtimeCalls++; return p.rt }
 func (p *fakeProvider) Metrics() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "m 1\n") })
 }
 func (p *fakeProvider) Healthy(context.Context) error { return nil }
+
+// testAuth authenticates "Bearer <user>" as <user> and allows what allow
+// says for (user, subresource); "Bearer broken" makes the authorizer fail.
+func testAuth(allow map[string][]string) *Auth {
+	return &Auth{
+		NodeName: "n1",
+		Authenticator: authenticator.RequestFunc(func(r *http.Request) (*authenticator.Response, bool, error) {
+			name, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok {
+				return nil, false, nil
+			}
+			return &authenticator.Response{User: &user.DefaultInfo{Name: name}}, true, nil
+		}),
+		Authorizer: authorizer.AuthorizerFunc(func(_ context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+			if a.GetUser().GetName() == "broken" {
+				return authorizer.DecisionNoOpinion, "", errors.New("webhook down")
+			}
+			if a.GetResource() != "nodes" || a.GetName() != "n1" || !a.IsResourceRequest() {
+				return authorizer.DecisionNoOpinion, "", nil
+			}
+			if slices.Contains(allow[a.GetUser().GetName()], a.GetSubresource()) {
+				return authorizer.DecisionAllow, "", nil
+			}
+			return authorizer.DecisionNoOpinion, "", nil
+		}),
+	}
+}
 
 func TestHandlerAuthAndLogs(t *testing.T) {
 	dir := t.TempDir()
@@ -140,38 +171,106 @@ func TestHandlerAuthAndLogs(t *testing.T) {
 	p := &fakeProvider{rt: runtimetest.NewFake(),
 		cur: runtime.Container{ID: "c1", State: runtime.StateExited, LogPath: cur},
 		old: runtime.Container{ID: "c0", State: runtime.StateExited, LogPath: old}}
-	s := &Server{p: p}
+	s := &Server{p: p, cfg: Config{Auth: testAuth(map[string][]string{
+		"admin":   {"proxy"},
+		"metrics": {"metrics", "stats"},
+		"health":  {"healthz"},
+	})}}
 	h := s.Handler()
-	do := func(path string, authed bool) (int, string) {
-		r := httptest.NewRequest("GET", path, nil)
-		if authed {
-			r.TLS = &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{nil}}}
+	do := func(method, path, user string) (int, string) {
+		r := httptest.NewRequest(method, path, nil)
+		if user != "" {
+			r.Header.Set("Authorization", "Bearer "+user)
 		}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 		return w.Code, w.Body.String()
 	}
 	for _, tc := range []struct {
-		path   string
-		authed bool
-		code   int
-		body   string
+		method, path, user string
+		code               int
+		body               string
 	}{
-		{"/healthz", false, 200, "ok"},
-		{"/pods", false, 401, ""},
-		{"/containerLogs/default/web/echo", false, 401, ""},
-		{"/containerLogs/default/web/echo", true, 200, "one\ntwo\nthree\n"},
-		{"/containerLogs/default/web/echo?tailLines=1", true, 200, "three\n"},
-		{"/containerLogs/default/web/echo?limitBytes=4", true, 200, "one\n"},
-		{"/containerLogs/default/web/echo?previous=true", true, 200, "previous run\n"},
-		{"/containerLogs/default/web/other", true, 404, ""},
-		{"/containerLogs/default/web/echo?tailLines=no", true, 400, ""},
-		{"/stats/summary", true, 200, `"nodeName":"n1"`},
-		{"/metrics", true, 200, "m 1"},
+		{"GET", "/healthz", "", 401, "Unauthorized"},
+		{"GET", "/pods", "", 401, "Unauthorized"},
+		{"GET", "/healthz", "health", 200, "ok"},
+		{"GET", "/healthz", "admin", 200, "ok"}, // nodes/proxy covers healthz
+		{"GET", "/pods", "admin", 200, "PodList"},
+		{"GET", "/pods", "metrics", 403, "Forbidden (user=metrics, verb=get, resource=nodes, subresource(s)=[pods proxy])"},
+		{"GET", "/containerLogs/default/web/echo", "", 401, ""},
+		{"GET", "/containerLogs/default/web/echo", "metrics", 403, "subresource(s)=[proxy]"},
+		{"GET", "/containerLogs/default/web/echo", "admin", 200, "one\ntwo\nthree\n"},
+		{"GET", "/containerLogs/default/web/echo?tailLines=1", "admin", 200, "three\n"},
+		{"GET", "/containerLogs/default/web/echo?limitBytes=4", "admin", 200, "one\n"},
+		{"GET", "/containerLogs/default/web/echo?previous=true", "admin", 200, "previous run\n"},
+		{"GET", "/containerLogs/default/web/other", "admin", 404, ""},
+		{"GET", "/containerLogs/default/web/echo?tailLines=no", "admin", 400, ""},
+		{"GET", "/stats/summary", "metrics", 200, `"nodeName":"n1"`},
+		{"GET", "/stats/summary", "health", 403, "subresource(s)=[stats]"},
+		{"GET", "/metrics", "metrics", 200, "m 1"},
+		{"POST", "/run/default/web/echo?cmd=id", "metrics", 403, "Forbidden (user=metrics, verb=create, resource=nodes, subresource(s)=[proxy])"},
+		{"GET", "/pods", "broken", 500, "Authorization error (user=broken, verb=get, resource=nodes, subresource=pods)"},
 	} {
-		code, body := do(tc.path, tc.authed)
+		code, body := do(tc.method, tc.path, tc.user)
 		if code != tc.code || !strings.Contains(body, tc.body) {
-			t.Errorf("GET %s (auth %v) = %d %q, want %d containing %q", tc.path, tc.authed, code, body, tc.code, tc.body)
+			t.Errorf("%s %s (as %q) = %d %q, want %d containing %q", tc.method, tc.path, tc.user, code, body, tc.code, tc.body)
+		}
+	}
+	if n := p.runtimeCalls; n != 0 {
+		t.Errorf("a refused /run reached the runtime: %d execs", n)
+	}
+}
+
+func TestNoAuthRefusesEverything(t *testing.T) {
+	s := &Server{p: &fakeProvider{rt: runtimetest.NewFake()}}
+	r := httptest.NewRequest("GET", "/healthz", nil)
+	w := httptest.NewRecorder()
+	s.Handler().ServeHTTP(w, r)
+	if w.Code != http.StatusUnauthorized {
+		t.Fatalf("GET /healthz without Auth = %d, want 401", w.Code)
+	}
+}
+
+func TestRequestAttributes(t *testing.T) {
+	u := &user.DefaultInfo{Name: "u"}
+	for _, tc := range []struct {
+		method, path string
+		verb         string
+		subs         []string
+	}{
+		{"GET", "/pods", "get", []string{"pods", "proxy"}},
+		{"GET", "/runningpods/", "get", []string{"pods", "proxy"}},
+		{"GET", "/healthz", "get", []string{"healthz", "proxy"}},
+		{"GET", "/healthz/ping", "get", []string{"healthz", "proxy"}},
+		{"GET", "/configz", "get", []string{"configz", "proxy"}},
+		{"GET", "/stats/summary", "get", []string{"stats"}},
+		{"GET", "/stats", "get", []string{"stats"}},
+		{"GET", "/metrics", "get", []string{"metrics"}},
+		{"GET", "/metrics/cadvisor", "get", []string{"metrics"}},
+		{"GET", "/logs/syslog", "get", []string{"log"}},
+		{"POST", "/checkpoint/ns/p/c", "create", []string{"checkpoint"}},
+		{"GET", "/containerLogs/ns/p/c", "get", []string{"proxy"}},
+		{"POST", "/exec/ns/p/c", "create", []string{"proxy"}},
+		{"POST", "/run/ns/p/c", "create", []string{"proxy"}},
+		{"GET", "/portForward/ns/p", "get", []string{"proxy"}},
+		{"GET", "/podsx", "get", []string{"proxy"}},
+		{"GET", "/spec/", "get", []string{"proxy"}},
+		{"DELETE", "/x", "delete", []string{"proxy"}},
+		{"PUT", "/x", "update", []string{"proxy"}},
+		{"PATCH", "/x", "patch", []string{"proxy"}},
+	} {
+		r := httptest.NewRequest(tc.method, tc.path, nil)
+		attrs := RequestAttributes("n1", u, r)
+		var subs []string
+		for _, a := range attrs {
+			subs = append(subs, a.GetSubresource())
+			if a.GetVerb() != tc.verb || a.GetResource() != "nodes" || a.GetName() != "n1" || a.GetAPIVersion() != "v1" ||
+				a.GetAPIGroup() != "" || a.GetNamespace() != "" || !a.IsResourceRequest() || a.GetPath() != tc.path {
+				t.Errorf("%s %s: attributes %+v", tc.method, tc.path, a)
+			}
+		}
+		if !slices.Equal(subs, tc.subs) {
+			t.Errorf("%s %s: subresources %v, want %v", tc.method, tc.path, subs, tc.subs)
 		}
 	}
 }

@@ -165,6 +165,11 @@ func meta(name string) metav1.ObjectMeta {
 //     (cni/routes), as a CNI daemon does, so nodes read all Nodes
 //     (ClusterRole waggle:node-routes bound to system:nodes); the Node
 //     authorizer alone would let a node read only itself.
+//   - The API server reaches kubelets (logs, exec, port-forward, node
+//     proxy) as kube-apiserver-kubelet-client, bound to
+//     system:kubelet-api-admin (binding waggle:kube-apiserver-kubelet-client),
+//     as kops and managed clusters bind their API servers' kubelet clients;
+//     kubeadm instead puts that certificate in a cluster-admin group.
 //   - The controller-manager's clusterdns controller publishes the
 //     kube-system/kube-dns Service and its EndpointSlice (Role
 //     waggle:controller:clusterdns in kube-system).
@@ -195,6 +200,12 @@ func extra(p *Policy) {
 			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}},
 		})
 	}
+	p.ClusterRoleBindings = append(p.ClusterRoleBindings, rbacv1.ClusterRoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+		ObjectMeta: meta("waggle:kube-apiserver-kubelet-client"),
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: KubeletAPIUser}},
+	})
 	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
 		ObjectMeta: meta("waggle:node-routes"),
