@@ -60,7 +60,26 @@ func (s *Server) admit(ctx context.Context, a *AdmissionAttributes) error {
 			return apierrors.NewForbidden(a.Resource.GroupResource(), a.Name, fmt.Errorf("admission plugin %s: %w", p.Name(), err))
 		}
 	}
-	return nil
+	return dynamicError(s.admitDynamic(ctx, a))
+}
+
+// validate runs the validating admission phase (policies and webhooks),
+// after the strategy's validation and before storage.
+func (s *Server) validate(ctx context.Context, a *AdmissionAttributes) error {
+	return dynamicError(s.validateDynamic(ctx, a))
+}
+
+// dynamicError keeps the plugins' Status errors (their codes and messages
+// are upstream's) and makes anything else a 500.
+func dynamicError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se apierrors.APIStatus
+	if errors.As(err, &se) {
+		return err
+	}
+	return apierrors.NewInternalError(err)
 }
 
 // immortalNamespaces cannot be deleted.

@@ -59,6 +59,9 @@ func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Req
 	if err := s.admit(ctx, &AdmissionAttributes{Operation: OpConnect, Resource: req.reg.res, Subresource: req.sub, Namespace: req.ns, Name: req.name}); err != nil {
 		return err
 	}
+	if err := s.validate(ctx, &AdmissionAttributes{Operation: OpConnect, Resource: req.reg.res, Subresource: req.sub, Namespace: req.ns, Name: req.name}); err != nil {
+		return err
+	}
 	var target *url.URL
 	var err error
 	switch {

@@ -86,7 +86,7 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, apierrors.NewBadRequest("a namespace is required for "+reg.res.Resource), reg.gr, req.name)
 		return
 	}
-	ctx := r.Context()
+	ctx := withWarnings(r.Context(), w)
 	var err error
 	switch {
 	case reg.res.Virtual && reg.res.Group == "" && (reg.res.Resource == "bindings" || reg.res.Resource == "componentstatuses"):

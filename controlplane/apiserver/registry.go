@@ -392,6 +392,9 @@ func (r *registry) create(ctx context.Context, ns string, obj runtime.Object, wo
 	if errs := r.st.validateCreate(r, obj); len(errs) > 0 {
 		return nil, invalid(r, m.GetName(), errs)
 	}
+	if err := r.srv.validate(ctx, &AdmissionAttributes{Operation: OpCreate, Resource: r.res, Namespace: ns, Name: m.GetName(), Object: obj, DryRun: wo.dryRun}); err != nil {
+		return nil, err
+	}
 	var release func()
 	if r.st.allocate != nil {
 		rel, err := r.st.allocate(ctx, r.srv, obj, nil, wo.dryRun)
@@ -558,6 +561,9 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 	if errs := r.st.validateUpdate(r, obj, old, sub); len(errs) > 0 {
 		return nil, invalid(r, name, errs)
 	}
+	if err := r.srv.validate(ctx, &AdmissionAttributes{Operation: OpUpdate, Resource: r.res, Subresource: sub, Namespace: ns, Name: name, Object: obj, OldObject: old, DryRun: wo.dryRun}); err != nil {
+		return nil, err
+	}
 	var release func()
 	var commit func()
 	if r.st.allocate != nil && sub == "" {
@@ -684,6 +690,9 @@ func (r *registry) deleteObject(ctx context.Context, ns, name string, opts *meta
 			}
 		}
 		if err := r.srv.admit(ctx, &AdmissionAttributes{Operation: OpDelete, Resource: r.res, Namespace: ns, Name: name, OldObject: cur.Obj, DryRun: wo.dryRun}); err != nil {
+			return nil, false, err
+		}
+		if err := r.srv.validate(ctx, &AdmissionAttributes{Operation: OpDelete, Resource: r.res, Namespace: ns, Name: name, OldObject: cur.Obj, DryRun: wo.dryRun}); err != nil {
 			return nil, false, err
 		}
 		marked, grace := r.st.markForDeletion(obj, opts)

@@ -152,7 +152,12 @@ type Server struct {
 	health *ops.Health
 	bundle *pki.Bundle
 	authn  authn.Authenticator
-	authz  authz.Authorizer
+	// loopback authenticates the server's own clients (admission informers).
+	loopback *authn.Loopback
+	// dynAdmission is admission webhooks and policies (admission_dynamic.go).
+	dynAdmission    *dynamicAdmission
+	webhookServices *endpointServiceResolver
+	authz           authz.Authorizer
 	// authorization holds the RBAC and Node authorizers' state (nil with
 	// an injected Authorizer).
 	authorization *authorization
@@ -255,7 +260,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("apiserver: %w", err)
 	}
-	auths := []authn.Authenticator{}
+	s.loopback = authn.NewLoopback()
+	auths := []authn.Authenticator{s.loopback}
 	if pool := s.bundle.CAPool(); pool != nil {
 		auths = append(auths, authn.NewX509(pool))
 	}
@@ -301,6 +307,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		go func() { defer s.bg.Done(); reg.cache.Run(bgCtx) }()
 	}
 	s.admission = []Admitter{namespaceLifecycle{s}, defaultTolerationSeconds{seconds: 300}}
+	if err := s.setupDynamicAdmission(); err != nil {
+		return nil, err
+	}
 	if err := s.setupAuthorization(ctx); err != nil {
 		return nil, err
 	}
@@ -344,6 +353,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.health.AddReadiness(ops.Check{Name: "etcd", Func: func(ctx context.Context) error {
 		_, err := s.store.Revision(ctx)
 		return err
+	}})
+	s.health.AddReadiness(ops.Check{Name: "admission", Func: func(context.Context) error {
+		if d := s.dynAdmission; d.active() && !d.synced() {
+			return errors.New("admission webhook and policy informers not synced")
+		}
+		return nil
 	}})
 	s.health.AddReadiness(ops.Check{Name: "authorization", Func: func(context.Context) error { return s.authorizationReady() }})
 	s.health.AddReadiness(ops.Check{Name: "watch-cache", Func: func(ctx context.Context) error {
@@ -438,6 +453,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(s.ln, "", "") }()
+	if s.dynAdmission != nil {
+		s.dynAdmission.start()
+	}
 	s.log.Info("serving", "addr", s.ln.Addr().String(), "url", s.url)
 	select {
 	case err := <-errc:
@@ -457,6 +475,9 @@ func (s *Server) Serve(ctx context.Context) error {
 
 // Close stops background work and storage. Serve calls it.
 func (s *Server) Close() {
+	if s.dynAdmission != nil {
+		s.dynAdmission.close()
+	}
 	if s.bgCancel != nil {
 		s.bgCancel()
 		s.bg.Wait()

@@ -276,7 +276,17 @@ func strategyFor(res *catalog.Resource) *strategy {
 				n.Spec.Finalizers = on.Spec.Finalizers
 			}
 		}
-		s.defaults = func(o runtime.Object) { defaultNamespace(o.(*corev1.Namespace)) }
+		s.defaults = func(o runtime.Object) {
+			n := o.(*corev1.Namespace)
+			defaultNamespace(n)
+			// As upstream's Canonicalize: every namespace carries its name
+			// as a label, which namespaceSelectors (webhooks, policies,
+			// NetworkPolicy) match on.
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			n.Labels[corev1.LabelMetadataName] = n.Name
+		}
 		s.mark = func(o runtime.Object) bool {
 			n := o.(*corev1.Namespace)
 			if len(n.Spec.Finalizers) == 0 {

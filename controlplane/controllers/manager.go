@@ -26,11 +26,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	validatingpolicy "k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	"k8s.io/apiserver/pkg/cel/openapi/resolver"
+	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/kubernetes/pkg/controller/validatingadmissionpolicystatus"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/controllers/clusterdns"
@@ -431,6 +436,23 @@ func starters() []starter {
 				return nil, err
 			}
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
+		{name: "validatingadmissionpolicy-status-controller", build: func(d Deps) (func(context.Context), error) {
+			// kube-controller-manager's own controller: it type-checks each
+			// ValidatingAdmissionPolicy's expressions against the OpenAPI
+			// schemas the API server publishes and writes status.typeChecking.
+			if err := served(d, "admissionregistration.k8s.io/v1", "validatingadmissionpolicies"); err != nil {
+				return nil, err
+			}
+			disc := memory.NewMemCacheClient(d.Client.Discovery())
+			mapper := restmapper.NewDeferredDiscoveryRESTMapper(disc)
+			tc := &validatingpolicy.TypeChecker{SchemaResolver: &resolver.ClientDiscoveryResolver{Discovery: d.Client.Discovery()}, RestMapper: mapper}
+			c, err := validatingadmissionpolicystatus.NewController(d.Factory.Admissionregistration().V1().ValidatingAdmissionPolicies(),
+				d.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies(), tc)
+			if err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context) { c.Run(ctx, 5) }, nil
 		}},
 		{name: serviceaccount.Name, build: func(d Deps) (func(context.Context), error) {
 			c := serviceaccount.New(d.Client, d.Factory, d.Log, serviceaccount.Options{})

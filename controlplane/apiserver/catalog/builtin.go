@@ -3,6 +3,7 @@ package catalog
 import (
 	"reflect"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -29,8 +30,8 @@ import (
 
 // builtinGroups is kube-apiserver's discovery order of its default-enabled
 // group versions (pkg/controlplane's stable lists; the preferred version of
-// a group first). admissionregistration.k8s.io, apiextensions.k8s.io and
-// apiregistration.k8s.io belong to the extension APIs and are not here.
+// a group first). apiextensions.k8s.io and apiregistration.k8s.io belong
+// to the extension APIs and are added by their own code.
 func builtinGroups() []schema.GroupVersion {
 	return []schema.GroupVersion{
 		corev1.SchemeGroupVersion,
@@ -46,6 +47,7 @@ func builtinGroups() []schema.GroupVersion {
 		policyv1.SchemeGroupVersion,
 		rbacv1.SchemeGroupVersion,
 		storagev1.SchemeGroupVersion,
+		admissionregistrationv1.SchemeGroupVersion,
 		schedulingv1.SchemeGroupVersion,
 		coordinationv1.SchemeGroupVersion,
 		nodev1.SchemeGroupVersion,
@@ -96,6 +98,7 @@ func virtual(gv schema.GroupVersion, plural string, namespaced bool, obj runtime
 
 func short(names ...string) func(*Resource) { return func(r *Resource) { r.ShortNames = names } }
 func inAll(r *Resource)                     { r.Categories = []string{"all"} }
+func inAPIMachinery(r *Resource)            { r.Categories = []string{"api-extensions"} }
 func withStatus(r *Resource)                { r.Subs = append(r.Subs, statusSub) }
 func withScale(r *Resource)                 { r.Subs = append(r.Subs, scaleSub) }
 func verbs(v ...string) func(*Resource)     { return func(r *Resource) { r.Verbs = v } }
@@ -122,6 +125,7 @@ func builtinResources() []Resource {
 	rbac := rbacv1.SchemeGroupVersion
 	stor := storagev1.SchemeGroupVersion
 	sched := schedulingv1.SchemeGroupVersion
+	adm := admissionregistrationv1.SchemeGroupVersion
 	coord := coordinationv1.SchemeGroupVersion
 	node := nodev1.SchemeGroupVersion
 	disc := discoveryv1.SchemeGroupVersion
@@ -227,6 +231,15 @@ func builtinResources() []Resource {
 		def(stor, "storageclasses", false, &storagev1.StorageClass{}, &storagev1.StorageClassList{}, short("sc")),
 		def(stor, "volumeattachments", false, &storagev1.VolumeAttachment{}, &storagev1.VolumeAttachmentList{}, withStatus),
 		def(stor, "volumeattributesclasses", false, &storagev1.VolumeAttributesClass{}, &storagev1.VolumeAttributesClassList{}, short("vac")),
+
+		// admissionregistration.k8s.io/v1 (MutatingAdmissionPolicy is GA and
+		// on by default since 1.36)
+		def(adm, "mutatingadmissionpolicies", false, &admissionregistrationv1.MutatingAdmissionPolicy{}, &admissionregistrationv1.MutatingAdmissionPolicyList{}, inAPIMachinery),
+		def(adm, "mutatingadmissionpolicybindings", false, &admissionregistrationv1.MutatingAdmissionPolicyBinding{}, &admissionregistrationv1.MutatingAdmissionPolicyBindingList{}, inAPIMachinery),
+		def(adm, "mutatingwebhookconfigurations", false, &admissionregistrationv1.MutatingWebhookConfiguration{}, &admissionregistrationv1.MutatingWebhookConfigurationList{}, inAPIMachinery),
+		def(adm, "validatingadmissionpolicies", false, &admissionregistrationv1.ValidatingAdmissionPolicy{}, &admissionregistrationv1.ValidatingAdmissionPolicyList{}, inAPIMachinery, withStatus),
+		def(adm, "validatingadmissionpolicybindings", false, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}, &admissionregistrationv1.ValidatingAdmissionPolicyBindingList{}, inAPIMachinery),
+		def(adm, "validatingwebhookconfigurations", false, &admissionregistrationv1.ValidatingWebhookConfiguration{}, &admissionregistrationv1.ValidatingWebhookConfigurationList{}, inAPIMachinery),
 
 		// scheduling.k8s.io/v1
 		def(sched, "priorityclasses", false, &schedulingv1.PriorityClass{}, &schedulingv1.PriorityClassList{}, short("pc")),

@@ -18,6 +18,7 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 
 	// The internal types, defaulters and conversions of every group used.
+	_ "k8s.io/kubernetes/pkg/apis/admissionregistration/install"
 	_ "k8s.io/kubernetes/pkg/apis/apps/install"
 	_ "k8s.io/kubernetes/pkg/apis/autoscaling/install"
 	_ "k8s.io/kubernetes/pkg/apis/batch/install"

@@ -4,6 +4,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/kubernetes/pkg/apis/admissionregistration"
+	admregvalidation "k8s.io/kubernetes/pkg/apis/admissionregistration/validation"
 	"k8s.io/kubernetes/pkg/apis/apps"
 	appsvalidation "k8s.io/kubernetes/pkg/apis/apps/validation"
 	"k8s.io/kubernetes/pkg/apis/autoscaling"
@@ -250,4 +252,19 @@ func init() {
 	// storagemigration.k8s.io/v1
 	kind(storagemigration.GroupName, "StorageVersionMigration", svmvalidation.ValidateStorageVersionMigration,
 		svmvalidation.ValidateStorageVersionMigrationUpdate, svmvalidation.ValidateStorageVersionMigrationStatusUpdate)
+
+	// admissionregistration.k8s.io/v1
+	adm := admissionregistration.GroupName
+	kind(adm, "ValidatingWebhookConfiguration", admregvalidation.ValidateValidatingWebhookConfiguration,
+		admregvalidation.ValidateValidatingWebhookConfigurationUpdate, nil)
+	kind(adm, "MutatingWebhookConfiguration", admregvalidation.ValidateMutatingWebhookConfiguration,
+		admregvalidation.ValidateMutatingWebhookConfigurationUpdate, nil)
+	kind(adm, "ValidatingAdmissionPolicy", admregvalidation.ValidateValidatingAdmissionPolicy,
+		admregvalidation.ValidateValidatingAdmissionPolicyUpdate, admregvalidation.ValidateValidatingAdmissionPolicyStatusUpdate)
+	kind(adm, "ValidatingAdmissionPolicyBinding", admregvalidation.ValidateValidatingAdmissionPolicyBinding,
+		admregvalidation.ValidateValidatingAdmissionPolicyBindingUpdate, nil)
+	kind(adm, "MutatingAdmissionPolicy", admregvalidation.ValidateMutatingAdmissionPolicy,
+		admregvalidation.ValidateMutatingAdmissionPolicyUpdate, nil)
+	kind(adm, "MutatingAdmissionPolicyBinding", admregvalidation.ValidateMutatingAdmissionPolicyBinding,
+		admregvalidation.ValidateMutatingAdmissionPolicyBindingUpdate, nil)
 }
