@@ -45,8 +45,14 @@ type ModeConfig struct {
 	MaxServices, MaxBackends, MaxAffinity, MaxRevSocks int
 	// IPVSScheduler is the IPVS scheduler (rr, wrr, lc, ...).
 	IPVSScheduler string
-	Log           *slog.Logger
-	Metrics       prometheus.Registerer
+	// NodePortDevices are the external devices on which the eBPF backend
+	// serves NodePort, ExternalIP and LoadBalancer traffic from outside
+	// (empty: only sockets on the node are load-balanced).
+	NodePortDevices []string
+	// MaglevTableSize is the eBPF north-south Maglev table size (a prime).
+	MaglevTableSize int
+	Log             *slog.Logger
+	Metrics         prometheus.Registerer
 }
 
 // Mode is one proxy backend the proxy can run. The backends live in their
@@ -84,6 +90,13 @@ type Config struct {
 	BPFPinDir                                          string
 	MaxServices, MaxBackends, MaxAffinity, MaxRevSocks int
 	IPVSScheduler                                      string
+	// NodePortDevices: --nodeport-devices (ModeConfig.NodePortDevices).
+	NodePortDevices []string
+	// MaglevTableSize: --bpf-lb-maglev-table-size.
+	MaglevTableSize int
+	// NoHealthCheckNodePorts: do not serve healthCheckNodePorts (the
+	// default serves them, as kube-proxy).
+	NoHealthCheckNodePorts bool
 	// ClusterCIDRs are the pod networks (masquerade decisions).
 	ClusterCIDRs []netip.Prefix
 	// HealthBindAddress serves /healthz, /readyz and /metrics ("" or "0"
@@ -163,7 +176,8 @@ func (c *Config) modeConfig(log *slog.Logger, reg prometheus.Registerer) ModeCon
 	return ModeConfig{
 		NodeName: c.NodeName, CgroupRoot: c.CgroupRoot, PinDir: c.BPFPinDir,
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, MaxAffinity: c.MaxAffinity, MaxRevSocks: c.MaxRevSocks,
-		IPVSScheduler: c.IPVSScheduler, Log: log, Metrics: reg,
+		IPVSScheduler: c.IPVSScheduler, NodePortDevices: c.NodePortDevices, MaglevTableSize: c.MaglevTableSize,
+		Log: log, Metrics: reg,
 	}
 }
 
@@ -336,6 +350,8 @@ type proxy struct {
 	tracker  *Tracker
 	// incr is the backend's incremental interface (nil: whole States only).
 	incr IncrementalBackend
+	// hc serves healthCheckNodePorts (nil: off).
+	hc *serviceHealth
 
 	mu          sync.Mutex
 	synced      bool // informers synced
@@ -415,6 +431,13 @@ func newProxy(cfg Config, log *slog.Logger, health *ops.Health, backend Backend,
 	if unhealthyAfter <= 0 {
 		unhealthyAfter = time.Minute
 	}
+	if !cfg.NoHealthCheckNodePorts {
+		p.hc = newServiceHealth(cfg.NodeName, func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return !p.programmed.IsZero() && (p.failingSince.IsZero() || time.Since(p.failingSince) <= unhealthyAfter)
+		})
+	}
 
 	health.AddReadiness(ops.Check{Name: "informers-synced", Func: func(context.Context) error {
 		p.mu.Lock()
@@ -477,6 +500,9 @@ func (p *proxy) run(ctx context.Context, errc chan error) error {
 		DeleteFunc: func(obj any) { p.nodeEvent(obj, true) },
 	})); err != nil {
 		return err
+	}
+	if p.hc != nil {
+		defer p.hc.close()
 	}
 	p.factory.Start(ctx.Done())
 	p.nodes.Start(ctx.Done())
@@ -642,6 +668,13 @@ func (p *proxy) sync(ctx context.Context, full bool) error {
 	p.needFull = false
 	p.failingSince = time.Time{}
 	p.mu.Unlock()
+	if p.hc != nil {
+		refs := ch.Services
+		if whole {
+			refs = p.tracker.ServiceRefs()
+		}
+		p.hc.update(p.tracker, refs)
+	}
 	lvl := slog.LevelDebug
 	if first || full {
 		lvl = slog.LevelInfo

@@ -395,3 +395,40 @@ func containsKey(fs []Frontend, k FrontendKey) bool {
 func compareRef(a, b ServiceRef) int {
 	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
+
+// ServiceRefs lists every Service the tracker holds.
+func (t *Tracker) ServiceRefs() []ServiceRef {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]ServiceRef, 0, len(t.services))
+	for r := range t.services {
+		out = append(out, r)
+	}
+	return out
+}
+
+// HealthCheckNodePort returns the Service's healthCheckNodePort (0: none:
+// not a LoadBalancer with externalTrafficPolicy Local) and how many ready
+// endpoints it has on this node (distinct addresses), as kube-proxy's
+// LocalReadyEndpoints.
+func (t *Tracker) HealthCheckNodePort(ref ServiceRef) (port uint16, local int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	svc := t.services[ref]
+	if svc == nil || svc.Spec.Type != v1.ServiceTypeLoadBalancer || svc.Spec.HealthCheckNodePort == 0 ||
+		svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
+		return 0, 0
+	}
+	seen := map[string]bool{}
+	for _, es := range t.slices[ref] {
+		for _, e := range es.Endpoints {
+			if e.NodeName == nil || *e.NodeName != t.nodeName || (e.Conditions.Ready != nil && !*e.Conditions.Ready) {
+				continue
+			}
+			for _, a := range e.Addresses {
+				seen[a] = true
+			}
+		}
+	}
+	return uint16(svc.Spec.HealthCheckNodePort), len(seen)
+}

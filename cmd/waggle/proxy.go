@@ -36,6 +36,10 @@ func runProxy(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.MaxBackends, "bpf-lb-backends-max", ebpf.DefaultMaxBackends, "size of the eBPF backends map")
 	fs.IntVar(&cfg.MaxAffinity, "bpf-lb-affinity-max", ebpf.DefaultMaxAffinity, "size of the eBPF session-affinity map")
 	fs.IntVar(&cfg.MaxRevSocks, "bpf-lb-sock-rev-max", ebpf.DefaultMaxReverseSockets, "size of the eBPF reverse-socket map")
+	var npDevices cliflag.StringList
+	fs.Var(&npDevices, "nodeport-devices", "external devices (comma-separated) on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from outside the node (tc, Maglev, SNAT to the device's address for remote backends); empty: off")
+	fs.IntVar(&cfg.MaglevTableSize, "bpf-lb-maglev-table-size", ebpf.DefaultMaglevTableSize, "entries of each eBPF Maglev table, a prime (251, 509, 1021, 2039, 4093, 8191, 16381, ...); aim for 100x the backends of the largest Service")
+	fs.BoolVar(&cfg.NoHealthCheckNodePorts, "no-healthcheck-node-ports", false, "do not serve LoadBalancer Services' healthCheckNodePort (externalTrafficPolicy Local)")
 	fs.StringVar(&cfg.IPVSScheduler, "ipvs-scheduler", "rr", "IPVS scheduler (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh)")
 	fs.Var(&cidrs, "cluster-cidr", "pod network CIDR(s), comma-separated; traffic from outside them to ClusterIPs is masqueraded (iptables, ipvs)")
 	fs.StringVar(&cfg.HealthBindAddress, "health-bind-address", ":10256", "address of /healthz, /readyz and /metrics (0 disables)")
@@ -62,6 +66,7 @@ func runProxy(ctx context.Context, args []string) error {
 		}
 		cfg.NodeName = strings.ToLower(h)
 	}
+	cfg.NodePortDevices = npDevices
 	for _, c := range cidrs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {

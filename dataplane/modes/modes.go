@@ -20,11 +20,15 @@ func All() []dataplane.Mode {
 }
 
 func ebpfConfig(mc dataplane.ModeConfig) ebpf.Config {
-	return ebpf.Config{
+	c := ebpf.Config{
 		NodeName: mc.NodeName, CgroupPath: mc.CgroupRoot, PinDir: mc.PinDir,
 		MaxServices: mc.MaxServices, MaxBackends: mc.MaxBackends, MaxAffinity: mc.MaxAffinity, MaxReverseSockets: mc.MaxRevSocks,
 		Log: mc.Log, Metrics: mc.Metrics,
 	}
+	if len(mc.NodePortDevices) > 0 {
+		c.NorthSouth = &ebpf.NorthSouth{Devices: mc.NodePortDevices, MaglevTableSize: mc.MaglevTableSize}
+	}
+	return c
 }
 
 // EBPF is the socket-level eBPF mode.
