@@ -71,6 +71,14 @@ func (c *Controller) syncRevisions(ctx context.Context, ds *appsv1.DaemonSet, se
 		}
 		_, err := c.client.AppsV1().ControllerRevisions(ds.Namespace).Create(ctx, rev, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
+			existing, gerr := c.client.AppsV1().ControllerRevisions(ds.Namespace).Get(ctx, name, metav1.GetOptions{})
+			if gerr != nil {
+				return fmt.Errorf("get controllerrevision %s: %w", name, gerr)
+			}
+			if ref := metav1.GetControllerOf(existing); ref != nil && ref.UID == ds.UID && history.Equal(existing, rev) {
+				// Ours, written by an earlier sync the cache has not caught up with.
+				return nil
+			}
 			// Someone else's revision, or another template, has the name.
 			cc := int32(0)
 			if ds.Status.CollisionCount != nil {

@@ -44,13 +44,12 @@ func TestRevisionsFollowTheTemplateAndAnUndoRenumbersTheOldOne(t *testing.T) {
 		t.Fatalf("revision meta %+v", r.ObjectMeta)
 	}
 	update := func(image string) *appsv1.DaemonSet {
-		cur, _ := cs.AppsV1().DaemonSets(ds.Namespace).Get(context.Background(), ds.Name, metav1.GetOptions{})
-		cur.Spec.Template.Spec.Containers[0].Image = image
-		out, err := cs.AppsV1().DaemonSets(ds.Namespace).Update(context.Background(), cur, metav1.UpdateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
+		sets := cs.AppsV1().DaemonSets(ds.Namespace)
+		return ctrltest.Update(t, func() (*appsv1.DaemonSet, error) { return sets.Get(context.Background(), ds.Name, metav1.GetOptions{}) },
+			func(d *appsv1.DaemonSet) { d.Spec.Template.Spec.Containers[0].Image = image },
+			func(d *appsv1.DaemonSet) (*appsv1.DaemonSet, error) {
+				return sets.Update(context.Background(), d, metav1.UpdateOptions{})
+			})
 	}
 	orig := ds.Spec.Template.Spec.Containers[0].Image
 	second := ds.Name + "-" + Hash(update("other:2"))

@@ -76,15 +76,30 @@ func (e *env) job(name string) *batchv1.Job {
 // exit code, as a kubelet would.
 func (e *env) finish(p corev1.Pod, code int32) {
 	e.t.Helper()
-	p.Status.Phase = corev1.PodSucceeded
-	if code != 0 {
-		p.Status.Phase = corev1.PodFailed
-	}
-	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "c", State: corev1.ContainerState{
-		Terminated: &corev1.ContainerStateTerminated{ExitCode: code, FinishedAt: metav1.Now()}}}}
-	if _, err := e.cs.CoreV1().Pods("default").UpdateStatus(context.Background(), &p, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatal(err)
-	}
+	pods := e.cs.CoreV1().Pods("default")
+	ctrltest.Update(e.t, func() (*corev1.Pod, error) { return pods.Get(context.Background(), p.Name, metav1.GetOptions{}) },
+		func(p *corev1.Pod) {
+			p.Status.Phase = corev1.PodSucceeded
+			if code != 0 {
+				p.Status.Phase = corev1.PodFailed
+			}
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "c", State: corev1.ContainerState{
+				Terminated: &corev1.ContainerStateTerminated{ExitCode: code, FinishedAt: metav1.Now()}}}}
+		},
+		func(p *corev1.Pod) (*corev1.Pod, error) {
+			return pods.UpdateStatus(context.Background(), p, metav1.UpdateOptions{})
+		})
+}
+
+// suspend sets the Job's spec.suspend.
+func (e *env) suspend(name string, suspend bool) {
+	e.t.Helper()
+	jobs := e.cs.BatchV1().Jobs("default")
+	ctrltest.Update(e.t, func() (*batchv1.Job, error) { return jobs.Get(context.Background(), name, metav1.GetOptions{}) },
+		func(j *batchv1.Job) { j.Spec.Suspend = ptr(suspend) },
+		func(j *batchv1.Job) (*batchv1.Job, error) {
+			return jobs.Update(context.Background(), j, metav1.UpdateOptions{})
+		})
 }
 
 func running(pods []corev1.Pod) []corev1.Pod {
@@ -331,10 +346,7 @@ func TestSuspendDeletesPodsAndResumeRestartsThem(t *testing.T) {
 	if n := len(e.pods()); n != 0 || j.Status.StartTime != nil {
 		t.Fatalf("suspended job: %d pods, startTime %v", n, j.Status.StartTime)
 	}
-	j.Spec.Suspend = ptr(false)
-	if _, err := e.cs.BatchV1().Jobs("default").Update(context.Background(), j, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.suspend("sus", false)
 	e.waitRunning(2)
 	ctrltest.Eventually(t, 45*time.Second, func() error {
 		j = e.job("sus")
@@ -343,10 +355,7 @@ func TestSuspendDeletesPodsAndResumeRestartsThem(t *testing.T) {
 		}
 		return nil
 	})
-	j.Spec.Suspend = ptr(true)
-	if _, err := e.cs.BatchV1().Jobs("default").Update(context.Background(), j, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.suspend("sus", true)
 	e.waitRunning(0)
 	e.waitCondition("sus", batchv1.JobSuspended, "JobSuspended")
 }

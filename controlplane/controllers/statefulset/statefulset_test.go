@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
+	"k8s.io/utils/ptr"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrltest"
 )
@@ -69,15 +70,26 @@ func (e *env) names() []string {
 
 func (e *env) markReady(name string) {
 	e.t.Helper()
-	p, err := e.cs.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	p.Status.Phase = corev1.PodRunning
-	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
-	if _, err := e.cs.CoreV1().Pods("default").UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-		e.t.Fatal(err)
-	}
+	pods := e.cs.CoreV1().Pods("default")
+	ctrltest.Update(e.t, func() (*corev1.Pod, error) { return pods.Get(context.Background(), name, metav1.GetOptions{}) },
+		func(p *corev1.Pod) {
+			p.Status.Phase = corev1.PodRunning
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+		},
+		func(p *corev1.Pod) (*corev1.Pod, error) {
+			return pods.UpdateStatus(context.Background(), p, metav1.UpdateOptions{})
+		})
+}
+
+// update changes the StatefulSet name with mutate, retrying on conflicts
+// with the controller's status writes.
+func (e *env) update(name string, mutate func(*appsv1.StatefulSet)) {
+	e.t.Helper()
+	sets := e.cs.AppsV1().StatefulSets("default")
+	ctrltest.Update(e.t, func() (*appsv1.StatefulSet, error) { return sets.Get(context.Background(), name, metav1.GetOptions{}) },
+		mutate, func(s *appsv1.StatefulSet) (*appsv1.StatefulSet, error) {
+			return sets.Update(context.Background(), s, metav1.UpdateOptions{})
+		})
 }
 
 func (e *env) waitNames(want ...string) {
@@ -121,11 +133,7 @@ func TestOrderedReadyCreatesOneOrdinalAtATimeWithItsClaim(t *testing.T) {
 	})
 
 	// A template change rolls from the highest ordinal down.
-	s, _ := e.cs.AppsV1().StatefulSets("default").Get(context.Background(), "web", metav1.GetOptions{})
-	s.Spec.Template.Spec.Containers[0].Image = "nginx:2"
-	if _, err := e.cs.AppsV1().StatefulSets("default").Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.update("web", func(s *appsv1.StatefulSet) { s.Spec.Template.Spec.Containers[0].Image = "nginx:2" })
 	var newRev string
 	ctrltest.Eventually(t, 45*time.Second, func() error {
 		for _, p := range e.pods() {
@@ -164,13 +172,10 @@ func TestParallelScaleDownAndPartition(t *testing.T) {
 	for _, n := range []string{"db-0", "db-1", "db-2"} {
 		e.markReady(n)
 	}
-	s, _ := e.cs.AppsV1().StatefulSets("default").Get(context.Background(), "db", metav1.GetOptions{})
-	two := int32(2)
-	s.Spec.UpdateStrategy.RollingUpdate = &appsv1.RollingUpdateStatefulSetStrategy{Partition: &two}
-	s.Spec.Template.Spec.Containers[0].Image = "nginx:2"
-	if _, err := e.cs.AppsV1().StatefulSets("default").Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.update("db", func(s *appsv1.StatefulSet) {
+		s.Spec.UpdateStrategy.RollingUpdate = &appsv1.RollingUpdateStatefulSetStrategy{Partition: ptr.To[int32](2)}
+		s.Spec.Template.Spec.Containers[0].Image = "nginx:2"
+	})
 	ctrltest.Eventually(t, 45*time.Second, func() error {
 		for _, p := range e.pods() {
 			if p.Name == "db-2" && p.Spec.Containers[0].Image == "nginx:2" {
@@ -192,11 +197,6 @@ func TestParallelScaleDownAndPartition(t *testing.T) {
 			t.Fatalf("%s below the partition was updated", p.Name)
 		}
 	}
-	one := int32(1)
-	s, _ = e.cs.AppsV1().StatefulSets("default").Get(context.Background(), "db", metav1.GetOptions{})
-	s.Spec.Replicas = &one
-	if _, err := e.cs.AppsV1().StatefulSets("default").Update(context.Background(), s, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.update("db", func(s *appsv1.StatefulSet) { s.Spec.Replicas = ptr.To[int32](1) })
 	e.waitNames("db-0")
 }

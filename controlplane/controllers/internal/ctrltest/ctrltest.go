@@ -21,9 +21,12 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/retry"
 )
 
-// Client is a fake clientset that counts the watches informers opened.
+// Client is a fake clientset that counts the watches informers opened and,
+// as the API server, refuses stale writes with 409 Conflict and serves the
+// status subresource (see versionedTracker).
 type Client struct {
 	*fake.Clientset
 	watches *testutil.Watches
@@ -32,7 +35,17 @@ type Client struct {
 // NewClient returns a fake clientset seeded with objs whose creates fill in
 // name from generateName and a UID, as the API server does.
 func NewClient(objs ...runtime.Object) *Client {
-	cs := &Client{Clientset: fake.NewSimpleClientset(objs...)}
+	cs := &Client{Clientset: fake.NewSimpleClientset()}
+	tr := newVersionedTracker(cs.Tracker())
+	for _, o := range objs {
+		if err := tr.Add(o); err != nil {
+			panic(fmt.Sprintf("ctrltest: seeding %T: %v", o, err))
+		}
+	}
+	// Every read and write goes through tr; watches stay on the tracker
+	// underneath, which tr writes through.
+	cs.ReactionChain = []k8stesting.Reactor{&k8stesting.SimpleReactor{Verb: "*", Resource: "*", Reaction: k8stesting.ObjectReaction(tr)}}
+	cs.PrependReactor("update", "*", statusReactor(tr))
 	cs.watches = testutil.TrackWatches(cs.Clientset)
 	var n atomic.Int64
 	cs.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
@@ -73,6 +86,28 @@ func Start(t testing.TB, cs *Client, f informers.SharedInformerFactory) context.
 	}
 	cs.watches.WaitOpen(t, len(synced), 10*time.Second)
 	return ctx
+}
+
+// Update reads an object with get, changes it with mutate and writes it with
+// update, retrying on 409 Conflict as a client of the API server must when
+// a controller writes the same object concurrently. It returns what update
+// stored.
+func Update[T any](t testing.TB, get func() (T, error), mutate func(T), update func(T) (T, error)) T {
+	t.Helper()
+	var out T
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		obj, err := get()
+		if err != nil {
+			return err
+		}
+		mutate(obj)
+		out, err = update(obj)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // Log is a logger that writes to the test log only when verbose.
