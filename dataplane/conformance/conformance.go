@@ -4,7 +4,7 @@
 // scaling up and down, service deletion, repeated Sync, Cleanup) runs against
 // a Target — a dataplane.Backend plus a way to open connections through it.
 //
-// The fakes (iptables.FakeRunner, ipvstest.FakeHandle) run it unprivileged; the
+// The fakes (iptablestest.FakeRunner, ipvstest.FakeHandle) run it unprivileged; the
 // real iptables and eBPF backends run it as root in fresh network namespaces
 // with real sockets (see conformance_test.go). It is test code shipped as a
 // package so that every backend's tests can call Run; it is not used by the

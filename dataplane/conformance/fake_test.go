@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/waggle-io/waggle/dataplane/iptables/iptablestest"
+
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/dataplane/iptables"
 	"github.com/waggle-io/waggle/dataplane/ipvs"
@@ -46,7 +48,7 @@ func TestFakeIPTablesCompact(t *testing.T) { fakeIPTables(t, 1) }
 
 func fakeIPTables(t *testing.T, compactAbove int) {
 	Run(t, func(t *testing.T) *Target {
-		fr := iptables.NewFakeRunner(nodeIP, nodeIP6)
+		fr := iptablestest.NewFakeRunner(nodeIP, nodeIP6)
 		b, err := iptables.New(iptables.Config{Runner: fr, CompactAbove: compactAbove})
 		if err != nil {
 			t.Fatal(err)
@@ -76,7 +78,7 @@ func fakeIPTables(t *testing.T, compactAbove int) {
 
 func TestFakeIPVS(t *testing.T) {
 	Run(t, func(t *testing.T) *Target {
-		fr := iptables.NewFakeRunner(nodeIP, nodeIP6)
+		fr := iptablestest.NewFakeRunner(nodeIP, nodeIP6)
 		fh, fl := ipvstest.NewFakeHandle(), ipvstest.NewFakeLink()
 		b, err := ipvs.New(ipvs.Config{Handle: fh, Link: fl, Runner: fr})
 		if err != nil {

@@ -1,4 +1,4 @@
-package iptables
+package iptables_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/dataplane/iptables"
 
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/internal/testutil"
@@ -35,7 +37,7 @@ func BenchmarkRender10kServices(b *testing.B) {
 	st := bigState(10000, 10)
 	b.ResetTimer()
 	for range b.N {
-		_ = Render(st, IPv4, RenderOptions{}).RestoreInput()
+		_ = iptables.Render(st, iptables.IPv4, iptables.RenderOptions{}).RestoreInput()
 	}
 }
 
@@ -51,7 +53,7 @@ func BenchmarkRealSync10kServices(b *testing.B) {
 	st := bigState(10000, 10)
 	ctx := context.Background()
 	for range b.N {
-		be, err := New(Config{NetNSPath: filepath.Join("/run/netns", n.Name)})
+		be, err := iptables.New(iptables.Config{NetNSPath: filepath.Join("/run/netns", n.Name)})
 		if err != nil {
 			b.Fatal(err)
 		}

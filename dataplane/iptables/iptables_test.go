@@ -1,4 +1,4 @@
-package iptables
+package iptables_test
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/dataplane/iptables"
+	"github.com/waggle-io/waggle/dataplane/iptables/iptablestest"
 
 	"github.com/waggle-io/waggle/dataplane"
 )
@@ -53,9 +56,9 @@ func sampleState() *dataplane.State {
 	return st
 }
 
-func newFake(t *testing.T, fr *FakeRunner) *Backend {
+func newFake(t *testing.T, fr *iptablestest.FakeRunner) *iptables.Backend {
 	t.Helper()
-	b, err := New(Config{Runner: fr})
+	b, err := iptables.New(iptables.Config{Runner: fr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,59 +85,59 @@ func golden(t *testing.T, name, got string) {
 
 func TestRenderGolden(t *testing.T) {
 	st := sampleState()
-	golden(t, "restore-ipv4.golden", string(Render(st, IPv4, RenderOptions{}).RestoreInput()))
-	golden(t, "restore-ipv6.golden", string(Render(st, IPv6, RenderOptions{}).RestoreInput()))
+	golden(t, "restore-ipv4.golden", string(iptables.Render(st, iptables.IPv4, iptables.RenderOptions{}).RestoreInput()))
+	golden(t, "restore-ipv6.golden", string(iptables.Render(st, iptables.IPv6, iptables.RenderOptions{}).RestoreInput()))
 }
 
 func TestSyncFakeSaveGolden(t *testing.T) {
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	b := newFake(t, fr)
 	if err := b.Sync(context.Background(), sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "fake-save-ipv4.golden", fr.Dump(IPv4))
+	golden(t, "fake-save-ipv4.golden", fr.Dump(iptables.IPv4))
 }
 
 func TestProbabilityHasKubeProxyPrecision(t *testing.T) {
 	for n, want := range map[int]string{1: "1.0000000000", 2: "0.5000000000", 3: "0.3333333333", 7: "0.1428571429"} {
-		if got := probability(n); got != want {
+		if got := iptables.Probability(n); got != want {
 			t.Errorf("probability(%d) = %s, want %s", n, got, want)
 		}
 	}
 }
 
 func TestChainNamesFitIptablesLimit(t *testing.T) {
-	for _, k := range Render(sampleState(), IPv4, RenderOptions{}).order {
-		if len(k.name) > 28 {
-			t.Errorf("chain %s is %d characters, iptables allows 28", k.name, len(k.name))
+	for _, name := range iptables.Render(sampleState(), iptables.IPv4, iptables.RenderOptions{}).ChainNames() {
+		if len(name) > 28 {
+			t.Errorf("chain %s is %d characters, iptables allows 28", name, len(name))
 		}
 	}
 }
 
 func TestRepeatedSyncIsPartialAndChangesNothing(t *testing.T) {
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	b := newFake(t, fr)
 	ctx := context.Background()
 	st := sampleState()
 	if err := b.Sync(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	before := fr.Dump(IPv4) + fr.Dump(IPv6)
+	before := fr.Dump(iptables.IPv4) + fr.Dump(iptables.IPv6)
 	if err := b.Sync(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	if after := fr.Dump(IPv4) + fr.Dump(IPv6); after != before {
+	if after := fr.Dump(iptables.IPv4) + fr.Dump(iptables.IPv6); after != before {
 		t.Fatalf("second sync changed the tables:\n%s\nvs\n%s", before, after)
 	}
 	r := fr.Restores()
 	last := r[len(r)-1]
-	if strings.Contains(last, ":"+svcPrefix) || strings.Contains(last, ":"+sepPrefix) {
+	if strings.Contains(last, ":"+iptables.SvcPrefix) || strings.Contains(last, ":"+iptables.SepPrefix) {
 		t.Errorf("repeated sync rewrote per-service chains:\n%s", last)
 	}
 }
 
 func TestPartialSyncRewritesOnlyChangedService(t *testing.T) {
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	b := newFake(t, fr)
 	ctx := context.Background()
 	st := sampleState()
@@ -146,10 +149,10 @@ func TestPartialSyncRewritesOnlyChangedService(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := fr.Restores()
-	last := r[len(r)-2] // IPv4 restore (IPv6 follows)
-	dnsChain := svcPrefix + hash(dataplane.ClusterIP, st.Frontends[0].FrontendKey.String())
-	stickyChain := svcPrefix + hash(dataplane.ClusterIP, st.Frontends[2].FrontendKey.String())
-	removed := sepPrefix + hash(dataplane.ClusterIP, st.Frontends[0].FrontendKey.String(), "10.244.2.2:5353")
+	last := r[len(r)-2] // iptables.IPv4 restore (iptables.IPv6 follows)
+	dnsChain := iptables.SvcPrefix + iptables.Hash(dataplane.ClusterIP, st.Frontends[0].FrontendKey.String())
+	stickyChain := iptables.SvcPrefix + iptables.Hash(dataplane.ClusterIP, st.Frontends[2].FrontendKey.String())
+	removed := iptables.SepPrefix + iptables.Hash(dataplane.ClusterIP, st.Frontends[0].FrontendKey.String(), "10.244.2.2:5353")
 	if !strings.Contains(last, ":"+dnsChain) {
 		t.Errorf("changed service chain %s not rewritten:\n%s", dnsChain, last)
 	}
@@ -159,36 +162,36 @@ func TestPartialSyncRewritesOnlyChangedService(t *testing.T) {
 	if !strings.Contains(last, "-X "+removed) {
 		t.Errorf("removed endpoint chain %s not deleted:\n%s", removed, last)
 	}
-	if strings.Contains(fr.Dump(IPv4), "10.244.2.2") {
+	if strings.Contains(fr.Dump(iptables.IPv4), "10.244.2.2") {
 		t.Error("removed endpoint still in the tables")
 	}
 }
 
 func TestFullSyncRemovesStrayChains(t *testing.T) {
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	b := newFake(t, fr)
 	ctx := context.Background()
 	if err := b.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)
 	}
 	// Drift: someone left a Waggle chain behind (an older proxy, a crash).
-	if err := fr.Restore(ctx, IPv4, []byte("*nat\n:WAGGLE-SVC-STRAY000000000 - [0:0]\nCOMMIT\n")); err != nil {
+	if err := fr.Restore(ctx, iptables.IPv4, []byte("*nat\n:WAGGLE-SVC-STRAY000000000 - [0:0]\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
 	b.RequestFullSync()
 	if err := b.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(fr.Dump(IPv4), "STRAY") {
+	if strings.Contains(fr.Dump(iptables.IPv4), "STRAY") {
 		t.Error("full sync left a stray WAGGLE- chain")
 	}
 }
 
 func TestSyncCoexistsWithOtherRules(t *testing.T) {
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	ctx := context.Background()
 	foreign := "*nat\n:DOCKER - [0:0]\n-A DOCKER -d 172.17.0.2/32 -p tcp -m tcp --dport 80 -j ACCEPT\n-A OUTPUT -j DOCKER\nCOMMIT\n*filter\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n"
-	if err := fr.Restore(ctx, IPv4, []byte(foreign)); err != nil {
+	if err := fr.Restore(ctx, iptables.IPv4, []byte(foreign)); err != nil {
 		t.Fatal(err)
 	}
 	b := newFake(t, fr)
@@ -198,13 +201,13 @@ func TestSyncCoexistsWithOtherRules(t *testing.T) {
 	if err := b.Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dump := fr.Dump(IPv4)
+	dump := fr.Dump(iptables.IPv4)
 	for _, want := range []string{"-A DOCKER -d 172.17.0.2/32", "-A OUTPUT -j DOCKER", "--dport 22 -j ACCEPT"} {
 		if !strings.Contains(dump, want) {
 			t.Errorf("foreign rule %q lost:\n%s", want, dump)
 		}
 	}
-	if strings.Contains(dump+fr.Dump(IPv6), "WAGGLE") {
+	if strings.Contains(dump+fr.Dump(iptables.IPv6), "WAGGLE") {
 		t.Errorf("cleanup left Waggle rules:\n%s", dump)
 	}
 	if err := b.Cleanup(ctx); err != nil {
@@ -213,7 +216,7 @@ func TestSyncCoexistsWithOtherRules(t *testing.T) {
 }
 
 func TestFailedRestoreForcesFullSyncNext(t *testing.T) {
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	b := newFake(t, fr)
 	ctx := context.Background()
 	if err := b.Sync(ctx, sampleState()); err != nil {
@@ -228,31 +231,31 @@ func TestFailedRestoreForcesFullSyncNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := fr.Restores()
-	if !strings.Contains(r[len(r)-2], ":"+svcPrefix) {
+	if !strings.Contains(r[len(r)-2], ":"+iptables.SvcPrefix) {
 		t.Error("sync after a failure was not a full sync")
 	}
 }
 
 func TestSyncRefusesInvalidStateAndKeepsRules(t *testing.T) {
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	b := newFake(t, fr)
 	ctx := context.Background()
 	if err := b.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	before := fr.Dump(IPv4)
+	before := fr.Dump(iptables.IPv4)
 	bad := sampleState()
 	bad.Frontends[0], bad.Frontends[1] = bad.Frontends[1], bad.Frontends[0]
 	if err := b.Sync(ctx, bad); err == nil {
 		t.Fatal("unsorted state accepted")
 	}
-	if fr.Dump(IPv4) != before {
+	if fr.Dump(iptables.IPv4) != before {
 		t.Error("a refused state changed the rules")
 	}
 }
 
 func TestTraceThroughRules(t *testing.T) {
-	fr := NewFakeRunner(netip.MustParseAddr("192.168.1.10"))
+	fr := iptablestest.NewFakeRunner(netip.MustParseAddr("192.168.1.10"))
 	b := newFake(t, fr)
 	if err := b.Sync(context.Background(), sampleState()); err != nil {
 		t.Fatal(err)
@@ -277,7 +280,7 @@ func TestTraceThroughRules(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v, err := fr.Connect(IPv4, tt.proto, tt.src, ap(tt.dst))
+			v, err := fr.Connect(iptables.IPv4, tt.proto, tt.src, ap(tt.dst))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -299,19 +302,19 @@ func TestTraceThroughRules(t *testing.T) {
 
 func TestAffinitySticksAndExpires(t *testing.T) {
 	now := time.Unix(1000, 0)
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	fr.Now = func() time.Time { return now }
 	b := newFake(t, fr)
 	if err := b.Sync(context.Background(), sampleState()); err != nil {
 		t.Fatal(err)
 	}
 	client := netip.MustParseAddr("10.244.9.9")
-	first, err := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443"))
+	first, err := fr.Connect(iptables.IPv4, "tcp", client, ap("10.96.0.20:443"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 50 {
-		v, _ := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443"))
+		v, _ := fr.Connect(iptables.IPv4, "tcp", client, ap("10.96.0.20:443"))
 		if v.Dst != first.Dst {
 			t.Fatalf("affinity broken: %s then %s", first.Dst, v.Dst)
 		}
@@ -320,7 +323,7 @@ func TestAffinitySticksAndExpires(t *testing.T) {
 	seen := map[netip.AddrPort]bool{}
 	for range 200 {
 		now = now.Add(3*time.Hour + time.Second) // every connect after expiry
-		v, _ := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443"))
+		v, _ := fr.Connect(iptables.IPv4, "tcp", client, ap("10.96.0.20:443"))
 		seen[v.Dst] = true
 	}
 	if len(seen) != 2 {
@@ -329,7 +332,7 @@ func TestAffinitySticksAndExpires(t *testing.T) {
 }
 
 func TestRemovedUDPEndpointFlowsAreCleared(t *testing.T) {
-	fr := NewFakeRunner()
+	fr := iptablestest.NewFakeRunner()
 	b := newFake(t, fr)
 	ctx := context.Background()
 	st := sampleState()
@@ -353,8 +356,8 @@ func TestChunkedSyncEqualsOneTransaction(t *testing.T) {
 	ctx := context.Background()
 	st := bigState(60, 10)
 	dump := func(chunk int) (string, int) {
-		fr := NewFakeRunner()
-		b, err := New(Config{Runner: fr, ChunkChains: chunk})
+		fr := iptablestest.NewFakeRunner()
+		b, err := iptables.New(iptables.Config{Runner: fr, ChunkChains: chunk})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +372,7 @@ func TestChunkedSyncEqualsOneTransaction(t *testing.T) {
 		if err := b.Sync(ctx, st2); err != nil {
 			t.Fatal(err)
 		}
-		return fr.Dump(IPv4), len(fr.Restores())
+		return fr.Dump(iptables.IPv4), len(fr.Restores())
 	}
 	one, n1 := dump(-1)
 	chunked, n2 := dump(100)
@@ -382,41 +385,41 @@ func TestChunkedSyncEqualsOneTransaction(t *testing.T) {
 }
 
 func TestCompactLayoutTraces(t *testing.T) {
-	fr := NewFakeRunner(netip.MustParseAddr("192.168.1.10"))
-	b, err := New(Config{Runner: fr, CompactAbove: 1})
+	fr := iptablestest.NewFakeRunner(netip.MustParseAddr("192.168.1.10"))
+	b, err := iptables.New(iptables.Config{Runner: fr, CompactAbove: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Sync(context.Background(), sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(fr.Dump(IPv4), ":"+sepPrefix) {
+	if strings.Contains(fr.Dump(iptables.IPv4), ":"+iptables.SepPrefix) {
 		t.Error("compact layout made endpoint chains")
 	}
-	golden(t, "fake-save-compact-ipv4.golden", fr.Dump(IPv4))
+	golden(t, "fake-save-compact-ipv4.golden", fr.Dump(iptables.IPv4))
 	client := netip.MustParseAddr("10.9.9.9")
-	first, err := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443"))
+	first, err := fr.Connect(iptables.IPv4, "tcp", client, ap("10.96.0.20:443"))
 	if err != nil || (first.Dst != ap("10.244.0.5:8443") && first.Dst != ap("10.244.1.5:8443")) {
 		t.Fatalf("affinity service: %+v %v", first, err)
 	}
 	for range 20 {
-		if v, _ := fr.Connect(IPv4, "tcp", client, ap("10.96.0.20:443")); v.Dst != first.Dst {
+		if v, _ := fr.Connect(iptables.IPv4, "tcp", client, ap("10.96.0.20:443")); v.Dst != first.Dst {
 			t.Fatalf("compact affinity broken: %s then %s", first.Dst, v.Dst)
 		}
 	}
-	if v, _ := fr.Connect(IPv4, "tcp", client, ap("10.96.0.11:80")); !v.Rejected {
+	if v, _ := fr.Connect(iptables.IPv4, "tcp", client, ap("10.96.0.11:80")); !v.Rejected {
 		t.Error("service without endpoints not rejected")
 	}
 }
 
 // checkingRunner traces every frontend after each restore.
 type checkingRunner struct {
-	*FakeRunner
+	*iptablestest.FakeRunner
 	check func(step int)
 	steps int
 }
 
-func (c *checkingRunner) Restore(ctx context.Context, fam Family, data []byte) error {
+func (c *checkingRunner) Restore(ctx context.Context, fam iptables.Family, data []byte) error {
 	if err := c.FakeRunner.Restore(ctx, fam, data); err != nil {
 		return err
 	}
@@ -452,8 +455,8 @@ func TestChunkedSyncIsMakeBeforeBreak(t *testing.T) {
 			}
 		}
 	}
-	cr := &checkingRunner{FakeRunner: NewFakeRunner()}
-	b, err := New(Config{Runner: cr, ChunkChains: 20})
+	cr := &checkingRunner{FakeRunner: iptablestest.NewFakeRunner()}
+	b, err := iptables.New(iptables.Config{Runner: cr, ChunkChains: 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +467,7 @@ func TestChunkedSyncIsMakeBeforeBreak(t *testing.T) {
 	start := cr.steps
 	cr.check = func(step int) {
 		for _, f := range after.Frontends {
-			v, err := cr.Connect(IPv4, "tcp", netip.MustParseAddr("192.0.2.1"), netip.AddrPortFrom(f.Addr, f.Port))
+			v, err := cr.Connect(iptables.IPv4, "tcp", netip.MustParseAddr("192.0.2.1"), netip.AddrPortFrom(f.Addr, f.Port))
 			if err != nil || v.Rejected || !allowed[f.FrontendKey][v.Dst] {
 				t.Fatalf("after restore %d, %s went to %s (rejected %v, %v)", step, f.FrontendKey, v.Dst, v.Rejected, err)
 			}

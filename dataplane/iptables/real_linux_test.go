@@ -1,4 +1,4 @@
-package iptables
+package iptables_test
 
 import (
 	"context"
@@ -7,27 +7,29 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/waggle-io/waggle/dataplane/iptables"
+
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
 // realBackend returns a backend programming a fresh network namespace.
-func realBackend(t *testing.T) (*Backend, *ExecRunner, *testutil.NetNS) {
+func realBackend(t *testing.T) (*iptables.Backend, *iptables.ExecRunner, *testutil.NetNS) {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	testutil.RequiresBinary(t, "iptables-restore")
 	testutil.RequiresBinary(t, "nsenter")
 	n := testutil.NewNetNS(t)
 	path := filepath.Join("/run/netns", n.Name)
-	b, err := New(Config{NetNSPath: path})
+	b, err := iptables.New(iptables.Config{NetNSPath: path})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b, &ExecRunner{NetNSPath: path}, n
+	return b, &iptables.ExecRunner{NetNSPath: path}, n
 }
 
 // saveWaggle returns iptables-save's Waggle lines (chains without
 // counters, rules as the kernel reports them) of filter and nat.
-func saveWaggle(t *testing.T, r *ExecRunner, fam Family) string {
+func saveWaggle(t *testing.T, r *iptables.ExecRunner, fam iptables.Family) string {
 	t.Helper()
 	var b strings.Builder
 	for _, table := range []string{"filter", "nat"} {
@@ -58,12 +60,12 @@ func TestRealIPTablesSaveGolden(t *testing.T) {
 	if err := b.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "iptables-save-ipv4.golden", saveWaggle(t, r, IPv4))
-	golden(t, "iptables-save-ipv6.golden", saveWaggle(t, r, IPv6))
+	golden(t, "iptables-save-ipv4.golden", saveWaggle(t, r, iptables.IPv4))
+	golden(t, "iptables-save-ipv6.golden", saveWaggle(t, r, iptables.IPv6))
 	// A second backend (a restarted proxy) syncing the same state changes
 	// nothing, and neither does a forced full sync.
-	before := saveWaggle(t, r, IPv4) + saveWaggle(t, r, IPv6)
-	b2, err := New(Config{NetNSPath: r.NetNSPath})
+	before := saveWaggle(t, r, iptables.IPv4) + saveWaggle(t, r, iptables.IPv6)
+	b2, err := iptables.New(iptables.Config{NetNSPath: r.NetNSPath})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,13 +76,13 @@ func TestRealIPTablesSaveGolden(t *testing.T) {
 	if err := b2.Sync(ctx, sampleState()); err != nil {
 		t.Fatal(err)
 	}
-	if after := saveWaggle(t, r, IPv4) + saveWaggle(t, r, IPv6); after != before {
+	if after := saveWaggle(t, r, iptables.IPv4) + saveWaggle(t, r, iptables.IPv6); after != before {
 		t.Errorf("restarted backend changed the rules:\n%s\nvs\n%s", before, after)
 	}
 	if err := b2.Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if left := saveWaggle(t, r, IPv4) + saveWaggle(t, r, IPv6); strings.Count(left, "WAGGLE") != 0 {
+	if left := saveWaggle(t, r, iptables.IPv4) + saveWaggle(t, r, iptables.IPv6); strings.Count(left, "WAGGLE") != 0 {
 		t.Errorf("cleanup left:\n%s", left)
 	}
 }
@@ -106,8 +108,8 @@ func TestRealIPTablesCoexistsAndNeverSetsRouteLocalnet(t *testing.T) {
 	if err := b.Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	nat, _ := r.Save(ctx, IPv4, "nat")
-	filter, _ := r.Save(ctx, IPv4, "filter")
+	nat, _ := r.Save(ctx, iptables.IPv4, "nat")
+	filter, _ := r.Save(ctx, iptables.IPv4, "filter")
 	for _, want := range []string{"-A OTHER -d 172.17.0.2/32 -j RETURN", "-A OUTPUT -j OTHER"} {
 		if !strings.Contains(string(nat), want) {
 			t.Errorf("foreign nat rule %q lost:\n%s", want, nat)

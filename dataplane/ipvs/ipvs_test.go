@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/waggle-io/waggle/dataplane/iptables/iptablestest"
+
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/dataplane/iptables"
 	"github.com/waggle-io/waggle/dataplane/ipvs"
@@ -56,14 +58,14 @@ func sampleState() *dataplane.State {
 type fakes struct {
 	h  *ipvstest.FakeHandle
 	l  *ipvstest.FakeLink
-	r  *iptables.FakeRunner
+	r  *iptablestest.FakeRunner
 	b  *ipvs.Backend
 	at time.Time
 }
 
 func newFakes(t *testing.T, sched string) *fakes {
 	t.Helper()
-	f := &fakes{h: ipvstest.NewFakeHandle(), l: ipvstest.NewFakeLink(), r: iptables.NewFakeRunner(), at: time.Unix(1000, 0)}
+	f := &fakes{h: ipvstest.NewFakeHandle(), l: ipvstest.NewFakeLink(), r: iptablestest.NewFakeRunner(), at: time.Unix(1000, 0)}
 	b, err := ipvs.New(ipvs.Config{Scheduler: sched, Handle: f.h, Link: f.l, Runner: f.r, Now: func() time.Time { return f.at }})
 	if err != nil {
 		t.Fatal(err)

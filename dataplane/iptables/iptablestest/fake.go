@@ -1,4 +1,7 @@
-package iptables
+// Package iptablestest is an in-memory iptables for the dataplane's unit
+// tests: FakeRunner implements iptables.Runner and traces connections through
+// the rules it holds.
+package iptablestest
 
 import (
 	"bufio"
@@ -13,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/waggle-io/waggle/dataplane/iptables"
 )
 
 // FakeRunner is an in-memory iptables for unit tests: it keeps the filter and
@@ -33,7 +38,7 @@ type FakeRunner struct {
 
 	mu       sync.Mutex
 	flushes  []string
-	tables   map[Family]map[string]*fakeTable
+	tables   map[iptables.Family]map[string]*fakeTable
 	restores []string
 	recent   map[string]map[netip.Addr]time.Time
 }
@@ -53,12 +58,12 @@ func NewFakeRunner(localAddrs ...netip.Addr) *FakeRunner {
 	return &FakeRunner{LocalAddrs: localAddrs}
 }
 
-func (f *FakeRunner) table(fam Family, name string) (*fakeTable, error) {
+func (f *FakeRunner) table(fam iptables.Family, name string) (*fakeTable, error) {
 	if _, ok := builtins[name]; !ok {
 		return nil, fmt.Errorf("table %q does not exist", name)
 	}
 	if f.tables == nil {
-		f.tables = map[Family]map[string]*fakeTable{}
+		f.tables = map[iptables.Family]map[string]*fakeTable{}
 	}
 	if f.tables[fam] == nil {
 		f.tables[fam] = map[string]*fakeTable{}
@@ -97,8 +102,8 @@ func jumpTarget(spec string) string {
 
 var standardTargets = map[string]bool{"ACCEPT": true, "DROP": true, "RETURN": true, "REJECT": true, "DNAT": true, "SNAT": true, "MASQUERADE": true, "MARK": true}
 
-// Restore implements Runner (always as --noflush).
-func (f *FakeRunner) Restore(_ context.Context, fam Family, data []byte) error {
+// Restore implements iptables.Runner (always as --noflush).
+func (f *FakeRunner) Restore(_ context.Context, fam iptables.Family, data []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.restores = append(f.restores, string(data))
@@ -179,8 +184,8 @@ func (f *FakeRunner) Restore(_ context.Context, fam Family, data []byte) error {
 	return nil
 }
 
-// Save implements Runner, in iptables-save's layout (without counters).
-func (f *FakeRunner) Save(_ context.Context, fam Family, table string) ([]byte, error) {
+// Save implements iptables.Runner, in iptables-save's layout (without counters).
+func (f *FakeRunner) Save(_ context.Context, fam iptables.Family, table string) ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t, err := f.table(fam, table)
@@ -218,8 +223,8 @@ func quoteArgs(args []string) string {
 	return strings.Join(out, " ")
 }
 
-// EnsureRule implements Runner.
-func (f *FakeRunner) EnsureRule(_ context.Context, fam Family, table, chain string, rule ...string) error {
+// EnsureRule implements iptables.Runner.
+func (f *FakeRunner) EnsureRule(_ context.Context, fam iptables.Family, table, chain string, rule ...string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t, err := f.table(fam, table)
@@ -243,8 +248,8 @@ func (f *FakeRunner) EnsureRule(_ context.Context, fam Family, table, chain stri
 	return nil
 }
 
-// DeleteRule implements Runner.
-func (f *FakeRunner) DeleteRule(_ context.Context, fam Family, table, chain string, rule ...string) error {
+// DeleteRule implements iptables.Runner.
+func (f *FakeRunner) DeleteRule(_ context.Context, fam iptables.Family, table, chain string, rule ...string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t, err := f.table(fam, table)
@@ -269,7 +274,7 @@ func (f *FakeRunner) Restores() []string {
 }
 
 // Dump returns iptables-save of filter and nat for fam.
-func (f *FakeRunner) Dump(fam Family) string {
+func (f *FakeRunner) Dump(fam iptables.Family) string {
 	a, _ := f.Save(context.Background(), fam, "filter")
 	b, _ := f.Save(context.Background(), fam, "nat")
 	return string(a) + string(b)
@@ -292,7 +297,7 @@ var ErrNoVerdict = errors.New("fake iptables: malformed trace")
 // Connect traces a new connection made by a local process from src to dst
 // through nat OUTPUT, filter OUTPUT and nat POSTROUTING, as the kernel does
 // for locally generated packets.
-func (f *FakeRunner) Connect(fam Family, proto string, src netip.Addr, dst netip.AddrPort) (Verdict, error) {
+func (f *FakeRunner) Connect(fam iptables.Family, proto string, src netip.Addr, dst netip.AddrPort) (Verdict, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := &packet{proto: strings.ToLower(proto), src: src, dst: dst}
@@ -536,7 +541,7 @@ func tokenize(s string) []string {
 }
 
 // DeleteUDPFlows implements ConntrackCleaner by recording the call.
-func (f *FakeRunner) DeleteUDPFlows(_ context.Context, fam Family, orig netip.AddrPort, endpoint netip.Addr) error {
+func (f *FakeRunner) DeleteUDPFlows(_ context.Context, fam iptables.Family, orig netip.AddrPort, endpoint netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.flushes = append(f.flushes, fmt.Sprintf("%s %s via %s", fam, orig, endpoint))
