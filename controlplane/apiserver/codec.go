@@ -9,6 +9,7 @@ import (
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/decode"
+	"github.com/waggle-io/waggle/controlplane/apiserver/extensions/crd"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -178,6 +179,8 @@ type storageCodec struct {
 	// conv converts from the store's version when the resource shares
 	// another's store.
 	conv *converter
+	// cr decodes custom resources (any stored version, converted).
+	cr *crd.Version
 }
 
 var metadataOpen = []byte(`"metadata":{`)
@@ -202,6 +205,9 @@ func withResourceVersion(stored []byte, rev int64) []byte {
 }
 
 func (c *storageCodec) Decode(key string, value []byte, rev int64) (*storage.Object, error) {
+	if c.cr != nil {
+		return c.decodeCustom(key, value, rev)
+	}
 	if c.conv != nil {
 		return c.decodeConverted(key, value, rev)
 	}

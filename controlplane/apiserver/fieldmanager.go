@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/apiserver/extensions/crd"
+	apiextensionsac "k8s.io/apiextensions-apiserver/pkg/client/applyconfiguration"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/managedfields"
@@ -34,8 +36,17 @@ var builtinTypeConverter = sync.OnceValue(func() managedfields.TypeConverter {
 	return applyconfigurations.NewTypeConverter(catalog.Scheme)
 })
 
+// extensionsTypeConverter is apiextensions.k8s.io's (the schema its
+// generated apply configurations ship).
+var extensionsTypeConverter = sync.OnceValue(func() managedfields.TypeConverter {
+	return apiextensionsac.NewTypeConverter(catalog.Scheme)
+})
+
 // BuiltinTypeConverter is the TypeConverterFunc of the built-in kinds.
-func BuiltinTypeConverter(*catalog.Resource) (managedfields.TypeConverter, error) {
+func BuiltinTypeConverter(res *catalog.Resource) (managedfields.TypeConverter, error) {
+	if res != nil && res.Group == "apiextensions.k8s.io" {
+		return extensionsTypeConverter(), nil
+	}
 	return builtinTypeConverter(), nil
 }
 
@@ -90,8 +101,17 @@ func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeCon
 	}
 	out := make(map[string]*managedfields.FieldManager, len(subs))
 	for sub, rf := range subs {
-		fm, err := managedfields.NewDefaultFieldManager(tc, catalog.Scheme, defaulter(st.defaults), catalog.Scheme,
-			res.GroupVersionKind(), gv, sub, rf)
+		var fm *managedfields.FieldManager
+		var err error
+		if res.CustomResourceDefinition != "" {
+			// Custom resources: unstructured objects, converted between
+			// versions by rewriting apiVersion (conversion None).
+			fm, err = managedfields.NewDefaultCRDFieldManager(tc, crd.Converter{Group: res.Group}, defaulter(st.defaults), crd.Creater{},
+				res.GroupVersionKind(), gv, sub, rf)
+		} else {
+			fm, err = managedfields.NewDefaultFieldManager(tc, catalog.Scheme, defaulter(st.defaults), catalog.Scheme,
+				res.GroupVersionKind(), gv, sub, rf)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("field manager of %s %q: %w", res.Resource, sub, err)
 		}

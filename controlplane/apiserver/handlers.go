@@ -48,7 +48,7 @@ func (s *Server) resourceHandler() http.Handler {
 
 func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 	a := authz.AttributesFrom(r, nil)
-	reg := s.byGVR[a.APIGroup+"/"+a.APIVersion+"/"+a.Resource]
+	reg := s.lookupRegistry(a.APIGroup + "/" + a.APIVersion + "/" + a.Resource)
 	if p := strings.Split(strings.Trim(r.URL.Path, "/"), "/"); (len(p) == 2 && p[0] == "api") || (len(p) == 3 && p[0] == "apis") {
 		// /api/v1/ and /apis/<group>/<version>/: the version's discovery.
 		s.discovery.ServeHTTP(w, r)
@@ -56,6 +56,10 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 	}
 	if reg == nil || !a.ResourceRequest {
 		writeStatus(w, errPathNotFound(), notFoundGR, "")
+		return
+	}
+	if reg.cr != nil && !customAccept(r) {
+		writeStatus(w, errNotAcceptable(), reg.gr, "")
 		return
 	}
 	req := &request{reg: reg, verb: a.Verb, ns: a.Namespace, name: a.Name, sub: a.Subresource}
@@ -228,7 +232,7 @@ func (s *Server) writeObject(w http.ResponseWriter, r *http.Request, reg *regist
 		}
 	}
 	if wantsTable(r) {
-		if t, err := tableFor(r, obj, false); err == nil {
+		if t, err := reg.table(r, obj, false); err == nil {
 			b, err := json.Marshal(t)
 			if err != nil {
 				return err
@@ -306,7 +310,7 @@ func (s *Server) serveGet(ctx context.Context, w http.ResponseWriter, r *http.Re
 
 func listOptions(r *http.Request, reg *registry) (*metav1.ListOptions, error) {
 	opts := &metav1.ListOptions{}
-	if err := catalog.ParameterCodec.DecodeParameters(r.URL.Query(), reg.res.GroupVersion(), opts); err != nil {
+	if err := catalog.ParameterCodec.DecodeParameters(r.URL.Query(), reg.paramGV(), opts); err != nil {
 		return nil, apierrors.NewBadRequest("invalid list options: " + err.Error())
 	}
 	// kube-apiserver's checks of resourceVersionMatch and
@@ -406,7 +410,7 @@ func decodeWrite(r *http.Request, req *request) (runtime.Object, writeOpts, []st
 	if err != nil {
 		return nil, wo, nil, err
 	}
-	obj, warnings, err := decodeObject(req.reg.res, body, r.Header.Get("Content-Type"), fv)
+	obj, warnings, err := req.reg.decode(body, r.Header.Get("Content-Type"), fv)
 	return obj, wo, warnings, err
 }
 

@@ -41,13 +41,16 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		Help: "Open watches served from the watch cache (to clients; the authorizers' own are not counted).",
 	}, func() float64 {
 		n := 0
-		for _, r := range s.byGVR {
+		for _, r := range s.allRegistries() {
 			if r.cache != nil {
 				n += r.cache.Watchers()
 			}
 		}
 		if s.authorization != nil {
 			n -= int(s.authorization.following.Load())
+		}
+		if s.crds != nil {
+			n -= int(s.crds.following.Load())
 		}
 		return float64(n)
 	}))
@@ -56,7 +59,7 @@ func newMetrics(reg *prometheus.Registry, s *Server) *metrics {
 		Help: "Watchers closed because they fell behind (they resume from their last revision).",
 	}, func() float64 {
 		var n int64
-		for _, r := range s.byGVR {
+		for _, r := range s.allRegistries() {
 			if r.cache != nil {
 				n += r.cache.SlowClosed()
 			}

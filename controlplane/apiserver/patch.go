@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"sigs.k8s.io/yaml"
 
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
@@ -81,7 +82,7 @@ func unsupportedPatch(ct string) error {
 // only with apply, fieldManager required for apply), as kube-apiserver.
 func patchOptions(r *http.Request, req *request, pt types.PatchType) (*metav1.PatchOptions, error) {
 	opts := &metav1.PatchOptions{}
-	if err := catalog.ParameterCodec.DecodeParameters(r.URL.Query(), req.reg.res.GroupVersion(), opts); err != nil {
+	if err := catalog.ParameterCodec.DecodeParameters(r.URL.Query(), req.reg.paramGV(), opts); err != nil {
 		return nil, apierrors.NewBadRequest(err.Error())
 	}
 	if errs := metav1validation.ValidatePatchOptions(opts, pt); len(errs) > 0 {
@@ -100,7 +101,12 @@ func (s *Server) serveApply(ctx context.Context, w http.ResponseWriter, r *http.
 		return apierrors.NewMethodNotSupported(req.reg.gr, "apply")
 	}
 	applied := &unstructured.Unstructured{Object: map[string]any{}}
-	if err := yaml.Unmarshal(body, &applied.Object); err != nil {
+	// Integers stay integers (custom resources are validated as decoded).
+	aj, err := yaml.YAMLToJSON(body)
+	if err == nil {
+		err = utiljson.Unmarshal(aj, &applied.Object)
+	}
+	if err != nil {
 		return apierrors.NewBadRequest(fmt.Sprintf("error decoding patch: %v", err))
 	}
 	var warnings []string
@@ -124,6 +130,13 @@ func (s *Server) serveApply(ctx context.Context, w http.ResponseWriter, r *http.
 		}
 		if !pinned {
 			objectMeta(obj).SetResourceVersion("")
+		}
+		if u, ok := obj.(*unstructured.Unstructured); ok && req.reg.cr != nil {
+			// As a custom resource's other writes: pruned, defaulted.
+			if _, err := req.reg.cr.Coerce(u, false); err != nil {
+				return nil, apierrors.NewBadRequest(err.Error())
+			}
+			req.reg.cr.Default(u)
 		}
 		return obj, nil
 	}
@@ -201,7 +214,7 @@ func (s *Server) servePatch(ctx context.Context, w http.ResponseWriter, r *http.
 		if err != nil {
 			return nil, err
 		}
-		next, ws, err := decodeObject(req.reg.res, pj, "application/json", fv)
+		next, ws, err := req.reg.decode(pj, "application/json", fv)
 		if err != nil {
 			return nil, err
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	"github.com/waggle-io/waggle/controlplane/apiserver/extensions/crd"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -41,6 +42,10 @@ type registry struct {
 	// fms are the field managers keeping managedFields, by the subresource
 	// written through ("" for the resource itself).
 	fms map[string]*managedfields.FieldManager
+	// cr is the served CRD version of a custom resource (nil for built-in
+	// kinds); stop ends its watch cache when it stops being served.
+	cr   *crd.Version
+	stop context.CancelFunc
 }
 
 func (r *registry) key(ns, name string) string {
@@ -375,6 +380,11 @@ func (r *registry) create(ctx context.Context, ns string, obj runtime.Object, wo
 	} else {
 		m.SetGeneration(0)
 	}
+	if r.st.admitCreate != nil {
+		if err := r.st.admitCreate(); err != nil {
+			return nil, err
+		}
+	}
 	if r.st.prepareCreate != nil {
 		r.st.prepareCreate(obj)
 	}
@@ -409,7 +419,7 @@ func (r *registry) create(ctx context.Context, ns string, obj runtime.Object, wo
 		}
 		return nil, err
 	}
-	data, err := encodeForStorage(r.res, obj)
+	data, err := r.encode(obj)
 	if err != nil {
 		return fail(err)
 	}
@@ -430,7 +440,7 @@ func (r *registry) create(ctx context.Context, ns string, obj runtime.Object, wo
 		}
 		if errors.Is(err, storage.ErrExists) && generated && attempt < 5 {
 			m.SetName(m.GetGenerateName() + randomSuffix())
-			if data, err = encodeForStorage(r.res, obj); err != nil {
+			if data, err = r.encode(obj); err != nil {
 				return fail(err)
 			}
 			continue
@@ -599,7 +609,7 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 		m.SetResourceVersion(om.GetResourceVersion())
 		return obj, nil
 	}
-	data, err := encodeForStorage(r.res, obj)
+	data, err := r.encode(obj)
 	if err != nil {
 		return fail(err)
 	}
@@ -710,7 +720,7 @@ func (r *registry) deleteObject(ctx context.Context, ns, name string, opts *meta
 			if apiequality.Semantic.DeepEqual(obj, cur.Obj) {
 				return obj, false, nil
 			}
-			data, err := encodeForStorage(r.res, obj)
+			data, err := r.encode(obj)
 			if err != nil {
 				return nil, false, err
 			}

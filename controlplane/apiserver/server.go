@@ -5,8 +5,9 @@
 // and client-go expect (discovery, CRUD, patch, watch, subresources, tables,
 // Status errors).
 //
-// It is not a general aggregation layer: the served resources are the fixed
-// list of package catalog; there are no CRDs and no server-side apply.
+// The served resources are package catalog's built-in list plus the custom
+// resources of CustomResourceDefinitions (package extensions/crd), added
+// and removed at run time.
 // Bodies may be JSON, YAML or protobuf; responses, watch streams included,
 // are protobuf for clients that prefer it (client-go) and JSON otherwise.
 // README.md in this folder describes the data flow.
@@ -23,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -30,7 +32,6 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/authn"
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
-	"github.com/waggle-io/waggle/controlplane/apiserver/discovery"
 	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	"github.com/waggle-io/waggle/internal/ops"
@@ -164,16 +165,21 @@ type Server struct {
 	bgCtx         context.Context
 	admission     []Admitter
 	catalog       *catalog.Catalog
-	registries    map[string]*registry // stored resources by plural name (a shared store's owner wins)
-	byGVR         map[string]*registry // every served resource by "group/version/resource"
-	virtual       map[string]VirtualCreate
-	discovery     http.Handler
-	ipAlloc       *allocator   // the primary family's
-	ipAllocs      []*allocator // one per served family, primary first
-	portAlloc     *allocator
-	metrics       *metrics
-	ln            net.Listener
-	url           string
+	registries    map[string]*registry // built-in stored resources by plural name (a shared store's owner wins)
+	// byGVR holds every served resource by "group/version/resource"; it
+	// is replaced, never modified, so readers need no lock (custom
+	// resources come and go at run time: setRegistry, dropRegistry).
+	byGVR     atomic.Pointer[map[string]*registry]
+	regMu     sync.Mutex
+	crds      *crdController
+	virtual   map[string]VirtualCreate
+	discovery http.Handler
+	ipAlloc   *allocator   // the primary family's
+	ipAllocs  []*allocator // one per served family, primary first
+	portAlloc *allocator
+	metrics   *metrics
+	ln        net.Listener
+	url       string
 
 	kubelet kubeletTransport
 
@@ -211,7 +217,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("apiserver: data dir: %w", err)
 	}
-	s := &Server{cfg: cfg, log: log, health: ops.NewHealth(), catalog: catalog.Builtin(), registries: map[string]*registry{}, byGVR: map[string]*registry{}, virtual: map[string]VirtualCreate{}, watchStop: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, health: ops.NewHealth(), catalog: catalog.Builtin(), registries: map[string]*registry{}, virtual: map[string]VirtualCreate{}, watchStop: make(chan struct{})}
+	s.byGVR.Store(&map[string]*registry{})
 	ok := false
 	defer func() {
 		if !ok {
@@ -296,7 +303,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.byGVR[r.Group+"/"+r.Version+"/"+r.Resource] = reg
+		s.setRegistry(reg)
 		if reg.cache == nil {
 			continue
 		}
@@ -317,6 +324,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 
+	s.crds = newCRDController(s)
 	if err := s.bootstrap(ctx); err != nil {
 		return nil, err
 	}
@@ -328,6 +336,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.bg.Add(1)
 	go func() { defer s.bg.Done(); s.repairLoop(bgCtx) }()
+	s.bg.Add(1)
+	go func() { defer s.bg.Done(); s.crds.run(bgCtx) }()
 	if len(cfg.EtcdServers) > 0 {
 		// The embedded etcd compacts itself; an external one is compacted
 		// by the API servers, as kube-apiserver does.
@@ -360,9 +370,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		return nil
 	}})
+	s.health.AddReadiness(ops.Check{Name: "crd-informer-synced", Func: func(context.Context) error {
+		if !s.crds.synced.Load() {
+			return errors.New("CustomResourceDefinitions not yet served")
+		}
+		return nil
+	}})
 	s.health.AddReadiness(ops.Check{Name: "authorization", Func: func(context.Context) error { return s.authorizationReady() }})
 	s.health.AddReadiness(ops.Check{Name: "watch-cache", Func: func(ctx context.Context) error {
-		for name, r := range s.byGVR {
+		for name, r := range s.allRegistries() {
 			if r.cache == nil {
 				continue
 			}
@@ -499,7 +515,7 @@ func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(legacyProxyPaths, s.recoverer, s.instrument, limitBody)
 	health := s.health.Handler()
-	disc := discovery.Handler(s.catalog.All(), s.catalog.Groups())
+	disc := s.dynamicDiscovery()
 	for _, p := range []string{"/healthz", "/livez", "/readyz"} {
 		r.Handle(p, health)
 	}
@@ -511,7 +527,7 @@ func (s *Server) Handler() http.Handler {
 			r.Get(p, disc.ServeHTTP)
 		}
 		s.discovery = disc
-		mountOpenAPI(r, s.catalog)
+		s.mountOpenAPI(r)
 		r.Handle("/api/v1/*", s.resourceHandler())
 		r.Handle("/apis/{group}/{version}/*", s.resourceHandler())
 	})

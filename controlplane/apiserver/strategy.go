@@ -60,6 +60,14 @@ type strategy struct {
 	// removable reports whether a marked object without finalizers may go
 	// (namespaces wait for spec.finalizers too).
 	canRemove func(obj runtime.Object) bool
+
+	// validateAll, when set, is the whole validation (metadata included)
+	// of a create (old nil) or update: CustomResourceDefinitions and custom
+	// resources are validated by apiextensions-apiserver's strategies.
+	validateAll func(obj, old runtime.Object, sub string) field.ErrorList
+	// admitCreate refuses creates the resource cannot take now (custom
+	// resources of a CRD being deleted).
+	admitCreate func() error
 }
 
 func (s *strategy) removable(obj runtime.Object) bool {
@@ -67,6 +75,9 @@ func (s *strategy) removable(obj runtime.Object) bool {
 }
 
 func (s *strategy) validateCreate(r *registry, obj runtime.Object) field.ErrorList {
+	if s.validateAll != nil {
+		return s.validateAll(obj, nil, "")
+	}
 	if s.upstream {
 		// As kube-apiserver: the kind's validation, then (when it passed)
 		// the generic metadata checks.
@@ -83,6 +94,9 @@ func (s *strategy) validateCreate(r *registry, obj runtime.Object) field.ErrorLi
 }
 
 func (s *strategy) validateUpdate(r *registry, obj, old runtime.Object, sub string) field.ErrorList {
+	if s.validateAll != nil {
+		return s.validateAll(obj, old, sub)
+	}
 	if s.upstream {
 		if errs, _ := upstream.ValidateUpdate(obj, old, sub); len(errs) > 0 {
 			return errs
@@ -385,6 +399,8 @@ func strategyFor(res *catalog.Resource) *strategy {
 		s.validateSpecUpdate = func(o, old runtime.Object) field.ErrorList {
 			return immutableSelector(o.(*appsv1.DaemonSet).Spec.Selector, old.(*appsv1.DaemonSet).Spec.Selector)
 		}
+	case "customresourcedefinitions":
+		crdStrategy(s)
 	default:
 		upstreamStrategy(res, s)
 	}

@@ -6,13 +6,11 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/go-chi/chi/v5"
-	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
-	"github.com/waggle-io/waggle/controlplane/apiserver/openapi"
 	"github.com/waggle-io/waggle/controlplane/apiserver/printers"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -36,6 +34,10 @@ func wantsPartial(r *http.Request) bool {
 
 func partialOf(obj runtime.Object) *metav1.PartialObjectMetadata {
 	p := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadata"}}
+	if u, ok := obj.(*unstructured.Unstructured); ok {
+		p.ObjectMeta = metaOfUnstructured(u)
+		return p
+	}
 	if a, ok := obj.(metav1.ObjectMetaAccessor); ok {
 		if om, ok := a.GetObjectMeta().(*metav1.ObjectMeta); ok {
 			p.ObjectMeta = *om.DeepCopy()
@@ -119,15 +121,4 @@ func printTable(obj runtime.Object, noHeaders bool, include metav1.IncludeObject
 		return nil, apierrors.NewInternalError(err)
 	}
 	return t, nil
-}
-
-func mountOpenAPI(r chi.Router, c *catalog.Catalog) {
-	docs, err := openapi.Build(c.All(), c.Groups())
-	if err != nil {
-		panic(err) // a programming error the openapi tests catch
-	}
-	h := openapi.NewHandler(docs)
-	r.Handle("/openapi/v2", h)
-	r.Handle("/openapi/v3", h)
-	r.Handle("/openapi/v3/*", h)
 }

@@ -185,7 +185,7 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 			buf = appendFrame(buf, t, pj)
 		case table:
-			tbl, err := tableFor(r, e.Obj.Obj, !headers)
+			tbl, err := req.reg.table(r, e.Obj.Obj, !headers)
 			if errors.Is(err, errNoTable) {
 				buf = appendFrame(buf, t, e.Obj.JSON)
 				break

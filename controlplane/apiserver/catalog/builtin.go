@@ -24,14 +24,16 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	storagemigrationv1 "k8s.io/api/storagemigration/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // builtinGroups is kube-apiserver's discovery order of its default-enabled
 // group versions (pkg/controlplane's stable lists; the preferred version of
-// a group first). apiextensions.k8s.io and apiregistration.k8s.io belong
-// to the extension APIs and are added by their own code.
+// a group first). apiextensions.k8s.io (CustomResourceDefinitions) sits
+// where kube-apiserver lists it; the custom resources' group versions join
+// at run time; apiregistration.k8s.io belongs to the aggregator.
 func builtinGroups() []schema.GroupVersion {
 	return []schema.GroupVersion{
 		corev1.SchemeGroupVersion,
@@ -48,6 +50,7 @@ func builtinGroups() []schema.GroupVersion {
 		rbacv1.SchemeGroupVersion,
 		storagev1.SchemeGroupVersion,
 		admissionregistrationv1.SchemeGroupVersion,
+		apiextensionsv1.SchemeGroupVersion,
 		schedulingv1.SchemeGroupVersion,
 		coordinationv1.SchemeGroupVersion,
 		nodev1.SchemeGroupVersion,
@@ -240,6 +243,12 @@ func builtinResources() []Resource {
 		def(adm, "validatingadmissionpolicies", false, &admissionregistrationv1.ValidatingAdmissionPolicy{}, &admissionregistrationv1.ValidatingAdmissionPolicyList{}, inAPIMachinery, withStatus),
 		def(adm, "validatingadmissionpolicybindings", false, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}, &admissionregistrationv1.ValidatingAdmissionPolicyBindingList{}, inAPIMachinery),
 		def(adm, "validatingwebhookconfigurations", false, &admissionregistrationv1.ValidatingWebhookConfiguration{}, &admissionregistrationv1.ValidatingWebhookConfigurationList{}, inAPIMachinery),
+		// apiextensions.k8s.io/v1: stored where kube-apiserver stores them.
+		def(apiextensionsv1.SchemeGroupVersion, "customresourcedefinitions", false, &apiextensionsv1.CustomResourceDefinition{}, &apiextensionsv1.CustomResourceDefinitionList{},
+			short("crd", "crds"), withStatus, func(r *Resource) {
+				r.Categories = []string{"api-extensions"}
+				r.Prefix = "/registry/apiextensions.k8s.io/customresourcedefinitions/"
+			}),
 
 		// scheduling.k8s.io/v1
 		def(sched, "priorityclasses", false, &schedulingv1.PriorityClass{}, &schedulingv1.PriorityClassList{}, short("pc")),

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -72,6 +73,15 @@ type Resource struct {
 	// served, or, with a list type, they are read-only and computed when
 	// read (componentstatuses).
 	Virtual bool
+	// Prefix, when set, is the etcd key prefix of the resource's objects
+	// instead of /registry/<resource>/ (custom resources live under
+	// /registry/<group>/<resource>/, as in kube-apiserver; all versions of
+	// one custom resource share it).
+	Prefix string
+	// CustomResourceDefinition names the CRD a custom resource is served
+	// for ("" for built-in resources). Such objects are
+	// *unstructured.Unstructured; their OpenAPI comes from the CRD's schema.
+	CustomResourceDefinition string
 }
 
 // GroupVersionKind of the resource's objects.
@@ -103,8 +113,13 @@ func (r *Resource) StorageResource() schema.GroupVersionResource {
 
 // EtcdPrefix is the key prefix of the resource's objects, as Kubernetes lays
 // them out: /registry/<resource>/ followed by <namespace>/<name> or <name>.
-// Resources sharing a store share the prefix.
-func (r *Resource) EtcdPrefix() string { return "/registry/" + r.StorageResource().Resource + "/" }
+// Resources sharing a store share the prefix. Prefix overrides it.
+func (r *Resource) EtcdPrefix() string {
+	if r.Prefix != "" {
+		return r.Prefix
+	}
+	return "/registry/" + r.StorageResource().Resource + "/"
+}
 
 // Catalog is a set of served resources and the order of their group
 // versions. It is safe for concurrent use; entries may be added and removed
@@ -162,6 +177,28 @@ func (c *Catalog) add(r Resource) error {
 	c.resources = append(c.resources, r)
 	c.generation++
 	return nil
+}
+
+// Set serves r, replacing the entry of the same group, version and
+// resource in place (a CustomResourceDefinition changed) or adding it.
+func (c *Catalog) Set(r Resource) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.resources {
+		if c.resources[i].GroupVersionResource != r.GroupVersionResource {
+			continue
+		}
+		old := c.resources[i]
+		c.resources = slices.Delete(c.resources, i, i+1)
+		if err := c.add(r); err != nil {
+			c.resources = slices.Insert(c.resources, i, old)
+			return err
+		}
+		last := c.resources[len(c.resources)-1]
+		c.resources = slices.Insert(c.resources[:len(c.resources)-1], i, last)
+		return nil
+	}
+	return c.add(r)
 }
 
 // Remove stops serving a resource; its group version leaves the discovery
@@ -256,6 +293,7 @@ var Scheme = newScheme()
 func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(apiextensionsv1.AddToScheme(s))
 	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
 	for _, gv := range builtinGroups() {
 		metav1.AddToGroupVersion(s, gv)

@@ -63,7 +63,26 @@ var (
 )
 
 // Build generates the documents for resources grouped into groups.
+//
+// Custom resources (catalog entries of a CustomResourceDefinition) are left
+// out: their schemas are the CRDs', not Go types.
 func Build(resources []catalog.Resource, groups []schema.GroupVersion) (*Documents, error) {
+	builtin := resources[:0:0]
+	served := map[schema.GroupVersion]bool{}
+	for _, r := range resources {
+		if r.CustomResourceDefinition == "" {
+			builtin = append(builtin, r)
+			served[r.GroupVersion()] = true
+		}
+	}
+	resources = builtin
+	var gvs []schema.GroupVersion
+	for _, gv := range groups {
+		if served[gv] {
+			gvs = append(gvs, gv)
+		}
+	}
+	groups = gvs
 	kinds := gvkIndex(resources, groups)
 	docs := &Documents{V3: map[string][]byte{}, V3Hash: map[string]string{}}
 

@@ -404,7 +404,7 @@ func fmtType(o runtime.Object) reflect.Type { return reflect.TypeOf(o) }
 
 // nameAndAgeOnly are the resources kube-apiserver prints as NAME and
 // CREATED AT too (it has no printer for them).
-var nameAndAgeOnly = map[string]bool{"limitranges": true, "roles": true, "clusterroles": true}
+var nameAndAgeOnly = map[string]bool{"limitranges": true, "roles": true, "clusterroles": true, "customresourcedefinitions": true}
 
 // BenchmarkTable10000Pods: kubectl get pods on 10,000 pods, rows carrying
 // PartialObjectMetadata (kubectl's default).

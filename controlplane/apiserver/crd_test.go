@@ -1,0 +1,240 @@
+package apiserver_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
+	"github.com/waggle-io/waggle/internal/testutil"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+)
+
+// widgetCRD is a namespaced CRD with a schema (an int-or-string, a
+// defaulted field, a list map), a CEL rule, the status and scale
+// subresources, a printer column and a short name.
+func widgetCRD(group string) *apiextensionsv1.CustomResourceDefinition {
+	return &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "widgets." + group},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: group,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ShortNames: []string{"wd"}, Categories: []string{"all"}},
+			Scope: apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+				Name: "v1", Served: true, Storage: true,
+				Subresources: &apiextensionsv1.CustomResourceSubresources{
+					Status: &apiextensionsv1.CustomResourceSubresourceStatus{},
+					Scale:  &apiextensionsv1.CustomResourceSubresourceScale{SpecReplicasPath: ".spec.replicas", StatusReplicasPath: ".status.replicas"},
+				},
+				AdditionalPrinterColumns: []apiextensionsv1.CustomResourceColumnDefinition{{Name: "Replicas", Type: "integer", JSONPath: ".spec.replicas"}},
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+					Type: "object",
+					Properties: map[string]apiextensionsv1.JSONSchemaProps{
+						"spec": {
+							Type:         "object",
+							XValidations: apiextensionsv1.ValidationRules{{Rule: "self.replicas <= self.maxReplicas", Message: "replicas must not exceed maxReplicas"}},
+							Properties: map[string]apiextensionsv1.JSONSchemaProps{
+								"replicas":    {Type: "integer", Minimum: ptr(0.0)},
+								"maxReplicas": {Type: "integer", Default: &apiextensionsv1.JSON{Raw: []byte("10")}},
+								"port":        {XIntOrString: true, AnyOf: []apiextensionsv1.JSONSchemaProps{{Type: "integer"}, {Type: "string"}}},
+								"color":       {Type: "string", Enum: []apiextensionsv1.JSON{{Raw: []byte(`"red"`)}, {Raw: []byte(`"blue"`)}}},
+								"free":        {Type: "object", XPreserveUnknownFields: ptr(true)},
+							},
+						},
+						"status": {Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{"replicas": {Type: "integer"}}},
+					},
+				}},
+			}},
+		},
+	}
+}
+
+func crdClients(t *testing.T, rc *rest.Config) (apiextensionsclient.Interface, dynamic.Interface) {
+	t.Helper()
+	ac, err := apiextensionsclient.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ac, dc
+}
+
+func waitEstablished(t *testing.T, ac apiextensionsclient.Interface, name string) *apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	var out *apiextensionsv1.CustomResourceDefinition
+	testutil.Eventually(t, 30*time.Second, func() error {
+		c, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range c.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				out = c
+				return nil
+			}
+		}
+		return fmt.Errorf("not established: %+v", c.Status.Conditions)
+	})
+	return out
+}
+
+func widget(name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "example.waggle.io/v1", "kind": "Widget",
+		"metadata": map[string]any{"name": name}, "spec": spec,
+	}}
+}
+
+func TestCustomResourceDefinitionLifecycle(t *testing.T) {
+	rc, _, stop := apiservertest.StartTestServer(t)
+	defer stop()
+	ctx := context.Background()
+	ac, dc := crdClients(t, rc)
+
+	created, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, widgetCRD("example.waggle.io"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if created.Spec.Conversion == nil || created.Spec.Conversion.Strategy != apiextensionsv1.NoneConverter {
+		t.Errorf("conversion not defaulted to None: %+v", created.Spec.Conversion)
+	}
+	if got := created.Status.StoredVersions; len(got) != 1 || got[0] != "v1" {
+		t.Errorf("storedVersions = %v, want [v1]", got)
+	}
+	c := waitEstablished(t, ac, created.Name)
+	if c.Status.AcceptedNames.Plural != "widgets" {
+		t.Errorf("acceptedNames = %+v", c.Status.AcceptedNames)
+	}
+
+	// Discovery lists it.
+	disc := discovery.NewDiscoveryClientForConfigOrDie(rc)
+	testutil.Eventually(t, 30*time.Second, func() error {
+		rl, err := disc.ServerResourcesForGroupVersion("example.waggle.io/v1")
+		if err != nil {
+			return err
+		}
+		for _, r := range rl.APIResources {
+			if r.Name == "widgets" && r.Kind == "Widget" && r.Namespaced && len(r.ShortNames) == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("widgets not in %+v", rl.APIResources)
+	})
+
+	gvr := schema.GroupVersionResource{Group: "example.waggle.io", Version: "v1", Resource: "widgets"}
+	ws := dc.Resource(gvr).Namespace("default")
+	w, err := ws.Create(ctx, widget("w1", map[string]any{"replicas": int64(3), "port": "http", "unknown": "x", "free": map[string]any{"a": "b"}}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := w.Object["spec"].(map[string]any)
+	if _, kept := spec["unknown"]; kept {
+		t.Errorf("unknown field not pruned: %v", spec)
+	}
+	if spec["maxReplicas"] != int64(10) {
+		t.Errorf("default not applied: %v", spec)
+	}
+	if spec["free"].(map[string]any)["a"] != "b" {
+		t.Errorf("preserved field lost: %v", spec)
+	}
+	if w.GetGeneration() != 1 {
+		t.Errorf("generation = %d, want 1", w.GetGeneration())
+	}
+
+	// A CEL rule violation: 422 with the rule's message, nothing stored.
+	_, err = ws.Create(ctx, widget("w2", map[string]any{"replicas": int64(30)}), metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "replicas must not exceed maxReplicas") {
+		t.Fatalf("CEL violation: %v", err)
+	}
+	// A schema violation: 422 with the field path.
+	_, err = ws.Create(ctx, widget("w2", map[string]any{"replicas": int64(1), "color": "green"}), metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), `spec.color: Unsupported value: "green"`) {
+		t.Fatalf("schema violation: %v", err)
+	}
+	if _, err := ws.Get(ctx, "w2", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("w2 stored after invalid creates: %v", err)
+	}
+	// Strict field validation names the unknown field.
+	_, err = ws.Create(ctx, widget("w3", map[string]any{"replicas": int64(1), "bogus": true}), metav1.CreateOptions{FieldValidation: "Strict"})
+	if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), `strict decoding error: unknown field "spec.bogus"`) {
+		t.Fatalf("strict: %v", err)
+	}
+
+	// Status is written only through /status; metadata.generation moves
+	// on spec changes only.
+	w.Object["status"] = map[string]any{"replicas": int64(2)}
+	w, err = ws.UpdateStatus(ctx, w, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.GetGeneration() != 1 {
+		t.Errorf("status write bumped generation to %d", w.GetGeneration())
+	}
+	w, err = ws.Patch(ctx, "w1", types.MergePatchType, []byte(`{"spec":{"replicas":4},"status":{"replicas":9}}`), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.GetGeneration() != 2 || w.Object["status"].(map[string]any)["replicas"] != int64(2) {
+		t.Errorf("after spec patch: generation %d, status %v", w.GetGeneration(), w.Object["status"])
+	}
+	// Server-side apply.
+	applied := widget("w1", map[string]any{"replicas": int64(5)})
+	w, err = ws.Apply(ctx, "w1", applied, metav1.ApplyOptions{FieldManager: "tester", Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Object["spec"].(map[string]any)["replicas"] != int64(5) {
+		t.Errorf("apply: %v", w.Object["spec"])
+	}
+
+	// Deleting the CRD deletes its instances, then the CRD.
+	if err := ac.ApiextensionsV1().CustomResourceDefinitions().Delete(ctx, created.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 45*time.Second, func() error {
+		_, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, created.Name, metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("CRD still there: %v", err)
+		}
+		return nil
+	})
+	testutil.Eventually(t, 30*time.Second, func() error {
+		_, err := ws.List(ctx, metav1.ListOptions{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("widgets still served: %v", err)
+		}
+		return nil
+	})
+}
+
+func TestCustomResourceDefinitionNonStructuralSchema(t *testing.T) {
+	rc, _, stop := apiservertest.StartTestServer(t)
+	defer stop()
+	ac, _ := crdClients(t, rc)
+	bad := widgetCRD("bad.waggle.io")
+	bad.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"] = apiextensionsv1.JSONSchemaProps{
+		Type:       "object",
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{"x": {}},
+	}
+	_, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(context.Background(), bad, metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.validation.openAPIV3Schema.properties[spec].properties[x].type: Required value: must not be empty for specified object fields") {
+		t.Fatalf("non-structural schema: %v", err)
+	}
+	if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(context.Background(), bad.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("stored: %v", err)
+	}
+}
