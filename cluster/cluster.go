@@ -141,17 +141,18 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 
 	srv, err := apiserver.New(ctx, apiserver.Config{
-		DataDir:               cfg.DataDir,
-		BindAddress:           cfg.BindAddress,
-		SecurePort:            cfg.SecurePort,
-		AdvertiseAddress:      cfg.AdvertiseAddress,
-		ServiceClusterIPRange: cfg.ServiceClusterIPRange,
-		ServiceNodePortRange:  cfg.ServiceNodePortRange,
-		NodeName:              cfg.NodeName,
-		AuthorizationModes:    cfg.AuthorizationModes,
-		AnonymousAuth:         cfg.AnonymousAuth,
-		LogLevel:              cfg.LogLevel,
-		Log:                   componentLog("apiserver", cfg.LogLevel),
+		DataDir:                  cfg.DataDir,
+		BindAddress:              cfg.BindAddress,
+		SecurePort:               cfg.SecurePort,
+		AdvertiseAddress:         cfg.AdvertiseAddress,
+		ServiceClusterIPRange:    cfg.ServiceClusterIPRange,
+		ServiceNodePortRange:     cfg.ServiceNodePortRange,
+		NodeName:                 cfg.NodeName,
+		AuthorizationModes:       cfg.AuthorizationModes,
+		AnonymousAuth:            cfg.AnonymousAuth,
+		EnableBootstrapTokenAuth: true,
+		LogLevel:                 cfg.LogLevel,
+		Log:                      componentLog("apiserver", cfg.LogLevel),
 	})
 	if err != nil {
 		return err
@@ -197,6 +198,11 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.LogLevel = cfg.LogLevel
 		cm.Log = componentLog("controller-manager", cfg.LogLevel)
 		cm.LeaderElection = leaderElection("kube-controller-manager")
+		// As kubeadm: the bootstrap token controllers on, and CSRs signed by
+		// the cluster CA.
+		cm.Controllers = []string{"*", controllers.BootstrapSignerName, controllers.TokenCleanerName}
+		cm.ClusterSigningCertFile = filepath.Join(cfg.DataDir, "pki", "ca.crt")
+		cm.ClusterSigningKeyFile = filepath.Join(cfg.DataDir, "pki", "ca.key")
 		return controllers.Run(gctx, cm)
 	})
 	if cfg.Node {

@@ -46,6 +46,12 @@ type Config struct {
 	// is used instead (in-process).
 	Kubeconfig string
 	RestConfig *rest.Config
+	// BootstrapKubeconfig, when set, is a kubeconfig with a bootstrap token
+	// the kubelet requests its own client certificate with (TLS bootstrap,
+	// see tlsBootstrap) before it writes and uses Kubeconfig; CertDir is
+	// where the key and certificate go (default <root-dir>/pki).
+	BootstrapKubeconfig string
+	CertDir             string
 	// NodeIP is the node's InternalIP (default: the address of the default
 	// route's interface).
 	NodeIP string

@@ -91,6 +91,11 @@ type metrics struct {
 // Run runs a kubelet with cfg until ctx ends. Containers keep running when
 // it returns: a restarted kubelet adopts them.
 func Run(ctx context.Context, cfg Config) error {
+	if cfg.BootstrapKubeconfig != "" {
+		if err := tlsBootstrap(ctx, &cfg); err != nil {
+			return err
+		}
+	}
 	k, err := New(cfg, Deps{})
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ func runAPIServer(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ServiceClusterIPRange, "service-cluster-ip-range", "10.96.0.0/12", "CIDR of Service cluster IPs")
 	fs.StringVar(&cfg.ServiceNodePortRange, "service-node-port-range", "30000-32767", "range of Service node ports")
 	fs.StringVar(&cfg.TokenAuthFile, "token-auth-file", "", "static bearer tokens (CSV: token,user,uid,\"group1,group2\")")
+	fs.BoolVar(&cfg.EnableBootstrapTokenAuth, "enable-bootstrap-token-auth", true, "authenticate bootstrap tokens (<id>.<secret>, Secrets of type bootstrap.kubernetes.io/token in kube-system), which nodes join with")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "serving certificate (default: generated under <data-dir>/pki)")
 	fs.StringVar(&cfg.TLSPrivateKeyFile, "tls-private-key-file", "", "serving certificate's key")
 	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA bundle that client certificates are verified against")

@@ -45,6 +45,9 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may go without renewing its Lease before it is marked unhealthy")
 	fs.DurationVar(&cfg.NodeMonitorPeriod, "node-monitor-period", cfg.NodeMonitorPeriod, "how often node health is checked")
 	fs.DurationVar(&cfg.NodeStartupGracePeriod, "node-startup-grace-period", cfg.NodeStartupGracePeriod, "grace of a node that never reported Ready")
+	fs.StringVar(&cfg.ClusterSigningCertFile, "cluster-signing-cert-file", "", "CA certificate the csrsigning controller signs approved CSRs with (the cluster CA, <data-dir>/pki/ca.crt)")
+	fs.StringVar(&cfg.ClusterSigningKeyFile, "cluster-signing-key-file", "", "the signing CA's private key")
+	fs.DurationVar(&cfg.ClusterSigningDuration, "cluster-signing-duration", cfg.ClusterSigningDuration, "longest validity of a certificate csrsigning issues")
 	fs.DurationVar(&cfg.ResyncPeriod, "min-resync-period", cfg.ResyncPeriod, "informer resync period (0: none)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
 	if err := cliflag.Parse(fs, args); err != nil {

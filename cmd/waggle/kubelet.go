@@ -18,6 +18,8 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.NodeName, "hostname-override", "", "node name (default: the hostname)")
 	fs.StringVar(&cfg.NodeName, "node-name", "", "node name (alias of --hostname-override)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server")
+	fs.StringVar(&cfg.BootstrapKubeconfig, "bootstrap-kubeconfig", "", "kubeconfig with a bootstrap token: while --kubeconfig has no valid client certificate, request one through a CertificateSigningRequest and write --kubeconfig (TLS bootstrap)")
+	fs.StringVar(&cfg.CertDir, "cert-dir", "", "where the TLS-bootstrapped key and certificate are kept (default <root-dir>/pki)")
 	fs.StringVar(&cfg.NodeIP, "node-ip", "", "the node's InternalIP (default: the default route's source address)")
 	fs.Var(&labels, "node-labels", "extra node labels, key=value[,key=value...]")
 	fs.Var(&taints, "register-with-taints", "taints set at registration, key=value:Effect[,...]")

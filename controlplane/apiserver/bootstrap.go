@@ -30,6 +30,9 @@ func (s *Server) bootstrap(ctx context.Context) error {
 			return fmt.Errorf("apiserver: create namespace %s: %w", name, err)
 		}
 	}
+	if err := s.bootstrapClusterInfo(ctx); err != nil {
+		return err
+	}
 	port := int32(s.ln.Addr().(*net.TCPAddr).Port)
 	ip := s.endpointIP()
 	labels := map[string]string{"component": "apiserver", "provider": "kubernetes"}

@@ -71,6 +71,12 @@ type Config struct {
 	AuthorizationModes []string
 	// TokenAuthFile is kube-apiserver's static token CSV (optional).
 	TokenAuthFile string
+	// EnableBootstrapTokenAuth is --enable-bootstrap-token-auth: bearer
+	// tokens <id>.<secret> authenticate against the bootstrap token Secrets
+	// of kube-system (as system:bootstrap:<id>, group system:bootstrappers);
+	// nodes join with them. The commands default it on (kubeadm and k3s
+	// turn it on; kube-apiserver's own default is off).
+	EnableBootstrapTokenAuth bool
 	// TLSCertFile, TLSPrivateKeyFile and ClientCAFile replace the generated
 	// PKI when given.
 	TLSCertFile, TLSPrivateKeyFile, ClientCAFile string
@@ -278,6 +284,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("apiserver: %w", err)
 		}
 		auths = append(auths, ta)
+	}
+	if cfg.EnableBootstrapTokenAuth {
+		auths = append(auths, authn.NewBootstrapTokens(kubeSystemSecrets{s}))
 	}
 	s.authn = authn.Union(auths...)
 

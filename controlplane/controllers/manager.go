@@ -3,7 +3,8 @@
 // leader Lease, runs every enabled controller (replicaset,
 // replicationcontroller, deployment,
 // daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
-// disruption, root-ca-cert-publisher,
+// disruption, root-ca-cert-publisher, csrapproving, csrsigning, csrcleaner,
+// bootstrapsigner and tokencleaner (the last two only when named),
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
 //
@@ -138,6 +139,14 @@ type Config struct {
 	// as kube-controller-manager does.
 	RootCAFile string
 
+	// ClusterSigningCertFile and ClusterSigningKeyFile are the CA the
+	// csrsigning controller signs approved CSRs with (the cluster CA);
+	// ClusterSigningDuration the longest certificate it issues (a CSR's
+	// spec.expirationSeconds may ask for less; default one year).
+	ClusterSigningCertFile string
+	ClusterSigningKeyFile  string
+	ClusterSigningDuration time.Duration
+
 	// ResyncPeriod of the shared informers (0: none).
 	ResyncPeriod time.Duration
 
@@ -170,6 +179,7 @@ func DefaultConfig() Config {
 		PodGCPeriod:                   podgc.DefaultPeriod,
 		PodGCQuarantine:               podgc.DefaultQuarantine,
 		MaxEndpointsPerSlice:          100,
+		ClusterSigningDuration:        365 * 24 * time.Hour,
 		NodeCIDRMaskSize:              24,
 		NodeMonitorGracePeriod:        40 * time.Second,
 		NodeMonitorPeriod:             5 * time.Second,
@@ -185,6 +195,8 @@ func DefaultConfig() Config {
 
 // Deps is what a controller is started with.
 type Deps struct {
+	// Ctx is the leader's context (upstream's constructors take one).
+	Ctx     context.Context
 	Client  kubernetes.Interface
 	Dynamic dynamic.Interface
 	Factory informers.SharedInformerFactory
@@ -367,6 +379,7 @@ func Run(ctx context.Context, cfg Config) error {
 // them, and blocks until ctx ends and they have stopped.
 func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 	d.Factory = informers.NewSharedInformerFactory(d.Client, d.Config.ResyncPeriod)
+	d.Ctx = ctx
 	var runs []func(context.Context)
 	for _, s := range starters() {
 		if !Enabled(d.Config.Controllers, s.name, s.off) {
@@ -401,6 +414,10 @@ func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 }
 
 func starters() []starter {
+	return append(coreStarters(), certificateStarters()...)
+}
+
+func coreStarters() []starter {
 	return []starter{
 		{name: replicaset.Name, build: func(d Deps) (func(context.Context), error) {
 			c := replicaset.New(d.Client, d.Factory, d.Log, replicaset.Options{})

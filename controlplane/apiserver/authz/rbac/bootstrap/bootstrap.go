@@ -46,6 +46,9 @@ const (
 	NodeUserPrefix        = "system:node:"
 	// KubeletAPIUser is the API server's client identity towards kubelets.
 	KubeletAPIUser = "kube-apiserver-kubelet-client"
+	// BootstrapNodeGroup is the extra group of the bootstrap tokens nodes
+	// join with (kubeadm's is system:bootstrappers:kubeadm:default-node-token).
+	BootstrapNodeGroup = "system:bootstrappers:waggle:default-node-token"
 )
 
 var (
@@ -173,7 +176,55 @@ func meta(name string) metav1.ObjectMeta {
 //   - The controller-manager's clusterdns controller publishes the
 //     kube-system/kube-dns Service and its EndpointSlice (Role
 //     waggle:controller:clusterdns in kube-system).
+//   - The namespaced system:controller:* Roles (bootstrap-signer in
+//     kube-system and kube-public, token-cleaner in kube-system) are bound to
+//     the controller-manager too, by RoleBindings of the same names.
+//   - Joining nodes, as kubeadm sets up: tokens in the group
+//     system:bootstrappers:waggle:default-node-token (what `waggle token
+//     create` makes) may create CSRs (system:node-bootstrapper) whose node
+//     client certificates the csrapproving controller approves
+//     (certificatesigningrequests:nodeclient); nodes may renew their own
+//     (selfnodeclient); and anyone may read kube-public/cluster-info, the
+//     signed CA a joining machine discovers (kubeadm's
+//     bootstrap-signer-clusterinfo Role, bound to system:anonymous).
 func extra(p *Policy) {
+	for _, r := range p.Roles {
+		if _, ok := strings.CutPrefix(r.Name, "system:controller:"); !ok {
+			continue
+		}
+		p.RoleBindings = append(p.RoleBindings, rbacv1.RoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+			ObjectMeta: withNamespace(meta("waggle:controller-manager:"+strings.TrimPrefix(r.Name, "system:controller:")), r.Namespace),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: r.Name},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}},
+		})
+	}
+	crb := func(name, role string, subject rbacv1.Subject) rbacv1.ClusterRoleBinding {
+		return rbacv1.ClusterRoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
+			ObjectMeta: meta(name),
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+			Subjects:   []rbacv1.Subject{subject},
+		}
+	}
+	bootstrappers := rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: BootstrapNodeGroup}
+	p.ClusterRoleBindings = append(p.ClusterRoleBindings,
+		crb("waggle:kubelet-bootstrap", "system:node-bootstrapper", bootstrappers),
+		crb("waggle:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", bootstrappers),
+		crb("waggle:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+			rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: NodesGroup}))
+	p.Roles = append(p.Roles, rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: withNamespace(meta("waggle:bootstrap-signer-clusterinfo"), "kube-public"),
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"},
+			ResourceNames: []string{"cluster-info"}, Verbs: []string{"get"}}},
+	})
+	p.RoleBindings = append(p.RoleBindings, rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: withNamespace(meta("waggle:bootstrap-signer-clusterinfo"), "kube-public"),
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "waggle:bootstrap-signer-clusterinfo"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "system:anonymous"}},
+	})
 	p.Roles = append(p.Roles, rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: withNamespace(meta("waggle:controller:clusterdns"), "kube-system"),

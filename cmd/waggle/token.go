@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/waggle-io/waggle/cluster/join"
+	"github.com/waggle-io/waggle/internal/cliflag"
+)
+
+// runToken runs `waggle token create|list|delete`, kubeadm token's
+// counterpart: bootstrap tokens that machines join with.
+func runToken(ctx context.Context, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return errors.New("usage: waggle token create|list|delete [flags]")
+	}
+	verb, args := args[0], args[1:]
+	fs := cliflag.NewFlagSet("token "+verb, "Manage bootstrap tokens (Secrets of type bootstrap.kubernetes.io/token in kube-system).")
+	kubeconfig := fs.String("kubeconfig", "/var/lib/waggle/admin.kubeconfig", "admin kubeconfig")
+	var ttl time.Duration
+	var desc string
+	var groups cliflag.StringList
+	if verb == "create" {
+		fs.DurationVar(&ttl, "ttl", join.DefaultTTL, "lifetime of the token (0: never expires); the tokencleaner controller deletes it after")
+		fs.StringVar(&desc, "description", "", "what the token is for")
+		fs.Var(&groups, "groups", "extra groups of the token, each system:bootstrappers:... (default "+join.NodeGroup+")")
+	}
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	switch verb {
+	case "create":
+		tok := ""
+		if fs.NArg() > 0 {
+			tok = fs.Arg(0)
+		}
+		tok, err := join.CreateToken(ctx, cs, join.TokenOptions{Token: tok, TTL: ttl, Groups: groups, Description: desc})
+		if err != nil {
+			return err
+		}
+		ca := rc.TLSClientConfig.CAData
+		if len(ca) == 0 && rc.TLSClientConfig.CAFile != "" {
+			if ca, err = os.ReadFile(rc.TLSClientConfig.CAFile); err != nil {
+				return err
+			}
+		}
+		fmt.Println(tok)
+		if hash, err := join.CACertHash(ca); err == nil {
+			fmt.Fprintf(os.Stderr, "join a node with:\n  waggle join --server %s --token %s --discovery-token-ca-cert-hash %s\n", rc.Host, tok, hash)
+		}
+		return nil
+	case "list":
+		toks, err := join.ListTokens(ctx, cs)
+		if err != nil {
+			return err
+		}
+		w := tabwriter.NewWriter(os.Stdout, 0, 4, 3, ' ', 0)
+		fmt.Fprintln(w, "TOKEN ID\tTTL\tEXPIRES\tUSAGES\tDESCRIPTION\tEXTRA GROUPS")
+		for _, t := range toks {
+			ttl, exp := "<forever>", "<never>"
+			if !t.Expires.IsZero() {
+				ttl, exp = time.Until(t.Expires).Round(time.Second).String(), t.Expires.Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, ttl, exp, strings.Join(t.Usages, ","), t.Description, strings.Join(t.Groups, ","))
+		}
+		return w.Flush()
+	case "delete":
+		if fs.NArg() == 0 {
+			return errors.New("usage: waggle token delete <id>|<token> ...")
+		}
+		for _, a := range fs.Args() {
+			if err := join.DeleteToken(ctx, cs, a); err != nil {
+				return err
+			}
+			fmt.Printf("bootstrap token %q deleted\n", strings.SplitN(a, ".", 2)[0])
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown verb %q (create, list, delete)", verb)
+}
