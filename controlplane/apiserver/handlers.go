@@ -702,7 +702,7 @@ func (s *Server) serveScale(ctx context.Context, w http.ResponseWriter, r *http.
 		if err != nil {
 			return err
 		}
-		sc, err := scaleOf(o.Obj)
+		sc, err := req.reg.scaleOf(o.Obj)
 		if err != nil {
 			return err
 		}
@@ -726,7 +726,7 @@ func (s *Server) serveScale(ctx context.Context, w http.ResponseWriter, r *http.
 	var result *autoscalingv1.Scale
 	wo.fmSub = "scale"
 	_, err = req.reg.guaranteedUpdate(ctx, req.ns, req.name, "", wo, func(cur runtime.Object) (runtime.Object, error) {
-		sc, err := scaleOf(cur)
+		sc, err := req.reg.scaleOf(cur)
 		if err != nil {
 			return nil, err
 		}
@@ -751,7 +751,7 @@ func (s *Server) serveScale(ctx context.Context, w http.ResponseWriter, r *http.
 		if want.Spec.Replicas < 0 {
 			return nil, apierrors.NewInvalid(autoscalingv1.SchemeGroupVersion.WithKind("Scale").GroupKind(), req.name, fieldInvalid(want.Spec.Replicas, "must be greater than or equal to 0", "spec", "replicas"))
 		}
-		setReplicas(cur, want.Spec.Replicas)
+		req.reg.setReplicas(cur, want.Spec.Replicas)
 		objectMeta(cur).SetResourceVersion("")
 		return cur, nil
 	})
@@ -762,7 +762,7 @@ func (s *Server) serveScale(ctx context.Context, w http.ResponseWriter, r *http.
 	if err != nil {
 		return err
 	}
-	if result, err = scaleOf(o.Obj); err != nil {
+	if result, err = req.reg.scaleOf(o.Obj); err != nil {
 		return err
 	}
 	return s.writeObject(w, r, nil, http.StatusOK, result)
