@@ -10,7 +10,6 @@ import (
 
 	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
-	"github.com/waggle-io/waggle/controlplane/storage"
 	"github.com/waggle-io/waggle/internal/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,12 +22,8 @@ import (
 // sees the other's writes.
 func TestTwoServersOnOneExternalEtcdNeverShareAllocations(t *testing.T) {
 	testutil.Privileged(t)
-	e, err := storage.StartEmbedded(context.Background(), storage.EmbeddedConfig{DataDir: t.TempDir(), UnsafeNoFsync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	ext := func(c *apiserver.Config) { c.EtcdServers = []string{e.ClientURL} }
+	e := apiservertest.StartEtcd(t, "", "")
+	ext := e.Configure
 	a := apiservertest.Start(t, apiservertest.Options{Configure: ext})
 	b := apiservertest.Start(t, apiservertest.Options{Configure: ext})
 	clients := []*kubernetes.Clientset{kubernetes.NewForConfigOrDie(a.Config), kubernetes.NewForConfigOrDie(b.Config)}
@@ -84,13 +79,10 @@ func TestTwoServersOnOneExternalEtcdNeverShareAllocations(t *testing.T) {
 func TestEtcdOutageGives503AndRecovers(t *testing.T) {
 	testutil.Privileged(t)
 	dir := t.TempDir()
-	e, err := storage.StartEmbedded(context.Background(), storage.EmbeddedConfig{DataDir: dir, UnsafeNoFsync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := strings.TrimPrefix(e.ClientURL, "http://")
+	e := apiservertest.StartEtcd(t, dir, "")
+	addr := strings.TrimPrefix(e.ClientURL, "https://")
 	srv := apiservertest.Start(t, apiservertest.Options{Configure: func(c *apiserver.Config) {
-		c.EtcdServers = []string{e.ClientURL}
+		e.Configure(c)
 		c.EtcdTimeout = 2 * time.Second
 	}})
 	cs := kubernetes.NewForConfigOrDie(srv.Config)
@@ -110,11 +102,7 @@ func TestEtcdOutageGives503AndRecovers(t *testing.T) {
 	if code != 503 && code != 504 {
 		t.Fatalf("write whose admission cannot read the namespace: %d %+v %.200s", code, st, b)
 	}
-	e, err = storage.StartEmbedded(context.Background(), storage.EmbeddedConfig{DataDir: dir, ClientAddr: addr, UnsafeNoFsync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
+	e = apiservertest.StartEtcd(t, dir, addr)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		_, err := cs.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after"}}, metav1.CreateOptions{})
@@ -137,5 +125,43 @@ func TestEtcdOutageGives503AndRecovers(t *testing.T) {
 	}
 	if !names["before"] || !names["after"] || names["during"] {
 		t.Fatalf("after recovery: %v", names)
+	}
+}
+
+// TestExternalEtcdNeedsItsCertificates: an API server pointed at a TLS etcd
+// without --etcd-cafile/--etcd-certfile/--etcd-keyfile, or with a
+// certificate etcd does not trust, does not start, and says why.
+func TestExternalEtcdNeedsItsCertificates(t *testing.T) {
+	testutil.Privileged(t)
+	e := apiservertest.StartEtcd(t, "", "")
+	other := apiservertest.StartEtcd(t, "", "") // its CA is not e's
+	for name, conf := range map[string]func(*apiserver.Config){
+		"no certificates": func(c *apiserver.Config) { c.EtcdServers = []string{e.ClientURL} },
+		"only the CA": func(c *apiserver.Config) {
+			c.EtcdServers, c.EtcdCAFile = []string{e.ClientURL}, e.PKI.CAFile
+		},
+		"another etcd's client certificate": func(c *apiserver.Config) {
+			c.EtcdServers, c.EtcdCAFile = []string{e.ClientURL}, e.PKI.CAFile
+			c.EtcdCertFile, c.EtcdKeyFile = other.PKI.ClientCertFile, other.PKI.ClientKeyFile
+		},
+		"a certificate without its key": func(c *apiserver.Config) {
+			e.Configure(c)
+			c.EtcdKeyFile = ""
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := apiserver.Config{DataDir: t.TempDir(), EtcdTimeout: 3 * time.Second}
+			conf(&cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			srv, err := apiserver.New(ctx, cfg)
+			if err == nil {
+				srv.Close()
+				t.Fatal("the API server started")
+			}
+			if !strings.Contains(err.Error(), "etcd") {
+				t.Fatalf("error does not name etcd: %v", err)
+			}
+		})
 	}
 }

@@ -299,7 +299,11 @@ func randomSuffix() string {
 // writeOpts are the options common to create, update, patch and delete.
 type writeOpts struct {
 	dryRun bool
-	user   *userInfo
+	// stale: the stored value was decrypted with a key that is no longer
+	// the encryption configuration's first, so even an unchanged object is
+	// rewritten (re-encrypted), as upstream's GuaranteedUpdate does.
+	stale bool
+	user  *userInfo
 	// fieldValidation: "Strict", "Warn" or "Ignore".
 	strictErrs []string
 	// manager is the field manager the write is recorded under.
@@ -489,6 +493,7 @@ func (r *registry) guaranteedUpdate(ctx context.Context, ns, name, sub string, w
 			return old.DeepCopyObject(), nil
 		}
 		pinned := objectMeta(next).GetResourceVersion() != ""
+		wo.stale = kv.Stale
 		out, err := r.finishUpdate(ctx, ns, name, sub, old, next, kv.ModRevision, wo)
 		if errors.Is(err, storage.ErrConflict) {
 			if pinned || attempt > 20 {
@@ -604,7 +609,7 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 		m.SetResourceVersion(strconv.FormatInt(drev, 10))
 		return obj, nil
 	}
-	if apiequality.Semantic.DeepEqual(stripRV(obj), stripRV(old)) {
+	if !wo.stale && apiequality.Semantic.DeepEqual(stripRV(obj), stripRV(old)) {
 		// No change: no write, no event, as kube-apiserver.
 		m.SetResourceVersion(om.GetResourceVersion())
 		return obj, nil

@@ -45,6 +45,16 @@ type Config struct {
 	// EtcdServers are external etcd client URLs; empty starts an embedded
 	// etcd under DataDir on 127.0.0.1.
 	EtcdServers []string
+	// EtcdCAFile, EtcdCertFile and EtcdKeyFile are --etcd-cafile,
+	// --etcd-certfile and --etcd-keyfile: the external etcd's CA and this
+	// server's client certificate. The embedded etcd ignores them: its own
+	// CA and certificates live under DataDir/pki/etcd (pki.EnsureEtcd).
+	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
+	// EncryptionProviderConfig is --encryption-provider-config: upstream's
+	// EncryptionConfiguration file (aescbc, aesgcm, secretbox, identity)
+	// choosing how each resource is encrypted in etcd; empty stores values
+	// as they are.
+	EncryptionProviderConfig string
 	// BindAddress and SecurePort are where HTTPS is served (port 0 picks a
 	// free port; Addr reports it, and it is written to DataDir/apiserver.addr).
 	BindAddress string
@@ -290,10 +300,25 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.authn = authn.Union(auths...)
 
-	s.store, err = storage.Open(ctx, storage.Config{
+	scfg := storage.Config{
 		Servers: cfg.EtcdServers, DataDir: cfg.DataDir, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Timeout: cfg.EtcdTimeout,
+		CAFile: cfg.EtcdCAFile, CertFile: cfg.EtcdCertFile, KeyFile: cfg.EtcdKeyFile,
 		Log: log.With("subsystem", "storage"), Registerer: s.health.Registry,
-	})
+	}
+	if len(cfg.EtcdServers) == 0 {
+		ep, err := pki.EnsureEtcd(filepath.Join(cfg.DataDir, "pki"), nil)
+		if err != nil {
+			return nil, fmt.Errorf("apiserver: embedded etcd PKI: %w", err)
+		}
+		scfg.CAFile, scfg.CertFile, scfg.KeyFile = ep.CAFile, ep.ClientCertFile, ep.ClientKeyFile
+		scfg.EmbeddedCertFile, scfg.EmbeddedKeyFile = ep.ServerCertFile, ep.ServerKeyFile
+	}
+	if cfg.EncryptionProviderConfig != "" {
+		if scfg.Transformer, err = s.loadEncryption(ctx, cfg.EncryptionProviderConfig); err != nil {
+			return nil, fmt.Errorf("apiserver: %w", err)
+		}
+	}
+	s.store, err = storage.Open(ctx, scfg)
 	if err != nil {
 		return nil, fmt.Errorf("apiserver: %w", err)
 	}

@@ -351,9 +351,19 @@ func strategyFor(res *catalog.Resource) *strategy {
 			return f
 		}
 		s.defaults = func(o runtime.Object) {
-			if sec := o.(*corev1.Secret); sec.Type == "" {
+			sec := o.(*corev1.Secret)
+			if sec.Type == "" {
 				sec.Type = corev1.SecretTypeOpaque
 			}
+			// stringData is write-only: merged over data and never stored
+			// or served, as upstream's v1 → internal conversion does.
+			for k, v := range sec.StringData {
+				if sec.Data == nil {
+					sec.Data = map[string][]byte{}
+				}
+				sec.Data[k] = []byte(v)
+			}
+			sec.StringData = nil
 		}
 		s.validate = func(o runtime.Object) field.ErrorList { return validateSecret(o.(*corev1.Secret)) }
 		s.validateSpecUpdate = func(o, old runtime.Object) field.ErrorList {

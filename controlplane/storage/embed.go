@@ -2,14 +2,17 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -24,21 +27,31 @@ type EmbeddedConfig struct {
 	ClientAddr    string
 	UnsafeNoFsync bool
 	Log           *slog.Logger
+	// CertFile and KeyFile are etcd's serving certificate (its client and
+	// peer listeners); TrustedCAFile the CA whose client certificates it
+	// accepts. All three are required: the embedded etcd serves clients only
+	// over TLS with client-certificate authentication, so no local process
+	// without a certificate of that CA can read or write it.
+	CertFile, KeyFile, TrustedCAFile string
 }
 
 // Embedded is a single-member etcd running inside this process.
 type Embedded struct {
-	// ClientURL is where clients reach it (http://127.0.0.1:port).
+	// ClientURL is where clients reach it (https://127.0.0.1:port).
 	ClientURL string
 	etcd      *embed.Etcd
 	// closing silences etcd's log while it shuts down: its listeners
 	// report their own closing ("http: Server closed") as errors.
 	closing *atomic.Bool
+	once    sync.Once
 }
 
 // StartEmbedded starts a single-member etcd with data under
 // cfg.DataDir/etcd, listening on 127.0.0.1 only, and waits until it serves.
 func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+	if cfg.CertFile == "" || cfg.KeyFile == "" || cfg.TrustedCAFile == "" {
+		return nil, errors.New("embedded etcd: a serving certificate, key and client CA are required (it serves clients only over TLS with client certificates)")
+	}
 	dir := filepath.Join(cfg.DataDir, "etcd")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded etcd data dir: %w", err)
@@ -57,11 +70,19 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdLogger(cfg.Log, "etcd", zapcore.WarnLevel).WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return silenced{Core: c, off: closing}
 	})))
-	cu := url.URL{Scheme: "http", Host: addr}
-	pu := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	cu := url.URL{Scheme: "https", Host: addr}
+	pu := url.URL{Scheme: "https", Host: "127.0.0.1:0"}
+	// Clients and the (idle, single-member) peer listener both need a
+	// certificate of TrustedCAFile.
+	tlsInfo := transport.TLSInfo{CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, TrustedCAFile: cfg.TrustedCAFile, ClientCertAuth: true}
+	ec.ClientTLSInfo = tlsInfo
+	ec.PeerTLSInfo = tlsInfo
 	ec.ListenClientUrls = []url.URL{cu}
 	ec.AdvertiseClientUrls = []url.URL{cu}
 	ec.ListenPeerUrls = []url.URL{pu}
+	// The advertised peer URL is only the member's recorded name in a
+	// single-member cluster (nothing dials it); it stays what earlier data
+	// dirs recorded.
 	adv := url.URL{Scheme: "http", Host: "127.0.0.1:2380"}
 	ec.AdvertisePeerUrls = []url.URL{adv}
 	ec.InitialCluster = ec.Name + "=" + adv.String()
@@ -94,15 +115,17 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 		e.Close()
 		return nil, ctx.Err()
 	}
-	u := "http://" + e.Clients[0].Addr().String()
+	u := "https://" + e.Clients[0].Addr().String()
 	if cfg.Log != nil {
 		cfg.Log.Info("embedded etcd serving", "url", u, "dir", dir)
 	}
 	return &Embedded{ClientURL: u, etcd: e, closing: closing}, nil
 }
 
-// Close stops the embedded etcd and waits for it.
+// Close stops the embedded etcd and waits for it; later calls do nothing.
 func (e *Embedded) Close() {
-	e.closing.Store(true)
-	e.etcd.Close()
+	e.once.Do(func() {
+		e.closing.Store(true)
+		e.etcd.Close()
+	})
 }

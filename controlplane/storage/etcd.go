@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,11 +11,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/kubernetes"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apiserver/pkg/storage/value"
 )
 
 // DefaultTimeout bounds every storage call that has no tighter deadline.
@@ -32,6 +35,20 @@ type Config struct {
 	// UnsafeNoFsync turns off fsync in the embedded etcd (tests only: a
 	// crash loses writes).
 	UnsafeNoFsync bool
+	// CAFile, CertFile and KeyFile authenticate the client to etcd and
+	// verify etcd's certificate, as kube-apiserver's --etcd-cafile,
+	// --etcd-certfile and --etcd-keyfile (all empty: plain HTTP, only for an
+	// external etcd that asks for no certificate).
+	CAFile, CertFile, KeyFile string
+	// EmbeddedCertFile and EmbeddedKeyFile serve the embedded etcd, which
+	// accepts client certificates of CAFile only; required when Servers is
+	// empty, with CAFile/CertFile/KeyFile.
+	EmbeddedCertFile, EmbeddedKeyFile string
+	// Transformer returns the transformer of the values under a key
+	// (encryption at rest, k8s.io/apiserver's value transformers, the key as
+	// authenticated data as upstream); nil, or a nil result, stores values
+	// as they are.
+	Transformer func(key string) value.Transformer
 	// Log receives storage logs; Registerer the etcd latency metrics (both
 	// optional).
 	Log        *slog.Logger
@@ -41,11 +58,12 @@ type Config struct {
 // Store is the one long-lived etcd client of the API server, with the
 // Kubernetes-style operations on top. It is safe for concurrent use.
 type Store struct {
-	kc       *kubernetes.Client
-	timeout  time.Duration
-	embedded *Embedded
-	log      *slog.Logger
-	latency  *prometheus.HistogramVec
+	kc        *kubernetes.Client
+	transform func(key string) value.Transformer
+	timeout   time.Duration
+	embedded  *Embedded
+	log       *slog.Logger
+	latency   *prometheus.HistogramVec
 }
 
 // Open connects to the configured etcd, starting the embedded one first when
@@ -59,21 +77,31 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if timeout == 0 {
 		timeout = DefaultTimeout
 	}
-	s := &Store{timeout: timeout, log: log}
+	s := &Store{timeout: timeout, log: log, transform: cfg.Transformer}
 	endpoints := cfg.Servers
 	if len(endpoints) == 0 {
 		if cfg.DataDir == "" {
 			return nil, errors.New("storage: either etcd servers or a data dir for the embedded etcd is needed")
 		}
-		e, err := StartEmbedded(ctx, EmbeddedConfig{DataDir: cfg.DataDir, UnsafeNoFsync: cfg.UnsafeNoFsync, Log: log})
+		if cfg.CertFile == "" || cfg.KeyFile == "" || cfg.CAFile == "" {
+			return nil, errors.New("storage: the embedded etcd needs a client certificate, key and CA (it serves only over TLS with client certificates)")
+		}
+		e, err := StartEmbedded(ctx, EmbeddedConfig{DataDir: cfg.DataDir, UnsafeNoFsync: cfg.UnsafeNoFsync, Log: log,
+			CertFile: cfg.EmbeddedCertFile, KeyFile: cfg.EmbeddedKeyFile, TrustedCAFile: cfg.CAFile})
 		if err != nil {
 			return nil, err
 		}
 		s.embedded = e
 		endpoints = []string{e.ClientURL}
 	}
+	tlsCfg, err := ClientTLS(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
+	if err != nil {
+		s.closeEmbedded()
+		return nil, err
+	}
 	kc, err := kubernetes.New(clientv3.Config{
 		Endpoints:          endpoints,
+		TLS:                tlsCfg,
 		DialTimeout:        timeout,
 		MaxCallSendMsgSize: 8 << 20,
 		MaxCallRecvMsgSize: 0, // unlimited: LIST of many objects
@@ -109,6 +137,25 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	log.Info("storage ready", "endpoints", endpoints, "embedded", s.embedded != nil)
 	return s, nil
+}
+
+// ClientTLS is the etcd client's TLS configuration from
+// --etcd-cafile/--etcd-certfile/--etcd-keyfile; nil when all are empty.
+// A certificate needs its key; a CA alone verifies etcd without presenting
+// a certificate.
+func ClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	if caFile == "" && certFile == "" && keyFile == "" {
+		return nil, nil
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("storage: --etcd-certfile and --etcd-keyfile go together")
+	}
+	info := transport.TLSInfo{CertFile: certFile, KeyFile: keyFile, TrustedCAFile: caFile}
+	c, err := info.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("storage: etcd client TLS (--etcd-cafile %q, --etcd-certfile %q, --etcd-keyfile %q): %w", caFile, certFile, keyFile, err)
+	}
+	return c, nil
 }
 
 func (s *Store) closeEmbedded() {
@@ -201,7 +248,49 @@ func (s *Store) Get(ctx context.Context, key string) (*KV, int64, error) {
 	if resp.KV == nil {
 		return nil, resp.Revision, fmt.Errorf("get %s: %w", key, ErrNotFound)
 	}
-	return toKV(resp.KV), resp.Revision, nil
+	kv := toKV(resp.KV)
+	if err := s.fromStorage(ctx, kv); err != nil {
+		return nil, resp.Revision, err
+	}
+	return kv, resp.Revision, nil
+}
+
+// ErrTransform marks a stored value that cannot be decrypted (a key no
+// longer in the encryption configuration, or tampered data).
+var ErrTransform = errors.New("unable to transform a stored value")
+
+// fromStorage decrypts kv's value in place, recording whether it was
+// written with a key that is no longer the first (Stale).
+func (s *Store) fromStorage(ctx context.Context, kv *KV) error {
+	if kv == nil || s.transform == nil || len(kv.Value) == 0 {
+		return nil
+	}
+	t := s.transform(kv.Key)
+	if t == nil {
+		return nil
+	}
+	out, stale, err := t.TransformFromStorage(ctx, kv.Value, value.DefaultContext(kv.Key))
+	if err != nil {
+		return fmt.Errorf("%w %s: %v", ErrTransform, kv.Key, err)
+	}
+	kv.Value, kv.Stale = out, stale
+	return nil
+}
+
+// toStorage encrypts a value about to be written under key.
+func (s *Store) toStorage(ctx context.Context, key string, data []byte) ([]byte, error) {
+	if s.transform == nil {
+		return data, nil
+	}
+	t := s.transform(key)
+	if t == nil {
+		return data, nil
+	}
+	out, err := t.TransformToStorage(ctx, data, value.DefaultContext(key))
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %v", ErrTransform, key, err)
+	}
+	return out, nil
 }
 
 // ListOptions page and pin a List.
@@ -242,6 +331,9 @@ func (s *Store) List(ctx context.Context, prefix string, opts ListOptions) (List
 	out := ListResult{Revision: resp.Revision, KVs: make([]*KV, len(resp.Kvs))}
 	for i, kv := range resp.Kvs {
 		out.KVs[i] = toKV(kv)
+		if err := s.fromStorage(ctx, out.KVs[i]); err != nil {
+			return ListResult{}, fmt.Errorf("list %s: %w", prefix, err)
+		}
 	}
 	out.More = resp.Count > int64(len(resp.Kvs))
 	return out, nil
@@ -263,6 +355,10 @@ func (s *Store) Count(ctx context.Context, prefix string) (int64, error) {
 func (s *Store) Create(ctx context.Context, key string, value []byte) (int64, error) {
 	ctx, done := s.call(ctx, "create", key)
 	defer done()
+	value, err := s.toStorage(ctx, key, value)
+	if err != nil {
+		return 0, fmt.Errorf("create %s: %w", key, err)
+	}
 	resp, err := s.kc.OptimisticPut(ctx, key, value, 0, kubernetes.PutOptions{})
 	if err != nil {
 		return 0, fmt.Errorf("create %s: %w", key, mapErr(err))
@@ -279,6 +375,10 @@ func (s *Store) Create(ctx context.Context, key string, value []byte) (int64, er
 func (s *Store) OptimisticPut(ctx context.Context, key string, value []byte, expected int64) (int64, *KV, error) {
 	ctx, done := s.call(ctx, "update", key)
 	defer done()
+	value, err := s.toStorage(ctx, key, value)
+	if err != nil {
+		return 0, nil, fmt.Errorf("update %s: %w", key, err)
+	}
 	resp, err := s.kc.OptimisticPut(ctx, key, value, expected, kubernetes.PutOptions{GetOnFailure: true})
 	if err != nil {
 		return 0, nil, fmt.Errorf("update %s: %w", key, mapErr(err))
@@ -287,7 +387,11 @@ func (s *Store) OptimisticPut(ctx context.Context, key string, value []byte, exp
 		if resp.KV == nil {
 			return 0, nil, fmt.Errorf("update %s: %w", key, ErrNotFound)
 		}
-		return 0, toKV(resp.KV), fmt.Errorf("update %s: %w", key, ErrConflict)
+		cur := toKV(resp.KV)
+		if err := s.fromStorage(ctx, cur); err != nil {
+			return 0, nil, fmt.Errorf("update %s: %w", key, err)
+		}
+		return 0, cur, fmt.Errorf("update %s: %w", key, ErrConflict)
 	}
 	return resp.Revision, nil, nil
 }
@@ -305,9 +409,19 @@ func (s *Store) OptimisticDelete(ctx context.Context, key string, expected int64
 		if resp.KV == nil {
 			return 0, nil, fmt.Errorf("delete %s: %w", key, ErrNotFound)
 		}
-		return 0, toKV(resp.KV), fmt.Errorf("delete %s: %w", key, ErrConflict)
+		cur := toKV(resp.KV)
+		if err := s.fromStorage(ctx, cur); err != nil {
+			return 0, nil, fmt.Errorf("delete %s: %w", key, err)
+		}
+		return 0, cur, fmt.Errorf("delete %s: %w", key, ErrConflict)
 	}
-	return resp.Revision, toKV(resp.KV), nil
+	prev := toKV(resp.KV)
+	if err := s.fromStorage(ctx, prev); err != nil {
+		// The key is gone; only its last value is unreadable.
+		s.log.Warn("deleted a value that cannot be decrypted", "key", key, "err", err)
+		prev.Value = nil
+	}
+	return resp.Revision, prev, nil
 }
 
 // Compact discards history before rev.
@@ -374,7 +488,17 @@ func (s *Store) Watch(ctx context.Context, prefix string, from int64) (<-chan Wa
 			}
 			b := WatchBatch{Revision: resp.Header.Revision, Events: make([]RawEvent, 0, len(resp.Events))}
 			for _, ev := range resp.Events {
-				b.Events = append(b.Events, RawEvent{Delete: ev.Type == clientv3.EventTypeDelete, KV: toKV(ev.Kv), PrevKV: toKV(ev.PrevKv)})
+				re := RawEvent{Delete: ev.Type == clientv3.EventTypeDelete, KV: toKV(ev.Kv), PrevKV: toKV(ev.PrevKv)}
+				if re.Delete {
+					re.KV.Value = nil
+				}
+				for _, kv := range []*KV{re.KV, re.PrevKV} {
+					if err := s.fromStorage(ctx, kv); err != nil {
+						werr = fmt.Errorf("watch %s: %w", prefix, err)
+						return
+					}
+				}
+				b.Events = append(b.Events, re)
 			}
 			select {
 			case out <- b:

@@ -33,7 +33,9 @@ func TestEtcdWarningsReachSlogAndInfoDoesNot(t *testing.T) {
 func TestClosingEmbeddedEtcdLogsNoErrors(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	e, err := StartEmbedded(context.Background(), EmbeddedConfig{DataDir: t.TempDir(), UnsafeNoFsync: true, Log: log})
+	ec, _ := embeddedTLS(t, t.TempDir())
+	ec.Log = log
+	e, err := StartEmbedded(context.Background(), ec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,10 @@ type KV struct {
 	Value          []byte
 	ModRevision    int64
 	CreateRevision int64
+	// Stale is set when Value was decrypted with a key that is no longer
+	// the first of the encryption configuration: the next update rewrites
+	// it even when nothing else changed.
+	Stale bool
 }
 
 // CompactedError carries the revision up to which history is gone.

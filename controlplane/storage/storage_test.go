@@ -76,7 +76,7 @@ func (podCodec) Decode(key string, value []byte, rev int64) (*Object, error) {
 func openStore(t *testing.T) *Store {
 	t.Helper()
 	testutil.Privileged(t)
-	s, err := Open(context.Background(), Config{DataDir: t.TempDir(), UnsafeNoFsync: true})
+	s, err := Open(context.Background(), withTLS(t, t.TempDir(), Config{UnsafeNoFsync: true}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestOpensAnEtcd35DataDir(t *testing.T) {
 		t.Fatalf("unpack: %v: %s", err, out)
 	}
 	ctx := context.Background()
-	s, err := Open(ctx, Config{DataDir: dir, UnsafeNoFsync: true})
+	s, err := Open(ctx, withTLS(t, dir, Config{UnsafeNoFsync: true}))
 	if err != nil {
 		t.Fatalf("open the 3.5 data dir: %v", err)
 	}
@@ -71,7 +71,7 @@ func TestOpensAnEtcd35DataDir(t *testing.T) {
 	// A second start finds a current data dir and leaves it alone.
 	s.Close()
 	closed = true
-	s2, err := Open(ctx, Config{DataDir: dir, UnsafeNoFsync: true})
+	s2, err := Open(ctx, withTLS(t, dir, Config{UnsafeNoFsync: true}))
 	if err != nil {
 		t.Fatalf("reopen: %v", err)
 	}

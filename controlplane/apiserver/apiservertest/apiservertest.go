@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver"
+	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
+	"github.com/waggle-io/waggle/controlplane/storage"
 	"github.com/waggle-io/waggle/internal/ops"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -165,4 +167,41 @@ func (s *Server) UserConfig(t testing.TB, user string, groups ...string) *rest.C
 	rc := rest.AnonymousClientConfig(s.Config)
 	rc.CertData, rc.KeyData = certPEM, keyPEM
 	return rc
+}
+
+// Etcd is a standalone etcd for tests of --etcd-servers: an embedded etcd
+// outside any API server, serving TLS with client certificates of its own
+// CA, as a production etcd would.
+type Etcd struct {
+	*storage.Embedded
+	PKI *pki.EtcdPKI
+	dir string
+}
+
+// StartEtcd starts an etcd with data and certificates under dir (a fresh
+// temporary dir when empty) on addr (127.0.0.1:0 when empty), stopped at
+// the end of t.
+func StartEtcd(t testing.TB, dir, addr string) *Etcd {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	p, err := pki.EnsureEtcd(filepath.Join(dir, "pki"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := storage.StartEmbedded(context.Background(), storage.EmbeddedConfig{DataDir: dir, ClientAddr: addr, UnsafeNoFsync: true,
+		CertFile: p.ServerCertFile, KeyFile: p.ServerKeyFile, TrustedCAFile: p.CAFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return &Etcd{Embedded: e, PKI: p, dir: dir}
+}
+
+// Configure points an API server config at e with its client certificate
+// (--etcd-servers, --etcd-cafile, --etcd-certfile, --etcd-keyfile).
+func (e *Etcd) Configure(c *apiserver.Config) {
+	c.EtcdServers = []string{e.ClientURL}
+	c.EtcdCAFile, c.EtcdCertFile, c.EtcdKeyFile = e.PKI.CAFile, e.PKI.ClientCertFile, e.PKI.ClientKeyFile
 }

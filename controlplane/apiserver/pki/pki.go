@@ -302,6 +302,10 @@ func (b *Bundle) issue(tmpl *x509.Certificate) (certPEM, keyPEM []byte, err erro
 }
 
 func (b *Bundle) createCA(certPath, keyPath string) error {
+	return b.createNamedCA(certPath, keyPath, "waggle-ca")
+}
+
+func (b *Bundle) createNamedCA(certPath, keyPath, commonName string) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return fmt.Errorf("pki: generate CA key: %w", err)
@@ -313,7 +317,7 @@ func (b *Bundle) createCA(certPath, keyPath string) error {
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: "waggle-ca"},
+		Subject:               pkix.Name{CommonName: commonName},
 		NotBefore:             now.Add(-5 * time.Minute),
 		NotAfter:              now.Add(CAValidity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
