@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -99,6 +101,18 @@ func (h *harness) stop() {
 		h.t.Error("kubelet did not stop")
 	}
 	h.cancel = nil
+}
+
+// syncedAgain waits until the pod workers have synced n more times than
+// now: the marker that the kubelet looked at every pod again, which a
+// negative check ("nothing restarted") waits for first.
+func (h *harness) syncedAgain(n int) {
+	h.t.Helper()
+	from := promtest.ToFloat64(h.k.metrics.syncs)
+	waitFor(h.t, 30*time.Second, fmt.Sprintf("%d more pod syncs", n), func() (bool, string) {
+		got := promtest.ToFloat64(h.k.metrics.syncs) - from
+		return got >= float64(n), fmt.Sprintf("%v syncs", got)
+	})
 }
 
 func waitFor(t *testing.T, d time.Duration, what string, f func() (bool, string)) {
@@ -305,7 +319,7 @@ func TestRestartPolicies(t *testing.T) {
 			if cond(p, v1.PodReady) != v1.ConditionFalse {
 				t.Errorf("terminal pod is Ready")
 			}
-			time.Sleep(200 * time.Millisecond)
+			h.syncedAgain(3) // the worker saw the exited container again, and again
 			if n := len(h.containersOf("p")); n != 1 {
 				t.Errorf("%d containers, want 1 (no restart)", n)
 			}
@@ -419,7 +433,7 @@ func TestRestartedKubeletAdoptsContainers(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		h.stop()
 		h.start()
-		time.Sleep(300 * time.Millisecond)
+		h.syncedAgain(2 * 3) // the new kubelet's workers are syncing (6 syncs over the 3 pods)
 	}
 	after, _ := h.rt.ListContainers(context.Background())
 	if len(after) != len(before) {

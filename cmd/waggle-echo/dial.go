@@ -43,6 +43,9 @@ func dial(args []string) int {
 			failed++
 			fmt.Fprintf(os.Stderr, "attempt %d: %v\n", i+1, err)
 		} else {
+			if ok == 0 && *hold == 0 {
+				fmt.Fprintln(os.Stderr, "first reply:", line) // a marker for whoever waits on this loop
+			}
 			ok++
 			if !*quiet {
 				fmt.Println(line)
@@ -86,6 +89,9 @@ func dialOnce(proto, addr string, timeout, hold time.Duration) (string, error) {
 	line, err := r.ReadString('\n')
 	if err != nil {
 		return "", err
+	}
+	if hold > 0 {
+		fmt.Fprintln(os.Stderr, "connected:", strings.TrimSpace(line)) // the stream is up: a marker
 	}
 	for end, i := time.Now().Add(hold), 0; time.Now().Before(end); i++ {
 		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {

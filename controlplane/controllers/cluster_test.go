@@ -322,21 +322,11 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// eventually polls cond every 100ms until it returns nil, or fails the test
-// after timeout with cond's last error.
+// eventually polls cond until it returns nil, or fails the test after
+// timeout with cond's last error.
 func eventually(t testing.TB, timeout time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testutil.Eventually(t, timeout, cond)
 }
 
 func freePort(t testing.TB) int {

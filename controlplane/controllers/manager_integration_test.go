@@ -111,7 +111,17 @@ func TestDeploymentRolloutUndoAndScaleThroughKubectl(t *testing.T) {
 	// Pause: a template change makes no new ReplicaSet until resumed.
 	c.kubectlOK("rollout", "pause", "deployment/web")
 	c.kubectlOK("set", "image", "deployment/web", "nginx=nginx:3")
-	time.Sleep(time.Second)
+	// Marker: the controller has synced the new template (observedGeneration).
+	eventually(t, 30*time.Second, func() error {
+		d, err := c.cs.AppsV1().Deployments("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if d.Status.ObservedGeneration < d.Generation {
+			return fmt.Errorf("observedGeneration %d < generation %d", d.Status.ObservedGeneration, d.Generation)
+		}
+		return nil
+	})
 	rss, _ := c.cs.AppsV1().ReplicaSets("default").List(ctx, metav1.ListOptions{ResourceVersion: "0"})
 	for _, rs := range rss.Items {
 		if rs.Spec.Template.Spec.Containers[0].Image == "nginx:3" {
@@ -413,7 +423,26 @@ func TestForegroundDeletionWaitsForBlockingDependents(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(500 * time.Millisecond)
+	// Marker: a second foreground deletion, whose dependent holds nothing,
+	// completes; the collector has acted on the first owner by then.
+	owner2, err := c.cs.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owner2"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep2 := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "dep2",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "owner2", UID: owner2.UID, BlockOwnerDeletion: &yes}}}}
+	if _, err := c.cs.CoreV1().ConfigMaps("default").Create(ctx, dep2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cs.CoreV1().ConfigMaps("default").Delete(ctx, "owner2", metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		if _, err := c.cs.CoreV1().ConfigMaps("default").Get(ctx, "owner2", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("owner2 still there (err %v)", err)
+		}
+		return nil
+	})
 	o, err := c.cs.CoreV1().ConfigMaps("default").Get(ctx, "owner", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("owner went before its blocking dependent: %v", err)

@@ -100,13 +100,7 @@ func (f *fakeCluster) create(t *testing.T, objs ...runtime.Object) {
 // builds) takes seconds for what takes milliseconds here.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 45*time.Second, what, cond)
 }
 
 func (f *fakeCluster) pod(t *testing.T, name string) *v1.Pod {

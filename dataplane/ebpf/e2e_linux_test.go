@@ -228,7 +228,7 @@ func TestAffinitySticksAndExpires(t *testing.T) {
 	// After the timeout a new choice is made: with 4 backends a different
 	// one shows up within a few expiries (false failure chance 4^-10).
 	for range 10 {
-		time.Sleep(1100 * time.Millisecond)
+		time.Sleep(1100 * time.Millisecond) // the affinity timeout is 1 s of kernel time: waiting it out is the test
 		who, err := e.whoTCP(ap("10.96.0.10:80"))
 		if err != nil {
 			t.Fatal(err)
@@ -451,7 +451,14 @@ func TestRestartKeepsLongLivedStreamAndNewConnects(t *testing.T) {
 			connects.Add(1)
 		}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// Each step waits for the client to have made new connects, so every
+	// restart happens under traffic (counted, not slept for).
+	connected := func() {
+		t.Helper()
+		from := connects.Load()
+		wtestutil.WaitFor(t, 30*time.Second, "20 more connects", func() bool { return connects.Load() >= from+20 })
+	}
+	connected()
 	for i := range 3 { // restart the proxy three times
 		if err := e.b.Close(); err != nil {
 			t.Fatal(err)
@@ -468,7 +475,7 @@ func TestRestartKeepsLongLivedStreamAndNewConnects(t *testing.T) {
 		if err != nil || res.writes+res.deletes != 0 {
 			t.Errorf("first sync after restart %d: %d writes, %d deletes, %v; want none", i, res.writes, res.deletes, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		connected()
 	}
 	t.Cleanup(func() { e.b.Close() })
 	cancel()

@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -22,4 +23,16 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
 		}
 		time.Sleep(20 * time.Millisecond) // the poll interval, not a guess at timing
 	}
+}
+
+// WaitFor is Eventually for a condition that is true or false: it fails t
+// with "timed out waiting for <what>".
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	Eventually(t, timeout, func() error {
+		if cond() {
+			return nil
+		}
+		return fmt.Errorf("waiting for %s", what)
+	})
 }

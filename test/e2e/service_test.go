@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -176,12 +177,12 @@ func TestLab(t *testing.T) {
 		defer cancel()
 		loop := exec.CommandContext(ctx, "kubectl", "--kubeconfig", e.kubeconfig, "exec", "client-"+nodes[0], "--",
 			"/waggle-echo", "dial", "-q", "-for", "45s", "-every", "50ms", "tcp", vip+":80")
-		var out strings.Builder
-		loop.Stdout, loop.Stderr = &out, &out
+		out := newMarkedOutput("first reply:")
+		loop.Stdout, loop.Stderr = out, out
 		if err := loop.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(3 * time.Second)
+		out.wait(t, time.Minute) // the loop is answered before the rollout starts
 		e.kubectl(t, "rollout", "restart", "deployment/echo")
 		e.kubectl(t, "rollout", "status", "deployment/echo", "--timeout=2m")
 		if err := loop.Wait(); err != nil {
@@ -195,12 +196,12 @@ func TestLab(t *testing.T) {
 		defer cancel()
 		hold := exec.CommandContext(ctx, "kubectl", "--kubeconfig", e.kubeconfig, "exec", "client-"+nodes[0], "--",
 			"/waggle-echo", "dial", "-hold", "12s", "tcp", vip+":80")
-		var out strings.Builder
-		hold.Stdout, hold.Stderr = &out, &out
+		out := newMarkedOutput("connected:")
+		hold.Stdout, hold.Stderr = out, out
 		if err := hold.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(3 * time.Second)
+		out.wait(t, time.Minute) // the connection is up before the proxy restarts
 		if err := lab.Restart(e.dataDir, nodes[0], "proxy"); err != nil {
 			t.Fatal(err)
 		}
@@ -288,4 +289,47 @@ func readyPods(t *testing.T, e *env) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// markedOutput collects a command's output and signals when a marker line
+// appears in it, so a test can wait for "the client is running" instead of
+// sleeping.
+type markedOutput struct {
+	mu     sync.Mutex
+	buf    strings.Builder
+	marker string
+	seen   chan struct{}
+}
+
+func newMarkedOutput(marker string) *markedOutput {
+	return &markedOutput{marker: marker, seen: make(chan struct{})}
+}
+
+func (o *markedOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.buf.Write(p)
+	select {
+	case <-o.seen:
+	default:
+		if strings.Contains(o.buf.String(), o.marker) {
+			close(o.seen)
+		}
+	}
+	return len(p), nil
+}
+
+func (o *markedOutput) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
+func (o *markedOutput) wait(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-o.seen:
+	case <-time.After(timeout):
+		t.Fatalf("no %q within %v; output so far:\n%s", o.marker, timeout, o.String())
+	}
 }

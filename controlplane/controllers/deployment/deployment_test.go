@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -166,9 +168,41 @@ func (h *harness) replicaSets(t *testing.T) []appsv1.ReplicaSet {
 	return l.Items
 }
 
+// settled waits until the controller has synced the Deployment after
+// everything written so far: it makes a spec change (as the API server
+// would, the generation grows) and waits for status.observedGeneration to
+// reach it. A negative check ("nothing was created") waits for this marker
+// first, so it cannot pass merely because the controller was slow.
+func (h *harness) settled(t *testing.T) {
+	t.Helper()
+	deps := h.c.client.AppsV1().Deployments("default")
+	d := ctrltest.Update(t, func() (*appsv1.Deployment, error) { return deps.Get(h.ctx, "web", metav1.GetOptions{}) },
+		func(d *appsv1.Deployment) {
+			limit := int32(10)
+			if d.Spec.RevisionHistoryLimit != nil {
+				limit = *d.Spec.RevisionHistoryLimit + 1
+			}
+			d.Spec.RevisionHistoryLimit = &limit
+			d.Generation++
+		},
+		func(d *appsv1.Deployment) (*appsv1.Deployment, error) {
+			return deps.Update(h.ctx, d, metav1.UpdateOptions{})
+		})
+	ctrltest.Eventually(t, 30*time.Second, func() error {
+		got, err := deps.Get(h.ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if got.Status.ObservedGeneration < d.Generation {
+			return fmt.Errorf("observedGeneration %d, want %d", got.Status.ObservedGeneration, d.Generation)
+		}
+		return nil
+	})
+}
+
 // markAvailable plays the ReplicaSet controller: every ReplicaSet's pods
-// are all there and available. (The fake clientset's Update also writes
-// status, unlike the API server, so tests call it while polling.)
+// are all there and available. Tests call it while polling, so a write that
+// conflicts with the controller's is simply retried by the next poll.
 func (h *harness) markAvailable(t *testing.T) {
 	for _, rs := range h.replicaSets(t) {
 		r := *rs.Spec.Replicas
@@ -176,7 +210,7 @@ func (h *harness) markAvailable(t *testing.T) {
 			continue
 		}
 		rs.Status = appsv1.ReplicaSetStatus{Replicas: r, ReadyReplicas: r, AvailableReplicas: r, FullyLabeledReplicas: r, ObservedGeneration: rs.Generation}
-		if _, err := h.c.client.AppsV1().ReplicaSets("default").UpdateStatus(h.ctx, &rs, metav1.UpdateOptions{}); err != nil {
+		if _, err := h.c.client.AppsV1().ReplicaSets("default").UpdateStatus(h.ctx, &rs, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
 			t.Fatal(err)
 		}
 	}
@@ -331,7 +365,7 @@ func TestPausedDeploymentGetsThePausedConditionAndDoesNotRollOut(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(200 * time.Millisecond)
+	h.settled(t)
 	if n := len(h.replicaSets(t)); n != 0 {
 		t.Fatalf("paused deployment created %d replica sets", n)
 	}
@@ -371,7 +405,7 @@ func TestRecreateScalesOldToZeroBeforeCreatingTheNewReplicaSet(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(200 * time.Millisecond)
+	h.settled(t)
 	if rss := h.replicaSets(t); len(rss) != 1 {
 		t.Fatalf("a new replica set was created while old pods were still reported (%d)", len(rss))
 	}

@@ -152,11 +152,33 @@ func TestLiveOwnersCostNoAPICalls(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		objs = append(objs, cm(fmt.Sprintf("dep%d", i), types.UID(fmt.Sprintf("d%d", i)), ownedBy("owner", "o1", false)))
 	}
-	dyn, _ := run(t, objs...)
-	time.Sleep(500 * time.Millisecond)
-	for _, a := range dyn.Actions() {
-		if a.GetVerb() != "list" && a.GetVerb() != "watch" {
-			t.Fatalf("unexpected %s %s: the graph already shows every owner alive", a.GetVerb(), a.GetResource().Resource)
+	dyn, ctx := run(t, objs...)
+	// The marker: a dependent of an owner that never existed, created after
+	// the 50, so the collector reaches it after them. Once it is gone the
+	// collector has looked at every dependent of the live owner.
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cm("marker", "m1", ownedBy("ghost", "g1", false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(cmGVR).Namespace("default").Create(ctx, &unstructured.Unstructured{Object: m}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctrltest.Eventually(t, 30*time.Second, func() error {
+		if ok, _, _ := exists(ctx, dyn, "marker"); ok {
+			return fmt.Errorf("the marker (owner never existed) is still there")
 		}
+		return nil
+	})
+	for _, a := range dyn.Actions() {
+		if a.GetVerb() == "list" || a.GetVerb() == "watch" {
+			continue
+		}
+		if n, ok := a.(interface{ GetName() string }); ok && (n.GetName() == "marker" || n.GetName() == "ghost") {
+			continue
+		}
+		if a.GetVerb() == "create" {
+			continue // the marker itself
+		}
+		t.Fatalf("unexpected %s %s: the graph already shows every owner alive", a.GetVerb(), a.GetResource().Resource)
 	}
 }

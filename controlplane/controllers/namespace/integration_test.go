@@ -67,11 +67,7 @@ func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 	}
 	wait := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
+		testutil.WaitFor(t, 30*time.Second, what, cond)
 	}
 	gone := func(err error) bool {
 		if err != nil && !apierrors.IsNotFound(err) {

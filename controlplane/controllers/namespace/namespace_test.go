@@ -99,11 +99,7 @@ func (e env) finalized(t *testing.T, name string) bool {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	testutil.WaitFor(t, 30*time.Second, what, cond)
 }
 
 func deletedNS(name string) *corev1.Namespace {

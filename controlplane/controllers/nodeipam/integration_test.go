@@ -55,19 +55,19 @@ func TestRealAPIServerNodeCIDRsSurviveAControllerRestart(t *testing.T) {
 	}
 	waitAll := func(n int) map[string]string {
 		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			m := all()
+		var m map[string]string
+		testutil.Eventually(t, 30*time.Second, func() error {
+			m = all()
 			ok := len(m) == n
 			for _, c := range m {
 				ok = ok && c != ""
 			}
-			if ok {
-				return m
+			if !ok {
+				return fmt.Errorf("nodes without podCIDR: %v", m)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("nodes without podCIDR: %v", m)
-			}
-		}
+			return nil
+		})
+		return m
 	}
 
 	stop := run()
@@ -90,12 +90,12 @@ func TestRealAPIServerNodeCIDRsSurviveAControllerRestart(t *testing.T) {
 			t.Fatalf("node %s changed CIDR %s -> %s", n, old, c)
 		}
 	}
-	// Deleting a node frees its CIDR for the next one.
+	// After a node is deleted, a new node gets its CIDR or a free one, never
+	// one in use (whether the delete was seen yet or not).
 	freed := got["b"]
 	if err := cs.CoreV1().Nodes().Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
 	used := map[string]bool{}
 	for _, c := range got {
 		used[c] = true

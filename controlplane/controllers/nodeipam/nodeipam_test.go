@@ -194,11 +194,7 @@ func podCIDRs(t *testing.T, cs *fake.Clientset) map[string]string {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	testutil.WaitFor(t, 30*time.Second, what, cond)
 }
 
 func TestEveryNodeGetsADistinctCIDRRebuiltFromExistingNodes(t *testing.T) {

@@ -138,11 +138,7 @@ func (c cluster) podExists(t *testing.T, name string) bool {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	testutil.WaitFor(t, 30*time.Second, what, cond)
 }
 
 func taintKeys(n *corev1.Node) []string {

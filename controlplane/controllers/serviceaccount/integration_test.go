@@ -37,11 +37,7 @@ func TestRealAPIServerDefaultServiceAccount(t *testing.T) {
 	}
 	wait := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
+		testutil.WaitFor(t, 30*time.Second, what, cond)
 	}
 	for _, ns := range []string{"default", "kube-system"} {
 		wait("default SA in "+ns, func() bool { return has(ns) })

@@ -36,11 +36,7 @@ func start(t *testing.T, objs ...*corev1.Namespace) *fake.Clientset {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	testutil.WaitFor(t, 30*time.Second, what, cond)
 }
 
 func hasSA(cs *fake.Clientset, ns string) bool {
