@@ -7,7 +7,6 @@ import (
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,9 +15,10 @@ import (
 )
 
 // bootstrap creates what exists from the first start: the four initial
-// namespaces, and the default/kubernetes Service (the range's first
-// ClusterIP, port 443) with its Endpoints and EndpointSlice pointing at this
-// server, refreshed at every start.
+// namespaces, kube-public/cluster-info, and the default/kubernetes Service
+// (the range's first ClusterIP, port 443) with its Endpoints and
+// EndpointSlice listing every live API server (see reconcileEndpoints),
+// refreshed at every start.
 func (s *Server) bootstrap(ctx context.Context) error {
 	if err := s.bootstrapPriorityClasses(ctx); err != nil {
 		return err
@@ -34,7 +34,6 @@ func (s *Server) bootstrap(ctx context.Context) error {
 		return err
 	}
 	port := int32(s.ln.Addr().(*net.TCPAddr).Port)
-	ip := s.endpointIP()
 	labels := map[string]string{"component": "apiserver", "provider": "kubernetes"}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default", Labels: labels},
@@ -53,41 +52,7 @@ func (s *Server) bootstrap(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	ep := &corev1.Endpoints{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default",
-			Labels: map[string]string{discoveryv1.LabelSkipMirror: "true"}},
-		Subsets: []corev1.EndpointSubset{{
-			Addresses: []corev1.EndpointAddress{{IP: ip}},
-			Ports:     []corev1.EndpointPort{{Name: "https", Port: port, Protocol: corev1.ProtocolTCP}},
-		}},
-	}
-	if err := s.upsert(ctx, "endpoints", ep, func(cur runtime.Object) bool {
-		c := cur.(*corev1.Endpoints)
-		if apiequality.Semantic.DeepEqual(c.Subsets, ep.Subsets) {
-			return false
-		}
-		c.Subsets = ep.Subsets
-		return true
-	}); err != nil {
-		return err
-	}
-	proto := corev1.ProtocolTCP
-	ready := true
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default",
-			Labels: map[string]string{discoveryv1.LabelServiceName: "kubernetes", discoveryv1.LabelManagedBy: "kube-apiserver"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: &port, Protocol: &proto}},
-	}
-	return s.upsert(ctx, "endpointslices", slice, func(cur runtime.Object) bool {
-		c := cur.(*discoveryv1.EndpointSlice)
-		if apiequality.Semantic.DeepEqual(c.Endpoints, slice.Endpoints) && apiequality.Semantic.DeepEqual(c.Ports, slice.Ports) {
-			return false
-		}
-		c.Endpoints, c.Ports = slice.Endpoints, slice.Ports
-		return true
-	})
+	return s.reconcileEndpoints(ctx, false)
 }
 
 // upsert creates obj in its namespace, or updates the existing one with

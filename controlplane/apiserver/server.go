@@ -372,6 +372,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	go func() { defer s.bg.Done(); s.repairLoop(bgCtx) }()
 	s.bg.Add(1)
 	go func() { defer s.bg.Done(); s.crds.run(bgCtx) }()
+	s.bg.Add(1)
+	go func() { defer s.bg.Done(); s.endpointReconcileLoop(bgCtx) }()
 	if len(cfg.EtcdServers) > 0 {
 		// The embedded etcd compacts itself; an external one is compacted
 		// by the API servers, as kube-apiserver does.
@@ -513,6 +515,13 @@ func (s *Server) Serve(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	s.log.Info("shutting down")
+	// Leave the kubernetes endpoints first, as kube-apiserver does, so
+	// clients and the kubernetes Service stop choosing this server.
+	lctx, lcancel := context.WithTimeout(context.Background(), 3*time.Second)
+	if err := s.reconcileEndpoints(lctx, true); err != nil {
+		s.log.Warn("could not remove this server from the kubernetes endpoints", "err", err)
+	}
+	lcancel()
 	close(s.watchStop)
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
