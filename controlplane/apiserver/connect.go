@@ -3,7 +3,9 @@ package apiserver
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -11,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
 	"github.com/waggle-io/waggle/controlplane/storage"
@@ -64,15 +68,12 @@ func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	var target *url.URL
 	var err error
+	toKubelet := req.reg.res.Resource == "pods" && req.sub != "proxy" // the kubelet's API, with the kubelet client certificate
 	switch {
 	case req.reg.res.Resource == "nodes" && req.sub == "proxy":
-		node, err := s.node(ctx, req.name)
+		target, toKubelet, err = s.nodeTarget(ctx, r, req)
 		if err != nil {
 			return err
-		}
-		target, err = kubeletclient.NodeProxyURL(node, req.proxyPath, r.URL.RawQuery)
-		if err != nil {
-			return apierrors.NewServiceUnavailable(err.Error())
 		}
 	case req.reg.res.Resource == "services" && req.sub == "proxy":
 		target, err = s.serviceTarget(ctx, r, req)
@@ -87,12 +88,17 @@ func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Req
 	default:
 		return apierrors.NewServiceUnavailable(fmt.Sprintf("%s/%s is not served", req.reg.res.Resource, req.sub))
 	}
-	rt, err := s.kubeletRT()
-	if err != nil {
-		return apierrors.NewInternalError(fmt.Errorf("kubelet client certificate: %w", err))
-	}
-	if target.Scheme == "http" {
-		rt = http.DefaultTransport
+	rt := http.DefaultTransport
+	switch {
+	case toKubelet:
+		if rt, err = s.kubeletRT(); err != nil {
+			return apierrors.NewInternalError(fmt.Errorf("kubelet client certificate: %w", err))
+		}
+	case target.Scheme == "https":
+		// A pod's, a Service's or a node's other port: TLS without the
+		// kubelet client certificate (it is for kubelets only), and, as
+		// upstream's proxy transport, without verifying the server.
+		rt = &http.Transport{Proxy: nil, TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}} //nolint:gosec // upstream's proxy does not verify backends either
 	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -106,11 +112,61 @@ func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Req
 		Transport:     rt,
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			writeStatus(w, apierrors.NewServiceUnavailable("error reaching the node: "+err.Error()), req.reg.gr, req.name)
+			writeStatus(w, apierrors.NewServiceUnavailable(proxyError(req, target, err)), req.reg.gr, req.name)
 		},
 	}
 	proxy.ServeHTTP(w, r)
 	return nil
+}
+
+// proxyError is the message of a 503 from the proxy: what could not be
+// reached (upstream's "error trying to reach service: ..."), and, when the
+// backend answered something that is not HTTP, that it is not an HTTP port.
+func proxyError(req *request, target *url.URL, err error) string {
+	what := "the node"
+	switch {
+	case req.reg.res.Resource == "services":
+		what = "service"
+	case req.reg.res.Resource == "pods" && req.sub == "proxy":
+		what = "pod"
+	}
+	msg := fmt.Sprintf("error trying to reach %s: %v", what, err)
+	if strings.Contains(err.Error(), "malformed HTTP") || errors.Is(err, io.ErrUnexpectedEOF) {
+		msg += fmt.Sprintf(" (%s did not answer HTTP: the proxy subresource speaks HTTP only, is %s an HTTP port?)", target.Host, target.Port())
+	}
+	return msg
+}
+
+// nodeTarget resolves nodes/<[scheme:]name[:port]>/proxy as upstream: the
+// kubelet's own port (or none) goes to the kubelet's API with the kubelet
+// client certificate; another port goes to that port on the node's address,
+// over http unless https is asked for.
+func (s *Server) nodeTarget(ctx context.Context, r *http.Request, req *request) (*url.URL, bool, error) {
+	scheme, name, port, ok := utilnet.SplitSchemeNamePort(req.name)
+	if !ok || name == "" {
+		return nil, false, apierrors.NewBadRequest(fmt.Sprintf("invalid node request %q", req.name))
+	}
+	node, err := s.node(ctx, name)
+	if err != nil {
+		return nil, false, err
+	}
+	target, err := kubeletclient.NodeProxyURL(node, req.proxyPath, r.URL.RawQuery)
+	if err != nil {
+		return nil, false, apierrors.NewServiceUnavailable(err.Error())
+	}
+	kubeletPort := strconv.Itoa(int(node.Status.DaemonEndpoints.KubeletEndpoint.Port))
+	if port == "" || port == kubeletPort {
+		return target, true, nil
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return nil, false, apierrors.NewBadRequest("invalid port " + strconv.Quote(port))
+	}
+	if scheme == "" {
+		scheme = "http"
+	}
+	target.Scheme = scheme
+	target.Host = net.JoinHostPort(target.Hostname(), port)
+	return target, false, nil
 }
 
 func (s *Server) node(ctx context.Context, name string) (*corev1.Node, error) {
@@ -122,7 +178,13 @@ func (s *Server) node(ctx context.Context, name string) (*corev1.Node, error) {
 }
 
 func (s *Server) podTarget(ctx context.Context, r *http.Request, req *request) (*url.URL, error) {
-	name, port, _ := strings.Cut(req.name, ":")
+	scheme, name, port, ok := utilnet.SplitSchemeNamePort(req.name)
+	if !ok || name == "" {
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("invalid pod request %q", req.name))
+	}
+	if scheme == "" {
+		scheme = "http"
+	}
 	o, err := req.reg.get(ctx, req.ns, name, "")
 	if err != nil {
 		return nil, err
@@ -133,12 +195,25 @@ func (s *Server) podTarget(ctx context.Context, r *http.Request, req *request) (
 			return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("pod %s has no IP yet", name))
 		}
 		if port == "" {
-			port = "80"
+			// As upstream: the first declared container port, else the
+			// scheme's default.
+			for _, c := range pod.Spec.Containers {
+				if len(c.Ports) > 0 {
+					port = strconv.Itoa(int(c.Ports[0].ContainerPort))
+					break
+				}
+			}
 		}
-		if _, err := strconv.Atoi(port); err != nil {
-			return nil, apierrors.NewBadRequest("invalid port " + strconv.Quote(port))
+		host := pod.Status.PodIP
+		if port != "" {
+			if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+				return nil, apierrors.NewBadRequest("invalid port " + strconv.Quote(port))
+			}
+			host = net.JoinHostPort(pod.Status.PodIP, port)
+		} else if strings.Contains(host, ":") {
+			host = "[" + host + "]"
 		}
-		return &url.URL{Scheme: "http", Host: net.JoinHostPort(pod.Status.PodIP, port), Path: "/" + req.proxyPath, RawQuery: r.URL.RawQuery}, nil
+		return &url.URL{Scheme: scheme, Host: host, Path: "/" + req.proxyPath, RawQuery: r.URL.RawQuery}, nil
 	}
 	if pod.Spec.NodeName == "" {
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("pod %s is not scheduled to a node yet", name))

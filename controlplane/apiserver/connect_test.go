@@ -110,6 +110,43 @@ func TestLogsAndProxiesReachTheNode(t *testing.T) {
 			t.Errorf("legacy %s: %q %v, want %q", path, b, err, want)
 		}
 	}
+	// nodes/<name>:<kubelet port>/proxy is the kubelet too (the conformance
+	// suite asks so); another port of the node is reached over plain http,
+	// without the kubelet client certificate.
+	before := len(got)
+	if b, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node-a:" + portStr + "/proxy/pods").DoRaw(ctx); err != nil || string(b) != "hello from /pods" || len(got) != before+1 {
+		t.Fatalf("node proxy with the kubelet port: %q %v", b, err)
+	}
+	if b, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/https:node-a:" + portStr + "/proxy/pods").DoRaw(ctx); err != nil || string(b) != "hello from /pods" {
+		t.Fatalf("node proxy with scheme and the kubelet port: %q %v", b, err)
+	}
+	if b, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/node-a:" + appPort + "/proxy/x").DoRaw(ctx); err != nil || string(b) != "app /x" {
+		t.Fatalf("node proxy to another port: %q %v", b, err)
+	}
+	if b, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/ftp:node-a:1/proxy/x").DoRaw(ctx); !apierrors.IsBadRequest(err) {
+		t.Fatalf("node proxy with a bad scheme: %v %s, want 400", err, b)
+	}
+	// A port that does not speak HTTP: 503 that says so.
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	go func() {
+		for {
+			c, err := raw.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, "SSH-2.0-OpenSSH_9.2\r\n\x00\x00\x01")
+			c.Close()
+		}
+	}()
+	_, rawPort, _ := net.SplitHostPort(raw.Addr().String())
+	b, err = cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/namespaces/default/pods/logged:" + rawPort + "/proxy/").DoRaw(ctx)
+	if !apierrors.IsServiceUnavailable(err) || !strings.Contains(string(b), "did not answer HTTP") || !strings.Contains(string(b), "error trying to reach pod") {
+		t.Fatalf("pod proxy to a non-HTTP port: %v %s", err, b)
+	}
 	// A pod that is not scheduled has no logs to reach: 400.
 	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod("pending", nil), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
