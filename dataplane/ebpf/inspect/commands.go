@@ -58,6 +58,8 @@ func (in *inspector) run(ctx context.Context, cfg Config) (any, error) {
 		return in.explain(src, fe)
 	case "prog list":
 		return in.progList(cfg.EnableStats)
+	case "nodeport status", "nodeport ct", "nodeport maglev":
+		return in.northSouth(cmd[1])
 	}
 	return nil, usageErr("unknown command %q", strings.Join(cmd, " "))
 }

@@ -129,6 +129,9 @@ Commands:
                                     pid:N or cookie:N (affinity is kept per netns);
                                     PROTO defaults to TCP
   prog list [--enable-stats DUR]    attached programs: id, type, attach point, runs, run time
+  nodeport status                   north-south devices (SNAT addresses) and counters
+  nodeport ct                       north-south conntrack: both directions of each flow, NAT, expiry
+  nodeport maglev                   each NodePort/ExternalIP/LoadBalancer frontend's Maglev table share per backend
 
 Exit codes: 0 ok, 1 not found, 2 usage, 3 no dataplane state on this node
 (none pinned, bpffs not mounted, or a map layout from another Waggle), 4 other failure.
@@ -138,23 +141,26 @@ Flags (anywhere on the line; each also read from WAGGLE_<FLAG>):
 
 // commands lists the valid command words with their argument counts.
 var commands = map[string]struct{ min, max int }{
-	"status":         {0, 0},
-	"lb list":        {0, 0},
-	"lb get":         {1, 1},
-	"map list":       {0, 0},
-	"map dump":       {1, 1},
-	"affinity list":  {0, 0},
-	"sockets":        {0, 0},
-	"explain":        {1, 2},
-	"prog list":      {0, 0},
-	"policy list":    {0, 0},
-	"policy get":     {1, 1},
-	"explain policy": {2, 2},
-	"monitor":        {0, 0},
+	"status":          {0, 0},
+	"lb list":         {0, 0},
+	"lb get":          {1, 1},
+	"map list":        {0, 0},
+	"map dump":        {1, 1},
+	"affinity list":   {0, 0},
+	"sockets":         {0, 0},
+	"explain":         {1, 2},
+	"prog list":       {0, 0},
+	"policy list":     {0, 0},
+	"policy get":      {1, 1},
+	"explain policy":  {2, 2},
+	"monitor":         {0, 0},
+	"nodeport status": {0, 0},
+	"nodeport ct":     {0, 0},
+	"nodeport maglev": {0, 0},
 }
 
 // groups are the command words that take a second word.
-var groups = map[string][]string{"policy": {"list", "get"}, "lb": {"list", "get"}, "map": {"list", "dump"}, "affinity": {"list"}, "prog": {"list"}}
+var groups = map[string][]string{"policy": {"list", "get"}, "lb": {"list", "get"}, "map": {"list", "dump"}, "affinity": {"list"}, "prog": {"list"}, "nodeport": {"status", "ct", "maglev"}}
 
 // ParseArgs parses `waggle bpf`'s arguments (flags may come anywhere;
 // flags not given fall back to WAGGLE_<FLAG>). Errors carry ExitUsage;
