@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/waggle-io/waggle/dataplane/policy"
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,6 +24,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/waggle-io/waggle/dataplane/l2announce"
+	"github.com/waggle-io/waggle/dataplane/policy"
 	"github.com/waggle-io/waggle/internal/ops"
 )
 
@@ -51,8 +53,11 @@ type ModeConfig struct {
 	NodePortDevices []string
 	// MaglevTableSize is the eBPF north-south Maglev table size (a prime).
 	MaglevTableSize int
-	Log             *slog.Logger
-	Metrics         prometheus.Registerer
+	// NodePortNetNS is the network namespace of NodePortDevices (empty:
+	// the caller's).
+	NodePortNetNS string
+	Log           *slog.Logger
+	Metrics       prometheus.Registerer
 }
 
 // Mode is one proxy backend the proxy can run. The backends live in their
@@ -97,6 +102,12 @@ type Config struct {
 	// NoHealthCheckNodePorts: do not serve healthCheckNodePorts (the
 	// default serves them, as kube-proxy).
 	NoHealthCheckNodePorts bool
+	// NoL2Announcements: with NodePortDevices, do not answer ARP for
+	// LoadBalancer IPs (l2announce; the default does).
+	NoL2Announcements bool
+	// NodePortNetNS is the network namespace of NodePortDevices (empty:
+	// the proxy's own; tests and benchmarks).
+	NodePortNetNS string
 	// ClusterCIDRs are the pod networks (masquerade decisions).
 	ClusterCIDRs []netip.Prefix
 	// HealthBindAddress serves /healthz, /readyz and /metrics ("" or "0"
@@ -177,7 +188,8 @@ func (c *Config) modeConfig(log *slog.Logger, reg prometheus.Registerer) ModeCon
 		NodeName: c.NodeName, CgroupRoot: c.CgroupRoot, PinDir: c.BPFPinDir,
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, MaxAffinity: c.MaxAffinity, MaxRevSocks: c.MaxRevSocks,
 		IPVSScheduler: c.IPVSScheduler, NodePortDevices: c.NodePortDevices, MaglevTableSize: c.MaglevTableSize,
-		Log: log, Metrics: reg,
+		NodePortNetNS: c.NodePortNetNS,
+		Log:           log, Metrics: reg,
 	}
 }
 
@@ -309,6 +321,19 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		}()
 	}
+	if len(cfg.NodePortDevices) > 0 && mode.Name == ModeEBPF && !cfg.NoL2Announcements {
+		a, err := l2announce.New(l2announce.Config{Client: client, NodeName: cfg.NodeName, Devices: cfg.NodePortDevices,
+			NetNS: cfg.NodePortNetNS, Log: log.With("part", "l2-announcement")})
+		if err != nil {
+			return fmt.Errorf("L2 announcement of LoadBalancer IPs: %w", err)
+		}
+		p.l2, p.lbIPs = a, map[ServiceRef][]netip.Addr{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.Run(ctx)
+		}()
+	}
 	runErr := p.run(ctx, errc)
 	stop(nil)
 	wg.Wait()
@@ -352,6 +377,10 @@ type proxy struct {
 	incr IncrementalBackend
 	// hc serves healthCheckNodePorts (nil: off).
 	hc *serviceHealth
+	// l2 announces LoadBalancer IPs (nil: off); lbIPs are each Service's
+	// candidates, as last synced.
+	l2    *l2announce.Announcer
+	lbIPs map[ServiceRef][]netip.Addr
 
 	mu          sync.Mutex
 	synced      bool // informers synced
@@ -668,12 +697,17 @@ func (p *proxy) sync(ctx context.Context, full bool) error {
 	p.needFull = false
 	p.failingSince = time.Time{}
 	p.mu.Unlock()
-	if p.hc != nil {
+	if p.hc != nil || p.l2 != nil {
 		refs := ch.Services
 		if whole {
 			refs = p.tracker.ServiceRefs()
 		}
-		p.hc.update(p.tracker, refs)
+		if p.hc != nil {
+			p.hc.update(p.tracker, refs)
+		}
+		if p.l2 != nil {
+			p.updateL2(refs)
+		}
 	}
 	lvl := slog.LevelDebug
 	if first || full {
@@ -682,6 +716,31 @@ func (p *proxy) sync(ctx context.Context, full bool) error {
 	p.log.Log(ctx, lvl, "dataplane programmed", "mode", p.backend.Name(), "kind", kind, "changedServices", len(ch.Services),
 		"services", nsvc, "frontends", nfronts, "endpoints", neps, "took", time.Since(start))
 	return nil
+}
+
+// updateL2 re-reads the LoadBalancer IPs of refs and hands the announcer
+// the new candidate set when it changed.
+func (p *proxy) updateL2(refs []ServiceRef) {
+	changed := false
+	for _, r := range refs {
+		ips := p.tracker.LoadBalancerIPs(r)
+		if !slices.Equal(ips, p.lbIPs[r]) {
+			changed = true
+			if len(ips) == 0 {
+				delete(p.lbIPs, r)
+			} else {
+				p.lbIPs[r] = ips
+			}
+		}
+	}
+	if !changed {
+		return
+	}
+	var all []netip.Addr
+	for _, ips := range p.lbIPs {
+		all = append(all, ips...)
+	}
+	p.l2.SetCandidates(all)
 }
 
 // onlyFrontendErrors reports whether err consists of FrontendErrors alone

@@ -419,6 +419,18 @@ func (t *Tracker) HealthCheckNodePort(ref ServiceRef) (port uint16, local int) {
 		svc.Spec.ExternalTrafficPolicy != v1.ServiceExternalTrafficPolicyLocal {
 		return 0, 0
 	}
+	return uint16(svc.Spec.HealthCheckNodePort), t.localReadyLocked(ref)
+}
+
+func (t *Tracker) localReady(ref ServiceRef) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.localReadyLocked(ref)
+}
+
+// localReadyLocked counts the Service's ready endpoints on this node
+// (distinct addresses); t.mu held.
+func (t *Tracker) localReadyLocked(ref ServiceRef) int {
 	seen := map[string]bool{}
 	for _, es := range t.slices[ref] {
 		for _, e := range es.Endpoints {
@@ -430,5 +442,34 @@ func (t *Tracker) HealthCheckNodePort(ref ServiceRef) (port uint16, local int) {
 			}
 		}
 	}
-	return uint16(svc.Spec.HealthCheckNodePort), len(seen)
+	return len(seen)
+}
+
+// LoadBalancerIPs returns the IPv4 LoadBalancer ingress IPs of a Service
+// this node can serve to traffic from outside (the L2 announcement
+// candidates): all of them for externalTrafficPolicy Cluster; for Local only
+// while this node has a ready endpoint of the Service. ipMode Proxy IPs are
+// left out (the load balancer proxies to node ports itself).
+func (t *Tracker) LoadBalancerIPs(ref ServiceRef) []netip.Addr {
+	t.mu.Lock()
+	svc := t.services[ref]
+	t.mu.Unlock()
+	if svc == nil || svc.Spec.Type != v1.ServiceTypeLoadBalancer {
+		return nil
+	}
+	if svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal {
+		if t.localReady(ref) == 0 {
+			return nil
+		}
+	}
+	var out []netip.Addr
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		if in.IPMode != nil && *in.IPMode == v1.LoadBalancerIPModeProxy {
+			continue
+		}
+		if a, err := netip.ParseAddr(in.IP); err == nil && a.Unmap().Is4() {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
 }

@@ -39,6 +39,7 @@ func runProxy(ctx context.Context, args []string) error {
 	var npDevices cliflag.StringList
 	fs.Var(&npDevices, "nodeport-devices", "external devices (comma-separated) on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from outside the node (tc, Maglev, SNAT to the device's address for remote backends); empty: off")
 	fs.IntVar(&cfg.MaglevTableSize, "bpf-lb-maglev-table-size", ebpf.DefaultMaglevTableSize, "entries of each eBPF Maglev table, a prime (251, 509, 1021, 2039, 4093, 8191, 16381, ...); aim for 100x the backends of the largest Service")
+	fs.BoolVar(&cfg.NoL2Announcements, "no-l2-announcements", false, "with --nodeport-devices: do not answer ARP for LoadBalancer IPs (one node per IP, chosen by a Lease)")
 	fs.BoolVar(&cfg.NoHealthCheckNodePorts, "no-healthcheck-node-ports", false, "do not serve LoadBalancer Services' healthCheckNodePort (externalTrafficPolicy Local)")
 	fs.StringVar(&cfg.IPVSScheduler, "ipvs-scheduler", "rr", "IPVS scheduler (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh)")
 	fs.Var(&cidrs, "cluster-cidr", "pod network CIDR(s), comma-separated; traffic from outside them to ClusterIPs is masqueraded (iptables, ipvs)")

@@ -26,7 +26,7 @@ func ebpfConfig(mc dataplane.ModeConfig) ebpf.Config {
 		Log: mc.Log, Metrics: mc.Metrics,
 	}
 	if len(mc.NodePortDevices) > 0 {
-		c.NorthSouth = &ebpf.NorthSouth{Devices: mc.NodePortDevices, MaglevTableSize: mc.MaglevTableSize}
+		c.NorthSouth = &ebpf.NorthSouth{Devices: mc.NodePortDevices, MaglevTableSize: mc.MaglevTableSize, NetNS: mc.NodePortNetNS}
 	}
 	return c
 }

@@ -225,6 +225,21 @@ func extra(p *Policy) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "waggle:bootstrap-signer-clusterinfo"},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "system:anonymous"}},
 	})
+	// waggle proxy --nodeport-devices: one Lease per LoadBalancer IP
+	// chooses the node that answers ARP for it (dataplane/l2announce).
+	p.Roles = append(p.Roles, rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: withNamespace(meta("waggle:proxy:l2-announcement"), "kube-system"),
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+		},
+	})
+	p.RoleBindings = append(p.RoleBindings, rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: withNamespace(meta("waggle:proxy:l2-announcement"), "kube-system"),
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "waggle:proxy:l2-announcement"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ProxyUser}},
+	})
 	p.Roles = append(p.Roles, rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: withNamespace(meta("waggle:controller:clusterdns"), "kube-system"),
