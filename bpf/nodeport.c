@@ -50,6 +50,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define CT_LIFETIME_SYN (60 * NSEC)
 #define CT_LIFETIME_NONTCP (60 * NSEC)
 #define CT_LIFETIME_CLOSE (10 * NSEC)
+#define CT_LIFETIME_RST (1 * NSEC)
 #define SNAT_TRIES 32
 
 #define IP_OFF ETH_HLEN
@@ -101,22 +102,25 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } waggle_np_stats SEC(".maps");
 
-/* One Maglev table per distinct backend list: entry i is a backend ID. */
-struct np_maglev_inner {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, __u32);
-	__uint(max_entries, NP_MAGLEV_SIZE);
-};
-
-/* Key: the frontend's service ID (lb_service.rev_nat_id). Only frontends of
- * the north-south kinds have an entry; the loader fills it before the
- * programs are attached, so it is not pinned. */
+/* Which frontends are north-south, and their Maglev table. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
+	__type(value, struct np_svc);
+	__uint(max_entries, NP_SVC_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_svc SEC(".maps");
+
+/* One Maglev table per distinct backend list, in chunks. A changed table
+ * is written under a new ID before waggle_np_svc points at it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct np_maglev_key);
+	__type(value, struct np_maglev_chunk);
 	__uint(max_entries, NP_MAGLEV_MAX);
-	__array(values, struct np_maglev_inner);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } waggle_np_maglev SEC(".maps");
 
 static __always_inline void stat(__u32 i)
@@ -242,6 +246,8 @@ static __always_inline __u64 lifetime(const struct pkt *p, __u8 flags)
 {
 	if (p->proto != IPPROTO_TCP)
 		return CT_LIFETIME_NONTCP;
+	if (p->tcp_flags & 0x04) /* RST: no TIME_WAIT follows; free the SNAT port soon */
+		return CT_LIFETIME_RST;
 	if (flags & NP_CT_F_CLOSING)
 		return CT_LIFETIME_CLOSE;
 	if (!(flags & NP_CT_F_REPLIED))
@@ -361,6 +367,23 @@ static __always_inline void mark_replied(__be32 client, __be16 cport, __be32 fro
 		o->flags |= flags;
 }
 
+/* A FIN or RST seen in one direction shortens the other direction's entry
+ * too: a flow's SNAT port is held by its reply entry, which the backend may
+ * never refresh again after the client's RST. */
+static __always_inline void close_other(__be32 src, __be16 sport, __be32 dst, __be16 dport, __u8 dir,
+					const struct pkt *p, __u64 now)
+{
+	struct np_ct_key k;
+	ct_key(&k, src, sport, dst, dport, p->proto, dir);
+	struct np_ct *o = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (!o)
+		return;
+	o->flags |= NP_CT_F_CLOSING;
+	__u64 exp = now + lifetime(p, o->flags);
+	if (exp < o->expires_ns)
+		o->expires_ns = exp;
+}
+
 static __always_inline int is_external(__u32 ifindex, __be32 *addr)
 {
 	struct np_device *d = bpf_map_lookup_elem(&waggle_np_devices, &ifindex);
@@ -396,6 +419,8 @@ int waggle_np_ingress(struct __sk_buff *skb)
 	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
 	if (ct && (ct->flags & NP_CT_F_SNAT) && ct->expires_ns > now) {
 		mark_replied(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, p.proto, closing(&p));
+		if (closing(&p))
+			close_other(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, NP_CT_ORIGINAL, &p, now);
 		return reply_snat(skb, &p, ct, now);
 	}
 
@@ -414,6 +439,8 @@ int waggle_np_ingress(struct __sk_buff *skb)
 			ct->flags |= closing(&p);
 			ct->expires_ns = now + lifetime(&p, ct->flags);
 			ct->packets++;
+			if (closing(&p))
+				close_other(baddr, bport, saddr, sport, NP_CT_REPLY, &p, now);
 			stat(NP_STAT_CT_HIT);
 			rc = fib(skb, &p, p.saddr, baddr, &f);
 			if (rewrite(skb, &p, saddr, sport, baddr, bport) < 0)
@@ -432,9 +459,10 @@ int waggle_np_ingress(struct __sk_buff *skb)
 	if (!svc)
 		return TCX_NEXT;
 	id = svc->rev_nat_id;
-	void *table = bpf_map_lookup_elem(&waggle_np_maglev, &id);
-	if (!table)
+	struct np_svc *ns = bpf_map_lookup_elem(&waggle_np_svc, &id);
+	if (!ns)
 		return TCX_NEXT; /* a ClusterIP, or not yet programmed */
+	__u32 table = ns->table;
 	if (svc->count == 0) {
 		if (svc->flags & SVC_FLAG_LOCAL) {
 			stat(NP_STAT_LOCAL_DROP);
@@ -465,9 +493,10 @@ int waggle_np_ingress(struct __sk_buff *skb)
 	}
 	if (!be_id) {
 		__u32 idx = h % cfg->maglev_size;
-		__u32 *e = bpf_map_lookup_elem(table, &idx);
-		if (e)
-			be_id = *e;
+		struct np_maglev_key mk = {.table = table, .chunk = idx / NP_MAGLEV_CHUNK};
+		struct np_maglev_chunk *c = table ? bpf_map_lookup_elem(&waggle_np_maglev, &mk) : 0;
+		if (c)
+			be_id = c->backend[idx & (NP_MAGLEV_CHUNK - 1)];
 		if (!be_id) {
 			stat(NP_STAT_MAGLEV_MISS);
 			sk.slot = h % svc->count + 1;
@@ -578,6 +607,8 @@ int waggle_np_egress(struct __sk_buff *skb)
 	ct->expires_ns = now + lifetime(&p, ct->flags);
 	ct->packets++;
 	mark_replied(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, p.proto, closing(&p));
+	if (closing(&p))
+		close_other(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, NP_CT_ORIGINAL, &p, now);
 	stat(NP_STAT_REPLY);
 	if (rewrite(skb, &p, v4of(ct->nat), ct->nat_port, p.daddr, p.dport) < 0)
 		return TC_ACT_SHOT;

@@ -18,8 +18,10 @@
 #define NP_CT_MAX 131072
 #define NP_AFFINITY_MAX 65536
 #define NP_DEVICES_MAX 64
-#define NP_MAGLEV_MAX 65536
-#define NP_MAGLEV_SIZE 1021
+#define NP_SVC_MAX 65536
+#define NP_MAGLEV_MAX 262144
+/* Maglev tables are stored in chunks of this many entries. */
+#define NP_MAGLEV_CHUNK 256
 
 /* np_ct_key.dir */
 #define NP_CT_ORIGINAL 0 /* client -> frontend, as it arrived */
@@ -79,6 +81,25 @@ struct np_affinity {
 	__u64 last_used_ns;
 	__u32 backend_id;
 	__u32 pad;
+};
+
+/* Value of the north-south services map (key: __u32 service ID, the
+ * frontend's lb_service.rev_nat_id): only NodePort, ExternalIP and
+ * LoadBalancer frontends have one. */
+struct np_svc {
+	__u32 table; /* Maglev table ID (0: none, the frontend has no backends) */
+	__u32 pad;
+};
+
+/* Key of the Maglev map: chunk c of table t holds entries c*256 .. c*256+255. */
+struct np_maglev_key {
+	__u32 table;
+	__u32 chunk;
+};
+
+/* Value of the Maglev map: backend IDs (0: empty). */
+struct np_maglev_chunk {
+	__u32 backend[NP_MAGLEV_CHUNK];
 };
 
 /* Value of the devices map (key: __u32 ifindex). */

@@ -146,6 +146,23 @@ type nodePortNpDevice struct {
 	Flags uint32
 }
 
+type nodePortNpMaglevChunk struct {
+	_       structs.HostLayout
+	Backend [256]uint32
+}
+
+type nodePortNpMaglevKey struct {
+	_     structs.HostLayout
+	Table uint32
+	Chunk uint32
+}
+
+type nodePortNpSvc struct {
+	_     structs.HostLayout
+	Table uint32
+	Pad   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -159,6 +176,7 @@ const (
 	nodePortMapWaggleNpDevices     = "waggle_np_devices"
 	nodePortMapWaggleNpMaglev      = "waggle_np_maglev"
 	nodePortMapWaggleNpStats       = "waggle_np_stats"
+	nodePortMapWaggleNpSvc         = "waggle_np_svc"
 	nodePortMapWaggleRevNat        = "waggle_rev_nat"
 	nodePortMapWaggleReverseSk     = "waggle_reverse_sk"
 	nodePortMapWaggleServices      = "waggle_services"
@@ -228,6 +246,7 @@ type nodePortMapSpecs struct {
 	WaggleNpDevices  *ebpf.MapSpec `ebpf:"waggle_np_devices"`
 	WaggleNpMaglev   *ebpf.MapSpec `ebpf:"waggle_np_maglev"`
 	WaggleNpStats    *ebpf.MapSpec `ebpf:"waggle_np_stats"`
+	WaggleNpSvc      *ebpf.MapSpec `ebpf:"waggle_np_svc"`
 	WaggleRevNat     *ebpf.MapSpec `ebpf:"waggle_rev_nat"`
 	WaggleReverseSk  *ebpf.MapSpec `ebpf:"waggle_reverse_sk"`
 	WaggleServices   *ebpf.MapSpec `ebpf:"waggle_services"`
@@ -271,6 +290,7 @@ type nodePortMaps struct {
 	WaggleNpDevices  *ebpf.Map `ebpf:"waggle_np_devices"`
 	WaggleNpMaglev   *ebpf.Map `ebpf:"waggle_np_maglev"`
 	WaggleNpStats    *ebpf.Map `ebpf:"waggle_np_stats"`
+	WaggleNpSvc      *ebpf.Map `ebpf:"waggle_np_svc"`
 	WaggleRevNat     *ebpf.Map `ebpf:"waggle_rev_nat"`
 	WaggleReverseSk  *ebpf.Map `ebpf:"waggle_reverse_sk"`
 	WaggleServices   *ebpf.Map `ebpf:"waggle_services"`
@@ -289,6 +309,7 @@ func (m *nodePortMaps) Close() error {
 		m.WaggleNpDevices,
 		m.WaggleNpMaglev,
 		m.WaggleNpStats,
+		m.WaggleNpSvc,
 		m.WaggleRevNat,
 		m.WaggleReverseSk,
 		m.WaggleServices,

@@ -15,11 +15,11 @@ import (
 // frontend, translated per packet by tcx programs on those devices. The
 // frontends and backends are the socket load balancer's maps; each frontend
 // of those kinds also gets a Maglev table (waggle_np_maglev), written by the
-// same reconciler in the same Apply.
+// same reconciler in the same Apply (waggle_np_svc, waggle_np_maglev).
 
-// Names of the north-south maps (pinned under the pin directory, except the
-// Maglev map of maps, which New fills before the programs attach).
+// Names of the north-south maps (pinned under the pin directory).
 const (
+	MapNPServices  = "waggle_np_svc"
 	MapNPConntrack = "waggle_np_ct"
 	MapNPAffinity  = "waggle_np_affinity"
 	MapNPDevices   = "waggle_np_devices"
@@ -177,7 +177,7 @@ func Maglev(names []string, m int) []int {
 	return table
 }
 
-// maglevTables is the reconciler's view of the Maglev map of maps.
+// maglevTables is the reconciler's view of the Maglev maps.
 type maglevTables interface {
 	// Set points service ID id at the table of backends ids (names give
 	// the permutation; both in slot order); no ids: an empty table.
@@ -213,7 +213,9 @@ type MaglevEntry struct {
 	ServiceID uint32 `json:"serviceID"`
 	Frontend  string `json:"frontend,omitempty"`
 	Name      string `json:"service,omitempty"`
-	Size      int    `json:"size"`
+	// Table is the table's ID (shared by frontends with the same backends).
+	Table uint32 `json:"table"`
+	Size  int    `json:"size"`
 	// Share is the table entries per backend.
 	Share map[string]int `json:"share"`
 }

@@ -42,8 +42,8 @@ func (b *Backend) loadNorthSouth() (err error) {
 	if err != nil {
 		return err
 	}
-	spec.Maps[MapNPMaglev].InnerMap.MaxEntries = uint32(cfg.MaglevTableSize)
-	spec.Maps[MapNPMaglev].MaxEntries = uint32(b.cfg.MaxServices)
+	spec.Maps[MapNPServices].MaxEntries = uint32(b.cfg.MaxServices)
+	spec.Maps[MapNPMaglev].MaxEntries = uint32(min(1<<24, max(1<<16, b.cfg.MaxServices*maglevChunks(cfg.MaglevTableSize)/4)))
 	spec.Maps[MapNPConntrack].MaxEntries = uint32(cfg.MaxConntrack)
 	spec.Maps[MapNPAffinity].MaxEntries = uint32(b.cfg.MaxAffinity)
 	shared := map[string]*ebpf.Map{
@@ -62,11 +62,11 @@ func (b *Backend) loadNorthSouth() (err error) {
 	objs := &nodePortObjects{}
 	err = spec.LoadAndAssign(objs, opts)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// The conntrack or affinity LRU changed size: start them afresh
+		// A map changed size: start those afresh
 		// (established north-south flows fall back to Maglev, which picks
 		// the same backend while the backends stay the same).
 		b.log.Warn("north-south map sizes changed: recreating the conntrack and affinity maps")
-		for _, n := range []string{MapNPConntrack, MapNPAffinity} {
+		for _, n := range []string{MapNPConntrack, MapNPAffinity, MapNPServices, MapNPMaglev} {
 			os.Remove(filepath.Join(b.cfg.PinDir, n))
 		}
 		err = spec.LoadAndAssign(objs, opts)
@@ -91,18 +91,25 @@ func (b *Backend) loadNorthSouth() (err error) {
 	if err := writeDevices(objs.WaggleNpDevices, devs); err != nil {
 		return err
 	}
-	mg := newMaglevMaps(objs.WaggleNpMaglev, cfg.MaglevTableSize)
+	mg, err := newMaglevMaps(objs.WaggleNpSvc, objs.WaggleNpMaglev, cfg.MaglevTableSize)
+	if err != nil {
+		return err
+	}
 	b.rec.t.maglev = mg
+	// Rewrite every table under new IDs from the restored mirror (the
+	// table size may have changed), then drop what the last proxy left.
 	if err := b.rec.fillMaglev(); err != nil {
 		b.rec.t.maglev = nil
-		mg.close()
+		return err
+	}
+	if err := mg.dropStale(); err != nil {
+		b.rec.t.maglev = nil
 		return err
 	}
 	b.np = &northSouth{cfg: cfg, objs: objs, mg: mg, devs: devs}
 	if err := b.attachNorthSouth(); err != nil {
 		b.rec.t.maglev = nil
 		b.np = nil
-		mg.close()
 		return err
 	}
 	names := make([]string, len(devs))
@@ -257,24 +264,78 @@ func (n *northSouth) close() {
 	n.objs.Close()
 }
 
-// maglevMaps writes Maglev tables into the map of maps: one inner array per
-// distinct backend list, shared by every frontend with that list (a
-// Service's NodePort, ExternalIP and LoadBalancer frontends share one), and
-// replaced, never rewritten in place: the outer entry swaps atomically.
+// maglevMaps writes Maglev tables: one table per distinct backend list,
+// shared by every frontend with that list (a Service's NodePorts,
+// ExternalIPs and LoadBalancer IPs), in chunks of NP_MAGLEV_CHUNK entries of
+// waggle_np_maglev. A changed list gets a table under a new ID, written
+// before waggle_np_svc points at it (one atomic entry update); the old table
+// goes once no frontend uses it. Plain hash maps, not a map of maps: every
+// update of a map of maps waits for an RCU grace period (~10 ms here), which
+// made 10,000 frontends take two minutes.
 type maglevMaps struct {
-	outer  *ebpf.Map
-	size   int
-	tables map[string]*sharedTable // by backend ID list
-	byID   map[uint32]string
+	svc, tab *ebpf.Map
+	size     int
+	tables   map[string]*sharedTable // by backend ID list
+	byID     map[uint32]string       // service ID -> table key
+	nextID   uint32
+	// stale: table IDs and service IDs found at start, not yet rewritten.
+	staleTables map[uint32]int
+	staleSvcs   map[uint32]bool
 }
 
 type sharedTable struct {
-	m    *ebpf.Map
+	id   uint32 // 0: the empty table (no chunks)
 	refs int
 }
 
-func newMaglevMaps(outer *ebpf.Map, size int) *maglevMaps {
-	return &maglevMaps{outer: outer, size: size, tables: map[string]*sharedTable{}, byID: map[uint32]string{}}
+const maglevChunk = 256
+
+func maglevChunks(m int) int { return (m + maglevChunk - 1) / maglevChunk }
+
+func newMaglevMaps(svc, tab *ebpf.Map, size int) (*maglevMaps, error) {
+	g := &maglevMaps{svc: svc, tab: tab, size: size, tables: map[string]*sharedTable{}, byID: map[uint32]string{},
+		nextID: 1, staleTables: map[uint32]int{}, staleSvcs: map[uint32]bool{}}
+	var k nodePortNpMaglevKey
+	var v nodePortNpMaglevChunk
+	it := tab.Iterate()
+	for it.Next(&k, &v) {
+		g.staleTables[k.Table] = max(g.staleTables[k.Table], int(k.Chunk)+1)
+		g.nextID = max(g.nextID, k.Table+1)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNPMaglev, err)
+	}
+	var id uint32
+	var sv nodePortNpSvc
+	it = svc.Iterate()
+	for it.Next(&id, &sv) {
+		g.staleSvcs[id] = true
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNPServices, err)
+	}
+	return g, nil
+}
+
+// dropStale removes the service entries and tables the previous proxy left
+// that fillMaglev did not rewrite.
+func (g *maglevMaps) dropStale() error {
+	var svcs []uint32
+	for id := range g.staleSvcs {
+		if _, ok := g.byID[id]; !ok {
+			svcs = append(svcs, id)
+		}
+	}
+	if err := (mapTable[uint32, nodePortNpSvc]{MapNPServices, g.svc}).Delete(svcs); err != nil {
+		return err
+	}
+	for id, n := range g.staleTables {
+		if err := g.deleteTable(id, n); err != nil {
+			return err
+		}
+	}
+	g.staleSvcs, g.staleTables = map[uint32]bool{}, map[uint32]int{}
+	return nil
 }
 
 func tableKey(ids []uint32) string {
@@ -290,34 +351,35 @@ func (g *maglevMaps) table(ids []uint32, names []string) (*sharedTable, string, 
 	if t := g.tables[key]; t != nil {
 		return t, key, nil
 	}
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "waggle_np_mgtab", Type: ebpf.Array, KeySize: 4, ValueSize: 4,
-		MaxEntries: uint32(g.size)})
-	if err != nil {
-		return nil, "", fmt.Errorf("create Maglev table: %w", err)
-	}
+	t := &sharedTable{}
 	if len(ids) > 0 {
+		t.id = g.nextID
+		g.nextID++
 		idx := Maglev(names, g.size)
-		keys := make([]uint32, g.size)
-		vals := make([]uint32, g.size)
+		n := maglevChunks(g.size)
+		keys := make([]nodePortNpMaglevKey, n)
+		vals := make([]nodePortNpMaglevChunk, n)
 		for i, b := range idx {
-			keys[i], vals[i] = uint32(i), ids[b]
+			vals[i/maglevChunk].Backend[i%maglevChunk] = ids[b]
 		}
-		if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
-			if !errors.Is(err, ebpf.ErrNotSupported) {
-				m.Close()
-				return nil, "", fmt.Errorf("fill Maglev table: %w", err)
-			}
-			for i := range keys {
-				if err := m.Update(keys[i], vals[i], ebpf.UpdateAny); err != nil {
-					m.Close()
-					return nil, "", fmt.Errorf("fill Maglev table: %w", err)
-				}
-			}
+		for c := range keys {
+			keys[c] = nodePortNpMaglevKey{Table: t.id, Chunk: uint32(c)}
+		}
+		if err := (mapTable[nodePortNpMaglevKey, nodePortNpMaglevChunk]{MapNPMaglev, g.tab}).Put(keys, vals); err != nil {
+			g.deleteTable(t.id, n)
+			return nil, "", err
 		}
 	}
-	t := &sharedTable{m: m}
 	g.tables[key] = t
 	return t, key, nil
+}
+
+func (g *maglevMaps) deleteTable(id uint32, chunks int) error {
+	keys := make([]nodePortNpMaglevKey, chunks)
+	for c := range keys {
+		keys[c] = nodePortNpMaglevKey{Table: id, Chunk: uint32(c)}
+	}
+	return (mapTable[nodePortNpMaglevKey, nodePortNpMaglevChunk]{MapNPMaglev, g.tab}).Delete(keys)
 }
 
 func (g *maglevMaps) Set(id uint32, ids []uint32, names []string) error {
@@ -328,15 +390,11 @@ func (g *maglevMaps) Set(id uint32, ids []uint32, names []string) error {
 	if old, ok := g.byID[id]; ok && old == key {
 		return nil
 	}
-	if err := g.outer.Update(id, t.m, ebpf.UpdateAny); err != nil {
+	if err := (mapTable[uint32, nodePortNpSvc]{MapNPServices, g.svc}).Put([]uint32{id}, []nodePortNpSvc{{Table: t.id}}); err != nil {
 		if t.refs == 0 {
-			t.m.Close()
-			delete(g.tables, key)
+			g.drop(key, t)
 		}
-		if errors.Is(err, errE2BIG) {
-			return errMapFull(MapNPMaglev, err)
-		}
-		return fmt.Errorf("map %s: update: %w", MapNPMaglev, err)
+		return err
 	}
 	t.refs++
 	g.release(id)
@@ -345,17 +403,17 @@ func (g *maglevMaps) Set(id uint32, ids []uint32, names []string) error {
 }
 
 func (g *maglevMaps) Delete(ids []uint32) error {
+	if err := (mapTable[uint32, nodePortNpSvc]{MapNPServices, g.svc}).Delete(ids); err != nil {
+		return err
+	}
 	for _, id := range ids {
-		if err := g.outer.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("map %s: delete: %w", MapNPMaglev, err)
-		}
 		g.release(id)
 	}
 	return nil
 }
 
-// release drops id's reference to its table (the kernel keeps an inner map
-// alive while the outer map or a running program holds it).
+// release drops id's reference to its table; a table nobody uses is
+// deleted (the frontends now point elsewhere).
 func (g *maglevMaps) release(id uint32) {
 	key, ok := g.byID[id]
 	if !ok {
@@ -365,19 +423,19 @@ func (g *maglevMaps) release(id uint32) {
 	if t := g.tables[key]; t != nil {
 		t.refs--
 		if t.refs <= 0 {
-			t.m.Close()
-			delete(g.tables, key)
+			g.drop(key, t)
 		}
 	}
 }
 
-func (g *maglevMaps) close() {
-	for _, t := range g.tables {
-		t.m.Close()
+func (g *maglevMaps) drop(key string, t *sharedTable) {
+	delete(g.tables, key)
+	if t.id != 0 {
+		g.deleteTable(t.id, maglevChunks(g.size))
 	}
-	g.tables = map[string]*sharedTable{}
-	g.byID = map[uint32]string{}
 }
+
+func (g *maglevMaps) close() {}
 
 // removeNorthSouth detaches north-south programs a previous proxy left and
 // removes their maps (north-south load balancing was turned off).
@@ -403,4 +461,4 @@ func removeNorthSouth(dir string) error {
 	return errors.Join(errs...)
 }
 
-var npPinnedMaps = []string{MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats}
+var npPinnedMaps = []string{MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats, MapNPServices, MapNPMaglev}

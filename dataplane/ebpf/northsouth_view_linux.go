@@ -9,11 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -118,14 +116,24 @@ func (v *View) Devices() ([]DeviceEntry, error) {
 }
 
 // Maglev returns each north-south frontend's Maglev table, summarized as
-// entries per backend. The map of maps is not pinned: it is found through
-// the attached ingress program.
+// entries per backend.
 func (v *View) Maglev() ([]MaglevEntry, error) {
-	outer, err := v.maglevOuter()
+	svcMap, err := v.npMap(MapNPServices)
 	if err != nil {
 		return nil, err
 	}
-	defer outer.Close()
+	tab, err := v.npMap(MapNPMaglev)
+	if err != nil {
+		return nil, err
+	}
+	cfgMap, err := v.npMap(MapNPConfig)
+	if err != nil {
+		return nil, err
+	}
+	var conf nodePortNpConfig
+	if err := cfgMap.Lookup(uint32(0), &conf); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNPConfig, err)
+	}
 	svcs, err := v.Services()
 	if err != nil {
 		return nil, err
@@ -142,79 +150,38 @@ func (v *View) Maglev() ([]MaglevEntry, error) {
 	for _, b := range bes {
 		beName[b.ID] = b.Backend.String()
 	}
-	var out []MaglevEntry
-	var id uint32
-	var innerID uint32
-	it := outer.Iterate()
-	var ids []uint32
-	var inners []uint32
-	for it.Next(&id, &innerID) {
-		ids, inners = append(ids, id), append(inners, innerID)
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", MapNPMaglev, err)
-	}
-	for i, id := range ids {
-		inner, err := ebpf.NewMapFromID(ebpf.MapID(inners[i]))
-		if err != nil {
-			return nil, fmt.Errorf("open Maglev table of service %d: %w", id, err)
+	shares := map[uint32]map[string]int{} // by table
+	err = iterate(tab, MapNPMaglev, func(k nodePortNpMaglevKey, c nodePortNpMaglevChunk) {
+		sh := shares[k.Table]
+		if sh == nil {
+			sh = map[string]int{}
+			shares[k.Table] = sh
 		}
-		e := MaglevEntry{ServiceID: id, Size: int(inner.MaxEntries()), Share: map[string]int{}}
-		if s, ok := byID[id]; ok {
-			e.Frontend, e.Name = s.Address, s.Name
-		}
-		var k, be uint32
-		it := inner.Iterate()
-		for it.Next(&k, &be) {
-			if be == 0 {
+		for i, be := range c.Backend {
+			if int(k.Chunk)*len(c.Backend)+i >= int(conf.MaglevSize) || be == 0 {
 				continue
 			}
 			n := beName[be]
 			if n == "" {
 				n = fmt.Sprintf("id %d (missing)", be)
 			}
-			e.Share[n]++
+			sh[n]++
 		}
-		inner.Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []MaglevEntry
+	err = iterate(svcMap, MapNPServices, func(id uint32, s nodePortNpSvc) {
+		e := MaglevEntry{ServiceID: id, Table: s.Table, Size: int(conf.MaglevSize), Share: map[string]int{}}
+		if sv, ok := byID[id]; ok {
+			e.Frontend, e.Name = sv.Address, sv.Name
+		}
+		for n, c := range shares[s.Table] {
+			e.Share[n] = c
+		}
 		out = append(out, e)
-	}
+	})
 	slices.SortFunc(out, func(a, b MaglevEntry) int { return cmp.Compare(a.ServiceID, b.ServiceID) })
-	return out, nil
-}
-
-func (v *View) maglevOuter() (*ebpf.Map, error) {
-	links, _ := filepath.Glob(filepath.Join(v.dir, LinkDir, NPLinkPrefix+"*-ingress"))
-	if len(links) == 0 {
-		return nil, fmt.Errorf("%s: no north-south program attached: %w", v.dir, ErrNoNorthSouth)
-	}
-	l, err := link.LoadPinnedLink(links[0], nil)
-	if err != nil {
-		return nil, err
-	}
-	info, err := l.Info()
-	l.Close()
-	if err != nil {
-		return nil, err
-	}
-	prog, err := ebpf.NewProgramFromID(info.Program)
-	if err != nil {
-		return nil, fmt.Errorf("open north-south program: %w", err)
-	}
-	defer prog.Close()
-	pi, err := prog.Info()
-	if err != nil {
-		return nil, err
-	}
-	mids, _ := pi.MapIDs()
-	for _, mid := range mids {
-		m, err := ebpf.NewMapFromID(mid)
-		if err != nil {
-			continue
-		}
-		if mi, err := m.Info(); err == nil && strings.HasPrefix(MapNPMaglev, mi.Name) && m.Type() == ebpf.HashOfMaps {
-			return m, nil
-		}
-		m.Close()
-	}
-	return nil, fmt.Errorf("the north-south program holds no %s", MapNPMaglev)
+	return out, err
 }
