@@ -1,0 +1,507 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/dataplane/ebpf"
+	"github.com/waggle-io/waggle/dataplane/iptables"
+)
+
+// North-south addresses (the northsouth engineer's 10.27/16).
+const (
+	nsClientAddr = "10.27.10.100"
+	nsNode1Addr  = "10.27.10.1"
+	nsNode2Addr  = "10.27.10.2"
+	nsNode3Addr  = "10.27.10.3"
+	nsPodNet     = "10.27.12.0/24"
+	nsPortEBPF   = 30080
+	nsPortIPT    = 30081
+)
+
+// nsTopo: a client outside every node, three nodes on a bridge, the
+// backends in a pod namespace behind node2. The client reaches pod IPs
+// through node1 (its route to the pod network), so the direct path crosses
+// node1 as a NodePort on node1 whose backends are on node2 does; node3 is
+// the iptables node (its rules alone there).
+type nsTopo struct {
+	suffix                     string
+	wire, client, node1, node2 string
+	node3                      string // the iptables node
+	pod                        string
+	backends                   []netip.Addr
+	cgroup                     string
+	closers                    []func()
+	listeners                  []io.Closer
+}
+
+func (t *nsTopo) path(n string) string { return "/run/netns/" + n }
+
+func sh2(args ...string) error {
+	return (&topo{}).run(args[0], args[1:]...)
+}
+
+func (t *nsTopo) in(n string, args ...string) error {
+	return sh2(append([]string{"ip", "netns", "exec", n}, args...)...)
+}
+
+func (t *nsTopo) close() {
+	for _, l := range t.listeners {
+		l.Close()
+	}
+	for i := len(t.closers) - 1; i >= 0; i-- {
+		t.closers[i]()
+	}
+}
+
+func newNSTopo(backends int) (t *nsTopo, err error) {
+	t = &nsTopo{suffix: randSuffix()[:6]}
+	t.wire, t.client, t.node1, t.node2, t.pod = "ns-bw"+t.suffix, "ns-bc"+t.suffix, "ns-b1"+t.suffix, "ns-b2"+t.suffix, "ns-bp"+t.suffix
+	t.node3 = "ns-b3" + t.suffix
+	for _, n := range []string{t.wire, t.client, t.node1, t.node2, t.node3, t.pod} {
+		if err := sh2("ip", "netns", "add", n); err != nil {
+			return t, err
+		}
+		n := n
+		t.closers = append(t.closers, func() { sh2("ip", "netns", "del", n) })
+		if err := t.in(n, "ip", "link", "set", "lo", "up"); err != nil {
+			return t, err
+		}
+	}
+	plug := func(from, fromName, to, toName string) error {
+		tmp := "nsbtmp" + toName
+		if len(tmp) > 15 {
+			tmp = tmp[:15]
+		}
+		for _, c := range [][]string{
+			{from, "ip", "link", "add", fromName, "type", "veth", "peer", "name", tmp},
+			{from, "ip", "link", "set", tmp, "netns", to},
+			{to, "ip", "link", "set", tmp, "name", toName},
+			{from, "ip", "link", "set", fromName, "up"},
+			{to, "ip", "link", "set", toName, "up"},
+		} {
+			if err := t.in(c[0], c[1:]...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	steps := [][]string{{t.wire, "ip", "link", "add", "br0", "type", "bridge"}, {t.wire, "ip", "link", "set", "br0", "up"}}
+	for _, s := range steps {
+		if err := t.in(s[0], s[1:]...); err != nil {
+			return t, err
+		}
+	}
+	for _, x := range []struct{ n, port, addr string }{{t.client, "c0", nsClientAddr}, {t.node1, "n1", nsNode1Addr}, {t.node2, "n2", nsNode2Addr}, {t.node3, "n3", nsNode3Addr}} {
+		if err := plug(t.wire, x.port, x.n, "eth0"); err != nil {
+			return t, err
+		}
+		for _, c := range [][]string{{t.wire, "ip", "link", "set", x.port, "master", "br0"}, {x.n, "ip", "addr", "add", x.addr + "/24", "dev", "eth0"}} {
+			if err := t.in(c[0], c[1:]...); err != nil {
+				return t, err
+			}
+		}
+	}
+	if err := plug(t.node2, "p0", t.pod, "eth0"); err != nil {
+		return t, err
+	}
+	steps = [][]string{
+		{t.node1, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{t.node2, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{t.node1, "ip", "route", "add", nsPodNet, "via", nsNode2Addr},
+		{t.node3, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{t.node3, "ip", "route", "add", nsPodNet, "via", nsNode2Addr},
+		{t.node2, "ip", "route", "add", nsPodNet, "dev", "p0", "scope", "link"},
+		{t.client, "ip", "route", "add", nsPodNet, "via", nsNode1Addr},
+		{t.pod, "ip", "route", "add", nsNode2Addr, "dev", "eth0", "scope", "link"},
+		{t.pod, "ip", "route", "add", "default", "via", nsNode2Addr, "dev", "eth0"},
+	}
+	for i := range backends {
+		a := netip.AddrFrom4([4]byte{10, 27, 12, byte(10 + i)})
+		t.backends = append(t.backends, a)
+		steps = append(steps, []string{t.pod, "ip", "addr", "add", a.String() + "/32", "dev", "eth0"})
+	}
+	for _, s := range steps {
+		if err := t.in(s[0], s[1:]...); err != nil {
+			return t, err
+		}
+	}
+	// Echo servers in the pod namespace.
+	err = inNS(t.pod, func() error {
+		for _, a := range t.backends {
+			ln, err := net.Listen("tcp", netip.AddrPortFrom(a, bePort).String())
+			if err != nil {
+				return err
+			}
+			pc, err := net.ListenPacket("udp", netip.AddrPortFrom(a, bePort).String())
+			if err != nil {
+				return err
+			}
+			t.listeners = append(t.listeners, ln, pc)
+			go serveEcho(ln)
+			go serveUDPEcho(pc)
+		}
+		return nil
+	})
+	return t, err
+}
+
+func serveEcho(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			io.Copy(c, c)
+		}()
+	}
+}
+
+func serveUDPEcho(pc net.PacketConn) {
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		pc.WriteTo(buf[:n], from)
+	}
+}
+
+// NorthSouthConfig configures RunNorthSouth.
+type NorthSouthConfig struct {
+	Duration, Warmup time.Duration
+	Rounds, Clients  int
+	Backends         int
+	// ServiceCounts: frontends programmed besides the measured NodePort
+	// (ExternalIP frontends, which the iptables path matches linearly).
+	ServiceCounts []int
+	// IPTables adds the iptables path (a NodePort on the same node).
+	IPTables bool
+	Output   string
+	Out      io.Writer
+	Log      interface {
+		Info(msg string, args ...any)
+	}
+}
+
+// Latency is a test's per-operation latency over every round.
+type Latency struct {
+	P50us float64 `json:"p50us"`
+	P99us float64 `json:"p99us"`
+}
+
+// NSRow is one test at one service count: per path, the rate over rounds
+// and the latency percentiles of every operation.
+type NSRow struct {
+	Services int                 `json:"services"`
+	Test     string              `json:"test"`
+	Rate     map[string]*Stat    `json:"ratePerSecond"`
+	Latency  map[string]*Latency `json:"latency"`
+}
+
+// NorthSouthReport is the result of RunNorthSouth.
+type NorthSouthReport struct {
+	Started  time.Time `json:"started"`
+	Kernel   string    `json:"kernel"`
+	Clients  int       `json:"clients"`
+	Backends int       `json:"backends"`
+	Duration string    `json:"durationPerMeasurement"`
+	Rounds   int       `json:"rounds"`
+	Notes    []string  `json:"notes"`
+	Rows     []NSRow   `json:"rows"`
+}
+
+// RunNorthSouth measures an external client reaching backends on another
+// node: directly by pod IP (through node1, the same hops), through the
+// NodePort of node1 served by the eBPF tc programs (Maglev, SNAT to node1),
+// and through the iptables backend's NodePort on the same node — side by
+// side, interleaved, TCP_CRR, TCP_RR and UDP_RR, rates and p50/p99.
+func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport, error) {
+	if cfg.Duration <= 0 {
+		cfg.Duration = time.Second
+	}
+	if cfg.Warmup <= 0 {
+		cfg.Warmup = 200 * time.Millisecond
+	}
+	if cfg.Rounds <= 0 {
+		cfg.Rounds = 3
+	}
+	if cfg.Clients <= 0 {
+		cfg.Clients = 4
+	}
+	if cfg.Backends <= 0 {
+		cfg.Backends = 4
+	}
+	if len(cfg.ServiceCounts) == 0 {
+		cfg.ServiceCounts = []int{1}
+	}
+	if cfg.Out == nil {
+		cfg.Out = os.Stdout
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the north-south benchmark needs root (network namespaces, BPF)")
+	}
+	rep := &NorthSouthReport{Started: time.Now().UTC(), Clients: cfg.Clients, Backends: cfg.Backends,
+		Duration: cfg.Duration.String(), Rounds: cfg.Rounds}
+	var un unix.Utsname
+	if unix.Uname(&un) == nil {
+		rep.Kernel = unix.ByteSliceToString(un.Release[:])
+	}
+	rep.Notes = []string{
+		"client, node1, node2 in their own network namespaces on one bridge; all backends in one pod namespace behind node2",
+		"direct: the client connects to pod IP i mod N, routed through node1 (forwarded by node1's stack, no NAT rules there); replies return from node2 straight to the client",
+		"ebpf-tc: node1's NodePort served by the tc programs on node1's eth0 (Maglev, DNAT + SNAT to node1, FIB + redirect); replies return through node1",
+		"iptables: node3's NodePort through Waggle's iptables backend (kube-proxy's layout, masquerade: replies return through node3); node3 holds the iptables rules alone, node1 none",
+		"TCP_CRR closes with SO_LINGER 0 (RST); 1-byte payloads; latency is per operation (connect+request+response for CRR)",
+		"XDP is not implemented: the tc programs do the translation (see bpf/README.md)",
+	}
+	t, err := newNSTopo(cfg.Backends)
+	defer t.close()
+	if err != nil {
+		return nil, fmt.Errorf("set up namespaces: %w", err)
+	}
+	if t.cgroup, err = newBenchCgroup("ns-bench-" + t.suffix); err != nil {
+		return nil, err
+	}
+	t.closers = append(t.closers, func() { os.Remove(t.cgroup) })
+	node := "ns-bench-" + t.suffix
+	pin := filepath.Join(ebpf.DefaultPinRoot, node)
+	eb, err := ebpf.New(ebpf.Config{NodeName: node, CgroupPath: t.cgroup, PinDir: pin, MaxServices: 1 << 17, MaxBackends: 1 << 17,
+		NorthSouth: &ebpf.NorthSouth{Devices: []string{"eth0"}, NetNS: t.path(t.node1)}})
+	if err != nil {
+		return nil, fmt.Errorf("eBPF backend: %w", err)
+	}
+	t.closers = append(t.closers, func() { eb.Cleanup(context.Background()) })
+	paths := []string{"direct", "ebpf-tc"}
+	var ib *iptables.Backend
+	if cfg.IPTables {
+		if err := iptables.Supported(); err != nil {
+			rep.Notes = append(rep.Notes, "iptables not measured: "+err.Error())
+		} else {
+			p := t.path(t.node3)
+			ib, err = iptables.New(iptables.Config{Runner: &iptables.ExecRunner{NetNSPath: p, Timeout: 10 * time.Minute}, NetNSPath: p})
+			if err != nil {
+				return nil, fmt.Errorf("iptables backend: %w", err)
+			}
+			t.closers = append(t.closers, func() { ib.Cleanup(context.Background()) })
+			paths = append(paths, "iptables")
+		}
+	}
+	for _, n := range cfg.ServiceCounts {
+		type prog struct {
+			be   dataplane.Backend
+			port uint16
+			node string
+		}
+		progs := []prog{{eb, nsPortEBPF, nsNode1Addr}}
+		if ib != nil {
+			progs = append(progs, prog{ib, nsPortIPT, nsNode3Addr})
+		}
+		for _, b := range progs {
+			start := time.Now()
+			if err := b.be.Sync(ctx, t.state(n, b.port, b.node)); err != nil {
+				return rep, fmt.Errorf("%s sync of %d services: %w", b.be.Name(), n, err)
+			}
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %d services programmed in %.2f s", b.be.Name(), n, time.Since(start).Seconds()))
+		}
+		rows := map[string]*NSRow{}
+		lats := map[string]map[string][]time.Duration{}
+		tests := []string{"TCP_CRR", "TCP_RR", "UDP_RR"}
+		for _, test := range tests {
+			rows[test] = &NSRow{Services: n, Test: test, Rate: map[string]*Stat{}, Latency: map[string]*Latency{}}
+			lats[test] = map[string][]time.Duration{}
+		}
+		warm := cfg
+		warm.Duration = cfg.Warmup
+		for _, test := range tests {
+			for _, p := range paths {
+				measureLat(ctx, t.path(t.client), test, t.nsTarget(p, test), warm)
+			}
+		}
+		for round := range cfg.Rounds {
+			for _, test := range tests {
+				for _, p := range paths {
+					rate, errs, l := measureLat(ctx, t.path(t.client), test, t.nsTarget(p, test), cfg)
+					s := rows[test].Rate[p]
+					if s == nil {
+						s = &Stat{}
+						rows[test].Rate[p] = s
+					}
+					s.Rounds = append(s.Rounds, rate)
+					s.Errors += errs
+					lats[test][p] = append(lats[test][p], l...)
+					if cfg.Log != nil {
+						cfg.Log.Info("measured", "services", n, "test", test, "path", p, "round", round, "rate", int(rate), "errors", errs)
+					}
+				}
+			}
+		}
+		for _, test := range tests {
+			r := rows[test]
+			for p, s := range r.Rate {
+				s.summarize()
+				l := lats[test][p]
+				slices.Sort(l)
+				if len(l) > 0 {
+					r.Latency[p] = &Latency{P50us: float64(l[len(l)/2].Nanoseconds()) / 1000,
+						P99us: float64(l[min(len(l)-1, len(l)*99/100)].Nanoseconds()) / 1000}
+				}
+			}
+			for _, s := range r.Rate {
+				if d := r.Rate["direct"]; d != nil && d.Median > 0 {
+					s.Ratio = s.Median / d.Median
+				}
+			}
+			rep.Rows = append(rep.Rows, *r)
+		}
+	}
+	rep.print(cfg.Out, paths)
+	if cfg.Output != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.WriteFile(cfg.Output, append(b, '\n'), 0o644); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+func newBenchCgroup(name string) (string, error) {
+	root, err := cgroup2Root()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(root, name)
+	return p, os.Mkdir(p, 0o755)
+}
+
+// state is the measured NodePort on node1 (all backends on node2) plus
+// n-1 ExternalIP frontends of 10.28/16 with the same backends.
+func (t *nsTopo) state(n int, port uint16, node string) *dataplane.State {
+	var eps []dataplane.Endpoint
+	for _, a := range t.backends {
+		eps = append(eps, dataplane.Endpoint{Addr: a, Port: bePort})
+	}
+	var fs []dataplane.Frontend
+	for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
+		fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr(node), Port: port, Protocol: proto},
+			Kind: dataplane.NodePort, Service: dataplane.ServicePortName{Namespace: "bench", Name: "nodeport"}, Endpoints: eps})
+	}
+	for i := 1; i < n; i++ {
+		a := netip.AddrFrom4([4]byte{10, 28, byte(i >> 8), byte(i)})
+		fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: a, Port: 80, Protocol: dataplane.TCP},
+			Kind: dataplane.ExternalIP, Service: dataplane.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("ext-%d", i)}, Endpoints: eps})
+	}
+	slices.SortFunc(fs, func(a, b dataplane.Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })
+	return &dataplane.State{Frontends: fs}
+}
+
+func (t *nsTopo) nsTarget(path, test string) func(i int) string {
+	switch path {
+	case "ebpf-tc":
+		return func(int) string { return fmt.Sprintf("%s:%d", nsNode1Addr, nsPortEBPF) }
+	case "iptables":
+		return func(int) string { return fmt.Sprintf("%s:%d", nsNode3Addr, nsPortIPT) }
+	}
+	return func(i int) string { return netip.AddrPortFrom(t.backends[i%len(t.backends)], bePort).String() }
+}
+
+// measureLat is measure with per-operation latencies.
+func measureLat(ctx context.Context, nsPath, test string, target func(int) string, cfg NorthSouthConfig) (float64, int, []time.Duration) {
+	var mu sync.Mutex
+	var all []time.Duration
+	ops, errs := 0, 0
+	start := time.Now()
+	warmEnd := start.Add(cfg.Warmup)
+	end := warmEnd.Add(cfg.Duration)
+	var wg sync.WaitGroup
+	for i := range cfg.Clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			myOps, myErrs := 0, 0
+			defer func() {
+				mu.Lock()
+				all = append(all, mine...)
+				ops += myOps
+				errs += myErrs
+				mu.Unlock()
+			}()
+			if err := enterNS(nsPath); err != nil {
+				myErrs++
+				return
+			}
+			last := time.Now()
+			count := func(err error) bool {
+				now := time.Now()
+				if now.After(warmEnd) {
+					if err != nil {
+						myErrs++
+					} else {
+						myOps++
+						mine = append(mine, now.Sub(last))
+					}
+				}
+				last = now
+				return now.Before(end) && ctx.Err() == nil
+			}
+			switch test {
+			case "TCP_CRR":
+				for count(crr(target(i))) {
+				}
+			case "TCP_RR":
+				rrLoop(target(i), "tcp", count)
+			case "UDP_RR":
+				rrLoop(target(i), "udp", count)
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(ops) / cfg.Duration.Seconds(), errs, all
+}
+
+func (r *NorthSouthReport) print(w io.Writer, paths []string) {
+	fmt.Fprintf(w, "North-south: external client -> NodePort on a node -> backends on node2 (%d clients, %d backends, %s x %d rounds, kernel %s)\n",
+		r.Clients, r.Backends, r.Duration, r.Rounds, r.Kernel)
+	fmt.Fprintf(w, "%9s %-8s", "services", "test")
+	for _, p := range paths {
+		fmt.Fprintf(w, " | %-34s", p+" /s (ratio) p50/p99 µs")
+	}
+	fmt.Fprintln(w)
+	for _, row := range r.Rows {
+		fmt.Fprintf(w, "%9d %-8s", row.Services, row.Test)
+		for _, p := range paths {
+			s, l := row.Rate[p], row.Latency[p]
+			if s == nil || l == nil {
+				fmt.Fprintf(w, " | %-34s", "-")
+				continue
+			}
+			cell := fmt.Sprintf("%s (%.2fx) %.0f/%.0f", human(s.Median), s.Ratio, l.P50us, l.P99us)
+			if s.Errors > 0 {
+				cell += fmt.Sprintf(" err %d", s.Errors)
+			}
+			fmt.Fprintf(w, " | %-34s", cell)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintln(w, "  - "+strings.TrimSpace(n))
+	}
+}

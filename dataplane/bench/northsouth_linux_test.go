@@ -1,0 +1,42 @@
+package bench
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+// BenchmarkNorthSouth runs RunNorthSouth once (-benchtime 1x):
+// DP_NS_SERVICES (default 1), DP_NS_DURATION (default 1s), DP_NS_ROUNDS (3).
+func BenchmarkNorthSouth(b *testing.B) {
+	testutil.RequiresRoot(b)
+	testutil.RequiresKernelFeature(b, testutil.BTF)
+	cfg := NorthSouthConfig{IPTables: true, Out: os.Stdout, Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Output: os.Getenv("DP_NS_OUTPUT")}
+	if s := os.Getenv("DP_NS_SERVICES"); s != "" {
+		for _, f := range strings.Split(s, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.ServiceCounts = append(cfg.ServiceCounts, n)
+		}
+	}
+	if d, err := time.ParseDuration(os.Getenv("DP_NS_DURATION")); err == nil {
+		cfg.Duration = d
+	}
+	if n, err := strconv.Atoi(os.Getenv("DP_NS_ROUNDS")); err == nil {
+		cfg.Rounds = n
+	}
+	for range b.N {
+		if _, err := RunNorthSouth(context.Background(), cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
