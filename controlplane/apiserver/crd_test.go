@@ -3,6 +3,8 @@ package apiserver_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -60,7 +62,7 @@ func widgetCRD(group string) *apiextensionsv1.CustomResourceDefinition {
 	}
 }
 
-func crdClients(t *testing.T, rc *rest.Config) (apiextensionsclient.Interface, dynamic.Interface) {
+func crdClients(t testing.TB, rc *rest.Config) (apiextensionsclient.Interface, dynamic.Interface) {
 	t.Helper()
 	ac, err := apiextensionsclient.NewForConfig(rc)
 	if err != nil {
@@ -73,7 +75,7 @@ func crdClients(t *testing.T, rc *rest.Config) (apiextensionsclient.Interface, d
 	return ac, dc
 }
 
-func waitEstablished(t *testing.T, ac apiextensionsclient.Interface, name string) *apiextensionsv1.CustomResourceDefinition {
+func waitEstablished(t testing.TB, ac apiextensionsclient.Interface, name string) *apiextensionsv1.CustomResourceDefinition {
 	t.Helper()
 	var out *apiextensionsv1.CustomResourceDefinition
 	testutil.Eventually(t, 30*time.Second, func() error {
@@ -237,4 +239,131 @@ func TestCustomResourceDefinitionNonStructuralSchema(t *testing.T) {
 	if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(context.Background(), bad.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("stored: %v", err)
 	}
+}
+
+// TestCustomResourceProtocol: a cluster-scoped CRD's resources through the
+// built-in protocol: dryRun stores nothing, labels and paging select,
+// watch delivers, fieldValidation Warn warns, a Table comes from the
+// printer columns, OpenAPI v3 has the schema, protobuf-preferring clients
+// get JSON.
+func TestCustomResourceProtocol(t *testing.T) {
+	rc, _, stop := apiservertest.StartTestServer(t)
+	defer stop()
+	ctx := context.Background()
+	ac, dc := crdClients(t, rc)
+	c := widgetCRD("cluster.waggle.io")
+	c.Spec.Scope = apiextensionsv1.ClusterScoped
+	if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, ac, c.Name)
+	gvr := schema.GroupVersionResource{Group: "cluster.waggle.io", Version: "v1", Resource: "widgets"}
+	ws := dc.Resource(gvr)
+	mk := func(name string, labels map[string]string) *unstructured.Unstructured {
+		u := widget(name, map[string]any{"replicas": int64(1)})
+		u.SetAPIVersion("cluster.waggle.io/v1")
+		u.SetLabels(labels)
+		return u
+	}
+	if _, err := ws.Create(ctx, mk("dry", nil), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.Get(ctx, "dry", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("dryRun stored: %v", err)
+	}
+	w, err := ws.Watch(ctx, metav1.ListOptions{LabelSelector: "tier=a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for i := 0; i < 5; i++ {
+		tier := "a"
+		if i%2 == 1 {
+			tier = "b"
+		}
+		if _, err := ws.Create(ctx, mk(fmt.Sprintf("w%d", i), map[string]string{"tier": tier}), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for seen := 0; seen < 3; {
+		select {
+		case e := <-w.ResultChan():
+			if u, ok := e.Object.(*unstructured.Unstructured); !ok || u.GetLabels()["tier"] != "a" {
+				t.Fatalf("watch event %v %T", e.Type, e.Object)
+			}
+			seen++
+		case <-time.After(30 * time.Second):
+			t.Fatal("watch: no events")
+		}
+	}
+	l, err := ws.List(ctx, metav1.ListOptions{LabelSelector: "tier=b"})
+	if err != nil || len(l.Items) != 2 {
+		t.Fatalf("label selector: %v %d", err, len(l.Items))
+	}
+	page, err := ws.List(ctx, metav1.ListOptions{Limit: 2})
+	if err != nil || len(page.Items) != 2 || page.GetContinue() == "" {
+		t.Fatalf("first page: %v %d %q", err, len(page.Items), page.GetContinue())
+	}
+	rest2, err := ws.List(ctx, metav1.ListOptions{Limit: 10, Continue: page.GetContinue()})
+	if err != nil || len(rest2.Items) != 3 {
+		t.Fatalf("second page: %v %d", err, len(rest2.Items))
+	}
+	if _, err := ws.List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=w1"}); err != nil {
+		t.Fatalf("field selector: %v", err)
+	}
+
+	// fieldValidation Warn (the default): the unknown field is named in a
+	// warning and pruned.
+	resp, body := rawRequest(t, rc, "POST", "/apis/cluster.waggle.io/v1/widgets", `{"apiVersion":"cluster.waggle.io/v1","kind":"Widget","metadata":{"name":"warned"},"spec":{"replicas":1,"extra":1}}`, nil)
+	if resp.StatusCode != 201 || !strings.Contains(resp.Header.Get("Warning"), `unknown field \"spec.extra\"`) {
+		t.Errorf("Warn: %d %q %s", resp.StatusCode, resp.Header.Get("Warning"), body)
+	}
+	// Tables from the printer columns.
+	resp, body = rawRequest(t, rc, "GET", "/apis/cluster.waggle.io/v1/widgets", "", map[string]string{"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+	if resp.StatusCode != 200 || !strings.Contains(body, `"name":"Replicas"`) || !strings.Contains(body, `"kind":"Table"`) {
+		t.Errorf("table: %d %s", resp.StatusCode, body)
+	}
+	// Protobuf-preferring clients get JSON; protobuf only is a 406.
+	resp, _ = rawRequest(t, rc, "GET", "/apis/cluster.waggle.io/v1/widgets/w1", "", map[string]string{"Accept": "application/vnd.kubernetes.protobuf, application/json"})
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		t.Errorf("protobuf, json: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	resp, _ = rawRequest(t, rc, "GET", "/apis/cluster.waggle.io/v1/widgets/w1", "", map[string]string{"Accept": "application/vnd.kubernetes.protobuf"})
+	if resp.StatusCode != 406 {
+		t.Errorf("protobuf only: %d, want 406", resp.StatusCode)
+	}
+	// OpenAPI v3 carries the CRD's schema.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		resp, body := rawRequest(t, rc, "GET", "/openapi/v3/apis/cluster.waggle.io/v1", "", nil)
+		if resp.StatusCode != 200 || !strings.Contains(body, "io.waggle.cluster.v1.Widget") || !strings.Contains(body, "maxReplicas") {
+			return fmt.Errorf("openapi v3: %d %.300s", resp.StatusCode, body)
+		}
+		return nil
+	})
+	resp, body = rawRequest(t, rc, "GET", "/openapi/v2", "", nil)
+	if resp.StatusCode != 200 || !strings.Contains(body, "io.waggle.cluster.v1.Widget") {
+		t.Errorf("openapi v2 lacks the CRD: %d", resp.StatusCode)
+	}
+}
+
+func rawRequest(t *testing.T, rc *rest.Config, method, path, body string, header map[string]string) (*http.Response, string) {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(method, rc.Host+path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
 }

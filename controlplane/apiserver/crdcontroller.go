@@ -14,6 +14,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/extensions/crd"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -125,21 +126,29 @@ func (c *crdController) sync(ctx context.Context, name string) {
 		return
 	}
 	cur := o.Obj.(*apiextensionsv1.CustomResourceDefinition)
-	if next, changed := crd.Reconcile(cur, c.all(ctx)); changed {
+	// Names first (naming controller); once accepted, serve the versions,
+	// and only then say Established (establishing controller), so a client
+	// that waits for Established finds the resources served.
+	served := false
+	if crd.IsTrue(cur, apiextensionsv1.NamesAccepted) && equality.Semantic.DeepEqual(cur.Spec.Names, cur.Status.AcceptedNames) {
+		if err := c.serve(cur); err != nil {
+			c.s.log.Error("serving CustomResourceDefinition", "crd", name, "err", err)
+		} else {
+			served = true
+		}
+	} else if crd.IsTrue(cur, apiextensionsv1.NamesAccepted) {
+		// Accepted names differ from the spec's (a conflict or a rename
+		// pending): keep serving the accepted ones.
+		served = c.serve(cur) == nil
+	}
+	if _, changed := crd.Reconcile(cur, c.all(ctx), served); changed {
 		c.writeStatus(ctx, name, func(live *apiextensionsv1.CustomResourceDefinition) *apiextensionsv1.CustomResourceDefinition {
-			out, changed := crd.Reconcile(live, c.all(ctx))
+			out, changed := crd.Reconcile(live, c.all(ctx), served)
 			if !changed {
 				return nil
 			}
 			return out
 		})
-		_ = next
-		return // the status write comes back as an event
-	}
-	if crd.IsTrue(cur, apiextensionsv1.NamesAccepted) {
-		if err := c.serve(cur); err != nil {
-			c.s.log.Error("serving CustomResourceDefinition", "crd", name, "err", err)
-		}
 	}
 	if cur.DeletionTimestamp != nil && slices.Contains(cur.Finalizers, crd.CleanupFinalizer) {
 		c.mu.Lock()

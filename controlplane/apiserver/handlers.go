@@ -26,6 +26,7 @@ import (
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -58,9 +59,15 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, errPathNotFound(), notFoundGR, "")
 		return
 	}
-	if reg.cr != nil && !customAccept(r) {
-		writeStatus(w, errNotAcceptable(), reg.gr, "")
-		return
+	if reg.cr != nil {
+		if !customAccept(r) {
+			writeStatus(w, errNotAcceptable(), reg.gr, "")
+			return
+		}
+		if reg.cr.Warning != "" {
+			// A deprecated version: every request is told, as upstream.
+			warn(w, []string{reg.cr.Warning})
+		}
 	}
 	req := &request{reg: reg, verb: a.Verb, ns: a.Namespace, name: a.Name, sub: a.Subresource}
 	if !reg.res.Namespaced {
@@ -205,9 +212,15 @@ func parseWriteOpts(r *http.Request) (writeOpts, string, error) {
 	return wo, fv, nil
 }
 
+// warn adds Warning headers as kube-apiserver writes them (299, agent
+// "-", the text as an escaped quoted-string, which client-go unquotes).
 func warn(w http.ResponseWriter, warnings []string) {
 	for _, m := range warnings {
-		w.Header().Add("Warning", `299 - "`+strings.ReplaceAll(m, `"`, `'`)+`"`)
+		h, err := utilnet.NewWarningHeader(299, "-", m)
+		if err != nil {
+			h = `299 - "` + strings.ReplaceAll(strings.ReplaceAll(m, `\`, `\\`), `"`, `\"`) + `"`
+		}
+		w.Header().Add("Warning", h)
 	}
 }
 

@@ -29,10 +29,10 @@ func IsTrue(crd *apiextensionsv1.CustomResourceDefinition, t apiextensionsv1.Cus
 // would give crd, among the other CRDs of the cluster (others may include
 // crd itself; it is skipped): accepted names and NamesAccepted as the naming
 // controller decides them (a name another CRD of the group has accepted is
-// a conflict), Established once the names are accepted (one API server:
-// at once, as the establishing controller does without peers). It returns
+// a conflict), and Established once its resources are served (served: the
+// establishing controller's step, at once with one API server). It returns
 // the updated copy and whether anything changed.
-func Reconcile(crd *apiextensionsv1.CustomResourceDefinition, others []*apiextensionsv1.CustomResourceDefinition) (*apiextensionsv1.CustomResourceDefinition, bool) {
+func Reconcile(crd *apiextensionsv1.CustomResourceDefinition, others []*apiextensionsv1.CustomResourceDefinition, served bool) (*apiextensionsv1.CustomResourceDefinition, bool) {
 	out := crd.DeepCopy()
 	if !equality.Semantic.DeepEqual(crd.Spec.Names, crd.Status.AcceptedNames) || apihelpers.FindCRDCondition(crd, apiextensionsv1.NamesAccepted) == nil {
 		names, accepted := acceptNames(crd, others)
@@ -50,7 +50,7 @@ func Reconcile(crd *apiextensionsv1.CustomResourceDefinition, others []*apiexten
 			})
 		}
 	}
-	if IsTrue(out, apiextensionsv1.NamesAccepted) && !IsTrue(out, apiextensionsv1.Established) && out.DeletionTimestamp == nil {
+	if served && IsTrue(out, apiextensionsv1.NamesAccepted) && !IsTrue(out, apiextensionsv1.Established) && out.DeletionTimestamp == nil {
 		SetCondition(out, apiextensionsv1.CustomResourceDefinitionCondition{
 			Type: apiextensionsv1.Established, Status: apiextensionsv1.ConditionTrue,
 			Reason: "InitialNamesAccepted", Message: "the initial names have been accepted",
