@@ -37,6 +37,9 @@ const (
 	envProxyCgroup     = "DP_BENCH_PROXY_CGROUP"
 	envProxyPinDir     = "DP_BENCH_PROXY_PIN_DIR"
 	envProxyMapMax     = "DP_BENCH_PROXY_MAP_MAX"
+	// North-south: the proxy serves ExternalIPs on this device in this netns.
+	envProxyNSDevice = "DP_BENCH_PROXY_NS_DEVICE"
+	envProxyNSNetNS  = "DP_BENCH_PROXY_NS_NETNS"
 )
 
 func TestMain(m *testing.M) {
@@ -50,7 +53,12 @@ func runProxyChild(kubeconfig string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	max, _ := strconv.Atoi(os.Getenv(envProxyMapMax))
+	var devs []string
+	if d := os.Getenv(envProxyNSDevice); d != "" {
+		devs = []string{d}
+	}
 	err := dataplane.Run(ctx, dataplane.Config{
+		NodePortDevices: devs, NodePortNetNS: os.Getenv(envProxyNSNetNS), NoL2Announcements: true,
 		Kubeconfig: kubeconfig, NodeName: "dp-bench", Mode: dataplane.ModeEBPF, Modes: modes.All(),
 		CgroupRoot: os.Getenv(envProxyCgroup), BPFPinDir: os.Getenv(envProxyPinDir),
 		MaxServices: max, MaxBackends: max, NetworkPolicy: "off", HealthBindAddress: "0",
@@ -89,6 +97,25 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	if s := os.Getenv("DP_BENCH_CHANGES"); s != "" {
 		changes, _ = strconv.Atoi(s)
 	}
+	// DP_BENCH_NORTHSOUTH=1: every Service also has an ExternalIP, the
+	// proxy runs north-south load balancing, and a change counts as
+	// programmed once the ExternalIP frontend's Maglev table was replaced.
+	northSouth := os.Getenv("DP_BENCH_NORTHSOUTH") == "1"
+	var nsEnv []string
+	if northSouth {
+		name := testutil.UniqueName("ns-lat")
+		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+			b.Fatalf("ip netns add: %v: %s", err, out)
+		}
+		b.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+		for _, c := range [][]string{{"ip", "link", "add", "nsdummy0", "type", "veth", "peer", "name", "nsdummy1"}, {"ip", "addr", "add", "10.27.30.1/24", "dev", "nsdummy0"},
+			{"ip", "link", "set", "nsdummy0", "up"}} {
+			if out, err := exec.Command("ip", append([]string{"netns", "exec", name}, c...)...).CombinedOutput(); err != nil {
+				b.Fatalf("%v: %v: %s", c, err, out)
+			}
+		}
+		nsEnv = []string{envProxyNSDevice + "=nsdummy0", envProxyNSNetNS + "=/run/netns/" + name}
+	}
 	srv := apiservertest.Start(b, apiservertest.Options{})
 	rc := *srv.Config
 	rc.QPS, rc.Burst = -1, 0
@@ -115,7 +142,7 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				for i := range work {
-					if err := createService(ctx, cs, names[i], i, perSvc, &vips[i]); err != nil {
+					if err := createService(ctx, cs, names[i], i, perSvc, &vips[i], northSouth); err != nil {
 						mu.Lock()
 						firstErr = cmpErr(firstErr, err)
 						mu.Unlock()
@@ -136,13 +163,14 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	cg := testutil.NewCgroup(b)
 	pin := filepath.Join(ebpf.DefaultPinRoot, testutil.UniqueName("dp-bench"))
 	maxEntries := 1 << 16
-	for maxEntries < counts[len(counts)-1]*(perSvc+2) {
+	for maxEntries < 2*counts[len(counts)-1]*(perSvc+2) {
 		maxEntries <<= 1
 	}
 	kubeconfig := filepath.Join(srv.DataDir, "admin.kubeconfig")
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), envProxyKubeconfig+"="+kubeconfig, envProxyCgroup+"="+cg, envProxyPinDir+"="+pin,
 		envProxyMapMax+"="+strconv.Itoa(maxEntries))
+	cmd.Env = append(cmd.Env, nsEnv...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -181,7 +209,11 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 				view, _ = ebpf.OpenPinned(pin)
 			}
 			if view != nil {
-				if maps, err := view.Maps(); err == nil && mapEntries(maps, ebpf.MapServices) >= n*(1+perSvc) {
+				frontends := 1
+				if northSouth {
+					frontends = 2 // ClusterIP and ExternalIP
+				}
+				if maps, err := view.Maps(); err == nil && mapEntries(maps, ebpf.MapServices) >= frontends*n*(1+perSvc) {
 					break
 				}
 			}
@@ -210,6 +242,18 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 			es.Endpoints[0].Addresses = []string{addr.String()}
 			want := netip.AddrPortFrom(addr, 8080)
 			k := dataplane.FrontendKey{Addr: vips[j], Port: 80, Protocol: dataplane.TCP}
+			var oldTable uint32
+			var svcID uint32
+			if northSouth {
+				svc, ok, err := view.Frontend(k)
+				if err != nil || !ok {
+					b.Fatalf("frontend %s: %v %v", k, ok, err)
+				}
+				svcID = svc.ID
+				if oldTable, ok, err = view.NorthSouthTable(svcID); err != nil || !ok {
+					b.Fatalf("north-south table of %s: %v %v", k, ok, err)
+				}
+			}
 			start := time.Now()
 			if _, err := cs.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 				b.Fatal(err)
@@ -220,7 +264,12 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 					b.Fatal(err)
 				}
 				if ok && slices.ContainsFunc(svc.Slots, func(s ebpf.Slot) bool { return s.Backend == want }) {
-					break
+					if !northSouth {
+						break
+					}
+					if t, ok, err := view.NorthSouthTable(svcID); err == nil && ok && t != oldTable {
+						break
+					}
 				}
 				if time.Since(start) > 30*time.Second {
 					r.changesWithErrors++
@@ -240,7 +289,11 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	}
 	b.StopTimer()
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "EndpointSlice update (API) → pinned eBPF map entry, through apiserver+etcd and a `waggle proxy` process; %d changes one after another, %d endpoints per Service\n", changes, perSvc)
+	what := "pinned eBPF map entry"
+	if northSouth {
+		what = "north-south Maglev table of the Service's ExternalIP frontend replaced"
+	}
+	fmt.Fprintf(&sb, "EndpointSlice update (API) → %s, through apiserver+etcd and a `waggle proxy` process; %d changes one after another, %d endpoints per Service\n", what, changes, perSvc)
 	fmt.Fprintf(&sb, "%9s %10s %9s %9s %9s %14s %10s %7s\n", "services", "setup", "p50", "p99", "max", "proxy CPU/chg", "proxy RSS", "errors")
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "%9d %10s %9s %9s %9s %14s %8.0fMB %7d\n", r.services, r.setup.Round(time.Millisecond), r.p50.Round(10*time.Microsecond),
@@ -261,9 +314,13 @@ func cmpErr(a, b error) error {
 	return b
 }
 
-func createService(ctx context.Context, cs kubernetes.Interface, name string, i, perSvc int, vip *netip.Addr) error {
+func createService(ctx context.Context, cs kubernetes.Interface, name string, i, perSvc int, vip *netip.Addr, externalIP bool) error {
 	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: v1.ServiceSpec{Ports: []v1.ServicePort{{Name: "http", Port: 80, Protocol: v1.ProtocolTCP}}}}
+	ext := netip.AddrFrom4([4]byte{10, 200 + byte(i>>16), byte(i >> 8), byte(i)})
+	if externalIP {
+		svc.Spec.ExternalIPs = []string{ext.String()}
+	}
 	got, err := cs.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create service %s: %w", name, err)
@@ -273,6 +330,9 @@ func createService(ctx context.Context, cs kubernetes.Interface, name string, i,
 		return fmt.Errorf("service %s got clusterIP %q: %w", name, got.Spec.ClusterIP, err)
 	}
 	*vip = a
+	if externalIP {
+		*vip = ext
+	}
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
 		AddressType: discoveryv1.AddressTypeIPv4,

@@ -7,9 +7,13 @@
 // affinity and reverse-socket entries, attached programs, map pressure) for
 // inspection tools such as `waggle bpf`, which work while the proxy is down.
 //
-// It does not compute what to program (package dataplane does that) and it
-// translates nothing per packet: the destination is rewritten once, when a
-// socket connects or sends, so established connections carry no NAT state.
+// It does not compute what to program (package dataplane does that). The
+// socket programs translate nothing per packet: the destination is rewritten
+// once, when a socket connects or sends, so established connections carry no
+// NAT state. With Config.NorthSouth it also attaches bpf/nodeport.c to the
+// node's external devices (tcx), which serves NodePort, ExternalIP and
+// LoadBalancer traffic arriving from outside per packet: Maglev backend
+// choice, SNAT for remote backends, a BPF conntrack (northsouth*.go).
 // bpf/README.md documents every hook, map and byte.
 package ebpf
 

@@ -185,3 +185,20 @@ func (v *View) Maglev() ([]MaglevEntry, error) {
 	slices.SortFunc(out, func(a, b MaglevEntry) int { return cmp.Compare(a.ServiceID, b.ServiceID) })
 	return out, err
 }
+
+// NorthSouthTable returns the Maglev table ID of the frontend with service
+// ID id (a point lookup; ok false: not a north-south frontend).
+func (v *View) NorthSouthTable(id uint32) (table uint32, ok bool, err error) {
+	m, err := v.npMap(MapNPServices)
+	if err != nil {
+		return 0, false, err
+	}
+	var s nodePortNpSvc
+	if err := m.Lookup(id, &s); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return 0, false, nil
+		}
+		return 0, false, fmt.Errorf("read %s: %w", MapNPServices, err)
+	}
+	return s.Table, true, nil
+}
