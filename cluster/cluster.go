@@ -86,6 +86,10 @@ type Config struct {
 	// Node,RBAC); AnonymousAuth its --anonymous-auth (default on).
 	AuthorizationModes []string
 	AnonymousAuth      bool
+	// MetricsAPI and MetricsResolution are the API server's --metrics-api
+	// (default native) and --metrics-resolution (default 15 s).
+	MetricsAPI        string
+	MetricsResolution time.Duration
 	// Out receives the human-facing lines (where the kubeconfig is).
 	Out io.Writer
 }
@@ -96,6 +100,8 @@ func Defaults() Config {
 		DataDir:                "/var/lib/waggle",
 		Node:                   true,
 		AnonymousAuth:          true,
+		MetricsAPI:             "native",
+		MetricsResolution:      15 * time.Second,
 		BindAddress:            "0.0.0.0",
 		SecurePort:             6443,
 		ComponentsBindAddress:  "127.0.0.1",
@@ -151,6 +157,8 @@ func Run(ctx context.Context, cfg Config) error {
 		AuthorizationModes:       cfg.AuthorizationModes,
 		AnonymousAuth:            cfg.AnonymousAuth,
 		EnableBootstrapTokenAuth: true,
+		MetricsAPI:               cfg.MetricsAPI,
+		MetricsResolution:        cfg.MetricsResolution,
 		LogLevel:                 cfg.LogLevel,
 		Log:                      componentLog("apiserver", cfg.LogLevel),
 	})
@@ -279,7 +287,9 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		ClusterDNS:    []string{dnsIP.String()},
 		ClusterDomain: cfg.ClusterDomain,
 		ResolvConf:    "/etc/resolv.conf",
-		Log:           componentLog("kubelet", cfg.LogLevel),
+		// Static pods, as upstream's /etc/kubernetes/manifests.
+		PodManifestPath: filepath.Join(cfg.DataDir, "manifests"),
+		Log:             componentLog("kubelet", cfg.LogLevel),
 	}
 	g.Go(func() error { return kubelet.Run(ctx, kcfg) })
 	nodeName := cfg.NodeName

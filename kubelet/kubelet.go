@@ -77,7 +77,11 @@ type Kubelet struct {
 
 	runtimeErr atomic.Pointer[error]
 	metrics    metrics
-	ctx        context.Context
+	// startedAt is the node's start time in /stats/summary.
+	startedAt time.Time
+	// cpu turns cumulative CPU counters into rates for /stats/summary.
+	cpu cpuRates
+	ctx context.Context
 }
 
 type metrics struct {
@@ -130,6 +134,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		net:        d.Network,
 		prober:     d.Prober,
 		recorder:   d.Recorder,
+		startedAt:  time.Now().Truncate(time.Second),
 	}
 	if k.prober == nil {
 		if cfg.Runtime == RuntimeHollow {
@@ -335,6 +340,9 @@ func (k *Kubelet) Run(ctx context.Context) error {
 		return nil // stopped before the pods were listed
 	}
 	if k.cfg.PodManifestPath != "" {
+		if err := os.MkdirAll(k.cfg.PodManifestPath, 0o755); err != nil {
+			k.log.Warn("pod manifest dir", "dir", k.cfg.PodManifestPath, "err", err)
+		}
 		k.static = newStaticSource(k)
 		k.static.scan(ctx)
 		wg.Add(1)

@@ -131,6 +131,33 @@ func TestEchoPodRunsAnswersAndServesLogsExecStats(t *testing.T) {
 	if !found {
 		t.Errorf("stats/summary has no usage for pod echo: %s", sum)
 	}
+	// The node's own figures are the machine's, not the sum of its pods,
+	// and its start time is the node's, not the request's.
+	var podsWS uint64
+	for _, ps := range s.Pods {
+		if ps.Memory != nil && ps.Memory.WorkingSetBytes != nil {
+			podsWS += *ps.Memory.WorkingSetBytes
+		}
+	}
+	if m := s.Node.Memory; m == nil || m.WorkingSetBytes == nil || *m.WorkingSetBytes < 64<<20 || *m.WorkingSetBytes <= podsWS || m.AvailableBytes == nil {
+		t.Errorf("node memory %+v: want the machine's working set (pods use %d)", m, podsWS)
+	}
+	if c := s.Node.CPU; c == nil || c.UsageCoreNanoSeconds == nil || *c.UsageCoreNanoSeconds < uint64(time.Second) {
+		t.Errorf("node CPU %+v: want the machine's cumulative usage", c)
+	}
+	if f := s.Node.Fs; f == nil || f.CapacityBytes == nil || *f.CapacityBytes == 0 {
+		t.Errorf("node fs %+v", f)
+	}
+	_, sum2 := n.httpGet("/stats/summary")
+	var s2 statsapi.Summary
+	json.Unmarshal([]byte(sum2), &s2)
+	if !s2.Node.StartTime.Equal(&s.Node.StartTime) || !s.Node.StartTime.Time.Before(s.Node.CPU.Time.Time) {
+		t.Errorf("node startTime %v then %v (read at %v): want the node's start", s.Node.StartTime, s2.Node.StartTime, s.Node.CPU.Time)
+	}
+	if code, body := n.httpGet("/metrics/resource"); code != 200 || !strings.Contains(body, `container_cpu_usage_seconds_total{container="echo",namespace="default",pod="echo"}`) ||
+		!strings.Contains(body, "node_memory_working_set_bytes ") {
+		t.Errorf("/metrics/resource: %d\n%s", code, body)
+	}
 	if code, body := n.httpGet("/metrics"); code != 200 || !strings.Contains(body, "waggle_kubelet_container_starts_total") {
 		t.Errorf("metrics: %d", code)
 	}

@@ -260,22 +260,23 @@ func (p *provider) Container(ns, pod, container string, previous bool) (runtime.
 	return l[idx], w.uid, nil
 }
 
-// Summary implements the /stats/summary data from the runtime's cgroup
-// statistics.
+// Summary implements /stats/summary: the node's figures from the machine
+// (nodestats.go), each running container's from its cgroup, a pod's as the
+// sum of its containers', CPU rates from the previous read of each counter.
 func (p *provider) Summary(ctx context.Context) (*statsapi.Summary, error) {
 	k := (*Kubelet)(p)
 	now := metav1.Now()
-	sum := &statsapi.Summary{Node: statsapi.NodeStats{NodeName: k.cfg.NodeName, StartTime: now}}
+	sum := &statsapi.Summary{Node: statsapi.NodeStats{NodeName: k.cfg.NodeName, StartTime: metav1.NewTime(k.startedAt)}}
 	k.mu.Lock()
 	snap := map[types.UID][]runtime.Container{}
 	for uid, l := range k.snapshot {
 		snap[uid] = append([]runtime.Container(nil), l...)
 	}
 	k.mu.Unlock()
-	var nodeCPU, nodeMem uint64
 	for uid, list := range snap {
 		var ps statsapi.PodStats
-		var podCPU, podMem, podWS uint64
+		var podCPU, podMem, podWS, podRSS uint64
+		var podRate *uint64
 		for _, c := range list {
 			if c.State != runtime.StateRunning {
 				continue
@@ -287,16 +288,29 @@ func (p *provider) Summary(ctx context.Context) (*statsapi.Summary, error) {
 			}
 			t := metav1.NewTime(st.Time)
 			cpu, mem, ws, rss := st.CPUUsageNanos, st.MemoryUsage, st.MemoryWorkingSet, st.MemoryRSS
+			rate := k.cpu.rate("c/"+c.ID, st.Time, cpu)
 			cs := statsapi.ContainerStats{
 				Name:      c.Name,
 				StartTime: metav1.NewTime(c.StartedAt),
-				CPU:       &statsapi.CPUStats{Time: t, UsageCoreNanoSeconds: &cpu},
+				CPU:       &statsapi.CPUStats{Time: t, UsageCoreNanoSeconds: &cpu, UsageNanoCores: rate},
 				Memory:    &statsapi.MemoryStats{Time: t, UsageBytes: &mem, WorkingSetBytes: &ws, RSSBytes: &rss},
+			}
+			if st.MemoryLimit > 0 && st.MemoryLimit < 1<<62 && st.MemoryLimit > ws {
+				avail := st.MemoryLimit - ws
+				cs.Memory.AvailableBytes = &avail
 			}
 			ps.Containers = append(ps.Containers, cs)
 			podCPU += cpu
 			podMem += mem
 			podWS += ws
+			podRSS += rss
+			if rate != nil {
+				r := *rate
+				if podRate != nil {
+					r += *podRate
+				}
+				podRate = &r
+			}
 			if ps.Network == nil && (st.RxBytes > 0 || st.TxBytes > 0) {
 				rx, tx, rxe, txe := st.RxBytes, st.TxBytes, st.RxErrors, st.TxErrors
 				ps.Network = &statsapi.NetworkStats{Time: t, InterfaceStats: statsapi.InterfaceStats{
@@ -306,18 +320,30 @@ func (p *provider) Summary(ctx context.Context) (*statsapi.Summary, error) {
 		if len(ps.Containers) == 0 {
 			continue
 		}
+		sort.Slice(ps.Containers, func(i, j int) bool { return ps.Containers[i].Name < ps.Containers[j].Name })
 		ps.StartTime = ps.Containers[0].StartTime
-		ps.CPU = &statsapi.CPUStats{Time: now, UsageCoreNanoSeconds: &podCPU}
-		ps.Memory = &statsapi.MemoryStats{Time: now, UsageBytes: &podMem, WorkingSetBytes: &podWS}
-		nodeCPU += podCPU
-		nodeMem += podMem
+		for _, c := range ps.Containers {
+			if c.StartTime.Before(&ps.StartTime) {
+				ps.StartTime = c.StartTime
+			}
+		}
+		ps.CPU = &statsapi.CPUStats{Time: now, UsageCoreNanoSeconds: &podCPU, UsageNanoCores: podRate}
+		ps.Memory = &statsapi.MemoryStats{Time: now, UsageBytes: &podMem, WorkingSetBytes: &podWS, RSSBytes: &podRSS}
 		sum.Pods = append(sum.Pods, ps)
 	}
 	sort.Slice(sum.Pods, func(i, j int) bool {
 		return sum.Pods[i].PodRef.Namespace+"/"+sum.Pods[i].PodRef.Name < sum.Pods[j].PodRef.Namespace+"/"+sum.Pods[j].PodRef.Name
 	})
-	sum.Node.CPU = &statsapi.CPUStats{Time: now, UsageCoreNanoSeconds: &nodeCPU}
-	sum.Node.Memory = &statsapi.MemoryStats{Time: now, UsageBytes: &nodeMem}
+	if cpu, ok := nodeCPUNanos(); ok {
+		sum.Node.CPU = &statsapi.CPUStats{Time: now, UsageCoreNanoSeconds: &cpu, UsageNanoCores: k.cpu.rate("node", now.Time, cpu)}
+	}
+	if mem, ok := nodeMemory(); ok {
+		mem.Time = now
+		sum.Node.Memory = mem
+	}
+	sum.Node.Fs = fsStats(k.cfg.RootDir, now)
+	sum.Node.Runtime = &statsapi.RuntimeStats{ImageFs: sum.Node.Fs}
+	sum.Node.Rlimit = nodeRlimit(now)
 	return sum, nil
 }
 

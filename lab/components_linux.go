@@ -151,6 +151,7 @@ func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {
 		"--client-ca-file", filepath.Join(controlPlaneDir(cfg.DataDir), "pki", "ca.crt"),
 		"--image-dir", cfg.ImageDir,
 		"--cluster-dns", clusterdns.ServiceIP(cfg.ServiceCIDR).String(),
+		"--pod-manifest-path", filepath.Join(nodeDir, "manifests"),
 		// The Lease lasts as long as the controller-manager waits for it
 		// (renewed every quarter of that), as upstream's 40 s and 40 s: with
 		// a shorter grace (the e2e tests' 10 s) and the default 10 s renewal,

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"context"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver"
@@ -31,6 +33,8 @@ func runAPIServer(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA bundle that client certificates are verified against")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", true, "requests without credentials run as system:anonymous (authorized like any user; RBAC grants only health and version); false: 401")
+	fs.StringVar(&cfg.MetricsAPI, "metrics-api", "native", "metrics.k8s.io (kubectl top, HPA): native (scraped from the kubelets by this server) or off (left to an aggregated metrics server)")
+	fs.DurationVar(&cfg.MetricsResolution, "metrics-resolution", 15*time.Second, "how often the native metrics API scrapes each kubelet's /metrics/resource")
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {

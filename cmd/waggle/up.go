@@ -32,6 +32,8 @@ func runUp(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may miss heartbeats before it is NotReady")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
 	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", cfg.AnonymousAuth, "requests without credentials run as system:anonymous (authorized like any user); false: 401")
+	fs.StringVar(&cfg.MetricsAPI, "metrics-api", cfg.MetricsAPI, "metrics.k8s.io (kubectl top, HPA): native or off")
+	fs.DurationVar(&cfg.MetricsResolution, "metrics-resolution", cfg.MetricsResolution, "how often the native metrics API scrapes each kubelet")
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {

@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	metricsv1beta1 "k8s.io/metrics/pkg/apis/metrics/v1beta1"
 )
 
 // createOnUpdate lists the resources whose PUT creates a missing object,
@@ -102,6 +103,8 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case reg.res.Virtual && reg.res.Group == "" && (reg.res.Resource == "bindings" || reg.res.Resource == "componentstatuses"):
 		err = s.serveCoreVirtual(ctx, w, r, req, a.Verb)
+	case reg.res.Virtual && reg.res.Group == metricsv1beta1.GroupName:
+		err = s.serveMetrics(ctx, w, r, req, a.Verb)
 	case reg.res.Virtual:
 		err = s.serveVirtual(ctx, w, r, req)
 	case req.sub == "scale":

@@ -33,6 +33,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
+	metricsapi "github.com/waggle-io/waggle/controlplane/metrics"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	"github.com/waggle-io/waggle/internal/ops"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -116,6 +117,14 @@ type Config struct {
 	// component name (default DefaultComponentProbes; etcd-0 is always the
 	// server's own store).
 	ComponentProbes map[string]string
+	// MetricsAPI is --metrics-api: "native" serves metrics.k8s.io/v1beta1
+	// (NodeMetrics, PodMetrics) from the kubelets' /metrics/resource
+	// (package controlplane/metrics); "off" or "" serves nothing there, for
+	// when an aggregated metrics server answers the group. The commands
+	// default it to native.
+	MetricsAPI string
+	// MetricsResolution is how often kubelets are scraped (default 15 s).
+	MetricsResolution time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -181,7 +190,9 @@ type Server struct {
 	bgCtx         context.Context
 	admission     []Admitter
 	catalog       *catalog.Catalog
-	registries    map[string]*registry // built-in stored resources by plural name (a shared store's owner wins)
+	// metricsStore answers metrics.k8s.io with MetricsAPI native.
+	metricsStore *metricsapi.Store
+	registries   map[string]*registry // built-in stored resources by plural name (a shared store's owner wins)
 	// byGVR holds every served resource by "group/version/resource"; it
 	// is replaced, never modified, so readers need no lock (custom
 	// resources come and go at run time: setRegistry, dropRegistry).
@@ -332,6 +343,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	bgCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.bgCancel = cancel
 	s.bgCtx = bgCtx
+	if err := s.setupMetricsAPI(); err != nil {
+		return nil, err
+	}
 	for _, r := range s.catalog.All() {
 		reg, err := s.newRegistry(r)
 		if err != nil {
@@ -374,6 +388,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	go func() { defer s.bg.Done(); s.crds.run(bgCtx) }()
 	s.bg.Add(1)
 	go func() { defer s.bg.Done(); s.endpointReconcileLoop(bgCtx) }()
+	if s.metricsStore != nil {
+		s.bg.Add(1)
+		go func() { defer s.bg.Done(); s.metricsStore.Run(bgCtx) }()
+	}
 	if len(cfg.EtcdServers) > 0 {
 		// The embedded etcd compacts itself; an external one is compacted
 		// by the API servers, as kube-apiserver does.

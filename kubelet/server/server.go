@@ -2,8 +2,8 @@
 // certificate authentication, serving /healthz, /pods, container logs
 // (/containerLogs, with follow, previous, tailLines and limitBytes), exec
 // (/exec and /run, in SPDY v1–v4 and WebSocket v4/v5 channel protocols, so
-// kubectl 1.27–1.33 work through the apiserver's proxy), /stats/summary and
-// /metrics.
+// kubectl 1.27–1.33 work through the apiserver's proxy), /stats/summary,
+// /metrics, /metrics/resource (metrics-server's source) and /metrics/cadvisor.
 //
 // Every request, /healthz included, is authenticated and authorized as
 // upstream's kubelet does (Auth): a client certificate of the client CA or a
@@ -152,6 +152,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /stats/summary", s.summary)
 	mux.HandleFunc("GET /stats/summary/", s.summary)
 	mux.Handle("GET /metrics", s.p.Metrics())
+	mux.Handle("GET /metrics/resource", summaryMetrics(s.p, false))
+	mux.Handle("GET /metrics/cadvisor", summaryMetrics(s.p, true))
 	return s.filter(mux)
 }
 

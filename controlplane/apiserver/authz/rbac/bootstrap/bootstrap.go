@@ -272,6 +272,18 @@ func extra(p *Policy) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: KubeletAPIUser}},
 	})
+	// The resource metrics API is served natively (no metrics-server
+	// deployment brings this role): reading it is aggregated into view,
+	// edit and admin, as metrics-server's manifest does.
+	reader := meta("system:aggregated-metrics-reader")
+	for _, r := range []string{"view", "edit", "admin"} {
+		reader.Labels["rbac.authorization.k8s.io/aggregate-to-"+r] = "true"
+	}
+	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: reader,
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"metrics.k8s.io"}, Resources: []string{"pods", "nodes"}, Verbs: []string{"get", "list", "watch"}}},
+	})
 	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
 		ObjectMeta: meta("waggle:node-routes"),
