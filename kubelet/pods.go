@@ -691,6 +691,7 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		Command: c.Command, Args: c.Args, Env: env, WorkingDir: c.WorkingDir, Mounts: mounts,
 		NetNSPath: w.sb.NetNS, Hostname: podHostname(pod), CgroupParent: w.sb.Cgroup,
 		LogPath: filepath.Join(k.podDir(pod.UID), "logs", c.Name, strconv.Itoa(attempt)+".log"),
+		Stdin:   c.Stdin, StdinOnce: c.StdinOnce,
 	}
 	applyResources(&cfg, c.Resources)
 	id, err := k.rt.StartContainer(ctx, cfg)

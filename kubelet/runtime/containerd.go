@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -51,6 +52,7 @@ const (
 	LabelReason       = "waggle.io/reason"
 	LabelCgroup       = "waggle.io/cgroup"
 	LabelOOM          = "waggle.io/oom-killed"
+	LabelStdinOnce    = "waggle.io/stdin-once"
 )
 
 // oomGrace is how long an exit by SIGKILL waits for its OOM event before
@@ -86,6 +88,17 @@ type Containerd struct {
 	missingMu sync.Mutex
 	missing   map[string]time.Time
 }
+
+// logIO is a task's IO: stdout and stderr appended to a file by the shim,
+// stdin (when set) read by the shim from a FIFO. The shim holds the FIFO
+// open for writing itself, so the process's stdin stays open between
+// attaches (and across kubelet restarts) until StdinDone closes it.
+type logIO struct{ cfg cio.Config }
+
+func (l *logIO) Config() cio.Config { return l.cfg }
+func (l *logIO) Cancel()            {}
+func (l *logIO) Wait()              {}
+func (l *logIO) Close() error       { return nil }
 
 // missingTaskGrace is how long a started container may lack its task
 // before it counts as exited.
@@ -364,6 +377,9 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 		LabelLogPath:      cfg.LogPath,
 		LabelCgroup:       cgroup,
 	}
+	if cfg.Stdin && cfg.StdinOnce {
+		labels[LabelStdinOnce] = "true"
+	}
 	if cfg.Init {
 		labels[LabelInit] = "true"
 	}
@@ -389,6 +405,17 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 			return fail(fmt.Errorf("log dir: %w", err))
 		}
 		creator = cio.LogFile(cfg.LogPath)
+		if cfg.Stdin {
+			fifo := StdinPath(cfg.LogPath)
+			os.Remove(fifo)
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				return fail(fmt.Errorf("stdin FIFO: %w", err))
+			}
+			uri := (&url.URL{Scheme: "file", Path: cfg.LogPath}).String()
+			creator = func(string) (cio.IO, error) {
+				return &logIO{cfg: cio.Config{Stdin: fifo, Stdout: uri, Stderr: uri}}, nil
+			}
+		}
 	}
 	task, err := ctr.NewTask(ctx, creator)
 	if err != nil {
@@ -455,6 +482,24 @@ func (c *Containerd) StopContainer(ctx context.Context, id string, grace time.Du
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("container %s did not exit 30 s after SIGKILL", id)
 	}
+}
+
+// StdinDone implements Runtime.
+func (c *Containerd) StdinDone(ctx context.Context, id string) error {
+	ctx = c.ctx(ctx)
+	ctr, err := c.client.LoadContainer(ctx, id)
+	if err != nil {
+		return fmt.Errorf("%w: container %s", ErrNotFound, id)
+	}
+	l, err := ctr.Labels(ctx)
+	if err != nil || l[LabelStdinOnce] != "true" {
+		return err
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("%w: task of %s", ErrNotFound, id)
+	}
+	return task.CloseIO(ctx, containerd.WithStdinCloser)
 }
 
 // RemoveContainer implements Runtime.

@@ -120,6 +120,9 @@ func (h *Hollow) Exec(_ context.Context, id string, _ []string, _ ExecOptions) (
 }
 
 // Stats implements Runtime with small constant figures.
+// StdinDone implements Runtime: hollow containers read no stdin.
+func (h *Hollow) StdinDone(context.Context, string) error { return nil }
+
 func (h *Hollow) Stats(_ context.Context, id string) (*ContainerStats, error) {
 	if _, ok := h.Get(id); !ok {
 		return nil, fmt.Errorf("%w: container %s", ErrNotFound, id)

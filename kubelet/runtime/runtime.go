@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -70,7 +71,15 @@ type ContainerConfig struct {
 	MemoryLimit int64
 	// LogPath receives the container's stdout and stderr.
 	LogPath string
+	// Stdin gives the process a stdin fed through the FIFO StdinPath(LogPath)
+	// (for attach); with StdinOnce it is closed once the first attach that
+	// wrote to it ends (StdinDone).
+	Stdin, StdinOnce bool
 }
+
+// StdinPath is the FIFO feeding the stdin of the container logging to
+// logPath, when it was started with Stdin.
+func StdinPath(logPath string) string { return strings.TrimSuffix(logPath, ".log") + ".stdin" }
 
 // State of a container.
 type State string
@@ -147,6 +156,9 @@ type Runtime interface {
 	Exec(ctx context.Context, id string, cmd []string, opts ExecOptions) (int, error)
 	// Stats returns a running container's usage.
 	Stats(ctx context.Context, id string) (*ContainerStats, error)
+	// StdinDone is told that an attach writing to the container's stdin
+	// ended: a StdinOnce container's stdin is then closed, as upstream.
+	StdinDone(ctx context.Context, id string) error
 	// Close releases the runtime's connections (containers keep running).
 	Close() error
 }

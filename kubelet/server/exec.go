@@ -88,7 +88,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	ex := executor{rt: s.p.Runtime(), id: c.ID}
 	if wsstream.IsWebSocketRequest(r) && wantsV5(r) {
-		s.execV5(w, r, ex, cmd, opts)
+		serveV5(w, r, opts, func(in io.Reader, out, errw io.WriteCloser, resize <-chan kremote.TerminalSize) error {
+			return ex.ExecInContainer(r.Context(), "", "", "", cmd, in, out, errw, opts.TTY, resize, 0)
+		})
 		return
 	}
 	kremote.ServeExec(w, r, ex, pod, string(uid), name, cmd, opts, streamIdleTimeout, streamCreationTimeout, remotecommandconsts.SupportedStreamingProtocols)
@@ -105,10 +107,11 @@ func wantsV5(r *http.Request) bool {
 	return false
 }
 
-// execV5 serves the WebSocket v5.channel.k8s.io protocol kubectl 1.30+
-// speaks: channels 0-4 (stdin, stdout, stderr, error, resize) and the
-// stdin close signal, which apimachinery's wsstream implements.
-func (s *Server) execV5(w http.ResponseWriter, r *http.Request, ex executor, cmd []string, opts *kremote.Options) {
+// serveV5 serves an exec or attach in the WebSocket v5.channel.k8s.io
+// protocol kubectl 1.30+ speaks: channels 0-4 (stdin, stdout, stderr,
+// error, resize) and the stdin close signal, which apimachinery's wsstream
+// implements.
+func serveV5(w http.ResponseWriter, r *http.Request, opts *kremote.Options, run func(in io.Reader, out, errw io.WriteCloser, resize <-chan kremote.TerminalSize) error) {
 	rd := func(real bool) wsstream.ChannelType {
 		if real {
 			return wsstream.ReadChannel
@@ -161,7 +164,7 @@ func (s *Server) execV5(w http.ResponseWriter, r *http.Request, ex executor, cmd
 			}
 		}()
 	}
-	err = ex.ExecInContainer(r.Context(), "", "", "", cmd, in, out, errw, opts.TTY, resize, 0)
+	err = run(in, out, errw, resize)
 	status := metav1.Status{Status: metav1.StatusSuccess}
 	if err != nil {
 		if ee, ok := err.(utilexec.ExitError); ok && ee.Exited() {

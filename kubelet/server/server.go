@@ -1,7 +1,7 @@
 // Package server is the kubelet API on port 10250: HTTPS with client
 // certificate authentication, serving /healthz, /pods, container logs
 // (/containerLogs, with follow, previous, tailLines and limitBytes), exec
-// (/exec and /run, in SPDY v1–v4 and WebSocket v4/v5 channel protocols, so
+// and attach (/exec, /attach and /run, in SPDY v1–v4 and WebSocket v4/v5 channel protocols, so
 // kubectl 1.27–1.33 work through the apiserver's proxy), /stats/summary,
 // /metrics, /metrics/resource (metrics-server's source) and /metrics/cadvisor.
 //
@@ -148,6 +148,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/exec/{ns}/{pod}/{container}", s.exec)
 	mux.HandleFunc("/exec/{ns}/{pod}/{uid}/{container}", s.exec)
 	mux.HandleFunc("POST /run/{ns}/{pod}/{container}", s.run)
+	mux.HandleFunc("/attach/{ns}/{pod}/{container}", s.attach)
+	mux.HandleFunc("/attach/{ns}/{pod}/{uid}/{container}", s.attach)
 	mux.HandleFunc("/portForward/{ns}/{pod}", s.portForward)
 	mux.HandleFunc("GET /stats/summary", s.summary)
 	mux.HandleFunc("GET /stats/summary/", s.summary)
