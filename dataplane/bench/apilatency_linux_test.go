@@ -43,6 +43,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(envKPMode); mode != "" {
+		os.Exit(runKubeProxyChild(mode))
+	}
 	if kc := os.Getenv(envProxyKubeconfig); kc != "" {
 		os.Exit(runProxyChild(kc))
 	}

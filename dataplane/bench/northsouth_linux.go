@@ -160,6 +160,31 @@ func newNSTopo(backends int) (t *nsTopo, err error) {
 	return t, err
 }
 
+// addNode adds a node namespace on the bridge (eth0 = addr/24) routing the
+// pod network through node2.
+func (t *nsTopo) addNode(n, addr, port string) error {
+	if err := sh2("ip", "netns", "add", n); err != nil {
+		return err
+	}
+	t.closers = append(t.closers, func() { sh2("ip", "netns", "del", n) })
+	for _, c := range [][]string{
+		{n, "ip", "link", "set", "lo", "up"},
+		{t.wire, "ip", "link", "add", port, "type", "veth", "peer", "name", "nsbt" + port},
+		{t.wire, "ip", "link", "set", "nsbt" + port, "netns", n},
+		{n, "ip", "link", "set", "nsbt" + port, "name", "eth0"},
+		{t.wire, "ip", "link", "set", port, "master", "br0", "up"},
+		{n, "ip", "addr", "add", addr + "/24", "dev", "eth0"},
+		{n, "ip", "link", "set", "eth0", "up"},
+		{n, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		{n, "ip", "route", "add", nsPodNet, "via", nsNode2Addr},
+	} {
+		if err := t.in(c[0], c[1:]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func serveEcho(ln net.Listener) {
 	for {
 		c, err := ln.Accept()
@@ -194,11 +219,23 @@ type NorthSouthConfig struct {
 	ServiceCounts []int
 	// IPTables adds the iptables path (a NodePort on the same node).
 	IPTables bool
-	Output   string
-	Out      io.Writer
-	Log      interface {
+	// Peers are other proxies measured beside (upstream kube-proxy: the
+	// benchmark test supplies them), each on its own node namespace.
+	Peers  []Peer
+	Output string
+	Out    io.Writer
+	Log    interface {
 		Info(msg string, args ...any)
 	}
+}
+
+// Peer is another proxy serving the measured NodePort on its own node
+// namespace: Start programs n Services (the NodePort on port of nodeIP,
+// with backends, and n-1 ExternalIP Services) in netns and returns how long
+// that took and how to stop it.
+type Peer struct {
+	Name  string
+	Start func(netns, nodeIP string, port, n int, backends []netip.Addr) (took time.Duration, stop func(), err error)
 }
 
 // Latency is a test's per-operation latency over every round.
@@ -304,7 +341,45 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			paths = append(paths, "iptables")
 		}
 	}
+	type peerNode struct {
+		Peer
+		netns, addr string
+		port        int
+		stop        func()
+	}
+	var peers []*peerNode
+	for i, pr := range cfg.Peers {
+		pn := &peerNode{Peer: pr, netns: fmt.Sprintf("ns-b%d%s", 4+i, t.suffix), addr: fmt.Sprintf("10.27.10.%d", 4+i), port: 30082 + i}
+		if err := t.addNode(pn.netns, pn.addr, fmt.Sprintf("n%d", 4+i)); err != nil {
+			return rep, err
+		}
+		peers = append(peers, pn)
+		paths = append(paths, pr.Name)
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: its own node namespace (%s), NodePort %d", pr.Name, pn.addr, pn.port))
+	}
+	defer func() {
+		for _, pn := range peers {
+			if pn.stop != nil {
+				pn.stop()
+			}
+		}
+	}()
+	targets := map[string]string{}
+	for _, pn := range peers {
+		targets[pn.Name] = fmt.Sprintf("%s:%d", pn.addr, pn.port)
+	}
 	for _, n := range cfg.ServiceCounts {
+		for _, pn := range peers {
+			if pn.stop != nil {
+				pn.stop()
+			}
+			took, stop, err := pn.Start(t.path(pn.netns), pn.addr, pn.port, n, t.backends)
+			if err != nil {
+				return rep, fmt.Errorf("%s at %d services: %w", pn.Name, n, err)
+			}
+			pn.stop = stop
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %d services programmed in %.2f s (from scratch)", pn.Name, n, took.Seconds()))
+		}
 		type prog struct {
 			be   dataplane.Backend
 			port uint16
@@ -332,13 +407,13 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		warm.Duration = cfg.Warmup
 		for _, test := range tests {
 			for _, p := range paths {
-				measureLat(ctx, t.path(t.client), test, t.nsTarget(p, test), warm)
+				measureLat(ctx, t.path(t.client), test, t.nsTarget(p, test, targets), warm)
 			}
 		}
 		for round := range cfg.Rounds {
 			for _, test := range tests {
 				for _, p := range paths {
-					rate, errs, l := measureLat(ctx, t.path(t.client), test, t.nsTarget(p, test), cfg)
+					rate, errs, l := measureLat(ctx, t.path(t.client), test, t.nsTarget(p, test, targets), cfg)
 					s := rows[test].Rate[p]
 					if s == nil {
 						s = &Stat{}
@@ -412,7 +487,10 @@ func (t *nsTopo) state(n int, port uint16, node string) *dataplane.State {
 	return &dataplane.State{Frontends: fs}
 }
 
-func (t *nsTopo) nsTarget(path, test string) func(i int) string {
+func (t *nsTopo) nsTarget(path, test string, peers map[string]string) func(i int) string {
+	if a, ok := peers[path]; ok {
+		return func(int) string { return a }
+	}
 	switch path {
 	case "ebpf-tc":
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNode1Addr, nsPortEBPF) }

@@ -12,13 +12,25 @@ import (
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
-// BenchmarkNorthSouth runs RunNorthSouth once (-benchtime 1x):
-// DP_NS_SERVICES (default 1), DP_NS_DURATION (default 1s), DP_NS_ROUNDS (3).
+// BenchmarkNorthSouth runs RunNorthSouth once (-benchtime 1x), with
+// upstream kube-proxy's iptables and nftables proxiers as peers:
+// DP_NS_SERVICES (default 1), DP_NS_DURATION (default 1s), DP_NS_ROUNDS (3),
+// DP_NS_KUBE_PROXY (iptables,nftables; none).
 func BenchmarkNorthSouth(b *testing.B) {
 	testutil.RequiresRoot(b)
 	testutil.RequiresKernelFeature(b, testutil.BTF)
 	cfg := NorthSouthConfig{IPTables: true, Out: os.Stdout, Log: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 		Output: os.Getenv("DP_NS_OUTPUT")}
+	// DP_NS_KUBE_PROXY=iptables,nftables (default both; "none": no peer).
+	peers := "iptables,nftables"
+	if s := os.Getenv("DP_NS_KUBE_PROXY"); s != "" {
+		peers = s
+	}
+	for _, m := range strings.Split(peers, ",") {
+		if m == "iptables" || m == "nftables" {
+			cfg.Peers = append(cfg.Peers, kubeProxyPeer(m))
+		}
+	}
 	if s := os.Getenv("DP_NS_SERVICES"); s != "" {
 		for _, f := range strings.Split(s, ",") {
 			n, err := strconv.Atoi(f)
