@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/managedfields"
 	"k8s.io/client-go/applyconfigurations"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	aggregatorapply "k8s.io/kube-aggregator/pkg/client/applyconfiguration"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 )
 
@@ -42,10 +44,18 @@ var extensionsTypeConverter = sync.OnceValue(func() managedfields.TypeConverter 
 	return apiextensionsac.NewTypeConverter(catalog.Scheme)
 })
 
+// aggregatorTypeConverter is kube-aggregator's schema (APIService).
+var aggregatorTypeConverter = sync.OnceValue(func() managedfields.TypeConverter {
+	return aggregatorapply.NewTypeConverter(catalog.Scheme)
+})
+
 // BuiltinTypeConverter is the TypeConverterFunc of the built-in kinds.
 func BuiltinTypeConverter(res *catalog.Resource) (managedfields.TypeConverter, error) {
 	if res != nil && res.Group == "apiextensions.k8s.io" {
 		return extensionsTypeConverter(), nil
+	}
+	if res != nil && res.Group == apiregistrationv1.GroupName {
+		return aggregatorTypeConverter(), nil
 	}
 	return builtinTypeConverter(), nil
 }

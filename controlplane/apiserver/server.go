@@ -181,7 +181,9 @@ type Server struct {
 	// loopback authenticates the server's own clients (admission informers).
 	loopback *authn.Loopback
 	// dynAdmission is admission webhooks and policies (admission_dynamic.go).
-	dynAdmission    *dynamicAdmission
+	dynAdmission *dynamicAdmission
+	// agg is the aggregation layer (APIService objects, aggregator.go).
+	agg             *aggregator
 	webhookServices *endpointServiceResolver
 	authz           authz.Authorizer
 	// authorization holds the RBAC and Node authorizers' state (nil with
@@ -365,6 +367,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.setupDynamicAdmission(); err != nil {
 		return nil, err
 	}
+	if err := s.setupAggregator(); err != nil {
+		return nil, err
+	}
 	if err := s.setupAuthorization(ctx); err != nil {
 		return nil, err
 	}
@@ -374,6 +379,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 
 	s.crds = newCRDController(s)
 	if err := s.bootstrap(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.registerLocalAPIServices(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.publishExtensionAuthentication(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.reconcilePolicy(ctx); err != nil {
@@ -421,6 +432,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.health.AddReadiness(ops.Check{Name: "admission", Func: func(context.Context) error {
 		if d := s.dynAdmission; d.active() && !d.synced() {
 			return errors.New("admission webhook and policy informers not synced")
+		}
+		if d := s.dynAdmission; d.active() && s.agg != nil && !s.agg.synced() {
+			return errors.New("APIService informer not synced")
 		}
 		return nil
 	}})
@@ -526,6 +540,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.dynAdmission != nil {
 		s.dynAdmission.start()
 	}
+	if s.agg != nil {
+		s.agg.start()
+	}
 	s.log.Info("serving", "addr", s.ln.Addr().String(), "url", s.url)
 	select {
 	case err := <-errc:
@@ -555,6 +572,9 @@ func (s *Server) Close() {
 	if s.dynAdmission != nil {
 		s.dynAdmission.close()
 	}
+	if s.agg != nil {
+		s.agg.close()
+	}
 	if s.bgCancel != nil {
 		s.bgCancel()
 		s.bg.Wait()
@@ -582,7 +602,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	r.Get("/version", disc.ServeHTTP)
 	r.Group(func(r chi.Router) {
-		r.Use(s.authenticate)
+		r.Use(s.authenticate, s.serveAggregated)
 		r.Handle("/metrics", health)
 		for _, p := range []string{"/api", "/api/", "/api/v1", "/apis", "/apis/", "/apis/{group}", "/apis/{group}/", "/apis/{group}/{version}"} {
 			r.Get(p, disc.ServeHTTP)

@@ -148,3 +148,49 @@ spec:
 		t.Errorf("kubectl get: %s", out)
 	}
 }
+
+// TestAPIServicesWithKubectl: local APIServices are Available, one pointing
+// nowhere is Available=False with upstream's reason and its group version
+// answers 503 "service unavailable"; nothing else is disturbed.
+func TestAPIServicesWithKubectl(t *testing.T) {
+	requireE2E(t, defaultKubectl)
+	k := newKC(t, defaultKubectl, sharedServer(t))
+	testutil.Eventually(t, 45*time.Second, func() error {
+		out := k.run("get", "apiservice", "v1.apps")
+		if f := strings.Fields(tail(strings.TrimSpace(out), 1)); len(f) < 4 || f[0] != "v1.apps" || f[1] != "Local" || f[2] != "True" {
+			return fmt.Errorf("kubectl get apiservice v1.apps: %q", out)
+		}
+		return nil
+	})
+	name := "v1alpha1.nowhere-" + strings.ToLower(testutil.UniqueName("k")) + ".waggle.test"
+	group := strings.TrimPrefix(name, "v1alpha1.")
+	t.Cleanup(func() { _, _, _ = k.try("", "delete", "apiservice", name, "--ignore-not-found") })
+	k.apply(fmt.Sprintf(`apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata:
+  name: %s
+spec:
+  group: %s
+  version: v1alpha1
+  groupPriorityMinimum: 1000
+  versionPriority: 15
+  insecureSkipTLSVerify: true
+  service:
+    namespace: default
+    name: nowhere
+    port: 443
+`, name, group))
+	testutil.Eventually(t, 45*time.Second, func() error {
+		out := k.run("get", "apiservice", name)
+		if !strings.Contains(out, "default/nowhere") || !strings.Contains(out, "False (ServiceNotFound)") {
+			return fmt.Errorf("kubectl get apiservice: %q", out)
+		}
+		return nil
+	})
+	_, errOut, err := k.try("", "get", "--raw", "/apis/"+group+"/v1alpha1")
+	if err == nil || !strings.Contains(errOut, "ServiceUnavailable") && !strings.Contains(errOut, "service unavailable") {
+		t.Errorf("kubectl get --raw of an unavailable group version: %v %s", err, errOut)
+	}
+	// The rest of the API is unaffected: kubectl's discovery still works.
+	k.run("get", "configmaps", "-n", "default")
+}

@@ -27,16 +27,20 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 )
 
 // builtinGroups is kube-apiserver's discovery order of its default-enabled
 // group versions (pkg/controlplane's stable lists; the preferred version of
-// a group first). apiextensions.k8s.io (CustomResourceDefinitions) sits
-// where kube-apiserver lists it; the custom resources' group versions join
-// at run time; apiregistration.k8s.io belongs to the aggregator.
+// a group first; apiregistration.k8s.io, the aggregator's own group, is
+// listed first among the named groups, as kube-apiserver's aggregator
+// serves it). apiextensions.k8s.io (CustomResourceDefinitions) sits where
+// kube-apiserver lists it; the custom resources' group versions join at
+// run time.
 func builtinGroups() []schema.GroupVersion {
 	return []schema.GroupVersion{
 		corev1.SchemeGroupVersion,
+		apiregistrationv1.SchemeGroupVersion,
 		appsv1.SchemeGroupVersion,
 		eventsv1.SchemeGroupVersion,
 		authenticationv1.SchemeGroupVersion,
@@ -129,6 +133,7 @@ func builtinResources() []Resource {
 	stor := storagev1.SchemeGroupVersion
 	sched := schedulingv1.SchemeGroupVersion
 	adm := admissionregistrationv1.SchemeGroupVersion
+	apireg := apiregistrationv1.SchemeGroupVersion
 	coord := coordinationv1.SchemeGroupVersion
 	node := nodev1.SchemeGroupVersion
 	disc := discoveryv1.SchemeGroupVersion
@@ -175,6 +180,9 @@ func builtinResources() []Resource {
 		def(core, "serviceaccounts", true, &corev1.ServiceAccount{}, &corev1.ServiceAccountList{}, short("sa")),
 		def(core, "services", true, &corev1.Service{}, &corev1.ServiceList{}, short("svc"), inAll, withStatus,
 			subs(Subresource{Name: "proxy", Kind: "ServiceProxyOptions", Verbs: proxyVerbs})),
+
+		// apiregistration.k8s.io/v1 (API aggregation)
+		def(apireg, "apiservices", false, &apiregistrationv1.APIService{}, &apiregistrationv1.APIServiceList{}, inAPIMachinery, withStatus),
 
 		// apps/v1
 		def(apps, "controllerrevisions", true, &appsv1.ControllerRevision{}, &appsv1.ControllerRevisionList{}),

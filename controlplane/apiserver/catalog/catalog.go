@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 )
 
 // Verbs of a resource, as discovery names them.
@@ -284,7 +285,7 @@ func Groups() []schema.GroupVersion { return builtin().Groups() }
 func Lookup(gvr schema.GroupVersionResource) (*Resource, bool) { return builtin().Lookup(gvr) }
 
 // Scheme is Waggle's runtime scheme: every k8s.io/api type (client-go's
-// set), with the meta/v1 option types (ListOptions, DeleteOptions, ...)
+// set) and kube-aggregator's APIService, with the meta/v1 option types (ListOptions, DeleteOptions, ...)
 // registered in every served group version. Codecs for the wire come from
 // it. It is Waggle's own, so nothing here changes client-go's global
 // scheme.
@@ -294,6 +295,7 @@ func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(apiextensionsv1.AddToScheme(s))
+	utilruntime.Must(apiregistrationv1.AddToScheme(s))
 	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
 	for _, gv := range builtinGroups() {
 		metav1.AddToGroupVersion(s, gv)

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/ptr"
 
 	"sigs.k8s.io/randfill"
@@ -92,6 +93,15 @@ func running(name string, restarts int32) corev1.ContainerStatus {
 func fixtures() map[string]runtime.Object {
 	twoContainers := corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx:1.27"}, {Name: "side", Image: "busybox"}}}
 	return map[string]runtime.Object{
+		"apiservices": &apiregistrationv1.APIServiceList{Items: []apiregistrationv1.APIService{
+			{ObjectMeta: om("v1.apps", 3*time.Hour), Spec: apiregistrationv1.APIServiceSpec{Group: "apps", Version: "v1"},
+				Status: apiregistrationv1.APIServiceStatus{Conditions: []apiregistrationv1.APIServiceCondition{{Type: apiregistrationv1.Available, Status: apiregistrationv1.ConditionTrue, Reason: "Local"}}}},
+			{ObjectMeta: om("v1beta1.metrics.k8s.io", 5*time.Minute), Spec: apiregistrationv1.APIServiceSpec{Group: "metrics.k8s.io", Version: "v1beta1",
+				Service: &apiregistrationv1.ServiceReference{Namespace: "kube-system", Name: "metrics-server"}},
+				Status: apiregistrationv1.APIServiceStatus{Conditions: []apiregistrationv1.APIServiceCondition{{Type: apiregistrationv1.Available, Status: apiregistrationv1.ConditionFalse, Reason: "MissingEndpoints"}}}},
+			{ObjectMeta: om("v1alpha1.wardle.example.com", 5*time.Second), Spec: apiregistrationv1.APIServiceSpec{Group: "wardle.example.com", Version: "v1alpha1",
+				Service: &apiregistrationv1.ServiceReference{Namespace: "sample", Name: "api"}}},
+		}},
 		"pods": &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: "100"}, Items: []corev1.Pod{
 			{ObjectMeta: om("web-running", 3*time.Hour), Spec: corev1.PodSpec{NodeName: "node-1", Containers: twoContainers.Containers,
 				ReadinessGates: []corev1.PodReadinessGate{{ConditionType: "example.com/lb"}}},

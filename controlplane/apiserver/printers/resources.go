@@ -14,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 )
 
 var objectMetaDocs = metav1.ObjectMeta{}.SwaggerDoc()
@@ -131,6 +132,30 @@ func init() {
 		wide(col("Kernel-Version", "string", corev1.NodeSystemInfo{}.SwaggerDoc()["kernelVersion"])),
 		wide(col("Container-Runtime", "string", corev1.NodeSystemInfo{}.SwaggerDoc()["containerRuntimeVersion"])),
 	}, nodeRow)
+
+	// kube-aggregator's columns (pkg/registry/apiservice/etcd ConvertToTable).
+	register([]metav1.TableColumnDefinition{
+		nameCol,
+		col("Service", "string", "The reference to the service that hosts this API endpoint."),
+		col("Available", "string", "Whether this service is available."),
+		ageCol,
+	}, func(a *apiregistrationv1.APIService, now time.Time) []any {
+		service := "Local"
+		if a.Spec.Service != nil {
+			service = a.Spec.Service.Namespace + "/" + a.Spec.Service.Name
+		}
+		status := string(apiregistrationv1.ConditionUnknown)
+		for _, c := range a.Status.Conditions {
+			if c.Type != apiregistrationv1.Available {
+				continue
+			}
+			status = string(c.Status)
+			if c.Status != apiregistrationv1.ConditionTrue && c.Reason != "" {
+				status = fmt.Sprintf("%s (%s)", c.Status, c.Reason)
+			}
+		}
+		return []any{a.Name, service, status, age(a.CreationTimestamp, now)}
+	})
 
 	register([]metav1.TableColumnDefinition{
 		nameCol,

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	apiregistrationinstall "k8s.io/kube-aggregator/pkg/apis/apiregistration/install"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 
 	// The internal types, defaulters and conversions of every group used.
@@ -37,6 +38,10 @@ import (
 	_ "k8s.io/kubernetes/pkg/apis/storage/install"
 	_ "k8s.io/kubernetes/pkg/apis/storagemigration/install"
 )
+
+// kube-aggregator's APIService joins kube-apiserver's scheme: its internal
+// type, defaults and conversions.
+func init() { apiregistrationinstall.Install(legacyscheme.Scheme) }
 
 // Validation is upstream's validation of one kind, on internal objects.
 // Update and Status may be nil (nothing beyond Create's checks); a status

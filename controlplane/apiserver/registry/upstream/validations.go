@@ -1,9 +1,13 @@
 package upstream
 
 import (
+	"context"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"k8s.io/kube-aggregator/pkg/apis/apiregistration"
+	apiregvalidation "k8s.io/kube-aggregator/pkg/apis/apiregistration/validation"
 	"k8s.io/kubernetes/pkg/apis/admissionregistration"
 	admregvalidation "k8s.io/kubernetes/pkg/apis/admissionregistration/validation"
 	"k8s.io/kubernetes/pkg/apis/apps"
@@ -267,4 +271,17 @@ func init() {
 		admregvalidation.ValidateMutatingAdmissionPolicyUpdate, nil)
 	kind(adm, "MutatingAdmissionPolicyBinding", admregvalidation.ValidateMutatingAdmissionPolicyBinding,
 		admregvalidation.ValidateMutatingAdmissionPolicyBindingUpdate, nil)
+
+	// apiregistration.k8s.io/v1 (kube-aggregator's types, installed into
+	// the same scheme in upstream.go)
+	kind(apiregistration.GroupName, "APIService",
+		func(o *apiregistration.APIService) field.ErrorList {
+			return apiregvalidation.ValidateAPIService(context.Background(), o)
+		},
+		func(o, old *apiregistration.APIService) field.ErrorList {
+			return apiregvalidation.ValidateAPIServiceUpdate(context.Background(), o, old)
+		},
+		func(o, old *apiregistration.APIService) field.ErrorList {
+			return apiregvalidation.ValidateAPIServiceStatusUpdate(context.Background(), o, old)
+		})
 }
