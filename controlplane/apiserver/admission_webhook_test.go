@@ -42,7 +42,9 @@ type webhookServer struct {
 
 // startWebhook serves on 127.0.0.1 with a self-signed certificate valid for
 // 127.0.0.1 and for the service name <svc>.<ns>.svc.
-func startWebhook(t *testing.T, svcDNS string) *webhookServer {
+func startWebhook(t *testing.T, svcDNS string) *webhookServer { return startWebhookTB(t, svcDNS) }
+
+func startWebhookTB(t testing.TB, svcDNS string) *webhookServer {
 	t.Helper()
 	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.ParseIP("127.0.0.1")}, []string{svcDNS})
 	if err != nil {
@@ -482,4 +484,43 @@ func TestWebhookMatchPolicyEquivalent(t *testing.T) {
 	if sn.kind != "autoscaling/v1" || sn.requestKind != "autoscaling/v2" || sn.apiVersion != "autoscaling/v1" {
 		t.Errorf("webhook saw kind %s, requestKind %s, object %s; want autoscaling/v1, autoscaling/v2, autoscaling/v1", sn.kind, sn.requestKind, sn.apiVersion)
 	}
+}
+
+// TestWebhookOnConnect: a CONNECT to pods/attach is admitted with the
+// PodAttachOptions, as upstream, and a denial stops it before the kubelet.
+func TestWebhookOnConnect(t *testing.T) {
+	s := apiservertest.Start(t, apiservertest.Options{})
+	ctx := context.Background()
+	cs := kubernetes.NewForConfigOrDie(s.Config)
+	wh := startWebhook(t, "webhook.default.svc")
+	wh.answer(func(r *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+		var opts corev1.PodAttachOptions
+		_ = json.Unmarshal(r.Object.Raw, &opts)
+		if r.Operation == admissionv1.Connect && r.SubResource == "attach" && opts.Kind == "PodAttachOptions" && opts.Container == "container1" {
+			return &admissionv1.AdmissionResponse{Allowed: false, Result: &metav1.Status{Message: "attaching to pod '" + r.Name + "' is not allowed"}}
+		}
+		return &admissionv1.AdmissionResponse{Allowed: true}
+	})
+	_, err := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "attach"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: "attach.waggle.test", ClientConfig: wh.clientConfig("/attach"),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Connect},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods/attach"}},
+			}},
+			SideEffects: kptr.To(admissionregistrationv1.SideEffectClassNone), AdmissionReviewVersions: []string{"v1"},
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 45*time.Second, func() error {
+		err := cs.CoreV1().RESTClient().Post().Namespace("default").Resource("pods").Name("to-be-attached-pod").SubResource("attach").
+			Param("container", "container1").Param("stdin", "true").Do(ctx).Error()
+		if err == nil || !strings.Contains(err.Error(), `admission webhook "attach.waggle.test" denied the request: attaching to pod 'to-be-attached-pod' is not allowed`) {
+			return fmt.Errorf("attach: %v", err)
+		}
+		return nil
+	})
 }

@@ -17,12 +17,16 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
+	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	kubeletclient "github.com/waggle-io/waggle/kubelet/client"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
 )
 
 // kubeletTransport is the API server's client to kubelets: it presents a
@@ -60,11 +64,17 @@ func (s *Server) kubeletRT() (http.RoundTripper, error) {
 // WebSocket upgrades passed through),
 // pods/proxy (to the pod's IP) and nodes/proxy (to the kubelet).
 func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) error {
-	if err := s.admit(ctx, &AdmissionAttributes{Operation: OpConnect, Resource: req.reg.res, Subresource: req.sub, Namespace: req.ns, Name: req.name}); err != nil {
-		return err
-	}
-	if err := s.validate(ctx, &AdmissionAttributes{Operation: OpConnect, Resource: req.reg.res, Subresource: req.sub, Namespace: req.ns, Name: req.name}); err != nil {
-		return err
+	if req.sub != "log" {
+		// CONNECT admission sees the connect options, as upstream (pods/log
+		// is a read there, not admitted).
+		a := &AdmissionAttributes{Operation: OpConnect, Resource: req.reg.res, Subresource: req.sub, Namespace: req.ns, Name: req.name,
+			Object: connectOptions(req, r)}
+		if err := s.admit(ctx, a); err != nil {
+			return err
+		}
+		if err := s.validate(ctx, a); err != nil {
+			return err
+		}
 	}
 	var target *url.URL
 	var err error
@@ -366,4 +376,34 @@ func storagePredicateForService(s *Server, ns, name string) storage.Predicate {
 		KeyPrefix: s.registries["endpointslices"].prefix(ns),
 		Label:     labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: name}),
 	}
+}
+
+// connectOptions is the options object kube-apiserver's connecters pass to
+// admission for a CONNECT: decoded from the query (exec, attach,
+// portforward) or the proxied path.
+func connectOptions(req *request, r *http.Request) runtime.Object {
+	var opts runtime.Object
+	switch {
+	case req.reg.res.Resource == "pods" && req.sub == "exec":
+		opts = &corev1.PodExecOptions{}
+	case req.reg.res.Resource == "pods" && req.sub == "attach":
+		opts = &corev1.PodAttachOptions{}
+	case req.reg.res.Resource == "pods" && req.sub == "portforward":
+		opts = &corev1.PodPortForwardOptions{}
+	case req.reg.res.Resource == "pods" && req.sub == "proxy":
+		return &corev1.PodProxyOptions{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PodProxyOptions"}, Path: req.proxyPath}
+	case req.reg.res.Resource == "services" && req.sub == "proxy":
+		return &corev1.ServiceProxyOptions{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceProxyOptions"}, Path: req.proxyPath}
+	case req.reg.res.Resource == "nodes" && req.sub == "proxy":
+		return &corev1.NodeProxyOptions{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "NodeProxyOptions"}, Path: req.proxyPath}
+	default:
+		return nil
+	}
+	// kube-apiserver's query conversions (url.Values to the options).
+	_ = legacyscheme.ParameterCodec.DecodeParameters(r.URL.Query(), corev1.SchemeGroupVersion, opts)
+	gvks, _, err := catalog.Scheme.ObjectKinds(opts)
+	if err == nil && len(gvks) > 0 {
+		opts.GetObjectKind().SetGroupVersionKind(gvks[0])
+	}
+	return opts
 }
