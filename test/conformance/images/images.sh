@@ -20,6 +20,11 @@
 #   nginx      upstream: nginx 1.27/1.28 on Alpine;  here: Debian's nginx (1.22) and the libraries
 #              it links, unpacked from the package files, serving /usr/share/nginx/html on :80.
 #   pause      a tiny static C program (pause.c): sleeps, reaps children, exits 0 on SIGTERM.
+#   sample-apiserver  upstream: k8s.io/sample-apiserver 1.29 on distroless;  here: k8s.io/sample-apiserver
+#              at the suite's staging version (go install, its own go.mod) on the busybox base,
+#              entrypoint /sample-apiserver as upstream's.
+#   etcd       upstream: etcd 3.7.0 with /usr/local/bin/etcd;  here: go.etcd.io/etcd/server/v3 at the
+#              version Waggle's main module embeds, at /usr/local/bin/etcd on the busybox base.
 # agnhost:2.55 (the suite's "previous" agnhost) and nginx:1.28.0-2 (its "new" nginx) are the same
 # builds under the second tag: the specs only need two distinct image names that both work.
 set -euo pipefail
@@ -172,3 +177,23 @@ nginx_args=(--rootfs "$work/nginx" --cmd '["nginx","-g","daemon off;"]' --stop-s
 	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
 build "$e2e/nginx:1.27.0-2" nginx.tar "${nginx_args[@]}"
 build "$e2e/nginx:1.28.0-2" nginx-new.tar "${nginx_args[@]}"
+
+# sample-apiserver (the Aggregator spec's extension API server)
+if [ ! -s "$out/sample-apiserver.tar" ]; then
+	r="$work/sample-apiserver"
+	base "$r"
+	v=$(cd "$module" && go list -m -f '{{if .Replace}}{{.Replace.Version}}{{else}}{{.Version}}{{end}}' k8s.io/apiserver)
+	(cd "$work" && CGO_ENABLED=0 GOBIN="$r" go install -trimpath -ldflags '-s -w' "k8s.io/sample-apiserver@$v")
+fi
+build "$e2e/sample-apiserver:1.29.2" sample-apiserver.tar --rootfs "$work/sample-apiserver" --entrypoint '["/sample-apiserver"]' \
+	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --expose 443/tcp
+
+# etcd (the sample-apiserver's storage, a second container of its pod)
+if [ ! -s "$out/etcd.tar" ]; then
+	r="$work/etcd"
+	base "$r"
+	mkdir -p "$r/usr/local/bin" "$r/var/etcd"
+	(cd "$here/../../.." && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$r/usr/local/bin/etcd" go.etcd.io/etcd/server/v3)
+fi
+build "registry.k8s.io/etcd:3.7.0-0" etcd.tar --rootfs "$work/etcd" --cmd '["/usr/local/bin/etcd"]' \
+	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --expose 2379/tcp
