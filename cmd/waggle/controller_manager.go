@@ -32,6 +32,8 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.ConcurrentCronJobSyncs, "concurrent-cron-job-syncs", cfg.ConcurrentCronJobSyncs, "CronJob workers")
 	fs.IntVar(&cfg.ConcurrentTTLSyncs, "concurrent-ttl-after-finished-syncs", cfg.ConcurrentTTLSyncs, "TTL-after-finished workers")
 	fs.DurationVar(&cfg.JobPodFailureBackoff, "job-pod-failure-backoff", cfg.JobPodFailureBackoff, "delay before a Job's first failed pod is replaced (doubles per consecutive failure, at most 10m)")
+	fs.IntVar(&cfg.ConcurrentResourceQuotaSyncs, "concurrent-resource-quota-syncs", cfg.ConcurrentResourceQuotaSyncs, "ResourceQuota workers")
+	fs.DurationVar(&cfg.ResourceQuotaSyncPeriod, "resource-quota-sync-period", cfg.ResourceQuotaSyncPeriod, "how often every quota's usage is recalculated in full")
 	fs.IntVar(&cfg.ConcurrentServiceAccountSyncs, "concurrent-serviceaccount-syncs", cfg.ConcurrentServiceAccountSyncs, "service account workers")
 	fs.IntVar(&cfg.MaxEndpointsPerSlice, "max-endpoints-per-slice", cfg.MaxEndpointsPerSlice, "most endpoints in one EndpointSlice")
 	fs.BoolVar(&cfg.AllocateNodeCIDRs, "allocate-node-cidrs", cfg.AllocateNodeCIDRs, "allocate a podCIDR to every node from --cluster-cidr")

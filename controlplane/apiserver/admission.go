@@ -45,7 +45,31 @@ type Admitter interface {
 }
 
 func (s *Server) admit(ctx context.Context, a *AdmissionAttributes) error {
-	for _, p := range s.admission {
+	if err := s.runBuiltin(ctx, s.admission, a); err != nil {
+		return err
+	}
+	return dynamicError(s.admitDynamic(ctx, a))
+}
+
+// validate runs the validating admission phase, after the strategy's
+// validation and before storage, in kube-apiserver's order: the built-in
+// validating plugins, then policies and webhooks, and ResourceQuota last,
+// so that only a request every other check admitted is charged.
+func (s *Server) validate(ctx context.Context, a *AdmissionAttributes) error {
+	if err := s.runBuiltin(ctx, s.validating, a); err != nil {
+		return err
+	}
+	if err := dynamicError(s.validateDynamic(ctx, a)); err != nil {
+		return err
+	}
+	if s.quota == nil {
+		return nil
+	}
+	return s.runBuiltin(ctx, []Admitter{s.quota}, a)
+}
+
+func (s *Server) runBuiltin(ctx context.Context, plugins []Admitter, a *AdmissionAttributes) error {
+	for _, p := range plugins {
 		if err := p.Admit(ctx, a); err != nil {
 			var se *apierrors.StatusError
 			if errors.As(err, &se) {
@@ -60,13 +84,7 @@ func (s *Server) admit(ctx context.Context, a *AdmissionAttributes) error {
 			return apierrors.NewForbidden(a.Resource.GroupResource(), a.Name, fmt.Errorf("admission plugin %s: %w", p.Name(), err))
 		}
 	}
-	return dynamicError(s.admitDynamic(ctx, a))
-}
-
-// validate runs the validating admission phase (policies and webhooks),
-// after the strategy's validation and before storage.
-func (s *Server) validate(ctx context.Context, a *AdmissionAttributes) error {
-	return dynamicError(s.validateDynamic(ctx, a))
+	return nil
 }
 
 // dynamicError keeps the plugins' Status errors (their codes and messages

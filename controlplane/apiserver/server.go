@@ -191,6 +191,8 @@ type Server struct {
 	authorization *authorization
 	bgCtx         context.Context
 	admission     []Admitter
+	validating    []Admitter // built-in validating plugins, after validation
+	quota         Admitter   // ResourceQuota, the last validating plugin
 	catalog       *catalog.Catalog
 	// metricsStore answers metrics.k8s.io with MetricsAPI native.
 	metricsStore *metricsapi.Store
@@ -363,6 +365,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.bg.Add(1)
 		go func() { defer s.bg.Done(); reg.cache.Run(bgCtx) }()
 	}
+	// In kube-apiserver's order: mutating plugins here, the validating ones
+	// after defaulting and validation.
 	s.admission = []Admitter{namespaceLifecycle{s}, defaultTolerationSeconds{seconds: 300}}
 	if err := s.setupDynamicAdmission(); err != nil {
 		return nil, err
@@ -370,6 +374,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.setupAggregator(); err != nil {
 		return nil, err
 	}
+	s.quota = newQuotaAdmission(s, bgCtx.Done())
 	if err := s.setupAuthorization(ctx); err != nil {
 		return nil, err
 	}

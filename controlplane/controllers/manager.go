@@ -3,7 +3,7 @@
 // leader Lease, runs every enabled controller (replicaset,
 // replicationcontroller, deployment,
 // daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
-// disruption, root-ca-cert-publisher, csrapproving, csrsigning, csrcleaner,
+// disruption, root-ca-cert-publisher, resourcequota, csrapproving, csrsigning, csrcleaner,
 // bootstrapsigner and tokencleaner (the last two only when named),
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
@@ -53,6 +54,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
 	"github.com/waggle-io/waggle/controlplane/controllers/podgc"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
+	"github.com/waggle-io/waggle/controlplane/controllers/resourcequota"
 	"github.com/waggle-io/waggle/controlplane/controllers/rootcacertpublisher"
 	"github.com/waggle-io/waggle/controlplane/controllers/serviceaccount"
 	"github.com/waggle-io/waggle/controlplane/controllers/statefulset"
@@ -103,6 +105,11 @@ type Config struct {
 	ConcurrentStatefulSetSyncs    int
 	ConcurrentCronJobSyncs        int
 	ConcurrentTTLSyncs            int
+	ConcurrentResourceQuotaSyncs  int
+
+	// ResourceQuotaSyncPeriod: every quota's usage is recalculated in full
+	// this often (5m), besides on every change.
+	ResourceQuotaSyncPeriod time.Duration
 
 	// TerminatedPodGCThreshold: terminated pods kept before the pod GC
 	// deletes the oldest (12500; ≤ 0 keeps all). PodGCPeriod and
@@ -174,6 +181,8 @@ func DefaultConfig() Config {
 		ConcurrentStatefulSetSyncs:    5,
 		ConcurrentCronJobSyncs:        5,
 		ConcurrentTTLSyncs:            5,
+		ConcurrentResourceQuotaSyncs:  resourcequota.DefaultWorkers,
+		ResourceQuotaSyncPeriod:       resourcequota.DefaultResyncPeriod,
 		JobPodFailureBackoff:          job.DefaultPodFailureBackoff,
 		TerminatedPodGCThreshold:      podgc.DefaultThreshold,
 		PodGCPeriod:                   podgc.DefaultPeriod,
@@ -199,9 +208,16 @@ type Deps struct {
 	Ctx     context.Context
 	Client  kubernetes.Interface
 	Dynamic dynamic.Interface
-	Factory informers.SharedInformerFactory
-	Log     *slog.Logger
-	Config  *Config
+	// Metadata is the metadata-only client (the ResourceQuota controller
+	// counts arbitrary resources through it).
+	Metadata metadata.Interface
+	Factory  informers.SharedInformerFactory
+	// InformersStarted is closed once Factory has been started (after every
+	// controller was built); informers added later are started by whoever
+	// adds them.
+	InformersStarted <-chan struct{}
+	Log              *slog.Logger
+	Config           *Config
 	// RootCA is the CA bundle to publish (see Config.RootCAFile).
 	RootCA []byte
 }
@@ -329,6 +345,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("dynamic client: %w", err)
 	}
+	meta, err := metadata.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("metadata client: %w", err)
+	}
 
 	qm := sharedQueueMetrics()
 	health := ops.NewHealth()
@@ -363,7 +383,7 @@ func Run(ctx context.Context, cfg Config) error {
 	leErr := leaderelect.Run(ctx, log, cs, cfg.LeaderElection, func(ctx context.Context) {
 		leading.Store(true)
 		defer leading.Store(false)
-		runControllers(ctx, Deps{Client: cs, Dynamic: dyn, Log: log, Config: &cfg, RootCA: rootCA}, &synced)
+		runControllers(ctx, Deps{Client: cs, Dynamic: dyn, Metadata: meta, Log: log, Config: &cfg, RootCA: rootCA}, &synced)
 	})
 	cancel()
 	wg.Wait()
@@ -379,6 +399,8 @@ func Run(ctx context.Context, cfg Config) error {
 // them, and blocks until ctx ends and they have stopped.
 func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 	d.Factory = informers.NewSharedInformerFactory(d.Client, d.Config.ResyncPeriod)
+	started := make(chan struct{})
+	d.InformersStarted = started
 	d.Ctx = ctx
 	var runs []func(context.Context)
 	for _, s := range starters() {
@@ -394,6 +416,7 @@ func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 		runs = append(runs, run)
 	}
 	d.Factory.Start(ctx.Done())
+	close(started)
 	var wg sync.WaitGroup
 	for _, run := range runs {
 		wg.Add(1)
@@ -543,6 +566,17 @@ func coreStarters() []starter {
 			c := podgc.New(d.Client, d.Factory, d.Log, podgc.Options{TerminatedPodThreshold: d.Config.TerminatedPodGCThreshold,
 				Period: d.Config.PodGCPeriod, Quarantine: d.Config.PodGCQuarantine})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
+		{name: resourcequota.Name, build: func(d Deps) (func(context.Context), error) {
+			if err := served(d, "v1", "resourcequotas"); err != nil {
+				return nil, err
+			}
+			c, err := resourcequota.New(d.Ctx, d.Client, d.Metadata, d.Factory, d.Log, resourcequota.Options{
+				ResyncPeriod: d.Config.ResourceQuotaSyncPeriod, Ignored: catalog.QuotaIgnored(), InformersStarted: d.InformersStarted})
+			if err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentResourceQuotaSyncs) }, nil
 		}},
 		{name: garbagecollector.Name, build: func(d Deps) (func(context.Context), error) {
 			c := garbagecollector.New(d.Client, d.Factory, d.Log, garbagecollector.Options{Dynamic: d.Dynamic, Resources: gcResources()})

@@ -305,3 +305,22 @@ func newScheme() *runtime.Scheme {
 
 // ParameterCodec converts query parameters into option structs.
 var ParameterCodec = runtime.NewParameterCodec(Scheme)
+
+// QuotaIgnored returns the resources ResourceQuota never counts, for the
+// quota admission and the ResourceQuota controller alike (upstream's
+// install.DefaultIgnoredResources: the virtual review kinds, bindings,
+// componentstatuses, and events).
+func QuotaIgnored() map[schema.GroupResource]struct{} {
+	return map[schema.GroupResource]struct{}{
+		{Group: "", Resource: "bindings"}:                                      {},
+		{Group: "", Resource: "componentstatuses"}:                             {},
+		{Group: "authentication.k8s.io", Resource: "tokenreviews"}:             {},
+		{Group: "authentication.k8s.io", Resource: "selfsubjectreviews"}:       {},
+		{Group: "authorization.k8s.io", Resource: "subjectaccessreviews"}:      {},
+		{Group: "authorization.k8s.io", Resource: "selfsubjectaccessreviews"}:  {},
+		{Group: "authorization.k8s.io", Resource: "localsubjectaccessreviews"}: {},
+		{Group: "authorization.k8s.io", Resource: "selfsubjectrulesreviews"}:   {},
+		{Group: "", Resource: "events"}:                                        {},
+		{Group: "events.k8s.io", Resource: "events"}:                           {},
+	}
+}
