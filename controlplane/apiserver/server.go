@@ -367,7 +367,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	// In kube-apiserver's order: mutating plugins here, the validating ones
 	// after defaulting and validation.
-	s.admission = []Admitter{namespaceLifecycle{s}, defaultTolerationSeconds{seconds: 300}}
+	s.admission = []Admitter{namespaceLifecycle{s}, limitRanger{s: s}, defaultTolerationSeconds{seconds: 300}}
+	s.validating = []Admitter{limitRanger{s: s, validate: true}}
 	if err := s.setupDynamicAdmission(); err != nil {
 		return nil, err
 	}
