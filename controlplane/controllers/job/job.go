@@ -80,6 +80,7 @@ type Controller struct {
 	synced  []cache.InformerSynced
 	exp     *ctrlutil.Expectations
 	fin     *finalizerTracker
+	written *statusTracker
 	now     func() time.Time
 	rec     record.EventRecorder
 	stopRec func()
@@ -103,7 +104,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		queue: ctrlutil.NewQueue(Name),
 		jobs:  jobInf.Lister(), pods: podInf.Lister(),
 		synced: []cache.InformerSynced{jobInf.Informer().HasSynced, podInf.Informer().HasSynced},
-		exp:    ctrlutil.NewExpectations(), fin: newFinalizerTracker(), now: time.Now,
+		exp:    ctrlutil.NewExpectations(), fin: newFinalizerTracker(), written: newStatusTracker(), now: time.Now,
 	}
 	c.rec, c.stopRec = ctrlutil.NewRecorder(client, "job-controller")
 	jobInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -113,6 +114,7 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 			if k := ctrlutil.KeyFunc(obj); k != "" {
 				c.exp.Forget(k)
 				c.fin.forget(k)
+				c.written.forget(k)
 				c.queue.Add(k) // its pods' finalizers must go
 			}
 		},
@@ -356,6 +358,15 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	}
 	if m := cached.Spec.ManagedBy; m != nil && *m != batchv1.JobControllerName {
 		return nil // another controller's Job
+	}
+	if c.written.stale(key, cached) {
+		// The cache has not shown this controller's last status write yet:
+		// counting from it would miss pods already counted (their
+		// finalizers gone) and create replacements for them. The Job's
+		// update event brings it back (the timer, should that event
+		// never come).
+		c.queue.AddAfter(key, 2*time.Second)
+		return nil
 	}
 	job := cached.DeepCopy()
 	if err := c.releaseStrays(ctx, ns, name, job.UID); err != nil {
@@ -1036,7 +1047,61 @@ func (c *Controller) writeStatus(ctx context.Context, job *batchv1.Job, st *batc
 	if err != nil {
 		return job, fmt.Errorf("update status of job %s/%s: %w", j.Namespace, j.Name, err)
 	}
+	c.written.wrote(j.Namespace+"/"+j.Name, out)
 	return out, nil
+}
+
+// statusTracker remembers the resourceVersion of each Job status this
+// controller wrote, so a sync does not act on an informer copy older than
+// its own last write (as the EndpointSlice controller's tracker).
+type statusTracker struct {
+	mu sync.Mutex
+	m  map[string]trackedWrite
+}
+
+type trackedWrite struct {
+	rv uint64
+	at time.Time
+}
+
+// statusTrackTimeout bounds the wait for the cache: a write the informer
+// never shows (the Job was replaced) must not block its key for good.
+const statusTrackTimeout = 30 * time.Second
+
+func newStatusTracker() *statusTracker { return &statusTracker{m: map[string]trackedWrite{}} }
+
+func rvOf(j *batchv1.Job) uint64 {
+	v, _ := strconv.ParseUint(j.ResourceVersion, 10, 64)
+	return v
+}
+
+func (t *statusTracker) wrote(key string, j *batchv1.Job) {
+	if rv := rvOf(j); rv > 0 {
+		t.mu.Lock()
+		t.m[key] = trackedWrite{rv: rv, at: time.Now()}
+		t.mu.Unlock()
+	}
+}
+
+func (t *statusTracker) forget(key string) {
+	t.mu.Lock()
+	delete(t.m, key)
+	t.mu.Unlock()
+}
+
+// stale reports whether cached is older than the last write of key.
+func (t *statusTracker) stale(key string, cached *batchv1.Job) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w, ok := t.m[key]
+	if !ok {
+		return false
+	}
+	if rvOf(cached) >= w.rv || time.Since(w.at) > statusTrackTimeout {
+		delete(t.m, key)
+		return false
+	}
+	return true
 }
 
 func setOf(uids []types.UID) map[types.UID]bool {
