@@ -82,6 +82,9 @@ type Config struct {
 	// NodeMonitorGracePeriod is how long a node may miss heartbeats before
 	// it is NotReady (Kubernetes' default: 40 s).
 	NodeMonitorGracePeriod time.Duration
+	// LoadBalancerIPPools are the controller-manager's --loadbalancer-ip-pool
+	// (empty: LoadBalancer Services stay pending).
+	LoadBalancerIPPools []string
 	// AuthorizationModes is the API server's --authorization-mode (default
 	// Node,RBAC); AnonymousAuth its --anonymous-auth (default on).
 	AuthorizationModes []string
@@ -203,6 +206,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.ClusterCIDR = cfg.ClusterCIDR
 		cm.NodeMonitorGracePeriod = cfg.NodeMonitorGracePeriod
 		cm.ClusterDNSIP, cm.ClusterDNSPort = dnsIP.String(), clusterdns.DefaultPort
+		cm.LoadBalancerIPPools = cfg.LoadBalancerIPPools
 		cm.LogLevel = cfg.LogLevel
 		cm.Log = componentLog("controller-manager", cfg.LogLevel)
 		cm.LeaderElection = leaderElection("kube-controller-manager")

@@ -81,6 +81,13 @@ func startControlPlane(ctx context.Context, cfg *Config, st *State) error {
 		"--service-cluster-ip-range", cfg.ServiceCIDR.String(),
 		"--node-monitor-grace-period", cfg.NodeMonitorGracePeriod.String(),
 	}
+	pool := cfg.LoadBalancerIPPool
+	if pool == "" {
+		pool = cfg.DefaultLoadBalancerPool()
+	}
+	if pool != "none" {
+		args = append(args, "--loadbalancer-ip-pool", pool)
+	}
 	p, err := startProcess(cfg, "control-plane", "", "", args)
 	if err != nil {
 		return err

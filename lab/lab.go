@@ -51,6 +51,9 @@ type Config struct {
 	ProxyMode string
 	// ImageDir holds OCI image archives every node imports at start.
 	ImageDir string
+	// LoadBalancerIPPool is the controller-manager's --loadbalancer-ip-pool
+	// (default: DefaultLoadBalancerPool of the lab subnet).
+	LoadBalancerIPPool string
 	// NodeMonitorGracePeriod is passed to the controller-manager.
 	NodeMonitorGracePeriod time.Duration
 	// ReadyTimeout bounds how long up waits for every node to be Ready.
@@ -93,6 +96,23 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("lab name %q: want 1 to 8 lower-case letters and digits", c.Name)
 	}
 	return nil
+}
+
+// DefaultLoadBalancerPool is the lab's LoadBalancer address range: the last
+// sixteen addresses of the lab subnet before its broadcast address (10.250.0.239-
+// 10.250.0.254 by default), on the lab network so every node and the host
+// reach them, above the node addresses (at most .210).
+func (c *Config) DefaultLoadBalancerPool() string {
+	p := c.Subnet.Masked()
+	last := p.Addr()
+	for i := 0; i < 1<<(32-p.Bits())-1; i++ {
+		last = last.Next()
+	}
+	first := last
+	for range 16 {
+		first = first.Prev()
+	}
+	return first.String() + "-" + last.Prev().String()
 }
 
 // BridgeAddr is the host's address on the lab bridge, where the API server

@@ -47,6 +47,13 @@ func TestAddressesAndNamesFollowTheSubnetAndName(t *testing.T) {
 	if c.NodeName(3) != "e2e-node3" || c.CgroupParent() != "waggle-e2e" {
 		t.Errorf("names: %s %s", c.NodeName(3), c.CgroupParent())
 	}
+	if got := c.DefaultLoadBalancerPool(); got != "10.251.0.239-10.251.0.254" {
+		t.Errorf("LoadBalancer pool %s", got)
+	}
+	c.Subnet = netip.MustParsePrefix("10.252.0.0/23")
+	if got := c.DefaultLoadBalancerPool(); got != "10.252.1.239-10.252.1.254" {
+		t.Errorf("LoadBalancer pool of a /23: %s", got)
+	}
 }
 
 func TestStateRoundTripsAndAMissingLabIsErrNoLab(t *testing.T) {

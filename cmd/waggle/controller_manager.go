@@ -50,12 +50,15 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ClusterSigningCertFile, "cluster-signing-cert-file", "", "CA certificate the csrsigning controller signs approved CSRs with (the cluster CA, <data-dir>/pki/ca.crt)")
 	fs.StringVar(&cfg.ClusterSigningKeyFile, "cluster-signing-key-file", "", "the signing CA's private key")
 	fs.DurationVar(&cfg.ClusterSigningDuration, "cluster-signing-duration", cfg.ClusterSigningDuration, "longest validity of a certificate csrsigning issues")
+	pools := cliflag.StringList{}
+	fs.Var(&pools, "loadbalancer-ip-pool", "addresses for Services of type LoadBalancer: CIDRs or first-last ranges, comma-separated or repeated (empty: no LoadBalancer IPAM)")
 	fs.DurationVar(&cfg.ResyncPeriod, "min-resync-period", cfg.ResyncPeriod, "informer resync period (0: none)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg.ClusterDNSPort = int32(dnsPort)
+	cfg.LoadBalancerIPPools = pools
 	if len(ctrls) > 0 {
 		cfg.Controllers = ctrls
 	}

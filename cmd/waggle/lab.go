@@ -34,6 +34,7 @@ func runLab(ctx context.Context, args []string) error {
 		fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "how long to wait for the nodes to be Ready")
 		fs.StringVar(&cfg.ImageDir, "image-dir", "", "OCI image archives every node imports at start (e.g. bin/images)")
 		fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may miss heartbeats before it is NotReady")
+		fs.StringVar(&cfg.LoadBalancerIPPool, "loadbalancer-ip-pool", "", "LoadBalancer Service addresses (CIDRs or first-last ranges; default: the last 16 addresses of --subnet; none: off)")
 		fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory holding the waggle CNI plugin (default: beside the waggle binary)")
 		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return err

@@ -34,11 +34,14 @@ func runUp(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", cfg.AnonymousAuth, "requests without credentials run as system:anonymous (authorized like any user); false: 401")
 	fs.StringVar(&cfg.MetricsAPI, "metrics-api", cfg.MetricsAPI, "metrics.k8s.io (kubectl top, HPA): native or off")
 	fs.DurationVar(&cfg.MetricsResolution, "metrics-resolution", cfg.MetricsResolution, "how often the native metrics API scrapes each kubelet")
+	var pools cliflag.StringList
+	fs.Var(&pools, "loadbalancer-ip-pool", "addresses for Services of type LoadBalancer: CIDRs or first-last ranges, comma-separated (empty: they stay pending)")
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg.AuthorizationModes = modes
+	cfg.LoadBalancerIPPools = pools
 	return cluster.Run(ctx, cfg)
 }

@@ -3,7 +3,7 @@
 // leader Lease, runs every enabled controller (replicaset,
 // replicationcontroller, deployment,
 // daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
-// disruption, root-ca-cert-publisher, resourcequota, csrapproving, csrsigning, csrcleaner,
+// disruption, root-ca-cert-publisher, resourcequota, lb-ipam, csrapproving, csrsigning, csrcleaner,
 // bootstrapsigner and tokencleaner (the last two only when named),
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
@@ -49,6 +49,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/endpointslice"
 	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
 	"github.com/waggle-io/waggle/controlplane/controllers/job"
+	"github.com/waggle-io/waggle/controlplane/controllers/lbipam"
 	"github.com/waggle-io/waggle/controlplane/controllers/namespace"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodeipam"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
@@ -153,6 +154,10 @@ type Config struct {
 	ClusterSigningCertFile string
 	ClusterSigningKeyFile  string
 	ClusterSigningDuration time.Duration
+	// LoadBalancerIPPools are --loadbalancer-ip-pool: CIDRs or first-last
+	// ranges LoadBalancer Services get their addresses from (empty: the
+	// lb-ipam controller does not run).
+	LoadBalancerIPPools []string
 
 	// ResyncPeriod of the shared informers (0: none).
 	ResyncPeriod time.Duration
@@ -290,6 +295,9 @@ func (c *Config) validate() error {
 		if c.NodeCIDRMaskSize < 0 || c.NodeCIDRMaskSize > 128 || c.NodeCIDRMaskSizeIPv6 < 0 || c.NodeCIDRMaskSizeIPv6 > 128 {
 			errs = append(errs, fmt.Errorf("--node-cidr-mask-size %d / --node-cidr-mask-size-ipv6 %d out of range", c.NodeCIDRMaskSize, c.NodeCIDRMaskSizeIPv6))
 		}
+	}
+	if _, err := lbipam.ParsePools(c.LoadBalancerIPPools); err != nil {
+		errs = append(errs, err)
 	}
 	if c.NodeMonitorGracePeriod <= 0 || c.NodeMonitorPeriod <= 0 {
 		errs = append(errs, fmt.Errorf("--node-monitor-grace-period (%v) and --node-monitor-period (%v) must be positive", c.NodeMonitorGracePeriod, c.NodeMonitorPeriod))
@@ -565,6 +573,17 @@ func coreStarters() []starter {
 		{name: podgc.Name, build: func(d Deps) (func(context.Context), error) {
 			c := podgc.New(d.Client, d.Factory, d.Log, podgc.Options{TerminatedPodThreshold: d.Config.TerminatedPodGCThreshold,
 				Period: d.Config.PodGCPeriod, Quarantine: d.Config.PodGCQuarantine})
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
+		{name: lbipam.Name, build: func(d Deps) (func(context.Context), error) {
+			pools, err := lbipam.ParsePools(d.Config.LoadBalancerIPPools)
+			if err != nil {
+				return nil, err
+			}
+			if len(pools) == 0 {
+				return nil, errors.New("--loadbalancer-ip-pool is not set")
+			}
+			c := lbipam.New(d.Client, d.Factory, d.Log, lbipam.Options{Pools: pools})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: resourcequota.Name, build: func(d Deps) (func(context.Context), error) {
