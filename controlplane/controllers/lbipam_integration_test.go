@@ -123,7 +123,9 @@ func TestLoadBalancerIPAM(t *testing.T) {
 	hasIngress("second", "192.0.2.11")
 	create("third", nil)
 	event("third", lbipam.ReasonFailed, "no IPv4 address left in --loadbalancer-ip-pool")
-	create("taken", func(s *corev1.Service) { s.Annotations = map[string]string{"metallb.universe.tf/loadBalancerIPs": "192.0.2.10"} })
+	create("taken", func(s *corev1.Service) {
+		s.Annotations = map[string]string{"metallb.universe.tf/loadBalancerIPs": "192.0.2.10"}
+	})
 	event("taken", lbipam.ReasonFailed, "requested address 192.0.2.10 is already allocated to default/first")
 	// The foreign class's Service was never touched (a positive marker
 	// first: every served Service has been handled).
