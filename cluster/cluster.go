@@ -93,6 +93,25 @@ type Config struct {
 	// (default native) and --metrics-resolution (default 15 s).
 	MetricsAPI        string
 	MetricsResolution time.Duration
+	// ClusterInit starts the first server of an HA control plane: its
+	// embedded etcd member serves peers and clients on AdvertiseAddress so
+	// that further servers can join (see ha.go).
+	ClusterInit bool
+	// Server, Token, CACertHashes and UnsafeSkipCAVerification join this
+	// machine to the control plane of Server (https://host:port) as a
+	// further server, with a server token from `waggle token create
+	// --server`.
+	Server                   string
+	Token                    string
+	CACertHashes             []string
+	UnsafeSkipCAVerification bool
+	// EtcdPeerPort and EtcdClientPort are the member's ports on
+	// AdvertiseAddress (2380, 2379).
+	EtcdPeerPort, EtcdClientPort int
+	// EtcdServers, with EtcdCAFile/EtcdCertFile/EtcdKeyFile, use an
+	// external etcd cluster instead of an embedded member.
+	EtcdServers                           []string
+	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
 	// Out receives the human-facing lines (where the kubeconfig is).
 	Out io.Writer
 }
@@ -149,7 +168,16 @@ func Run(ctx context.Context, cfg Config) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	member, err := controlPlaneMember(ctx, &cfg, log)
+	if err != nil {
+		return err
+	}
 	srv, err := apiserver.New(ctx, apiserver.Config{
+		EtcdMember:               member,
+		EtcdServers:              cfg.EtcdServers,
+		EtcdCAFile:               cfg.EtcdCAFile,
+		EtcdCertFile:             cfg.EtcdCertFile,
+		EtcdKeyFile:              cfg.EtcdKeyFile,
 		DataDir:                  cfg.DataDir,
 		BindAddress:              cfg.BindAddress,
 		SecurePort:               cfg.SecurePort,

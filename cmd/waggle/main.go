@@ -38,6 +38,7 @@ func commands() []command {
 		{"kubelet", "run the node agent", runKubelet},
 		{"proxy", "run the service proxy (eBPF, iptables or IPVS)", runProxy},
 		{"bpf", "inspect the eBPF dataplane's pinned maps and programs", runBPF},
+		{"server", "manage the servers of an HA control plane (remove)", runServer},
 		{"token", "manage bootstrap tokens that machines join with (create, list, delete)", runToken},
 		{"images", "manage the node's container images (import)", runImages},
 		{"lab", "run a multi-node lab on this machine (up, status, stop, restart, down)", runLab},

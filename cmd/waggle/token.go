@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/cluster/join"
+	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
 	"github.com/waggle-io/waggle/internal/cliflag"
 )
 
@@ -28,7 +29,9 @@ func runToken(ctx context.Context, args []string) error {
 	var ttl time.Duration
 	var desc string
 	var groups cliflag.StringList
+	var server bool
 	if verb == "create" {
+		fs.BoolVar(&server, "server", false, "a token for further servers of the control plane (they read the shared certificates; group "+bootstrap.BootstrapServerGroup+")")
 		fs.DurationVar(&ttl, "ttl", join.DefaultTTL, "lifetime of the token (0: never expires); the tokencleaner controller deletes it after")
 		fs.StringVar(&desc, "description", "", "what the token is for")
 		fs.Var(&groups, "groups", "extra groups of the token, each system:bootstrappers:... (default "+join.NodeGroup+")")
@@ -50,6 +53,9 @@ func runToken(ctx context.Context, args []string) error {
 		if fs.NArg() > 0 {
 			tok = fs.Arg(0)
 		}
+		if server {
+			groups = append(groups, bootstrap.BootstrapServerGroup)
+		}
 		tok, err := join.CreateToken(ctx, cs, join.TokenOptions{Token: tok, TTL: ttl, Groups: groups, Description: desc})
 		if err != nil {
 			return err
@@ -62,7 +68,11 @@ func runToken(ctx context.Context, args []string) error {
 		}
 		fmt.Println(tok)
 		if hash, err := join.CACertHash(ca); err == nil {
-			fmt.Fprintf(os.Stderr, "join a node with:\n  waggle join --server %s --token %s --discovery-token-ca-cert-hash %s\n", rc.Host, tok, hash)
+			if server {
+				fmt.Fprintf(os.Stderr, "join a server with:\n  waggle up --server %s --token %s --discovery-token-ca-cert-hash %s --advertise-address <its IP>\n", rc.Host, tok, hash)
+			} else {
+				fmt.Fprintf(os.Stderr, "join a node with:\n  waggle kubelet --bootstrap-kubeconfig <kubeconfig with this token> (discovery: --discovery-token-ca-cert-hash %s)\n", hash)
+			}
 		}
 		return nil
 	case "list":

@@ -36,6 +36,18 @@ func runUp(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.MetricsResolution, "metrics-resolution", cfg.MetricsResolution, "how often the native metrics API scrapes each kubelet")
 	var pools cliflag.StringList
 	fs.Var(&pools, "loadbalancer-ip-pool", "addresses for Services of type LoadBalancer: CIDRs or first-last ranges, comma-separated (empty: they stay pending)")
+	fs.BoolVar(&cfg.ClusterInit, "cluster-init", false, "start the first server of an HA control plane: its embedded etcd member serves the other servers on --advertise-address")
+	fs.StringVar(&cfg.Server, "server", "", "join the HA control plane of this server (https://<server>:6443) as a further server")
+	fs.StringVar(&cfg.Token, "token", "", "server join token (waggle token create --server)")
+	var hashes, etcdServers cliflag.StringList
+	fs.Var(&hashes, "discovery-token-ca-cert-hash", "pin of the cluster CA's public key, sha256:<hex> (printed by waggle token create)")
+	fs.BoolVar(&cfg.UnsafeSkipCAVerification, "discovery-token-unsafe-skip-ca-verification", false, "join without pinning the cluster CA (trust the first answer)")
+	fs.IntVar(&cfg.EtcdPeerPort, "etcd-peer-port", 2380, "embedded etcd member's peer port on --advertise-address (HA)")
+	fs.IntVar(&cfg.EtcdClientPort, "etcd-client-port", 2379, "embedded etcd member's client port on --advertise-address (HA)")
+	fs.Var(&etcdServers, "etcd-servers", "external etcd client URLs, comma-separated, instead of an embedded member")
+	fs.StringVar(&cfg.EtcdCAFile, "etcd-cafile", "", "CA of the external etcd")
+	fs.StringVar(&cfg.EtcdCertFile, "etcd-certfile", "", "client certificate for the external etcd")
+	fs.StringVar(&cfg.EtcdKeyFile, "etcd-keyfile", "", "client key for the external etcd")
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
@@ -43,5 +55,6 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	cfg.AuthorizationModes = modes
 	cfg.LoadBalancerIPPools = pools
+	cfg.CACertHashes, cfg.EtcdServers = hashes, etcdServers
 	return cluster.Run(ctx, cfg)
 }

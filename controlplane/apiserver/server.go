@@ -51,6 +51,11 @@ type Config struct {
 	// server's client certificate. The embedded etcd ignores them: its own
 	// CA and certificates live under DataDir/pki/etcd (pki.EnsureEtcd).
 	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
+	// EtcdMember makes the embedded etcd one member of a cluster of
+	// several (an HA control plane: `waggle up --cluster-init` starts it,
+	// `waggle up --server ... --token ...` joins it); nil runs a single
+	// member on loopback.
+	EtcdMember *storage.MemberConfig
 	// EncryptionProviderConfig is --encryption-provider-config: upstream's
 	// EncryptionConfiguration file (aescbc, aesgcm, secretbox, identity)
 	// choosing how each resource is encrypted in etcd; empty stores values
@@ -321,7 +326,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Log: log.With("subsystem", "storage"), Registerer: s.health.Registry,
 	}
 	if len(cfg.EtcdServers) == 0 {
-		ep, err := pki.EnsureEtcd(filepath.Join(cfg.DataDir, "pki"), nil)
+		var etcdHosts []string
+		if cfg.EtcdMember != nil {
+			etcdHosts = append(etcdHosts, cfg.EtcdMember.Host)
+			scfg.Member = cfg.EtcdMember
+		}
+		ep, err := pki.EnsureEtcd(filepath.Join(cfg.DataDir, "pki"), etcdHosts)
 		if err != nil {
 			return nil, fmt.Errorf("apiserver: embedded etcd PKI: %w", err)
 		}
@@ -610,6 +620,8 @@ func (s *Server) Handler() http.Handler {
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate, s.serveAggregated)
 		r.Handle("/metrics", health)
+		r.Get(ControlPlaneBootstrapPath, s.serveControlPlaneBootstrap)
+		r.Delete(EtcdMembersPath+"/{name}", s.removeEtcdMember)
 		for _, p := range []string{"/api", "/api/", "/api/v1", "/apis", "/apis/", "/apis/{group}", "/apis/{group}/", "/apis/{group}/{version}"} {
 			r.Get(p, disc.ServeHTTP)
 		}

@@ -2,12 +2,15 @@ package storage
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +36,59 @@ type EmbeddedConfig struct {
 	// over TLS with client-certificate authentication, so no local process
 	// without a certificate of that CA can read or write it.
 	CertFile, KeyFile, TrustedCAFile string
+	// ClientTLS is the etcd client TLS (a client certificate of the etcd
+	// CA) a joining Member uses to add and promote itself.
+	ClientTLS *tls.Config
+	// Member, when set, makes this etcd a member of a cluster of several
+	// (an HA control plane) instead of a single member on loopback.
+	Member *MemberConfig
+}
+
+// MemberConfig is one member of a multi-member embedded etcd cluster, as
+// k3s's servers run one each: the member serves its peers on
+// https://Host:PeerPort and clients (the local API server on loopback,
+// joining servers on Host) on https://Host:ClientPort, all with
+// certificates of the cluster's etcd CA (peer TLS with client-certificate
+// authentication both ways).
+type MemberConfig struct {
+	// Name is the member's name (the server's name; unique in the
+	// cluster).
+	Name string
+	// Host is the address peers and clients reach this member at; the
+	// serving certificate must name it.
+	Host string
+	// PeerPort and ClientPort default to etcd's 2380 and 2379.
+	PeerPort, ClientPort int
+	// Join, when set, adds this member to the existing cluster its
+	// endpoints belong to (as a learner first, promoted to a voting member
+	// once it caught up, as etcd recommends), unless its data dir already
+	// holds a member (a restart). Nil starts a new cluster of one
+	// (--cluster-init).
+	Join *JoinConfig
+}
+
+// PeerURL is the member's advertised peer URL.
+func (m *MemberConfig) PeerURL() string {
+	return "https://" + net.JoinHostPort(m.Host, strconv.Itoa(m.peerPort()))
+}
+
+// ClientURL is the member's advertised client URL.
+func (m *MemberConfig) ClientURL() string {
+	return "https://" + net.JoinHostPort(m.Host, strconv.Itoa(m.clientPort()))
+}
+
+func (m *MemberConfig) peerPort() int {
+	if m.PeerPort == 0 {
+		return 2380
+	}
+	return m.PeerPort
+}
+
+func (m *MemberConfig) clientPort() int {
+	if m.ClientPort == 0 {
+		return 2379
+	}
+	return m.ClientPort
 }
 
 // Embedded is a single-member etcd running inside this process.
@@ -96,12 +152,52 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	var promoteDone chan error
+	if m := cfg.Member; m != nil {
+		if m.Name == "" || net.ParseIP(m.Host) == nil {
+			return nil, fmt.Errorf("embedded etcd member: name %q and host IP %q are required", m.Name, m.Host)
+		}
+		ec.Name = m.Name
+		pu := url.URL{Scheme: "https", Host: net.JoinHostPort(m.Host, strconv.Itoa(m.peerPort()))}
+		ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+		mc := url.URL{Scheme: "https", Host: net.JoinHostPort(m.Host, strconv.Itoa(m.clientPort()))}
+		// Loopback first: the local API server's endpoint (Clients[0]).
+		ec.ListenClientUrls = []url.URL{cu, mc}
+		ec.AdvertiseClientUrls = []url.URL{mc}
+		ec.InitialCluster = ec.Name + "=" + pu.String()
+		// Raft timing as etcd's defaults (100 ms heartbeat, 1 s election):
+		// a killed leader is replaced within about a second.
+		_, statErr := os.Stat(filepath.Join(dir, "member", "wal"))
+		hasData := statErr == nil
+		if m.Join != nil && !hasData {
+			if cfg.ClientTLS == nil {
+				return nil, errors.New("embedded etcd member: joining needs the etcd client TLS (an etcd client certificate)")
+			}
+			j := *m.Join
+			j.TLS = cfg.ClientTLS
+			initial, err := addLearner(ctx, &j, m.Name, pu.String(), time.Minute)
+			if err != nil {
+				return nil, err
+			}
+			ec.InitialCluster = initial
+			ec.ClusterState = embed.ClusterStateFlagExisting
+			promoteDone = make(chan error, 1)
+			m.Join = &j
+		}
+		adv = pu
+	}
 	if err := upgradeFrom35(dir, ec.Name, adv.String(), log); err != nil {
 		return nil, err
 	}
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
 		return nil, fmt.Errorf("start embedded etcd in %s: %w", dir, err)
+	}
+	if promoteDone != nil {
+		// A learner serves no client requests: promote it (through the
+		// other members) before anyone uses it.
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		go func() { defer cancel(); promoteDone <- promote(pctx, cfg.Member.Join, cfg.Member.Name, 10*time.Second) }()
 	}
 	select {
 	case <-e.Server.ReadyNotify():
@@ -114,6 +210,13 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	case <-ctx.Done():
 		e.Close()
 		return nil, ctx.Err()
+	}
+	if promoteDone != nil {
+		if err := <-promoteDone; err != nil {
+			e.Close()
+			return nil, err
+		}
+		log.Info("joined the etcd cluster: learner promoted to voting member", "member", cfg.Member.Name)
 	}
 	u := "https://" + e.Clients[0].Addr().String()
 	if cfg.Log != nil {

@@ -44,6 +44,9 @@ type Config struct {
 	// accepts client certificates of CAFile only; required when Servers is
 	// empty, with CAFile/CertFile/KeyFile.
 	EmbeddedCertFile, EmbeddedKeyFile string
+	// Member makes the embedded etcd a member of a multi-member cluster
+	// (nil: a single member on loopback).
+	Member *MemberConfig
 	// Transformer returns the transformer of the values under a key
 	// (encryption at rest, k8s.io/apiserver's value transformers, the key as
 	// authenticated data as upstream); nil, or a nil result, stores values
@@ -79,6 +82,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s := &Store{timeout: timeout, log: log, transform: cfg.Transformer}
 	endpoints := cfg.Servers
+	tlsCfg, err := ClientTLS(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
+	if err != nil {
+		return nil, err
+	}
 	if len(endpoints) == 0 {
 		if cfg.DataDir == "" {
 			return nil, errors.New("storage: either etcd servers or a data dir for the embedded etcd is needed")
@@ -87,17 +94,13 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, errors.New("storage: the embedded etcd needs a client certificate, key and CA (it serves only over TLS with client certificates)")
 		}
 		e, err := StartEmbedded(ctx, EmbeddedConfig{DataDir: cfg.DataDir, UnsafeNoFsync: cfg.UnsafeNoFsync, Log: log,
-			CertFile: cfg.EmbeddedCertFile, KeyFile: cfg.EmbeddedKeyFile, TrustedCAFile: cfg.CAFile})
+			CertFile: cfg.EmbeddedCertFile, KeyFile: cfg.EmbeddedKeyFile, TrustedCAFile: cfg.CAFile,
+			Member: cfg.Member, ClientTLS: tlsCfg})
 		if err != nil {
 			return nil, err
 		}
 		s.embedded = e
 		endpoints = []string{e.ClientURL}
-	}
-	tlsCfg, err := ClientTLS(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
-	if err != nil {
-		s.closeEmbedded()
-		return nil, err
 	}
 	kc, err := kubernetes.New(clientv3.Config{
 		Endpoints:          endpoints,

@@ -49,6 +49,12 @@ const (
 	// BootstrapNodeGroup is the extra group of the bootstrap tokens nodes
 	// join with (kubeadm's is system:bootstrappers:kubeadm:default-node-token).
 	BootstrapNodeGroup = "system:bootstrappers:waggle:default-node-token"
+	// BootstrapServerGroup is the extra group of the tokens further servers
+	// of an HA control plane join with: they may read the shared control
+	// plane certificates (see apiserver.ControlPlaneBootstrapPath).
+	BootstrapServerGroup = "system:bootstrappers:waggle:server-token"
+	// ControlPlaneBootstrapURL is that path.
+	ControlPlaneBootstrapURL = "/waggle/v1/control-plane-bootstrap"
 )
 
 var (
@@ -187,6 +193,9 @@ func meta(name string) metav1.ObjectMeta {
 //     (selfnodeclient); and anyone may read kube-public/cluster-info, the
 //     signed CA a joining machine discovers (kubeadm's
 //     bootstrap-signer-clusterinfo Role, bound to system:anonymous).
+//   - Joining servers: tokens in system:bootstrappers:waggle:server-token
+//     may get the shared control plane certificates
+//     (ControlPlaneBootstrapURL, ClusterRole waggle:control-plane-bootstrap).
 func extra(p *Policy) {
 	for _, r := range p.Roles {
 		if _, ok := strings.CutPrefix(r.Name, "system:controller:"); !ok {
@@ -213,6 +222,13 @@ func extra(p *Policy) {
 		crb("waggle:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", bootstrappers),
 		crb("waggle:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
 			rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: NodesGroup}))
+	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: meta("waggle:control-plane-bootstrap"),
+		Rules:      []rbacv1.PolicyRule{{NonResourceURLs: []string{ControlPlaneBootstrapURL}, Verbs: []string{"get"}}},
+	})
+	p.ClusterRoleBindings = append(p.ClusterRoleBindings, crb("waggle:control-plane-bootstrap", "waggle:control-plane-bootstrap",
+		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: BootstrapServerGroup}))
 	p.Roles = append(p.Roles, rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: withNamespace(meta("waggle:bootstrap-signer-clusterinfo"), "kube-public"),
