@@ -53,13 +53,14 @@ test: deps ## run every test tier this machine can run (unit, integration as roo
 test-unit: ## run the unit tests only (no root needed)
 	$(GO) test -short -timeout 5m ./...
 
-# The Job controller's unit tests lose a pod update now and then under the
-# race detector's slowdown (a timeout, not a reported race: 5 of 16 runs
-# here); until that is fixed they run in make test only.
-RACE_EXCLUDE := /controlplane/controllers/job$$
+# Packages left out of test-race (a regular expression over import paths;
+# empty: none). The Job controller's tests, once left out, pass 20 of 20
+# runs under -race since ctrltest refuses stale writes and the controller
+# waits for its own status writes.
+RACE_EXCLUDE :=
 
 test-race: ## run the unit tests under the race detector (CI runs it after make test)
-	$(GO) test -race -short -timeout 25m $$($(GO) list ./... | grep -Ev '$(RACE_EXCLUDE)')
+	$(GO) test -race -short -timeout 25m $$($(GO) list ./... | { if [ -n '$(RACE_EXCLUDE)' ]; then grep -Ev '$(RACE_EXCLUDE)'; else cat; fi; })
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
