@@ -2,9 +2,12 @@ package apiserver_test
 
 import (
 	"context"
+	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
@@ -366,4 +370,116 @@ func rawRequest(t *testing.T, rc *rest.Config, method, path, body string, header
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp, string(b)
+}
+
+// TestCustomResourceConversionWebhook: a CRD with two versions converted
+// by a webhook (reached by URL, its certificate checked against caBundle):
+// objects are stored in the storage version and read in any served one,
+// as the webhook converts them.
+func TestCustomResourceConversionWebhook(t *testing.T) {
+	hook := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var review apiextensionsv1.ConversionReview
+		if err := json.NewDecoder(r.Body).Decode(&review); err != nil || review.Request == nil {
+			http.Error(w, "bad review", http.StatusBadRequest)
+			return
+		}
+		resp := &apiextensionsv1.ConversionResponse{UID: review.Request.UID, Result: metav1.Status{Status: metav1.StatusSuccess}}
+		for _, raw := range review.Request.Objects {
+			u := &unstructured.Unstructured{}
+			if err := u.UnmarshalJSON(raw.Raw); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			spec, _ := u.Object["spec"].(map[string]any)
+			if spec == nil {
+				spec = map[string]any{}
+			}
+			switch review.Request.DesiredAPIVersion {
+			case "hook.waggle.io/v2":
+				if v, ok := spec["name"]; ok {
+					spec["fullName"] = v
+					delete(spec, "name")
+				}
+			case "hook.waggle.io/v1":
+				if v, ok := spec["fullName"]; ok {
+					spec["name"] = v
+					delete(spec, "fullName")
+				}
+			}
+			u.Object["spec"] = spec
+			u.SetAPIVersion(review.Request.DesiredAPIVersion)
+			b, _ := u.MarshalJSON()
+			resp.ConvertedObjects = append(resp.ConvertedObjects, runtime.RawExtension{Raw: b})
+		}
+		review.Response, review.Request = resp, nil
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(&review)
+	}))
+	defer hook.Close()
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hook.Certificate().Raw})
+
+	rc, _, stop := apiservertest.StartTestServer(t)
+	defer stop()
+	ctx := context.Background()
+	ac, dc := crdClients(t, rc)
+	schemaOf := func(field string) *apiextensionsv1.CustomResourceValidation {
+		return &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"spec": {Type: "object", Properties: map[string]apiextensionsv1.JSONSchemaProps{field: {Type: "string"}}},
+		}}}
+	}
+	url := hook.URL + "/convert"
+	c := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "hooks.hook.waggle.io"},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: "hook.waggle.io", Scope: apiextensionsv1.NamespaceScoped,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "hooks", Singular: "hook", Kind: "Hook"},
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{
+				{Name: "v1", Served: true, Storage: true, Schema: schemaOf("name")},
+				{Name: "v2", Served: true, Schema: schemaOf("fullName")},
+			},
+			Conversion: &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.WebhookConverter, Webhook: &apiextensionsv1.WebhookConversion{
+				ClientConfig:             &apiextensionsv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
+				ConversionReviewVersions: []string{"v1"},
+			}},
+		},
+	}
+	if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, ac, c.Name)
+	v1 := dc.Resource(schema.GroupVersionResource{Group: "hook.waggle.io", Version: "v1", Resource: "hooks"}).Namespace("default")
+	v2 := dc.Resource(schema.GroupVersionResource{Group: "hook.waggle.io", Version: "v2", Resource: "hooks"}).Namespace("default")
+	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "hook.waggle.io/v1", "kind": "Hook",
+		"metadata": map[string]any{"name": "a"}, "spec": map[string]any{"name": "alpha"}}}
+	if _, err := v1.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := v2.Get(ctx, "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.GetAPIVersion() != "hook.waggle.io/v2" || got.Object["spec"].(map[string]any)["fullName"] != "alpha" {
+		t.Errorf("read as v2: %v", got.Object)
+	}
+	obj2 := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "hook.waggle.io/v2", "kind": "Hook",
+		"metadata": map[string]any{"name": "b"}, "spec": map[string]any{"fullName": "beta"}}}
+	if _, err := v2.Create(ctx, obj2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = v1.Get(ctx, "b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Object["spec"].(map[string]any)["name"] != "beta" {
+		t.Errorf("v2 object read as v1: %v", got.Object)
+	}
+	l, err := v2.List(ctx, metav1.ListOptions{})
+	if err != nil || len(l.Items) != 2 {
+		t.Fatalf("list as v2: %v %d", err, len(l.Items))
+	}
+	for _, it := range l.Items {
+		if it.GetAPIVersion() != "hook.waggle.io/v2" || it.Object["spec"].(map[string]any)["fullName"] == nil {
+			t.Errorf("list item not converted: %v", it.Object)
+		}
+	}
 }

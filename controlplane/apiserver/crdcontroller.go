@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"sort"
 	"sync"
@@ -14,10 +15,12 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/extensions/crd"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apiextensions-apiserver/pkg/apiserver/conversion"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	webhookutil "k8s.io/apiserver/pkg/util/webhook"
 )
 
 // crdController does, inside the API server, what apiextensions-apiserver's
@@ -35,6 +38,10 @@ type crdController struct {
 	// cleaning marks the CRDs whose instances are being deleted.
 	cleaning map[string]bool
 	synced   atomic.Bool
+
+	convOnce sync.Once
+	conv     *conversion.CRConverterFactory
+	convErr  error
 	// following counts the controller's own cache watchers (not clients').
 	following atomic.Int32
 }
@@ -51,6 +58,29 @@ func newCRDController(s *Server) *crdController {
 }
 
 func (c *crdController) reg() *registry { return c.s.lookupRegistry(crdKey()) }
+
+// converterFactory is upstream's CR converter factory (conversion
+// webhooks: ConversionReview v1/v1beta1 over the webhook client, Services
+// resolved to their endpoints as for admission webhooks), made on first
+// use.
+func (c *crdController) converterFactory() (*conversion.CRConverterFactory, error) {
+	c.convOnce.Do(func() {
+		var resolver webhookutil.ServiceResolver = noServiceResolver{}
+		if c.s.webhookServices != nil {
+			resolver = c.s.webhookServices
+		}
+		c.conv, c.convErr = conversion.NewCRConverterFactory(resolver, nil)
+	})
+	return c.conv, c.convErr
+}
+
+// noServiceResolver answers when the server has no Service informers (no
+// dynamic admission): webhooks by URL still work.
+type noServiceResolver struct{}
+
+func (noServiceResolver) ResolveEndpoint(namespace, name string, port int32) (*url.URL, error) {
+	return nil, fmt.Errorf("service %s/%s: this API server resolves no Services", namespace, name)
+}
 
 // run follows the CRDs until ctx ends.
 func (c *crdController) run(ctx context.Context) {
@@ -204,7 +234,17 @@ func (c *crdController) serve(cur *apiextensionsv1.CustomResourceDefinition) err
 		sc.crd = cur
 		return nil
 	}
-	vers, err := crd.Versions(cur)
+	var conv runtime.ObjectConvertor
+	if cur.Spec.Conversion != nil && cur.Spec.Conversion.Strategy == apiextensionsv1.WebhookConverter {
+		f, err := c.converterFactory()
+		if err != nil {
+			return err
+		}
+		if conv, _, err = f.NewConverter(cur); err != nil {
+			return err
+		}
+	}
+	vers, err := crd.Versions(cur, conv)
 	if err != nil {
 		return err
 	}

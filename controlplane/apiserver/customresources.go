@@ -115,7 +115,7 @@ func (s *Server) newCustomRegistry(ver *crd.Version, terminating func() bool) (*
 	reg := &registry{res: &res, gr: gr, store: s.store, st: st, srv: s, cr: ver}
 	reg.codec = &storageCodec{res: reg.res, fields: st.fieldSet, cr: ver}
 	var err error
-	if reg.fms, err = fieldManagers(reg.res, st, ver.TypeConverter()); err != nil {
+	if reg.fms, err = fieldManagers(reg.res, st, ver.TypeConverter(), ver); err != nil {
 		return nil, fmt.Errorf("apiserver: %w", err)
 	}
 	reg.cache = storage.NewCacher(s.store, storage.CacherConfig{
@@ -205,8 +205,13 @@ func (r *registry) encode(obj runtime.Object) ([]byte, error) {
 		}
 		c.Object["metadata"] = m
 	}
-	c.SetAPIVersion(r.cr.StorageGV.String())
+	if err := r.cr.ConvertTo(c, r.cr.StorageGV); err != nil {
+		return nil, apierrors.NewInternalError(fmt.Errorf("convert to the storage version %s: %w", r.cr.StorageGV, err))
+	}
 	c.SetKind(r.cr.Kind)
+	if md, ok := c.Object["metadata"].(map[string]any); ok {
+		delete(md, "resourceVersion")
+	}
 	return json.Marshal(c.Object)
 }
 

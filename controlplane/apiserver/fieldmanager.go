@@ -76,7 +76,7 @@ func (d defaulter) Default(obj runtime.Object) {
 // through (status, scale, finalize). Each resets the fields its endpoint
 // does not write, as upstream's strategies' GetResetFields do, so a manager
 // never owns a field its write could not set.
-func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeConverter) (map[string]*managedfields.FieldManager, error) {
+func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeConverter, cr *crd.Version) (map[string]*managedfields.FieldManager, error) {
 	gv := res.GroupVersion()
 	apiVersion := fieldpath.APIVersion(gv.String())
 	reset := func(paths ...fieldpath.Path) map[fieldpath.APIVersion]fieldpath.Filter {
@@ -116,7 +116,11 @@ func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeCon
 		if res.CustomResourceDefinition != "" {
 			// Custom resources: unstructured objects, converted between
 			// versions by rewriting apiVersion (conversion None).
-			fm, err = managedfields.NewDefaultCRDFieldManager(tc, crd.Converter{Group: res.Group}, defaulter(st.defaults), crd.Creater{},
+			conv := crd.Converter{Group: res.Group}
+			if cr != nil {
+				conv = cr.Converter()
+			}
+			fm, err = managedfields.NewDefaultCRDFieldManager(tc, conv, defaulter(st.defaults), crd.Creater{},
 				res.GroupVersionKind(), gv, sub, rf)
 		} else {
 			fm, err = managedfields.NewDefaultFieldManager(tc, catalog.Scheme, defaulter(st.defaults), catalog.Scheme,

@@ -37,7 +37,7 @@ func BenchmarkFieldManager(b *testing.B) {
 		b.Fatal("pods not in the catalog")
 	}
 	st := strategyFor(res)
-	fms, err := fieldManagers(res, st, builtinTypeConverter())
+	fms, err := fieldManagers(res, st, builtinTypeConverter(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

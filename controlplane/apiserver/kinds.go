@@ -42,7 +42,7 @@ func (s *Server) newRegistry(r catalog.Resource) (*registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("apiserver: schema of %s: %w", res.Resource, err)
 	}
-	if reg.fms, err = fieldManagers(res, st, tc); err != nil {
+	if reg.fms, err = fieldManagers(res, st, tc, nil); err != nil {
 		return nil, fmt.Errorf("apiserver: %w", err)
 	}
 	reg.cache = storage.NewCacher(s.store, storage.CacherConfig{

@@ -54,6 +54,7 @@ type Version struct {
 	table        rest.TableConvertor
 	typeConv     managedfields.TypeConverter
 	versionNames map[string]bool
+	conv         runtime.ObjectConvertor // nil: conversion None
 }
 
 // customStrategy and statusStrategy are the upstream strategies' methods
@@ -76,7 +77,11 @@ type statusStrategy interface {
 // Versions builds the serving information of every served or stored
 // version of an accepted CRD (status.acceptedNames set). A schema the
 // server cannot serve is an error (validation refuses those CRDs first).
-func Versions(crd *apiextensionsv1.CustomResourceDefinition) ([]*Version, error) {
+//
+// conv converts objects between the CRD's versions: nil for conversion
+// None (apiVersion rewritten), else the converter of upstream's
+// conversion.CRConverterFactory (a conversion webhook).
+func Versions(crd *apiextensionsv1.CustomResourceDefinition, conv runtime.ObjectConvertor) ([]*Version, error) {
 	storage, err := apihelpers.GetCRDStorageVersion(crd)
 	if err != nil {
 		return nil, err
@@ -117,6 +122,7 @@ func Versions(crd *apiextensionsv1.CustomResourceDefinition) ([]*Version, error)
 			Deprecated:   v.Deprecated,
 			preserve:     crd.Spec.PreserveUnknownFields,
 			versionNames: valid,
+			conv:         conv,
 		}
 		if v.DeprecationWarning != nil {
 			ver.Warning = *v.DeprecationWarning
@@ -290,10 +296,17 @@ func (ver *Version) Default(u *unstructured.Unstructured) {
 	}
 }
 
-// Convert rewrites u into this version. With conversion None (the only
-// strategy served here) only apiVersion changes, as upstream's nop
-// converter; an apiVersion the CRD does not have is an error.
+// Convert rewrites u into this version. With conversion None only
+// apiVersion changes, as upstream's nop converter; with a conversion
+// webhook the webhook converts (upstream's converter: ConversionReview,
+// its checks of the answer). An apiVersion the CRD does not have is an
+// error.
 func (ver *Version) Convert(u *unstructured.Unstructured) error {
+	return ver.ConvertTo(u, ver.GVR.GroupVersion())
+}
+
+// ConvertTo converts u into the version to of the same CRD.
+func (ver *Version) ConvertTo(u *unstructured.Unstructured, to schema.GroupVersion) error {
 	gv, err := schema.ParseGroupVersion(u.GetAPIVersion())
 	if err != nil {
 		return err
@@ -301,12 +314,27 @@ func (ver *Version) Convert(u *unstructured.Unstructured) error {
 	if gv.Group != ver.GVR.Group || !ver.versionNames[gv.Version] {
 		return fmt.Errorf("request to convert CR from an invalid group/version: %s", gv)
 	}
-	if ver.CRD.Spec.Conversion != nil && ver.CRD.Spec.Conversion.Strategy == apiextensionsv1.WebhookConverter && gv.Version != ver.GVR.Version {
-		return fmt.Errorf("conversion webhooks are not served by this server (CustomResourceDefinition %s asks for one)", ver.CRD.Name)
+	if gv == to {
+		return nil
 	}
-	u.SetAPIVersion(ver.GVR.GroupVersion().String())
+	if ver.conv == nil {
+		u.SetAPIVersion(to.String())
+		return nil
+	}
+	out, err := ver.conv.ConvertToVersion(u, to)
+	if err != nil {
+		return err
+	}
+	cu, ok := out.(*unstructured.Unstructured)
+	if !ok {
+		return fmt.Errorf("conversion returned %T", out)
+	}
+	*u = *cu
 	return nil
 }
+
+// Converter returns the version's object converter for the field manager.
+func (ver *Version) Converter() Converter { return Converter{Group: ver.GVR.Group, Conv: ver.conv} }
 
 // PrepareForCreate: status dropped when the status subresource is on,
 // generation 1.
@@ -377,7 +405,11 @@ func (ver *Version) Table(ctx context.Context, obj runtime.Object, opts *metav1.
 // conversion None (upstream's nop converter): converting to another
 // version of the group rewrites apiVersion, nothing else. The field
 // manager converts through it.
-type Converter struct{ Group string }
+type Converter struct {
+	Group string
+	// Conv, when set, converts (a conversion webhook's converter).
+	Conv runtime.ObjectConvertor
+}
 
 // Convert is not used for custom resources.
 func (c Converter) Convert(in, out, context any) error {
@@ -386,6 +418,9 @@ func (c Converter) Convert(in, out, context any) error {
 
 // ConvertToVersion rewrites in's apiVersion to the target's.
 func (c Converter) ConvertToVersion(in runtime.Object, target runtime.GroupVersioner) (runtime.Object, error) {
+	if c.Conv != nil {
+		return c.Conv.ConvertToVersion(in.DeepCopyObject(), target)
+	}
 	from := in.GetObjectKind().GroupVersionKind()
 	to, ok := target.KindForGroupVersionKinds([]schema.GroupVersionKind{from})
 	if !ok {
