@@ -56,6 +56,11 @@ func (s *Server) admit(ctx context.Context, a *AdmissionAttributes) error {
 // validating plugins, then policies and webhooks, and ResourceQuota last,
 // so that only a request every other check admitted is charged.
 func (s *Server) validate(ctx context.Context, a *AdmissionAttributes) error {
+	if s.podSecurity != nil {
+		if err := s.podSecurity.check(ctx, a); err != nil {
+			return err
+		}
+	}
 	if err := s.runBuiltin(ctx, s.validating, a); err != nil {
 		return err
 	}

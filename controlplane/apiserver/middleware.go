@@ -184,6 +184,17 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		a := authz.AttributesFrom(r, u)
+		if s.auditor != nil {
+			s.auditor.serve(w, r, a, func(w http.ResponseWriter, r *http.Request) { s.authorized(w, r, a, u, next) })
+			return
+		}
+		s.authorized(w, r, a, u, next)
+	})
+}
+
+// authorized runs authorization (403) before next.
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request, a authz.Attributes, u *authn.User, next http.Handler) {
+	{
 		allowed, reason, err := s.authz.Authorize(r.Context(), a)
 		if err != nil || !allowed {
 			if reason == "" && err != nil {
@@ -213,7 +224,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(authn.WithUser(r.Context(), u)))
-	})
+	}
 }
 
 // legacyProxyPaths serves the proxy paths older guides document

@@ -61,6 +61,14 @@ type Config struct {
 	// choosing how each resource is encrypted in etcd; empty stores values
 	// as they are.
 	EncryptionProviderConfig string
+	// Audit is --audit-policy-file, --audit-log-path and the log's rotation
+	// (--audit-log-maxage, -maxbackup, -maxsize).
+	Audit AuditConfig
+	// PodSecurityConfigFile is the PodSecurity admission plugin's
+	// PodSecurityConfiguration (pod-security.admission.config.k8s.io/v1):
+	// the defaults for namespaces without labels and the exemptions; empty
+	// is upstream's default (privileged at latest).
+	PodSecurityConfigFile string
 	// BindAddress and SecurePort are where HTTPS is served (port 0 picks a
 	// free port; Addr reports it, and it is written to DataDir/apiserver.addr).
 	BindAddress string
@@ -188,7 +196,11 @@ type Server struct {
 	// dynAdmission is admission webhooks and policies (admission_dynamic.go).
 	dynAdmission *dynamicAdmission
 	// agg is the aggregation layer (APIService objects, aggregator.go).
-	agg             *aggregator
+	agg *aggregator
+	// auditor writes the audit log (nil: no audit); podSecurity is the
+	// PodSecurity admission plugin.
+	auditor         *auditor
+	podSecurity     *podSecurity
 	webhookServices *endpointServiceResolver
 	authz           authz.Authorizer
 	// authorization holds the RBAC and Node authorizers' state (nil with
@@ -337,6 +349,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		scfg.CAFile, scfg.CertFile, scfg.KeyFile = ep.CAFile, ep.ClientCertFile, ep.ClientKeyFile
 		scfg.EmbeddedCertFile, scfg.EmbeddedKeyFile = ep.ServerCertFile, ep.ServerKeyFile
+	}
+	if s.auditor, err = newAuditor(cfg.Audit); err != nil {
+		return nil, fmt.Errorf("apiserver: %w", err)
+	}
+	if s.podSecurity, err = s.newPodSecurity(cfg.PodSecurityConfigFile); err != nil {
+		return nil, fmt.Errorf("apiserver: %w", err)
 	}
 	if cfg.EncryptionProviderConfig != "" {
 		if scfg.Transformer, err = s.loadEncryption(ctx, cfg.EncryptionProviderConfig); err != nil {
@@ -585,6 +603,7 @@ func (s *Server) Serve(ctx context.Context) error {
 
 // Close stops background work and storage. Serve calls it.
 func (s *Server) Close() {
+	defer s.auditor.Close()
 	if s.dynAdmission != nil {
 		s.dynAdmission.close()
 	}
