@@ -11,6 +11,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +41,15 @@ import (
 
 // Config is `waggle up`'s configuration.
 type Config struct {
+	// EncryptionProviderConfig, Audit and PodSecurityConfigFile are the
+	// API server's --encryption-provider-config, --audit-* and
+	// --pod-security-config-file. SecretsEncryption, without an
+	// EncryptionProviderConfig, encrypts Secrets with an aescbc key
+	// generated once under DataDir/pki (EnsureSecretsEncryption).
+	EncryptionProviderConfig string
+	SecretsEncryption        bool
+	Audit                    apiserver.AuditConfig
+	PodSecurityConfigFile    string
 	// DataDir holds etcd, the PKI, the kubeconfigs, the kubelet's state and
 	// (when supervised) containerd. Running again with the same DataDir
 	// resumes the same cluster.
@@ -172,6 +183,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	encConfig := cfg.EncryptionProviderConfig
+	if encConfig == "" && cfg.SecretsEncryption {
+		if encConfig, err = EnsureSecretsEncryption(cfg.DataDir); err != nil {
+			return err
+		}
+	}
 	srv, err := apiserver.New(ctx, apiserver.Config{
 		EtcdMember:               member,
 		EtcdServers:              cfg.EtcdServers,
@@ -190,6 +207,9 @@ func Run(ctx context.Context, cfg Config) error {
 		EnableBootstrapTokenAuth: true,
 		MetricsAPI:               cfg.MetricsAPI,
 		MetricsResolution:        cfg.MetricsResolution,
+		EncryptionProviderConfig: encConfig,
+		Audit:                    cfg.Audit,
+		PodSecurityConfigFile:    cfg.PodSecurityConfigFile,
 		LogLevel:                 cfg.LogLevel,
 		Log:                      componentLog("apiserver", cfg.LogLevel),
 	})
@@ -382,4 +402,40 @@ func componentLog(name, level string) *slog.Logger {
 		return slog.Default().With("component", name)
 	}
 	return l
+}
+
+// EnsureSecretsEncryption writes, once, DataDir/pki/encryption-config.yaml:
+// Secrets encrypted with aescbc under a fresh random 32-byte key, identity
+// second so that Secrets written before still read. It returns its path.
+func EnsureSecretsEncryption(dataDir string) (string, error) {
+	p := filepath.Join(dataDir, "pki", "encryption-config.yaml")
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return "", fmt.Errorf("secrets encryption key: %w", err)
+	}
+	conf := fmt.Sprintf(`apiVersion: apiserver.config.k8s.io/v1
+kind: EncryptionConfiguration
+resources:
+  - resources: ["secrets"]
+    providers:
+      - aescbc:
+          keys:
+            - name: waggle-%s
+              secret: %s
+      - identity: {}
+`, time.Now().UTC().Format("20060102"), base64.StdEncoding.EncodeToString(key))
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return "", err
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(conf), 0o600); err != nil {
+		return "", fmt.Errorf("secrets encryption config: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return "", fmt.Errorf("secrets encryption config: %w", err)
+	}
+	return p, nil
 }

@@ -48,6 +48,14 @@ func runUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.EtcdCAFile, "etcd-cafile", "", "CA of the external etcd")
 	fs.StringVar(&cfg.EtcdCertFile, "etcd-certfile", "", "client certificate for the external etcd")
 	fs.StringVar(&cfg.EtcdKeyFile, "etcd-keyfile", "", "client key for the external etcd")
+	fs.StringVar(&cfg.EncryptionProviderConfig, "encryption-provider-config", "", "EncryptionConfiguration file for encryption at rest (see docs/security.md)")
+	fs.BoolVar(&cfg.SecretsEncryption, "secrets-encryption", false, "encrypt Secrets in etcd with an aescbc key generated once under <data-dir>/pki/encryption-config.yaml")
+	fs.StringVar(&cfg.Audit.PolicyFile, "audit-policy-file", "", "audit policy (audit.k8s.io/v1); with --audit-log-path turns on the audit log")
+	fs.StringVar(&cfg.Audit.LogPath, "audit-log-path", "", "audit log file ('-': standard output)")
+	fs.IntVar(&cfg.Audit.MaxAge, "audit-log-maxage", 0, "days to keep rotated audit logs")
+	fs.IntVar(&cfg.Audit.MaxBackup, "audit-log-maxbackup", 0, "rotated audit logs to keep")
+	fs.IntVar(&cfg.Audit.MaxSize, "audit-log-maxsize", 0, "megabytes before the audit log rotates")
+	fs.StringVar(&cfg.PodSecurityConfigFile, "pod-security-config-file", "", "PodSecurityConfiguration: cluster default Pod Security levels and exemptions")
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
