@@ -14,6 +14,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/authn"
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -223,7 +224,21 @@ func (s *Server) admitDynamic(ctx context.Context, a *AdmissionAttributes) error
 	if !ok || !m.Handles(admission.Operation(a.Operation)) {
 		return nil
 	}
-	return m.Admit(ctx, d.attributes(ctx, a), d.ifaces)
+	if err := m.Admit(ctx, d.attributes(ctx, a), d.ifaces); err != nil {
+		return err
+	}
+	// A custom resource a webhook or policy changed is pruned and
+	// defaulted again, as upstream's CRD handler converts the mutated
+	// object back through its schema.
+	if u, ok := a.Object.(*unstructured.Unstructured); ok {
+		if reg := s.lookupRegistry(regKey(a.Resource)); reg != nil && reg.cr != nil {
+			if _, err := reg.cr.Coerce(u, false); err != nil {
+				return apierrors.NewBadRequest(err.Error())
+			}
+			reg.cr.Default(u)
+		}
+	}
+	return nil
 }
 
 // validateDynamic runs the validating phase: validating policies and

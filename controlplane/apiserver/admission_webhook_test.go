@@ -22,6 +22,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -520,6 +521,64 @@ func TestWebhookOnConnect(t *testing.T) {
 			Param("container", "container1").Param("stdin", "true").Do(ctx).Error()
 		if err == nil || !strings.Contains(err.Error(), `admission webhook "attach.waggle.test" denied the request: attaching to pod 'to-be-attached-pod' is not allowed`) {
 			return fmt.Errorf("attach: %v", err)
+		}
+		return nil
+	})
+}
+
+// TestMutatingWebhookOnCustomResource: a webhook's patch to a custom
+// resource is pruned by the CRD's schema and defaulted, as upstream's CRD
+// handler does: the known field it adds is kept, the unknown one dropped.
+func TestMutatingWebhookOnCustomResource(t *testing.T) {
+	s := apiservertest.Start(t, apiservertest.Options{})
+	ctx := context.Background()
+	cs := kubernetes.NewForConfigOrDie(s.Config)
+	ac, dc := crdClients(t, s.Config)
+	c, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, widgetCRD("example.waggle.io"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, ac, c.Name)
+	wh := startWebhook(t, "webhook.default.svc")
+	wh.answer(func(r *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+		pt := admissionv1.PatchTypeJSONPatch
+		return &admissionv1.AdmissionResponse{Allowed: true, PatchType: &pt,
+			Patch: []byte(`[{"op":"add","path":"/spec/color","value":"blue"},{"op":"add","path":"/spec/unknownByTheSchema","value":"x"}]`)}
+	})
+	_, err = cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "widgets"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name: "widgets.waggle.test", ClientConfig: wh.clientConfig("/widgets"),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"example.waggle.io"}, APIVersions: []string{"v1"}, Resources: []string{"widgets"}},
+			}},
+			SideEffects: kptr.To(admissionregistrationv1.SideEffectClassNone), AdmissionReviewVersions: []string{"v1"},
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvr := schema.GroupVersionResource{Group: "example.waggle.io", Version: "v1", Resource: "widgets"}
+	i := 0
+	testutil.Eventually(t, 45*time.Second, func() error {
+		i++
+		name := fmt.Sprintf("w-%d", i)
+		// The create's answer, as the conformance spec checks it (a read
+		// back from storage is pruned anyway).
+		got, err := dc.Resource(gvr).Namespace("default").Create(ctx, widget(name, map[string]any{"replicas": int64(1)}), metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		spec, _ := got.Object["spec"].(map[string]any)
+		if spec["color"] != "blue" {
+			return fmt.Errorf("not mutated yet: %v", spec)
+		}
+		if _, ok := spec["unknownByTheSchema"]; ok {
+			return fmt.Errorf("webhook's unknown field stored: %v", spec)
+		}
+		if spec["maxReplicas"] == nil {
+			return fmt.Errorf("not defaulted: %v", spec)
 		}
 		return nil
 	})
