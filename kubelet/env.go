@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	podresource "k8s.io/kubernetes/pkg/api/v1/resource"
 )
 
 // fieldValue resolves a downward-API field path of pod.
@@ -69,34 +69,17 @@ func sortStrings(s []string) {
 	}
 }
 
-// resourceValue resolves a resourceFieldRef of container c.
-func resourceValue(c *v1.Container, ref *v1.ResourceFieldSelector) (string, error) {
-	div := resource.MustParse("1")
-	if !ref.Divisor.IsZero() {
-		div = ref.Divisor
+// resourceValue resolves a resourceFieldRef of container c as upstream's
+// kubelet does: a limit the container does not set is the node's
+// allocatable amount, the value is rounded up to a whole divisor.
+func (k *Kubelet) resourceValue(c *v1.Container, ref *v1.ResourceFieldSelector) (string, error) {
+	alloc := machineCapacity(k.cfg.RootDir, k.cfg.MaxPods)
+	if n := k.node(); n != nil && len(n.Status.Allocatable) > 0 {
+		alloc = n.Status.Allocatable
 	}
-	var q resource.Quantity
-	var ok bool
-	switch ref.Resource {
-	case "limits.cpu":
-		q, ok = c.Resources.Limits[v1.ResourceCPU]
-	case "limits.memory":
-		q, ok = c.Resources.Limits[v1.ResourceMemory]
-	case "requests.cpu":
-		q, ok = c.Resources.Requests[v1.ResourceCPU]
-	case "requests.memory":
-		q, ok = c.Resources.Requests[v1.ResourceMemory]
-	default:
-		return "", fmt.Errorf("unsupported resourceFieldRef %q", ref.Resource)
-	}
-	if !ok {
-		return "0", nil
-	}
-	if strings.HasSuffix(ref.Resource, ".cpu") {
-		v := (q.MilliValue() + div.MilliValue() - 1) / div.MilliValue()
-		return strconv.FormatInt(v, 10), nil
-	}
-	return strconv.FormatInt((q.Value()+div.Value()-1)/div.Value(), 10), nil
+	cc := c.DeepCopy()
+	podresource.MergeContainerResourceLimits(cc, alloc)
+	return podresource.ExtractContainerResourceValue(ref, cc)
 }
 
 // expand replaces $(VAR) with earlier variables' values, $$ with $, as
@@ -231,7 +214,7 @@ func (k *Kubelet) makeEnv(ctx context.Context, pod *v1.Pod, c *v1.Container, sb 
 			}
 			set(e.Name, v)
 		case vf.ResourceFieldRef != nil:
-			v, err := resourceValue(c, vf.ResourceFieldRef)
+			v, err := k.resourceValue(c, vf.ResourceFieldRef)
 			if err != nil {
 				return nil, fmt.Errorf("env %s: %w", e.Name, err)
 			}

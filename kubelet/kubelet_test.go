@@ -746,3 +746,41 @@ func TestCrashLoopEventsAreAggregated(t *testing.T) {
 		t.Errorf("Created events %+v", ev)
 	}
 }
+
+// TestResourceFieldRefAsUpstream: a limit the container leaves unset reads
+// as the node's allocatable amount, and values round up to whole divisors.
+func TestResourceFieldRefAsUpstream(t *testing.T) {
+	k, err := New(Config{NodeName: node, RootDir: t.TempDir()}, Deps{Client: fake.NewSimpleClientset(), Runtime: runtimetest.NewFake()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.nodeObj = &v1.Node{Status: v1.NodeStatus{Allocatable: v1.ResourceList{
+		v1.ResourceCPU: resource.MustParse("4"), v1.ResourceMemory: resource.MustParse("8Gi"), v1.ResourceEphemeralStorage: resource.MustParse("10Gi")}}}
+	c := &v1.Container{Resources: v1.ResourceRequirements{
+		Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("250m"), v1.ResourceMemory: resource.MustParse("32Mi")},
+		Limits:   v1.ResourceList{v1.ResourceMemory: resource.MustParse("64Mi")},
+	}}
+	for _, tc := range []struct {
+		res, divisor, want string
+	}{
+		{"limits.cpu", "", "4"}, // unset: node allocatable
+		{"limits.cpu", "1m", "4000"},
+		{"requests.cpu", "", "1"}, // 250m rounds up to 1 core
+		{"requests.cpu", "1m", "250"},
+		{"limits.memory", "1Mi", "64"},
+		{"requests.memory", "", "33554432"},
+		{"limits.ephemeral-storage", "1Gi", "10"}, // unset: node allocatable
+	} {
+		ref := &v1.ResourceFieldSelector{Resource: tc.res}
+		if tc.divisor != "" {
+			ref.Divisor = resource.MustParse(tc.divisor)
+		}
+		got, err := k.resourceValue(c, ref)
+		if err != nil || got != tc.want {
+			t.Errorf("%s / %q = %q, %v; want %q", tc.res, tc.divisor, got, err, tc.want)
+		}
+	}
+	if _, err := k.resourceValue(c, &v1.ResourceFieldSelector{Resource: "limits.gpu"}); err == nil {
+		t.Error("an unsupported resource gave no error")
+	}
+}

@@ -685,12 +685,21 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 	for _, f := range netFiles {
 		mounts = append(mounts, runtime.Mount{HostPath: f.host, ContainerPath: f.container})
 	}
+	logPath := filepath.Join(k.podDir(pod.UID), "logs", c.Name, strconv.Itoa(attempt)+".log")
+	if c.TerminationMessagePath != "" {
+		m, err := prepareTerminationLog(logPath, c.TerminationMessagePath)
+		if err != nil {
+			w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
+			return err
+		}
+		mounts = append(mounts, m)
+	}
 	cfg := runtime.ContainerConfig{
 		PodUID: string(pod.UID), PodNamespace: pod.Namespace, PodName: pod.Name,
 		Name: c.Name, Attempt: attempt, Init: init, Image: c.Image,
 		Command: c.Command, Args: c.Args, Env: env, WorkingDir: c.WorkingDir, Mounts: mounts,
 		NetNSPath: w.sb.NetNS, Hostname: podHostname(pod), CgroupParent: w.sb.Cgroup,
-		LogPath: filepath.Join(k.podDir(pod.UID), "logs", c.Name, strconv.Itoa(attempt)+".log"),
+		LogPath: logPath,
 		Stdin:   c.Stdin, StdinOnce: c.StdinOnce,
 	}
 	applyResources(&cfg, c.Resources)

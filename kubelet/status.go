@@ -45,8 +45,10 @@ func (w *podWorker) containerStatuses(pod *v1.Pod, specs []v1.Container, named m
 			cs.RestartCount = int32(cur.Attempt)
 			cs.ImageID = cur.ImageID
 			cs.State = ctrState(cur)
+			withTerminationMessage(&cs.State, cur, &s)
 			if len(l) > 1 {
 				cs.LastTerminationState = ctrState(l[1])
+				withTerminationMessage(&cs.LastTerminationState, l[1], &s)
 			}
 			if cur.State == runtime.StateRunning {
 				started := init || w.k.probes.started(cur.ID)

@@ -133,7 +133,7 @@ func (k *Kubelet) downwardFiles(pod *v1.Pod, items []v1.DownwardAPIVolumeFile, d
 				c = &pod.Spec.Containers[0]
 			}
 			if c != nil {
-				v, err = resourceValue(c, it.ResourceFieldRef)
+				v, err = k.resourceValue(c, it.ResourceFieldRef)
 			}
 		}
 		if err != nil {
