@@ -182,7 +182,9 @@ func (s *staticSource) ensureMirror(ctx context.Context, p *v1.Pod) {
 		}
 		return
 	}
-	if !apierrors.IsNotFound(err) {
+	// The Node authorizer refuses a get of a pod not (yet) bound to this
+	// node, so a missing mirror reads as 403, not 404.
+	if !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) {
 		return
 	}
 	if _, err := pods.Create(ctx, s.mirrorFor(p), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
