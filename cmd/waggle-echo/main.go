@@ -286,6 +286,22 @@ var tools = map[string]func(args []string) int{
 		time.Sleep(d)
 		return 0
 	},
+	// burn [DURATION] keeps one CPU busy (for kubectl top and the HPA;
+	// a CPU limit caps what it takes), a year by default.
+	"burn": func(args []string) int {
+		d := time.Hour * 24 * 365
+		if len(args) > 0 {
+			if v, err := time.ParseDuration(args[0]); err == nil {
+				d = v
+			}
+		}
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			for i := 0; i < 1_000_000; i++ {
+				_ = i * i
+			}
+		}
+		return 0
+	},
 	"touch": func(args []string) int {
 		for _, f := range args {
 			if err := os.WriteFile(f, nil, 0o644); err != nil {

@@ -134,6 +134,10 @@ func TestLab(t *testing.T) {
 
 	t.Run("ClusterDNSFromPodsOnEveryNode", func(t *testing.T) { testClusterDNS(t, e, nodes, vip) })
 	t.Run("CrashLoopingPodsEvents", func(t *testing.T) { testCrashLoopEvents(t, e) })
+	t.Run("KubectlTop", func(t *testing.T) { testKubectlTop(t, e, nodes) })
+	t.Run("PortForward", func(t *testing.T) { testPortForward(t, e) })
+	t.Run("Attach", func(t *testing.T) { testAttach(t, e) })
+	t.Run("StaticPodAndItsMirror", func(t *testing.T) { testStaticPod(t, e, nodes[0]) })
 
 	t.Run("NodePortFromANode", func(t *testing.T) {
 		for i, n := range nodes {

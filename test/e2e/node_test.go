@@ -1,0 +1,252 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// kubectls are the kubectl builds whose default streaming (WebSocket for
+// exec, attach and port-forward since 1.31) must work: the one on PATH and,
+// where the Cloud SDK ships it, 1.33.
+func kubectls() []string {
+	out := []string{"kubectl"}
+	if _, err := os.Stat("/usr/lib/google-cloud-sdk/bin/kubectl.1.33"); err == nil {
+		out = append(out, "/usr/lib/google-cloud-sdk/bin/kubectl.1.33")
+	}
+	return out
+}
+
+func (e *env) kubectlWith(ctx context.Context, bin string, stdin io.Reader, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", e.kubeconfig}, args...)...)
+	cmd.Stdin = stdin
+	return cmd
+}
+
+const burnerPod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: burner, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: burn
+    image: ` + echoImage + `
+    imagePullPolicy: Never
+    command: ["/waggle-echo", "burn"]
+    resources:
+      limits: {cpu: 100m, memory: 64Mi}
+`
+
+var milli = regexp.MustCompile(`^(\d+)m$`)
+
+// testKubectlTop: kubectl top through the native metrics API shows every
+// node and a busy pod's container with non-zero CPU and memory.
+func testKubectlTop(t *testing.T, e *env, nodes []string) {
+	e.apply(t, burnerPod)
+	t.Cleanup(func() { e.kubectlErr("delete", "pod", "burner", "--wait=false") })
+	e.kubectl(t, "wait", "--for=condition=Ready", "pod/burner", "--timeout=2m")
+	// Two scrapes (15 s apart) make the first CPU rate.
+	eventually(t, 2*time.Minute, "kubectl top pod burner shows its CPU and memory", func() error {
+		out, err := e.kubectlErr("top", "pod", "burner", "--containers", "--no-headers")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		f := strings.Fields(out) // POD NAME CPU MEMORY
+		if len(f) != 4 || f[1] != "burn" {
+			return fmt.Errorf("unexpected: %q", out)
+		}
+		m := milli.FindStringSubmatch(f[2])
+		if m == nil {
+			return fmt.Errorf("CPU %q", f[2])
+		}
+		if n, _ := strconv.Atoi(m[1]); n < 20 || n > 150 {
+			return fmt.Errorf("CPU %s, want about the 100m limit", f[2])
+		}
+		if f[3] == "0Mi" {
+			return fmt.Errorf("memory %s", f[3])
+		}
+		return nil
+	})
+	out := e.kubectl(t, "top", "nodes", "--no-headers")
+	for _, n := range nodes {
+		if !strings.Contains(out, n+" ") {
+			t.Errorf("kubectl top nodes has no %s:\n%s", n, out)
+		}
+	}
+}
+
+const pfPod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: pf, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: echo
+    image: ` + echoImage + `
+    imagePullPolicy: Never
+    env:
+    - {name: POD_NAME, value: pf}
+    readinessProbe:
+      tcpSocket: {port: 8080}
+      periodSeconds: 1
+`
+
+var forwarding = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 8080`)
+
+// testPortForward: kubectl port-forward to a pod (each kubectl build, in
+// its default protocol) reaches the pod's port.
+func testPortForward(t *testing.T, e *env) {
+	e.apply(t, pfPod)
+	t.Cleanup(func() { e.kubectlErr("delete", "pod", "pf", "--wait=false") })
+	e.kubectl(t, "wait", "--for=condition=Ready", "pod/pf", "--timeout=2m")
+	for _, k := range kubectls() {
+		t.Run(filepath.Base(k), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := e.kubectlWith(ctx, k, nil, "port-forward", "pod/pf", ":8080")
+			stdout, _ := cmd.StdoutPipe()
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { cancel(); cmd.Wait() }()
+			sc := bufio.NewScanner(stdout)
+			port := ""
+			for sc.Scan() {
+				if m := forwarding.FindStringSubmatch(sc.Text()); m != nil {
+					port = m[1]
+					break
+				}
+			}
+			if port == "" {
+				t.Fatal("kubectl port-forward printed no local port")
+			}
+			go io.Copy(io.Discard, stdout)
+			for i := 0; i < 3; i++ {
+				resp, err := http.Get("http://127.0.0.1:" + port + "/")
+				if err != nil {
+					t.Fatalf("through port-forward: %v", err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !strings.HasPrefix(string(body), "pod=pf ") {
+					t.Errorf("through port-forward: %q", body)
+				}
+			}
+		})
+	}
+}
+
+func attachPod(name string) string {
+	return fmt.Sprintf(`
+apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  restartPolicy: Never
+  containers:
+  - name: cat
+    image: %s
+    imagePullPolicy: Never
+    command: ["/waggle-echo", "stdin-echo"]
+    stdin: true
+    stdinOnce: true
+`, name, echoImage)
+}
+
+// testAttach: kubectl attach -i to a running container (each kubectl
+// build) sends stdin to its process and shows what it writes; with
+// stdinOnce the process's stdin closes when the attach's does, so it
+// completes.
+func testAttach(t *testing.T, e *env) {
+	for i, k := range kubectls() {
+		name := fmt.Sprintf("attach-%d", i)
+		t.Run(filepath.Base(k), func(t *testing.T) {
+			e.apply(t, attachPod(name))
+			t.Cleanup(func() { e.kubectlErr("delete", "pod", name, "--wait=false") })
+			e.kubectl(t, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=2m")
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			out, err := e.kubectlWith(ctx, k, strings.NewReader("hello through attach\n"), "attach", "-i", name, "-c", "cat").CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "hello through attach") {
+				t.Fatalf("kubectl attach: %v\n%s", err, out)
+			}
+			eventually(t, time.Minute, name+" completes once its stdin closed", func() error {
+				out, err := e.kubectlErr("get", "pod", name, "-o", "jsonpath={.status.phase}")
+				if err != nil || out != "Succeeded" {
+					return fmt.Errorf("phase %q %v", out, err)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+const staticManifest = `
+apiVersion: v1
+kind: Pod
+metadata: {name: static-web, namespace: default, labels: {app: static-web}}
+spec:
+  containers:
+  - name: web
+    image: ` + echoImage + `
+    imagePullPolicy: Never
+`
+
+// testStaticPod: a manifest in a node's manifest dir runs there, and its
+// mirror pod appears in the API with upstream's annotations; deleting the
+// mirror does not stop it (the mirror comes back); removing the manifest
+// removes both.
+func testStaticPod(t *testing.T, e *env, node string) {
+	path := filepath.Join(e.dataDir, "nodes", node, "manifests", "static-web.yaml")
+	if err := os.WriteFile(path, []byte(staticManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(path) })
+	mirror := "static-web-" + node
+	var uid string
+	eventually(t, 2*time.Minute, "mirror pod "+mirror+" Running with its annotations", func() error {
+		out, err := e.kubectlErr("get", "pod", mirror, "-o", `jsonpath={.status.phase} {.spec.nodeName} {.metadata.annotations.kubernetes\.io/config\.mirror} {.metadata.annotations.kubernetes\.io/config\.source} {.metadata.uid}`)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		f := strings.Fields(out)
+		if len(f) != 5 || f[0] != "Running" || f[1] != node || f[2] == "" || f[3] != "file" {
+			return fmt.Errorf("mirror: %q", out)
+		}
+		uid = f[4]
+		return nil
+	})
+	if out := e.kubectl(t, "exec", mirror, "--", "/waggle-echo", "hostname"); strings.TrimSpace(out) != "static-web-"+node {
+		t.Errorf("exec in the static pod: %q", out)
+	}
+	e.kubectl(t, "delete", "pod", mirror, "--wait=false")
+	eventually(t, time.Minute, "the mirror is made again", func() error {
+		out, err := e.kubectlErr("get", "pod", mirror, "-o", "jsonpath={.metadata.uid} {.status.phase}")
+		if err != nil || strings.HasPrefix(out, uid) || !strings.HasSuffix(out, "Running") {
+			return fmt.Errorf("mirror %q %v", out, err)
+		}
+		return nil
+	})
+	os.Remove(path)
+	eventually(t, time.Minute, "removing the manifest removes the mirror", func() error {
+		out, err := e.kubectlErr("get", "pod", mirror)
+		if err == nil || !strings.Contains(out, "NotFound") {
+			return fmt.Errorf("still there: %s", out)
+		}
+		return nil
+	})
+}
