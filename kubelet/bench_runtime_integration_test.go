@@ -1,0 +1,168 @@
+package kubelet_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/oci"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/waggle-io/waggle/kubelet/images"
+)
+
+// BenchmarkPodStartupVsContainerd is the "runtime is the limit"
+// figure: 100 pods created at once through the API until all are Running,
+// beside 100 containers of the same image started at once by containerd +
+// runc directly (the same private containerd, same snapshotter and shim, no
+// network namespace, CNI, cgroup of its own, volumes, probes or API
+// writes), in one run, interleaved raw, Waggle, raw. It prints the rates
+// (pods or containers per second until the last one), their ratio, and each
+// side's p50/p99 from the burst's start.
+//
+//	WAGGLE_PRIVILEGED_TESTS=1 go test -run '^$' -bench PodStartupVsContainerd -benchtime 1x ./kubelet/
+func BenchmarkPodStartupVsContainerd(b *testing.B) {
+	const count = 100
+	n := newNode(b, nil)
+	raw1 := rawContainerdBurst(b, n, count, "raw1")
+	pods := waggleBurst(b, n, count)
+	raw2 := rawContainerdBurst(b, n, count, "raw2")
+	raw := raw1
+	if raw2.total < raw1.total {
+		raw = raw2 // the better of the two: the limit
+	}
+	rate := func(r burst) float64 { return float64(count) / r.total.Seconds() }
+	b.ReportMetric(rate(pods), "pods-running/s")
+	b.ReportMetric(rate(raw), "containers-started/s")
+	b.ReportMetric(rate(pods)/rate(raw), "ratio")
+	b.ReportMetric(pods.p(99).Seconds(), "pod-p99-s")
+	b.ReportMetric(raw.p(99).Seconds(), "container-p99-s")
+	b.Logf("\n%-34s %10s %10s %10s\n%-34s %10.1f %10s %10s\n%-34s %10.1f %10s %10s\n%-34s %10.1f %10s %10s\n%-34s %10.2f×",
+		fmt.Sprintf("%d at once", count), "per s", "p50", "p99",
+		"containerd+runc direct (run 1)", rate(raw1), raw1.p(50).Round(time.Millisecond), raw1.p(99).Round(time.Millisecond),
+		"Waggle: API create → Running", rate(pods), pods.p(50).Round(time.Millisecond), pods.p(99).Round(time.Millisecond),
+		"containerd+runc direct (run 2)", rate(raw2), raw2.p(50).Round(time.Millisecond), raw2.p(99).Round(time.Millisecond),
+		"Waggle ÷ best direct", rate(pods)/rate(raw))
+}
+
+type burst struct {
+	total time.Duration
+	each  []time.Duration
+}
+
+func (r burst) p(pct int) time.Duration {
+	v := append([]time.Duration(nil), r.each...)
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	if len(v) == 0 {
+		return 0
+	}
+	i := (len(v)*pct+99)/100 - 1
+	return v[max(0, min(i, len(v)-1))]
+}
+
+// rawContainerdBurst creates and starts count containers of the echo image
+// at once through containerd's client (rootfs snapshot, OCI spec from the
+// image, runc shim), timing each until its task started; then removes them.
+func rawContainerdBurst(b *testing.B, n *node, count int, prefix string) burst {
+	ctx := namespacesCtx(n)
+	cl := n.ctrd.Client
+	img, err := cl.GetImage(ctx, images.EchoImage)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	out := burst{}
+	var errs []error
+	start := time.Now()
+	for i := 0; i < count; i++ {
+		id := fmt.Sprintf("bench-%s-%03d", prefix, i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctr, err := cl.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithSnapshotter("overlayfs"),
+				containerd.WithNewSnapshot(id, img), containerd.WithRuntime("io.containerd.runc.v2", nil),
+				containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("/waggle-echo", "sleep", "3600")))
+			if err == nil {
+				var task containerd.Task
+				if task, err = ctr.NewTask(ctx, cio.NullIO); err == nil {
+					err = task.Start(ctx)
+				}
+			}
+			d := time.Since(start)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			out.each = append(out.each, d)
+		}()
+	}
+	wg.Wait()
+	out.total = time.Since(start)
+	b.StopTimer()
+	for i := 0; i < count; i++ {
+		id := fmt.Sprintf("bench-%s-%03d", prefix, i)
+		if ctr, err := cl.LoadContainer(ctx, id); err == nil {
+			if t, err := ctr.Task(ctx, nil); err == nil {
+				t.Delete(ctx, containerd.WithProcessKill)
+			}
+			ctr.Delete(ctx, containerd.WithSnapshotCleanup)
+		}
+	}
+	if len(errs) > 0 {
+		b.Fatalf("%d of %d direct starts failed, first: %v", len(errs), count, errs[0])
+	}
+	return out
+}
+
+// waggleBurst creates count echo pods at once and times each from the
+// burst's start to Running (all containers started, as the pod's status in
+// the API says); then deletes them.
+func waggleBurst(b *testing.B, n *node, count int) burst {
+	ctx := context.Background()
+	w, err := n.client.CoreV1().Pods("default").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Stop()
+	out := burst{}
+	seen := map[string]bool{}
+	start := time.Now()
+	go func() {
+		for i := 0; i < count; i++ {
+			p := echoPod(n, fmt.Sprintf("burst-%03d", i), nil)
+			if _, err := n.client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+				b.Error(err)
+			}
+		}
+	}()
+	deadline := time.After(5 * time.Minute)
+	for len(seen) < count {
+		select {
+		case ev := <-w.ResultChan():
+			p, ok := ev.Object.(*v1.Pod)
+			if !ok || ev.Type != watch.Modified || seen[p.Name] || p.Status.Phase != v1.PodRunning {
+				continue
+			}
+			seen[p.Name] = true
+			out.each = append(out.each, time.Since(start))
+		case <-deadline:
+			b.Fatalf("only %d of %d pods Running", len(seen), count)
+		}
+	}
+	out.total = time.Since(start)
+	n.client.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	for i := 0; i < count; i++ {
+		n.waitGone(fmt.Sprintf("burst-%03d", i), 2*time.Minute)
+	}
+	return out
+}
