@@ -86,6 +86,16 @@ func TestAuditLog(t *testing.T) {
 		Data: map[string]string{"k": "visible-value"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// PodSecurity in audit mode annotates the event, as upstream.
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "psa-audit",
+		Labels: map[string]string{"pod-security.kubernetes.io/audit": "restricted"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	priv := true
+	if _, err := cs.CoreV1().Pods("psa-audit").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "priv"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i", SecurityContext: &corev1.SecurityContext{Privileged: &priv}}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	eve := kubernetes.NewForConfigOrDie(srv.UserConfig(t, "eve"))
 	if _, err := eve.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "denied"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}, metav1.CreateOptions{}); err == nil {
@@ -136,7 +146,21 @@ func TestAuditLog(t *testing.T) {
 		cmRecv.AuditID != cm.AuditID {
 		t.Errorf("configmap create events: %+v %+v", cmRecv, cm)
 	}
-	d := find("create", "pods", "", auditv1.StageResponseComplete)
+	var psa *auditv1.Event
+	for i := range evs {
+		if e := &evs[i]; e.Verb == "create" && e.ObjectRef != nil && e.ObjectRef.Namespace == "psa-audit" && e.ObjectRef.Resource == "pods" && e.Stage == auditv1.StageResponseComplete {
+			psa = e
+		}
+	}
+	if psa == nil || !strings.Contains(psa.Annotations["pod-security.kubernetes.io/audit-violations"], `would violate PodSecurity "restricted:latest": privileged`) {
+		t.Errorf("PodSecurity audit annotation: %+v", psa)
+	}
+	var d *auditv1.Event
+	for i := range evs {
+		if e := &evs[i]; e.Verb == "create" && e.User.Username == "eve" && e.Stage == auditv1.StageResponseComplete {
+			d = e
+		}
+	}
 	if d == nil || d.Level != auditv1.LevelRequest || d.ResponseStatus == nil || d.ResponseStatus.Code != 403 || d.ResponseStatus.Reason != metav1.StatusReasonForbidden ||
 		d.RequestObject == nil || !strings.Contains(string(d.RequestObject.Raw), `"denied"`) {
 		t.Errorf("denied pod create event: %+v", d)
