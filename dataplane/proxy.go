@@ -26,6 +26,7 @@ import (
 
 	"github.com/waggle-io/waggle/dataplane/l2announce"
 	"github.com/waggle-io/waggle/dataplane/policy"
+	"github.com/waggle-io/waggle/internal/apilb"
 	"github.com/waggle-io/waggle/internal/ops"
 )
 
@@ -278,6 +279,8 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("kubeconfig %q: %w", cfg.Kubeconfig, err)
 		}
 		rc.UserAgent = "waggle-proxy/" + cfg.NodeName
+		// Fail over between the API servers of an HA control plane.
+		rc = apilb.Wrap(ctx, rc, log)
 		if client, err = kubernetes.NewForConfig(rc); err != nil {
 			return fmt.Errorf("API client: %w", err)
 		}

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
 
+	"github.com/waggle-io/waggle/internal/apilb"
 	"github.com/waggle-io/waggle/internal/ops"
 	"github.com/waggle-io/waggle/kubelet/network"
 	"github.com/waggle-io/waggle/kubelet/runtime"
@@ -99,6 +100,14 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := tlsBootstrap(ctx, &cfg); err != nil {
 			return err
 		}
+	}
+	if cfg.RestConfig == nil && cfg.Kubeconfig != "" {
+		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		if err != nil {
+			return fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)
+		}
+		// Fail over between the API servers of an HA control plane.
+		cfg.RestConfig = apilb.Wrap(ctx, rc, cfg.Log)
 	}
 	k, err := New(cfg, Deps{})
 	if err != nil {

@@ -25,6 +25,13 @@ type Config struct {
 	Name string
 	// Nodes is the number of worker nodes.
 	Nodes int
+	// Servers is the number of control plane servers. One runs in the
+	// host's network namespace on the bridge address; more make an HA
+	// control plane: server i runs in its own network namespace
+	// (<name>-server<i> at ServerAddr(i)), the first with --cluster-init,
+	// the others joining it with a server token, each an etcd member, an
+	// API server and a standby scheduler and controller-manager.
+	Servers int
 	// DataDir holds the state file, logs, the control plane's data and each
 	// node's files.
 	DataDir string
@@ -64,6 +71,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{
 		Nodes:                  3,
+		Servers:                1,
 		DataDir:                "/var/lib/waggle-lab",
 		Bridge:                 "wglab0",
 		Subnet:                 netip.MustParsePrefix("10.250.0.0/24"),
@@ -84,6 +92,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Nodes < 1 || c.Nodes > 200:
 		return fmt.Errorf("--nodes %d: want 1 to 200", c.Nodes)
+	case c.Servers < 1 || c.Servers > 7:
+		return fmt.Errorf("--servers %d: want 1 to 7 (3 or 5 for an HA control plane)", c.Servers)
 	case !c.Subnet.Addr().Is4() || c.Subnet.Bits() > 24:
 		return fmt.Errorf("lab subnet %s: want an IPv4 prefix of /24 or larger", c.Subnet)
 	case c.Bridge == "" || len(c.Bridge) > 15:
@@ -123,8 +133,26 @@ func (c *Config) BridgeAddr() netip.Prefix {
 
 func validPort(p int) bool { return p > 0 && p < 65536 }
 
-// APIServer is the URL nodes (and the host) reach the lab's API server at.
+// ServerName is the name of control plane server i (1-based) of an HA lab.
+func (c *Config) ServerName(i int) string { return fmt.Sprintf("%s-server%d", c.Name, i) }
+
+// ServerAddr is server i's address in an HA lab: the lab subnet's
+// addresses 2 to 8 (nodes start at 11).
+func (c *Config) ServerAddr(i int) netip.Prefix {
+	a := c.Subnet.Masked().Addr().Next()
+	for range i {
+		a = a.Next()
+	}
+	return netip.PrefixFrom(a, c.Subnet.Bits())
+}
+
+// APIServer is the URL nodes (and the host) reach the lab's API server at
+// (the first server's, in an HA lab: nodes learn the others from the
+// kubernetes endpoints).
 func (c *Config) APIServer() string {
+	if c.Servers > 1 {
+		return fmt.Sprintf("https://%s", netip.AddrPortFrom(c.ServerAddr(1).Addr(), uint16(c.APIPort)))
+	}
 	return fmt.Sprintf("https://%s", netip.AddrPortFrom(c.BridgeAddr().Addr(), uint16(c.APIPort)))
 }
 

@@ -71,7 +71,11 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 	}
 
 	step.next("control plane on %s", cfg.APIServer())
-	if err := startControlPlane(ctx, &cfg, st); err != nil {
+	if cfg.Servers > 1 {
+		if err := startHAControlPlane(ctx, &cfg, st, out); err != nil {
+			return err
+		}
+	} else if err := startControlPlane(ctx, &cfg, st); err != nil {
 		return err
 	}
 
@@ -126,6 +130,12 @@ func Down(ctx context.Context, dataDir string, out io.Writer) error {
 			errs = append(errs, ctrdsup.KillShims(containerdSocket(dataDir)))
 		}
 	}
+	for _, n := range st.Servers {
+		errs = append(errs, removeNetNS(n.NetNS))
+		if l, err := netlink.LinkByName(n.HostVeth); err == nil {
+			errs = append(errs, netlink.LinkDel(l))
+		}
+	}
 	for _, n := range st.Nodes {
 		errs = append(errs, os.RemoveAll(n.PinDir))
 		if n.NetNS != "" {
@@ -169,7 +179,7 @@ func Status(ctx context.Context, dataDir string, out io.Writer) error {
 			state = "gone (see " + p.Log + ")"
 		}
 		node, addr := p.Node, ""
-		for _, n := range st.Nodes {
+		for _, n := range append(st.Nodes, st.Servers...) {
 			if n.Name == p.Node {
 				addr = n.Addr
 			}
@@ -308,7 +318,7 @@ func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		return fmt.Errorf("ip netns add %s: %v: %s", ns, err, out)
 	}
-	if err := plugNode(cfg, n, i); err != nil {
+	if err := plugNode(cfg, n, cfg.NodeAddr(i)); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(n.CgroupDir, 0o755); err != nil {
@@ -347,7 +357,7 @@ func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
 
 // plugNode joins the node's namespace to the lab bridge with a veth whose
 // inner end is eth0, and routes the node's traffic through the bridge.
-func plugNode(cfg *Config, n NodeState, i int) error {
+func plugNode(cfg *Config, n NodeState, addr netip.Prefix) error {
 	br, err := netlink.LinkByName(cfg.Bridge)
 	if err != nil {
 		return err
@@ -376,7 +386,6 @@ func plugNode(cfg *Config, n NodeState, i int) error {
 	if err := netlink.LinkSetNsFd(peer, fd); err != nil {
 		return fmt.Errorf("move veth into %s: %w", n.NetNS, err)
 	}
-	addr := cfg.NodeAddr(i)
 	cmds := [][]string{
 		{"ip", "link", "set", tmpPeer, "name", "eth0"},
 		{"ip", "addr", "add", addr.String(), "dev", "eth0"},

@@ -12,6 +12,8 @@ import (
 func TestValidateRefusesBadConfigsBeforeMakingAnything(t *testing.T) {
 	for name, mutate := range map[string]func(*Config){
 		"no nodes":          func(c *Config) { c.Nodes = 0 },
+		"no servers":        func(c *Config) { c.Servers = 0 },
+		"too many servers":  func(c *Config) { c.Servers = 8 },
 		"too many nodes":    func(c *Config) { c.Nodes = 201 },
 		"IPv6 subnet":       func(c *Config) { c.Subnet = netip.MustParsePrefix("fd00::/64") },
 		"subnet too small":  func(c *Config) { c.Subnet = netip.MustParsePrefix("10.250.0.0/28") },
@@ -46,6 +48,16 @@ func TestAddressesAndNamesFollowTheSubnetAndName(t *testing.T) {
 	}
 	if c.NodeName(3) != "e2e-node3" || c.CgroupParent() != "waggle-e2e" {
 		t.Errorf("names: %s %s", c.NodeName(3), c.CgroupParent())
+	}
+	if got := c.APIServer(); got != "https://10.251.0.1:6443" {
+		t.Errorf("single-server API URL %s", got)
+	}
+	c.Servers = 3
+	if got := c.ServerAddr(3).String(); got != "10.251.0.4/24" || c.ServerName(2) != "e2e-server2" {
+		t.Errorf("server 3 address %s, server 2 name %s", got, c.ServerName(2))
+	}
+	if got := c.APIServer(); got != "https://10.251.0.2:6443" {
+		t.Errorf("HA API URL %s, want the first server's", got)
 	}
 	if got := c.DefaultLoadBalancerPool(); got != "10.251.0.239-10.251.0.254" {
 		t.Errorf("LoadBalancer pool %s", got)

@@ -10,12 +10,15 @@ import (
 
 // State records everything a lab made, written as each thing is made.
 type State struct {
-	Bridge      string      `json:"bridge,omitempty"`
-	BridgeAddr  string      `json:"bridgeAddr,omitempty"`
-	CgroupDir   string      `json:"cgroupDir,omitempty"`
-	Kubeconfig  string      `json:"kubeconfig,omitempty"`
-	Processes   []Process   `json:"processes,omitempty"`
-	Nodes       []NodeState `json:"nodes,omitempty"`
+	Bridge     string      `json:"bridge,omitempty"`
+	BridgeAddr string      `json:"bridgeAddr,omitempty"`
+	CgroupDir  string      `json:"cgroupDir,omitempty"`
+	Kubeconfig string      `json:"kubeconfig,omitempty"`
+	Processes  []Process   `json:"processes,omitempty"`
+	Nodes      []NodeState `json:"nodes,omitempty"`
+	// Servers are an HA lab's control plane servers (netns and veth;
+	// CgroupDir and PinDir unused).
+	Servers     []NodeState `json:"servers,omitempty"`
 	Initialized bool        `json:"initialized"`
 }
 

@@ -22,6 +22,7 @@ func runLab(ctx context.Context, args []string) error {
 	switch args[0] {
 	case "up":
 		fs.IntVar(&cfg.Nodes, "nodes", cfg.Nodes, "number of nodes")
+		fs.IntVar(&cfg.Servers, "servers", cfg.Servers, "control plane servers: 1 (in the host namespace), or 3 or 5 for an HA control plane (each in its own namespace, an etcd member, API server, scheduler and controller-manager)")
 		fs.StringVar(&cfg.Name, "name", cfg.Name, "lab name: prefixes node names and the lab's cgroup")
 		fs.StringVar(&cfg.Bridge, "bridge", cfg.Bridge, "name of the lab bridge")
 		subnet := fs.String("subnet", cfg.Subnet.String(), "lab network (IPv4)")
