@@ -439,8 +439,11 @@ int waggle_np_ingress(struct __sk_buff *skb)
 			ct->flags |= closing(&p);
 			ct->expires_ns = now + lifetime(&p, ct->flags);
 			ct->packets++;
-			if (closing(&p))
+			if (closing(&p)) {
 				close_other(baddr, bport, saddr, sport, NP_CT_REPLY, &p, now);
+				if (!(ct->flags & NP_CT_F_SNAT))
+					close_other(0, 0, p.saddr, p.sport, NP_CT_CLIENT, &p, now);
+			}
 			stat(NP_STAT_CT_HIT);
 			rc = fib(skb, &p, p.saddr, baddr, &f);
 			if (rewrite(skb, &p, saddr, sport, baddr, bport) < 0)
@@ -563,6 +566,8 @@ int waggle_np_ingress(struct __sk_buff *skb)
 		nv.expires_ns = now + lifetime(&p, nv.flags);
 		ct_key(&k, baddr, bport, p.saddr, p.sport, p.proto, NP_CT_REPLY);
 		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
+		ct_key(&k, 0, 0, p.saddr, p.sport, p.proto, NP_CT_CLIENT);
+		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
 		stat(NP_STAT_XLATE_LOCAL);
 	}
 	/* The original direction: backend and SNAT source. */
@@ -598,6 +603,12 @@ int waggle_np_egress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_REPLY);
 	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (!ct) {
+		/* The node's netfilter may have masqueraded the backend's reply
+		 * (tc egress runs after POSTROUTING): find the flow by its client. */
+		ct_key(&k, 0, 0, p.daddr, p.dport, p.proto, NP_CT_CLIENT);
+		ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	}
 	if (!ct || (ct->flags & NP_CT_F_SNAT))
 		return TCX_NEXT;
 	now = bpf_ktime_get_ns();

@@ -26,6 +26,9 @@
 /* np_ct_key.dir */
 #define NP_CT_ORIGINAL 0 /* client -> frontend, as it arrived */
 #define NP_CT_REPLY 1    /* backend -> client or SNAT address, as it leaves the backend */
+#define NP_CT_CLIENT 2   /* DNAT-only flows: any source -> client (src and sport zero), for
+			  * replies whose source the node's own netfilter masqueraded (a CNI's
+			  * masquerade of pod traffic leaving the pod network) */
 
 /* np_ct.flags */
 #define NP_CT_F_SNAT (1 << 0)    /* source rewritten to the node (remote backend) */

@@ -190,7 +190,7 @@ type maglevTables interface {
 
 // ConntrackEntry is one entry of the north-south conntrack.
 type ConntrackEntry struct {
-	Direction string             `json:"direction"` // "original" or "reply"
+	Direction string             `json:"direction"` // "original", "reply" or "client" (see bpf/README.md)
 	Protocol  dataplane.Protocol `json:"protocol"`
 	Src       netip.AddrPort     `json:"src"`
 	Dst       netip.AddrPort     `json:"dst"`

@@ -302,6 +302,11 @@ func (tp *nsTopo) udp(to string) (pod, seen string, err error) {
 
 func TestNorthSouthNodePortToLocalAndRemoteBackends(t *testing.T) {
 	tp := newNSTopo(t)
+	// As waggle-cni does: pod traffic leaving for outside the pod network
+	// is masqueraded by the node's netfilter, before tc egress sees it.
+	tp.node1.run(t, "nft", "add table ip nsmasq")
+	tp.node1.run(t, "nft", "add chain ip nsmasq post { type nat hook postrouting priority 100 ; }")
+	tp.node1.run(t, "nft", "add rule ip nsmasq post ip saddr 10.27.1.0/24 oifname eth0 masquerade")
 	tp.start()
 	tp.sync(
 		// Cluster policy, the backend on another node: SNAT to node1.

@@ -82,10 +82,13 @@ func (v *View) Conntrack() ([]ConntrackEntry, error) {
 			Addr:      netip.AddrPortFrom(addrFrom16(c.Addr), fromNet16(c.Port)),
 			BackendID: c.BackendId, ServiceID: c.RevNatId, SNAT: c.Flags&1 != 0, Closing: c.Flags&2 != 0,
 			Replied: c.Flags&4 != 0, Packets: c.Packets, ExpiresIn: time.Duration(c.ExpiresNs) - now}
-		if k.Dir == 1 {
+		switch k.Dir {
+		case 1:
 			e.Direction = "reply"
+		case 2:
+			e.Direction = "client"
 		}
-		if e.Direction == "reply" || e.SNAT {
+		if e.Direction != "original" || e.SNAT {
 			e.NAT = netip.AddrPortFrom(addrFrom16(c.Nat), fromNet16(c.NatPort))
 		}
 		out = append(out, e)
