@@ -3,7 +3,7 @@
 // leader Lease, runs every enabled controller (replicaset,
 // replicationcontroller, deployment,
 // daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
-// disruption, root-ca-cert-publisher, resourcequota, lb-ipam, csrapproving, csrsigning, csrcleaner,
+// disruption, root-ca-cert-publisher, resourcequota, lb-ipam, persistentvolume-binder, csrapproving, csrsigning, csrcleaner,
 // bootstrapsigner and tokencleaner (the last two only when named),
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) on --bind-address:--port.
@@ -53,6 +53,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/namespace"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodeipam"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
+	"github.com/waggle-io/waggle/controlplane/controllers/persistentvolume"
 	"github.com/waggle-io/waggle/controlplane/controllers/podgc"
 	"github.com/waggle-io/waggle/controlplane/controllers/replicaset"
 	"github.com/waggle-io/waggle/controlplane/controllers/resourcequota"
@@ -585,6 +586,18 @@ func coreStarters() []starter {
 			}
 			c := lbipam.New(d.Client, d.Factory, d.Log, lbipam.Options{Pools: pools})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
+		}},
+		{name: persistentvolume.Name, build: func(d Deps) (func(context.Context), error) {
+			for _, r := range []struct{ gv, res string }{{"v1", "persistentvolumes"}, {"v1", "persistentvolumeclaims"}, {"storage.k8s.io/v1", "storageclasses"}} {
+				if err := served(d, r.gv, r.res); err != nil {
+					return nil, err
+				}
+			}
+			c, err := persistentvolume.New(d.Ctx, d.Client, d.Factory, d.Log, 0)
+			if err != nil {
+				return nil, err
+			}
+			return c.Run, nil
 		}},
 		{name: resourcequota.Name, build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "v1", "resourcequotas"); err != nil {
