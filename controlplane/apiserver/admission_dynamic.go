@@ -124,7 +124,12 @@ func (s *Server) setupDynamicAdmission() error {
 		initializer.New(client, dyn, d.informers, authorizerAdapter{s}, utilfeature.DefaultFeatureGate,
 			utilcompatibility.DefaultBuildEffectiveVersion(), d.stop, &catalogRESTMapper{cat: s.catalog}),
 	}
-	chain, err := plugins.NewFromPlugins(dynamicPlugins, noConfig{}, inits, nil)
+	// Each plugin's audit annotations (webhooks' auditAnnotations,
+	// policies' auditAnnotations and Audit actions) go into the request's
+	// audit event, as kube-apiserver decorates its chain.
+	chain, err := plugins.NewFromPlugins(dynamicPlugins, noConfig{}, inits, admission.DecoratorFunc(func(h admission.Interface, _ string) admission.Interface {
+		return admission.WithAudit(h)
+	}))
 	if err != nil {
 		return fmt.Errorf("admission: %w", err)
 	}

@@ -5,16 +5,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/client-go/kubernetes"
+	kptr "k8s.io/utils/ptr"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
@@ -190,4 +194,47 @@ func TestAuditBadPolicy(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+}
+
+// TestAuditAnnotationsFromAdmission: a webhook's auditAnnotations reach the
+// request's audit event under the webhook's name, as upstream.
+func TestAuditAnnotationsFromAdmission(t *testing.T) {
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(pol, []byte("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "audit.log")
+	srv := apiservertest.Start(t, apiservertest.Options{Configure: func(c *apiserver.Config) {
+		c.Audit = apiserver.AuditConfig{PolicyFile: pol, LogPath: logPath, MaxSize: 10, MaxBackup: 2, MaxAge: 1}
+	}})
+	cs := kubernetes.NewForConfigOrDie(srv.Config)
+	ctx := context.Background()
+	wh := startWebhook(t, "webhook.default.svc")
+	wh.answer(func(*admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+		return &admissionv1.AdmissionResponse{Allowed: true, AuditAnnotations: map[string]string{"checked": "yes"}}
+	})
+	if _, err := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "audited"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: "audited.waggle.test", ClientConfig: wh.clientConfig("/audit"), Rules: configMapRule,
+			SideEffects: kptr.To(admissionregistrationv1.SideEffectClassNone), AdmissionReviewVersions: []string{"v1"},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	i := 0
+	testutil.Eventually(t, 45*time.Second, func() error {
+		i++
+		name := fmt.Sprintf("audited-%d", i)
+		if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm(name, nil), metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		for _, e := range readAudit(t, logPath) {
+			if e.ObjectRef != nil && e.ObjectRef.Resource == "configmaps" && e.Verb == "create" && e.Annotations["audited.waggle.test/checked"] == "yes" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no audit event of a configmap create (the last %s) with the webhook's annotation", name)
+	})
 }
