@@ -175,6 +175,10 @@ func proxyArgs(cfg *Config, n NodeState, kc string) []string {
 		"--cgroup-root", n.CgroupDir,
 		"--bpf-pin-dir", n.PinDir,
 		"--cluster-cidr", cfg.ClusterCIDR.String(),
+		// Traffic from outside the node (the host, other machines on
+		// the lab bridge) to NodePorts, ExternalIPs and LoadBalancer IPs:
+		// eBPF on the node's eth0 (ignored in iptables mode).
+		"--nodeport-devices", "eth0",
 	}
 }
 

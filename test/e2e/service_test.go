@@ -155,6 +155,28 @@ func TestLab(t *testing.T) {
 		}
 	})
 
+	// From the host, on the lab bridge outside every node (an external
+	// client): each node's NodePort reaches all three backends, on that
+	// node and on the other (eBPF north-south on eth0: DNAT, or SNAT to the
+	// node for a remote backend; iptables mode: its NAT rules).
+	t.Run("NodePortFromOutsideTheNodes", func(t *testing.T) {
+		for i := range nodes {
+			addr := fmt.Sprintf("%s:30080", e.cfg.NodeAddr(i+1).Addr())
+			eventually(t, 30*time.Second, "NodePort "+addr+" answers the host with all 3 backends", func() error {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				out, err := exec.CommandContext(ctx, e.echoBin(), "dial", "-n", "30", "tcp", addr).CombinedOutput()
+				if err != nil {
+					return fmt.Errorf("%v:\n%s", err, out)
+				}
+				if b := answering(string(out)); len(b) != 3 {
+					return fmt.Errorf("%d distinct backends answered:\n%s", len(b), out)
+				}
+				return nil
+			})
+		}
+	})
+
 	t.Run("ScalingChangesTheBackends", func(t *testing.T) {
 		for _, replicas := range []int{5, 1, 3} {
 			e.kubectl(t, "scale", "deployment/echo", fmt.Sprintf("--replicas=%d", replicas))
