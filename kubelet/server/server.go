@@ -33,6 +33,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/httpstream/wsstream"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
@@ -268,8 +269,6 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	w.Header().Set("Content-Type", "text/plain")
-	w.Header().Set("Transfer-Encoding", "chunked")
 	var out io.Writer = w
 	if opts.LimitBytes > 0 {
 		out = &limitedWriter{w: w, n: opts.LimitBytes}
@@ -287,6 +286,26 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 		cur, _, err := s.p.Container(ns, pod, name, false)
 		return err == nil && cur.ID == c.ID && cur.State == runtime.StateRunning
 	}
+	if wsstream.IsWebSocketRequest(r) {
+		// Logs over WebSocket, as upstream serves them to clients that ask
+		// (binary.k8s.io or base64.binary.k8s.io frames of the stream).
+		pr, pw := io.Pipe()
+		go func() {
+			var lw io.Writer = pw
+			if opts.LimitBytes > 0 {
+				lw = &limitedWriter{w: pw, n: opts.LimitBytes}
+			}
+			FollowLog(r.Context(), lw, f, c.LogPath, opts.Follow && !opts.Previous, running)
+			pw.Close()
+		}()
+		if err := wsstream.NewReader(pr, true, wsstream.NewDefaultReaderProtocols()).Copy(w, r); err != nil && s.cfg.Log != nil {
+			s.cfg.Log.Debug("log over WebSocket", "pod", ns+"/"+pod, "err", err)
+		}
+		pr.Close()
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	w.Header().Set("Transfer-Encoding", "chunked")
 	FollowLog(r.Context(), out, f, c.LogPath, opts.Follow && !opts.Previous, running)
 }
 

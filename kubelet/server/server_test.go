@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/net/websocket"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -291,5 +292,39 @@ func TestFollowStopsWhenContainerStops(t *testing.T) {
 	})
 	if out.String() != "a\nb\n" {
 		t.Errorf("followed %q", out.String())
+	}
+}
+
+// TestLogsOverWebSocket: a WebSocket request for a log gets the log in
+// binary.k8s.io frames, as upstream serves newer clients.
+func TestLogsOverWebSocket(t *testing.T) {
+	dir := t.TempDir()
+	cur := filepath.Join(dir, "1.log")
+	os.WriteFile(cur, []byte("one\ntwo\n"), 0o644)
+	p := &fakeProvider{rt: runtimetest.NewFake(), cur: runtime.Container{ID: "c1", State: runtime.StateExited, LogPath: cur}}
+	s := &Server{p: p, cfg: Config{Auth: testAuth(map[string][]string{"admin": {"proxy"}})}}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	cfg, err := websocket.NewConfig("ws"+strings.TrimPrefix(srv.URL, "http")+"/containerLogs/default/web/echo", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Protocol = []string{"binary.k8s.io"}
+	cfg.Header = http.Header{"Authorization": {"Bearer admin"}}
+	ws, err := websocket.DialConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	var got []byte
+	for {
+		var frame []byte
+		if err := websocket.Message.Receive(ws, &frame); err != nil {
+			break
+		}
+		got = append(got, frame...)
+	}
+	if string(got) != "one\ntwo\n" {
+		t.Errorf("log over WebSocket = %q", got)
 	}
 }
