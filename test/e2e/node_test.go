@@ -250,3 +250,49 @@ func testStaticPod(t *testing.T, e *env, node string) {
 		return nil
 	})
 }
+
+// testIPAMPerNode is the regression test of the shared-IPAM bug: each lab
+// node keeps its address reservations under its own directory (its CNI
+// configuration's IPAM dataDir; never the host's /var/lib/cni/networks),
+// and no address is reserved by two nodes; lab down removes the data dir.
+func testIPAMPerNode(t *testing.T, e *env, nodes []string) {
+	out := e.kubectl(t, "get", "pods", "-o", `jsonpath={range .items[?(@.status.podIP)]}{.spec.nodeName} {.status.podIP}{"\n"}{end}`)
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		node, ip := f[0], f[1]
+		own, _ := filepath.Glob(filepath.Join(e.dataDir, "nodes", node, "kubelet", "ipam", "*", ip))
+		if len(own) != 1 {
+			t.Errorf("pod IP %s on %s: no reservation under the node's own IPAM dir", ip, node)
+		}
+		for _, other := range nodes {
+			if other == node {
+				continue
+			}
+			if m, _ := filepath.Glob(filepath.Join(e.dataDir, "nodes", other, "kubelet", "ipam", "*", ip)); len(m) > 0 {
+				t.Errorf("pod IP %s of %s is also reserved by %s", ip, node, other)
+			}
+		}
+		checked++
+	}
+	// Each node's CNI configuration points its IPAM at the node's own
+	// directory (the host's /var/lib/cni/networks may hold reservations of
+	// clusters from before the fix: it is not looked at).
+	for _, n := range nodes {
+		confs, _ := filepath.Glob(filepath.Join(e.dataDir, "nodes", n, "cni", "net.d", "*.conflist"))
+		if len(confs) != 1 {
+			t.Errorf("node %s: %d CNI configurations", n, len(confs))
+			continue
+		}
+		b, _ := os.ReadFile(confs[0])
+		if want := `"dataDir":"` + filepath.Join(e.dataDir, "nodes", n, "kubelet", "ipam") + `"`; !strings.Contains(strings.ReplaceAll(string(b), " ", ""), want) {
+			t.Errorf("node %s: CNI IPAM not in the node's dir (want %s):\n%s", n, want, b)
+		}
+	}
+	if checked == 0 {
+		t.Fatalf("no pod with an IP to check:\n%s", out)
+	}
+}
