@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"reflect"
+	"slices"
 	"strconv"
 	"time"
 
@@ -567,7 +569,7 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 	}
 	obj = r.trackFields(obj, old, sub, wo)
 	m = objectMeta(obj)
-	if r.st.generation && sub == "" && !specEqual(obj, old) {
+	if r.st.bumpsGeneration(obj, old, sub) {
 		m.SetGeneration(om.GetGeneration() + 1)
 	}
 	if err := r.srv.admit(ctx, &AdmissionAttributes{Operation: OpUpdate, Resource: r.res, Subresource: sub, Namespace: ns, Name: name, Object: obj, OldObject: old, DryRun: wo.dryRun}); err != nil {
@@ -660,6 +662,18 @@ func copyField(dst, src runtime.Object, name string) {
 	}
 }
 
+// bumpsGeneration reports whether a write of obj over old through sub
+// bumps metadata.generation.
+func (s *strategy) bumpsGeneration(obj, old runtime.Object, sub string) bool {
+	if !s.generation || (sub != "" && !slices.Contains(s.generationSubresources, sub)) {
+		return false
+	}
+	if !specEqual(obj, old) {
+		return true
+	}
+	return s.generationLabels && !maps.Equal(objectMeta(obj).GetLabels(), objectMeta(old).GetLabels())
+}
+
 // specEqual compares everything but metadata and status: the fields whose
 // change bumps metadata.generation.
 func specEqual(a, b runtime.Object) bool {
@@ -720,6 +734,9 @@ func (r *registry) deleteObject(ctx context.Context, ns, name string, opts *meta
 				if ts := m.GetDeletionTimestamp(); ts == nil || now.Before(ts) {
 					m.SetDeletionTimestamp(&now)
 					m.SetDeletionGracePeriodSeconds(&grace)
+					if r.st.generationOnDelete {
+						m.SetGeneration(m.GetGeneration() + 1)
+					}
 				}
 			}
 			if apiequality.Semantic.DeepEqual(obj, cur.Obj) {

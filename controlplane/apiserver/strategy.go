@@ -20,8 +20,16 @@ import (
 // strategy is what differs between resources: defaults, validation, status
 // handling, field selectors, graceful deletion and allocations.
 type strategy struct {
-	hasStatus  bool
-	generation bool
+	hasStatus bool
+	// generation: metadata.generation is 1 on create and grows with every
+	// change outside metadata and status. generationSubresources are the
+	// subresources whose writes change the spec and bump it too (pods/resize);
+	// generationLabels bumps it on a label change as well (EndpointSlices);
+	// generationOnDelete bumps it when a deletion is scheduled (pods).
+	generation             bool
+	generationSubresources []string
+	generationLabels       bool
+	generationOnDelete     bool
 	// statusMetaResets are the metadata fields a status write may not
 	// change ("labels", "annotations", "finalizers", "ownerReferences");
 	// spec never changes through status. Upstream's status strategies
@@ -196,6 +204,12 @@ func strategyFor(res *catalog.Resource) *strategy {
 	}
 	switch key {
 	case "pods":
+		// PodObservedGenerationTracking (GA upstream): spec changes,
+		// including through resize and ephemeralcontainers, and a scheduled
+		// deletion bump metadata.generation.
+		s.generation = true
+		s.generationSubresources = []string{"resize", "ephemeralcontainers"}
+		s.generationOnDelete = true
 		s.fieldLabels = labelsOf("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
 			"spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName")
 		s.fieldSet = func(o runtime.Object) fields.Set {
@@ -374,6 +388,7 @@ func strategyFor(res *catalog.Resource) *strategy {
 		s.validate = func(o runtime.Object) field.ErrorList { return validateEndpoints(o.(*corev1.Endpoints)) }
 	case "serviceaccounts":
 	case "endpointslices":
+		s.generation, s.generationLabels = true, true
 		s.defaults = func(o runtime.Object) { defaultEndpointSlice(o.(*discoveryv1.EndpointSlice)) }
 		s.validate = func(o runtime.Object) field.ErrorList { return validateEndpointSlice(o.(*discoveryv1.EndpointSlice)) }
 	case "leases":
