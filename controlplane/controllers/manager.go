@@ -13,6 +13,10 @@
 package controllers
 
 import (
+	"k8s.io/component-base/metrics/legacyregistry"
+	// The work queue metrics provider kube-controller-manager uses: client-go
+	// takes the first provider set in a process, and Kubernetes' libraries
+	// (apiserver endpoints, upstream controllers) install this one.
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +30,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	_ "k8s.io/component-base/metrics/prometheus/workqueue"
 
 	validatingpolicy "k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	"k8s.io/apiserver/pkg/cel/openapi/resolver"
@@ -359,11 +365,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("metadata client: %w", err)
 	}
 
-	qm := sharedQueueMetrics()
 	health := ops.NewHealth()
-	for _, c := range qm.collectors() {
-		health.Registry.MustRegister(c)
-	}
+	// The work queue metrics (workqueue_depth{name=<controller>}, ...) and
+	// those of upstream's own controllers are in component-base's registry.
+	health.AddGatherer(legacyregistry.DefaultGatherer)
 	var leading, synced atomic.Bool
 	health.AddReadiness(ops.Check{Name: "informers-synced", Func: func(context.Context) error {
 		if leading.Load() && !synced.Load() {

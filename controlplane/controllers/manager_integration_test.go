@@ -595,7 +595,7 @@ func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
 		return nil
 	})
 	// The leader serves health and queue metrics.
-	eventually(t, 10*time.Second, func() error {
+	eventually(t, 45*time.Second, func() error {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
 		if err != nil {
 			return err

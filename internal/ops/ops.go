@@ -15,8 +15,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"sync"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -46,9 +49,51 @@ type Health struct {
 	// process collectors already registered.
 	Registry *prometheus.Registry
 
-	mu    sync.Mutex
-	live  []Check
-	ready []Check
+	mu     sync.Mutex
+	live   []Check
+	ready  []Check
+	extras []prometheus.Gatherer
+}
+
+// AddGatherer serves g's metrics on /metrics beside Registry's: for code
+// that registers where Kubernetes' own libraries do (component-base's
+// legacyregistry). A family Registry also has (the Go and process
+// collectors) is served from Registry only.
+func (h *Health) AddGatherer(g prometheus.Gatherer) {
+	h.mu.Lock()
+	h.extras = append(h.extras, g)
+	h.mu.Unlock()
+}
+
+// Gather implements prometheus.Gatherer: Registry, then every added
+// gatherer's families that Registry does not have.
+func (h *Health) Gather() ([]*dto.MetricFamily, error) {
+	out, err := h.Registry.Gather()
+	if err != nil {
+		return out, err
+	}
+	h.mu.Lock()
+	extras := append([]prometheus.Gatherer(nil), h.extras...)
+	h.mu.Unlock()
+	have := map[string]bool{}
+	for _, f := range out {
+		have[f.GetName()] = true
+	}
+	var errs []error
+	for _, g := range extras {
+		fams, err := g.Gather()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, f := range fams {
+			if !have[f.GetName()] {
+				have[f.GetName()] = true
+				out = append(out, f)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
+	return out, errors.Join(errs...)
 }
 
 // NewHealth returns a Health with a fresh registry.
@@ -72,7 +117,7 @@ func (h *Health) Handler() http.Handler {
 	mux.HandleFunc("/healthz", live)
 	mux.HandleFunc("/livez", live)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) { h.serveChecks(w, r, h.snapshot(true)) })
-	mux.Handle("/metrics", promhttp.HandlerFor(h.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(h, promhttp.HandlerOpts{}))
 	return mux
 }
 
