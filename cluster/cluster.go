@@ -232,17 +232,19 @@ func Run(ctx context.Context, cfg Config) error {
 	fmt.Fprintf(cfg.Out, "Waggle is starting: API server at %s\n  export KUBECONFIG=%s\n  kubectl get nodes\n", srv.URL(), kc("admin"))
 
 	g.Go(func() error {
-		return scheduler.Run(gctx, scheduler.Config{
-			Kubeconfig:        kc("scheduler"),
-			SchedulerName:     scheduler.DefaultSchedulerName,
-			HealthAddr:        net.JoinHostPort(cfg.ComponentsBindAddress, strconv.Itoa(cfg.SchedulerPort)),
-			LogLevel:          cfg.LogLevel,
-			QPS:               200,
-			Burst:             400,
-			Parallelism:       16,
-			PodInitialBackoff: time.Second,
-			PodMaxBackoff:     10 * time.Second,
-			LeaderElection:    leaderElection("kube-scheduler"),
+		return supervise(gctx, log, "scheduler", func() error {
+			return scheduler.Run(gctx, scheduler.Config{
+				Kubeconfig:        kc("scheduler"),
+				SchedulerName:     scheduler.DefaultSchedulerName,
+				HealthAddr:        net.JoinHostPort(cfg.ComponentsBindAddress, strconv.Itoa(cfg.SchedulerPort)),
+				LogLevel:          cfg.LogLevel,
+				QPS:               200,
+				Burst:             400,
+				Parallelism:       16,
+				PodInitialBackoff: time.Second,
+				PodMaxBackoff:     10 * time.Second,
+				LeaderElection:    leaderElection("kube-scheduler"),
+			})
 		})
 	})
 	g.Go(func() error {
@@ -263,7 +265,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.Controllers = []string{"*", controllers.BootstrapSignerName, controllers.TokenCleanerName}
 		cm.ClusterSigningCertFile = filepath.Join(cfg.DataDir, "pki", "ca.crt")
 		cm.ClusterSigningKeyFile = filepath.Join(cfg.DataDir, "pki", "ca.key")
-		return controllers.Run(gctx, cm)
+		return supervise(gctx, log, "controller-manager", func() error { return controllers.Run(gctx, cm) })
 	})
 	if cfg.Node {
 		if err := runNode(gctx, g, cfg, log, kc, dnsIP); err != nil {
@@ -278,6 +280,27 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	}
 	return err
+}
+
+// supervise runs a standby component (scheduler, controller-manager) and
+// runs it again when it exits on its own, as a supervisor restarts
+// kube-scheduler or kube-controller-manager: one that loses its Lease
+// exits (as upstream's), which must not take this server's API server and
+// etcd member down with it (a server cut off from the others, then healed,
+// keeps serving). Only ctx ending stops it.
+func supervise(ctx context.Context, log *slog.Logger, name string, run func() error) error {
+	for {
+		err := run()
+		if ctx.Err() != nil || errors.Is(err, controllers.ErrInvalidConfig) {
+			return err
+		}
+		log.Warn("component exited; starting it again", "component", name, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func leaderElection(name string) leaderelect.Config {

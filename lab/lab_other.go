@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 )
 
 var errLinuxOnly = errors.New("the lab needs Linux (network namespaces, cgroup v2, BPF)")
@@ -24,3 +25,8 @@ func Stop(string, string, string) error { return errLinuxOnly }
 
 // Restart is Linux-only.
 func Restart(string, string, string) error { return errLinuxOnly }
+
+// RunHAScenario is Linux-only.
+func RunHAScenario(context.Context, string, string, time.Duration, io.Writer) (*HAResult, error) {
+	return nil, errLinuxOnly
+}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/waggle-io/waggle/internal/cliflag"
 	"github.com/waggle-io/waggle/lab"
@@ -73,6 +74,22 @@ func runLab(ctx context.Context, args []string) error {
 			return lab.Stop(cfg.DataDir, *node, *component)
 		}
 		return lab.Restart(cfg.DataDir, *node, *component)
+	case "ha-test":
+		scenario := fs.String("scenario", lab.ScenarioKillEtcdLeader, "kill-etcd-leader or partition")
+		duration := fs.Duration("duration", 15*time.Second, "how long the write load runs (the fault comes at a third of it)")
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
+			return err
+		}
+		r, err := lab.RunHAScenario(ctx, cfg.DataDir, *scenario, *duration, os.Stdout)
+		if r != nil {
+			fmt.Printf("scenario %s, victim %s: %d writes acknowledged, %d failed, %d acknowledged writes lost; writes paused %v at the fault (longest gap of the run %v); survivors' informers converged %v after the last write",
+				r.Scenario, r.Victim, r.Acked, r.Failed, r.Lost, r.Resume.Round(time.Millisecond), r.MaxGap.Round(time.Millisecond), r.Converge.Round(time.Millisecond))
+			if r.Scenario == lab.ScenarioPartition {
+				fmt.Printf("; minority refused writes: %v; healed member caught up: %v (%v)", r.MinorityRefused, r.CaughtUp, r.CatchUp.Round(time.Millisecond))
+			}
+			fmt.Println()
+		}
+		return err
 	case "down":
 		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return err
