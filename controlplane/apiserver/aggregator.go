@@ -19,6 +19,9 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
 	apidiscoveryv2 "k8s.io/api/apidiscovery/v2"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apiextensionsinformers "k8s.io/apiextensions-apiserver/pkg/client/informers/externalversions"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -34,9 +37,11 @@ import (
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	aggregatorinformers "k8s.io/kube-aggregator/pkg/client/informers/externalversions"
 	apiservicelisters "k8s.io/kube-aggregator/pkg/client/listers/apiregistration/v1"
+	"k8s.io/kube-aggregator/pkg/controllers/autoregister"
 	localavailability "k8s.io/kube-aggregator/pkg/controllers/status/local"
 	availabilitymetrics "k8s.io/kube-aggregator/pkg/controllers/status/metrics"
 	remoteavailability "k8s.io/kube-aggregator/pkg/controllers/status/remote"
+	"k8s.io/kubernetes/pkg/controlplane/controller/crdregistration"
 )
 
 // aggregator is kube-apiserver's aggregation layer over APIService objects:
@@ -46,13 +51,23 @@ import (
 // kube-aggregator's own availability controllers writing the Available
 // condition.
 type aggregator struct {
-	s        *Server
-	fp       *pki.FrontProxy
-	client   aggregatorclient.Interface
-	factory  aggregatorinformers.SharedInformerFactory
-	lister   apiservicelisters.APIServiceLister
-	local    *localavailability.AvailableConditionController
-	remote   *remoteavailability.AvailableConditionController
+	s       *Server
+	fp      *pki.FrontProxy
+	client  aggregatorclient.Interface
+	factory aggregatorinformers.SharedInformerFactory
+	lister  apiservicelisters.APIServiceLister
+	local   *localavailability.AvailableConditionController
+	remote  *remoteavailability.AvailableConditionController
+	// crdFactory feeds upstream's crdregistration controller, which keeps
+	// a local APIService for every CRD group version through the
+	// autoregister controller, as in kube-apiserver.
+	crdFactory apiextensionsinformers.SharedInformerFactory
+	autoreg    interface {
+		Run(int, <-chan struct{})
+		AddAPIServiceToSyncOnStart(*apiregistrationv1.APIService)
+		crdregistration.AutoAPIServiceRegistration
+	}
+	crdreg   interface{ Run(int, <-chan struct{}) }
 	stop     chan struct{}
 	stopOnce sync.Once
 
@@ -121,6 +136,15 @@ func (s *Server) setupAggregator() error {
 		client.ApiregistrationV1(), nil, func() ([]byte, []byte) { return fp.ClientCert, fp.ClientKey }, s.webhookServices, m); err != nil {
 		return fmt.Errorf("apiserver: aggregator: %w", err)
 	}
+	if _, ok := s.catalog.Lookup(apiextensionsv1.SchemeGroupVersion.WithResource("customresourcedefinitions")); ok {
+		ec, err := apiextensionsclient.NewForConfig(s.loopbackConfig())
+		if err != nil {
+			return fmt.Errorf("apiserver: aggregator: %w", err)
+		}
+		a.crdFactory = apiextensionsinformers.NewSharedInformerFactory(ec, 0)
+		a.autoreg = autoregister.NewAutoRegisterController(inf, client.ApiregistrationV1())
+		a.crdreg = crdregistration.NewCRDRegistrationController(a.crdFactory.Apiextensions().V1().CustomResourceDefinitions(), a.autoreg)
+	}
 	s.agg = a
 	return nil
 }
@@ -129,6 +153,11 @@ func (a *aggregator) start() {
 	a.factory.Start(a.stop)
 	go a.local.Run(1, a.stop)
 	go a.remote.Run(2, a.stop)
+	if a.crdFactory != nil {
+		a.crdFactory.Start(a.stop)
+		go a.autoreg.Run(1, a.stop)
+		go a.crdreg.Run(1, a.stop)
+	}
 }
 
 func (a *aggregator) close() { a.stopOnce.Do(func() { close(a.stop) }) }
@@ -159,6 +188,11 @@ func (s *Server) registerLocalAPIServices(ctx context.Context) error {
 		want := &apiregistrationv1.APIService{
 			ObjectMeta: metav1.ObjectMeta{Name: apiServiceName(gv), Labels: map[string]string{"kube-aggregator.kubernetes.io/automanaged": "onstart"}},
 			Spec:       apiregistrationv1.APIServiceSpec{Group: gv.Group, Version: gv.Version, GroupPriorityMinimum: p[0], VersionPriority: p[1]},
+		}
+		if s.agg != nil && s.agg.autoreg != nil {
+			// The autoregister controller keeps what it was given at start
+			// and removes other "onstart" APIServices, as upstream.
+			s.agg.autoreg.AddAPIServiceToSyncOnStart(want.DeepCopy())
 		}
 		if err := s.upsert(ctx, "apiservices", want, func(cur runtime.Object) bool {
 			c := cur.(*apiregistrationv1.APIService)

@@ -262,3 +262,33 @@ func TestAPIServiceProxiesToAnExtensionServer(t *testing.T) {
 		t.Errorf("after the endpoints went: %d", code)
 	}
 }
+
+// TestCRDGroupVersionsGetLocalAPIServices: as kube-apiserver's
+// crdregistration controller, a CRD's served versions get local
+// APIServices (priority 1000/100), removed with the CRD.
+func TestCRDGroupVersionsGetLocalAPIServices(t *testing.T) {
+	s := apiservertest.Start(t, apiservertest.Options{})
+	ctx := context.Background()
+	ac := aggregatorclient.NewForConfigOrDie(s.Config)
+	xc, _ := crdClients(t, s.Config)
+	c, err := xc.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, widgetCRD("apisvc.waggle.io"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, xc, c.Name)
+	waitCondition(t, ac, "v1.apisvc.waggle.io", apiregistrationv1.ConditionTrue, "Local", "Local APIServices are always available")
+	got, err := ac.ApiregistrationV1().APIServices().Get(ctx, "v1.apisvc.waggle.io", metav1.GetOptions{})
+	if err != nil || got.Spec.Service != nil || got.Spec.GroupPriorityMinimum != 1000 || got.Spec.VersionPriority != 100 {
+		t.Fatalf("CRD APIService = %+v %v", got, err)
+	}
+	if err := xc.ApiextensionsV1().CustomResourceDefinitions().Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 45*time.Second, func() error {
+		_, err := ac.ApiregistrationV1().APIServices().Get(ctx, "v1.apisvc.waggle.io", metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("APIService of a deleted CRD: %v", err)
+		}
+		return nil
+	})
+}
