@@ -28,6 +28,8 @@ import (
 
 	"github.com/waggle-io/waggle/clusterdns"
 	"github.com/waggle-io/waggle/controlplane/apiserver"
+	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
+	"github.com/waggle-io/waggle/controlplane/apiserver/serviceaccount"
 	"github.com/waggle-io/waggle/controlplane/controllers"
 	"github.com/waggle-io/waggle/controlplane/scheduler"
 	"github.com/waggle-io/waggle/dataplane"
@@ -123,6 +125,11 @@ type Config struct {
 	// external etcd cluster instead of an embedded member.
 	EtcdServers                           []string
 	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
+	// ServiceAccountIssuer is the issuer of service-account tokens
+	// (default https://kubernetes.default.svc.cluster.local); their
+	// signing key pair is <data-dir>/pki/sa.key and sa.pub, generated on
+	// the first start.
+	ServiceAccountIssuer string
 	// Out receives the human-facing lines (where the kubeconfig is).
 	Out io.Writer
 }
@@ -189,29 +196,41 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	saKey, saPub, err := pki.EnsureServiceAccountKey(filepath.Join(cfg.DataDir, "pki"))
+	if err != nil {
+		return err
+	}
+	issuer := cfg.ServiceAccountIssuer
+	if issuer == "" {
+		issuer = serviceaccount.DefaultIssuer
+	}
 	srv, err := apiserver.New(ctx, apiserver.Config{
-		EtcdMember:               member,
-		EtcdServers:              cfg.EtcdServers,
-		EtcdCAFile:               cfg.EtcdCAFile,
-		EtcdCertFile:             cfg.EtcdCertFile,
-		EtcdKeyFile:              cfg.EtcdKeyFile,
-		DataDir:                  cfg.DataDir,
-		BindAddress:              cfg.BindAddress,
-		SecurePort:               cfg.SecurePort,
-		AdvertiseAddress:         cfg.AdvertiseAddress,
-		ServiceClusterIPRange:    cfg.ServiceClusterIPRange,
-		ServiceNodePortRange:     cfg.ServiceNodePortRange,
-		NodeName:                 cfg.NodeName,
-		AuthorizationModes:       cfg.AuthorizationModes,
-		AnonymousAuth:            cfg.AnonymousAuth,
-		EnableBootstrapTokenAuth: true,
-		MetricsAPI:               cfg.MetricsAPI,
-		MetricsResolution:        cfg.MetricsResolution,
-		EncryptionProviderConfig: encConfig,
-		Audit:                    cfg.Audit,
-		PodSecurityConfigFile:    cfg.PodSecurityConfigFile,
-		LogLevel:                 cfg.LogLevel,
-		Log:                      componentLog("apiserver", cfg.LogLevel),
+		ServiceAccountIssuers:               []string{issuer},
+		ServiceAccountSigningKeyFile:        saKey,
+		ServiceAccountKeyFiles:              []string{saPub},
+		ServiceAccountExtendTokenExpiration: true,
+		EtcdMember:                          member,
+		EtcdServers:                         cfg.EtcdServers,
+		EtcdCAFile:                          cfg.EtcdCAFile,
+		EtcdCertFile:                        cfg.EtcdCertFile,
+		EtcdKeyFile:                         cfg.EtcdKeyFile,
+		DataDir:                             cfg.DataDir,
+		BindAddress:                         cfg.BindAddress,
+		SecurePort:                          cfg.SecurePort,
+		AdvertiseAddress:                    cfg.AdvertiseAddress,
+		ServiceClusterIPRange:               cfg.ServiceClusterIPRange,
+		ServiceNodePortRange:                cfg.ServiceNodePortRange,
+		NodeName:                            cfg.NodeName,
+		AuthorizationModes:                  cfg.AuthorizationModes,
+		AnonymousAuth:                       cfg.AnonymousAuth,
+		EnableBootstrapTokenAuth:            true,
+		MetricsAPI:                          cfg.MetricsAPI,
+		MetricsResolution:                   cfg.MetricsResolution,
+		EncryptionProviderConfig:            encConfig,
+		Audit:                               cfg.Audit,
+		PodSecurityConfigFile:               cfg.PodSecurityConfigFile,
+		LogLevel:                            cfg.LogLevel,
+		Log:                                 componentLog("apiserver", cfg.LogLevel),
 	})
 	if err != nil {
 		return err
@@ -250,6 +269,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error {
 		cm := controllers.DefaultConfig()
 		cm.Kubeconfig = kc("controller-manager")
+		cm.ServiceAccountPrivateKeyFile = saKey
 		cm.BindAddress = cfg.ComponentsBindAddress
 		cm.Port = cfg.ControllerManagerPort
 		cm.AllocateNodeCIDRs = true

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
+	"k8s.io/kubernetes/pkg/kubelet/token"
 
 	"github.com/waggle-io/waggle/internal/apilb"
 	"github.com/waggle-io/waggle/internal/ops"
@@ -56,6 +57,8 @@ type Kubelet struct {
 	recorder record.EventRecorder
 	health   *ops.Health
 	nodeIP   string
+	// tokens caches and renews the pods' projected service-account tokens.
+	tokens *token.Manager
 
 	mu       sync.Mutex
 	nodeObj  *v1.Node
@@ -179,6 +182,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		}
 		k.client = cs
 	}
+	k.tokens = token.NewManager(k.client)
 	k.probes = newProbeManager(k)
 	k.registerMetrics()
 	return k, nil

@@ -490,6 +490,7 @@ func (k *Kubelet) cleanupSandbox(ctx context.Context, uid types.UID, p network.P
 	if err := os.RemoveAll(k.podDir(uid)); err != nil {
 		return fmt.Errorf("remove pod dir: %w", err)
 	}
+	k.tokens.DeleteServiceAccountToken(uid)
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/waggle-io/waggle/kubelet/internal/atomicwriter"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
 
@@ -148,40 +148,15 @@ func (k *Kubelet) downwardFiles(pod *v1.Pod, items []v1.DownwardAPIVolumeFile, d
 	return out, nil
 }
 
-// writeFiles writes files under dir, rewriting only what changed, and
-// removes files no longer listed.
+// writeFiles makes dir hold exactly files, swapped in atomically (see
+// package atomicwriter: ..data symlink to a versioned directory).
 func writeFiles(dir string, files []file) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	keep := map[string]bool{}
+	payload := make(map[string]atomicwriter.File, len(files))
 	for _, f := range files {
-		clean := filepath.Clean("/" + f.path)
-		if clean == "/" || strings.Contains(f.path, "..") {
-			return fmt.Errorf("invalid volume file path %q", f.path)
-		}
-		p := filepath.Join(dir, clean)
-		keep[p] = true
-		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, f.data) {
-			continue
-		}
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
-		tmp := p + ".tmp"
-		if err := os.WriteFile(tmp, f.data, f.mode.Perm()); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, p); err != nil {
-			return err
-		}
+		payload[f.path] = atomicwriter.File{Data: f.data, Mode: f.mode}
 	}
-	return filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
-		if err == nil && !info.IsDir() && !keep[p] {
-			os.Remove(p)
-		}
-		return nil
-	})
+	_, err := atomicwriter.Write(dir, payload)
+	return err
 }
 
 func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) error {
@@ -223,7 +198,7 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 			case s.DownwardAPI != nil:
 				files, err = k.downwardFiles(pod, s.DownwardAPI.Items, v.Projected.DefaultMode)
 			case s.ServiceAccountToken != nil:
-				files = k.tokenFile(ctx, pod, s.ServiceAccountToken)
+				files, err = k.tokenFile(pod, s.ServiceAccountToken, v.Projected.DefaultMode)
 			}
 			if err != nil {
 				return err
@@ -235,27 +210,32 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 	return fmt.Errorf("volume type not supported by this kubelet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)")
 }
 
-// tokenFile asks the API for a service account token bound to the pod; an
-// API without TokenRequest gives no file (logged), not a failed pod.
-func (k *Kubelet) tokenFile(ctx context.Context, pod *v1.Pod, src *v1.ServiceAccountTokenProjection) []file {
+// tokenFile asks the API, as the node, for a token of the pod's
+// ServiceAccount bound to the pod (the Node authorizer and NodeRestriction
+// allow exactly that), through upstream's token manager: tokens are
+// cached and renewed once 80 % of their lifetime or 24 h has passed, so
+// the 30 s volume refresh rotates them in time.
+func (k *Kubelet) tokenFile(pod *v1.Pod, src *v1.ServiceAccountTokenProjection, defMode *int32) ([]file, error) {
 	sa := pod.Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
 	}
 	tr := &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
-		Audiences:         nil,
 		ExpirationSeconds: src.ExpirationSeconds,
 		BoundObjectRef:    &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
 	}}
 	if src.Audience != "" {
 		tr.Spec.Audiences = []string{src.Audience}
 	}
-	out, err := k.client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, sa, tr, metav1.CreateOptions{})
+	out, err := k.tokens.GetServiceAccountToken(pod.Namespace, sa, tr)
 	if err != nil {
-		k.log.Info("service account token unavailable", "pod", pod.Name, "err", err)
-		return nil
+		return nil, fmt.Errorf("service account token of %s/%s: %w", pod.Namespace, sa, err)
 	}
-	return []file{{src.Path, []byte(out.Status.Token), 0o644}}
+	mode := os.FileMode(v1.ProjectedVolumeSourceDefaultMode)
+	if defMode != nil {
+		mode = os.FileMode(*defMode)
+	}
+	return []file{{src.Path, []byte(out.Status.Token), mode}}, nil
 }
 
 func setUpHostPath(h *v1.HostPathVolumeSource) error {

@@ -256,8 +256,11 @@ var tools = map[string]func(args []string) int{
 	// prints lookups/s and latency percentiles (each lookup is an A and an
 	// AAAA query, as Go's resolver sends them).
 	"dnsbench": dnsbench,
-	"echo":     func(args []string) int { fmt.Println(strings.Join(args, " ")); return 0 },
-	"hostname": func([]string) int { fmt.Println(hostname()); return 0 },
+	// list-pods [NAMESPACE] lists pods with client-go's in-cluster config
+	// (the pod's ServiceAccount token).
+	"list-pods": inClusterPods,
+	"echo":      func(args []string) int { fmt.Println(strings.Join(args, " ")); return 0 },
+	"hostname":  func([]string) int { fmt.Println(hostname()); return 0 },
 	"pwd": func([]string) int {
 		d, _ := os.Getwd()
 		fmt.Println(d)

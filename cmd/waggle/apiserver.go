@@ -41,12 +41,21 @@ func runAPIServer(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", true, "requests without credentials run as system:anonymous (authorized like any user; RBAC grants only health and version); false: 401")
 	fs.StringVar(&cfg.MetricsAPI, "metrics-api", "native", "metrics.k8s.io (kubectl top, HPA): native (scraped from the kubelets by this server) or off (left to an aggregated metrics server)")
 	fs.DurationVar(&cfg.MetricsResolution, "metrics-resolution", 15*time.Second, "how often the native metrics API scrapes each kubelet's /metrics/resource")
+	var issuers, auds, saKeys, disabled cliflag.StringList
+	fs.Var(&issuers, "service-account-issuer", "issuer (iss) of service-account tokens; several, comma-separated: the first signs, all are accepted (default https://kubernetes.default.svc.cluster.local)")
+	fs.Var(&auds, "api-audiences", "audiences a token must be meant for to reach this server, and TokenRequest's default (default: the first issuer)")
+	fs.StringVar(&cfg.ServiceAccountSigningKeyFile, "service-account-signing-key-file", "", "PEM private key (RSA or ECDSA) that signs service-account tokens (default: <data-dir>/pki/sa.key, generated)")
+	fs.Var(&saKeys, "service-account-key-file", "PEM files of public keys that verify service-account tokens, comma-separated (several during a key rotation; default: the signing key's)")
+	fs.DurationVar(&cfg.ServiceAccountMaxTokenExpiration, "service-account-max-token-expiration", 0, "longest lifetime a TokenRequest may get (0: no cap)")
+	fs.BoolVar(&cfg.ServiceAccountExtendTokenExpiration, "service-account-extend-token-expiration", true, "pods' projected tokens last a year, flagged stale after their hour (upstream's safe roll-out of bound tokens)")
+	fs.Var(&disabled, "disable-admission-plugins", "admission plugins to turn off, comma-separated: ServiceAccount, DefaultTolerationSeconds")
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg.AuthorizationModes = modes
+	cfg.ServiceAccountIssuers, cfg.APIAudiences, cfg.ServiceAccountKeyFiles, cfg.DisableAdmissionPlugins = issuers, auds, saKeys, disabled
 	cfg.EtcdServers = etcd
 	return apiserver.Run(ctx, cfg)
 }

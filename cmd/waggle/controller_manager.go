@@ -40,6 +40,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", cfg.ClusterCIDR, "CIDR of the cluster's pods (IPv4,IPv6 for dual-stack)")
 	fs.StringVar(&cfg.ClusterDNSIP, "cluster-dns-ip", "", "ClusterIP of the kube-dns Service the clusterdns controller publishes (empty: not published)")
 	var dnsPort int
+	fs.StringVar(&cfg.ServiceAccountPrivateKeyFile, "service-account-private-key-file", "", "PEM private key the serviceaccount-token controller signs legacy Secret tokens with (empty: that controller does not run)")
 	fs.StringVar(&cfg.RootCAFile, "root-ca-file", cfg.RootCAFile, "CA bundle published as every namespace's kube-root-ca.crt ConfigMap (default: the CA of --kubeconfig)")
 	fs.IntVar(&dnsPort, "cluster-dns-port", 10053, "port of each node's cluster DNS server (waggle proxy --cluster-dns-address)")
 	fs.IntVar(&cfg.NodeCIDRMaskSize, "node-cidr-mask-size", cfg.NodeCIDRMaskSize, "prefix length of each node's (IPv4) podCIDR")

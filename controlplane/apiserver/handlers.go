@@ -111,6 +111,8 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request) {
 		err = s.serveScale(ctx, w, r, req)
 	case req.sub == "binding" && r.Method == http.MethodPost:
 		err = s.serveBinding(ctx, w, r, req)
+	case req.sub == "token" && r.Method == http.MethodPost && reg.res.Resource == "serviceaccounts":
+		err = s.serveTokenRequest(ctx, w, r, req)
 	case req.sub == "eviction" && r.Method == http.MethodPost:
 		err = s.serveEviction(ctx, w, r, req)
 	case req.sub == "log" || req.sub == "exec" || req.sub == "proxy" || req.sub == "attach" || req.sub == "portforward":

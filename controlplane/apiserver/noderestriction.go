@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -107,6 +108,33 @@ func (p nodeRestriction) Admit(ctx context.Context, a *AdmissionAttributes) erro
 		}
 		if a.Operation == OpUpdate && old != nil && a.Subresource == "" && !apiequality.Semantic.DeepEqual(old.Spec.Taints, n.Spec.Taints) {
 			return forbid("is not allowed to modify taints")
+		}
+	case a.Resource.Group == "" && a.Resource.Resource == "serviceaccounts" && a.Subresource == "token" && a.Operation == OpCreate:
+		// As upstream: a node's token must be bound to a pod scheduled on
+		// it (the server then records the node in the claims itself).
+		tr, ok := a.Object.(*authenticationv1.TokenRequest)
+		if !ok {
+			return nil
+		}
+		ref := tr.Spec.BoundObjectRef
+		if ref == nil || ref.APIVersion != "v1" || ref.Kind != "Pod" || ref.Name == "" {
+			return apierrors.NewForbidden(gr, a.Name, fmt.Errorf("node requested token not bound to a pod"))
+		}
+		if ref.UID == "" {
+			return apierrors.NewForbidden(gr, a.Name, fmt.Errorf("node requested token with a pod binding without a uid"))
+		}
+		pod, err := getTyped[*corev1.Pod](ctx, p.s, "pods", a.Namespace, ref.Name)
+		if apierrors.IsNotFound(err) {
+			return err
+		}
+		if err != nil {
+			return apierrors.NewForbidden(gr, a.Name, err)
+		}
+		if ref.UID != pod.UID {
+			return apierrors.NewForbidden(gr, a.Name, fmt.Errorf("the UID in the bound object reference (%s) does not match the UID in record. The object might have been deleted and then recreated", ref.UID))
+		}
+		if pod.Spec.NodeName != self {
+			return apierrors.NewForbidden(gr, a.Name, fmt.Errorf("node requested token bound to a pod scheduled on a different node"))
 		}
 	case a.Resource.Group == coordinationv1.GroupName && a.Resource.Resource == "leases":
 		if a.Namespace == corev1.NamespaceNodeLease && a.Name != self {

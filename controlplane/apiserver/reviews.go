@@ -31,6 +31,7 @@ func (s *Server) installReviews() error {
 		fn  VirtualCreate
 	}{
 		{authnGV.WithResource("selfsubjectreviews"), s.selfSubjectReview},
+		{authnGV.WithResource("tokenreviews"), s.tokenReview},
 		{authzGV.WithResource("subjectaccessreviews"), s.subjectAccessReview},
 		{authzGV.WithResource("localsubjectaccessreviews"), s.localSubjectAccessReview},
 		{authzGV.WithResource("selfsubjectaccessreviews"), s.selfSubjectAccessReview},
@@ -61,6 +62,12 @@ func (s *Server) selfSubjectReview(ctx context.Context, req *VirtualRequest) (ru
 	}
 	r := req.Object.(*authenticationv1.SelfSubjectReview)
 	r.Status.UserInfo = authenticationv1.UserInfo{Username: u.Name, UID: u.UID, Groups: slices.Clone(u.Groups)}
+	for k, v := range u.Extra {
+		if r.Status.UserInfo.Extra == nil {
+			r.Status.UserInfo.Extra = map[string]authenticationv1.ExtraValue{}
+		}
+		r.Status.UserInfo.Extra[k] = slices.Clone(v)
+	}
 	return r, nil
 }
 

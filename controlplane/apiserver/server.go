@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
+	"github.com/waggle-io/waggle/controlplane/apiserver/serviceaccount"
 	metricsapi "github.com/waggle-io/waggle/controlplane/metrics"
 	"github.com/waggle-io/waggle/controlplane/storage"
 	"github.com/waggle-io/waggle/internal/ops"
@@ -101,6 +103,28 @@ type Config struct {
 	// nodes join with them. The commands default it on (kubeadm and k3s
 	// turn it on; kube-apiserver's own default is off).
 	EnableBootstrapTokenAuth bool
+	// ServiceAccountIssuers are --service-account-issuer (the first signs;
+	// default https://kubernetes.default.svc.cluster.local).
+	ServiceAccountIssuers []string
+	// APIAudiences are --api-audiences (default: the first issuer).
+	APIAudiences []string
+	// ServiceAccountSigningKeyFile signs service-account tokens; empty: a
+	// key pair generated under DataDir/pki (sa.key, sa.pub).
+	ServiceAccountSigningKeyFile string
+	// ServiceAccountKeyFiles verify service-account tokens (several for a
+	// rotation; default: the generated sa.pub).
+	ServiceAccountKeyFiles []string
+	// ServiceAccountMaxTokenExpiration caps a TokenRequest's lifetime
+	// (0: no cap).
+	ServiceAccountMaxTokenExpiration time.Duration
+	// ServiceAccountExtendTokenExpiration lets the projected tokens pods
+	// get (3607 s, API audiences) last a year, flagged stale after the
+	// hour; the commands default it on, as kube-apiserver.
+	ServiceAccountExtendTokenExpiration bool
+	// DisableAdmissionPlugins is --disable-admission-plugins: plugins by
+	// name (ServiceAccount, DefaultTolerationSeconds; NamespaceLifecycle and
+	// NodeRestriction cannot be turned off here).
+	DisableAdmissionPlugins []string
 	// TLSCertFile, TLSPrivateKeyFile and ClientCAFile replace the generated
 	// PKI when given.
 	TLSCertFile, TLSPrivateKeyFile, ClientCAFile string
@@ -202,7 +226,10 @@ type Server struct {
 	auditor         *auditor
 	podSecurity     *podSecurity
 	webhookServices *endpointServiceResolver
-	authz           authz.Authorizer
+	// tokenAuthn is the bearer-token part of authn (what TokenReview asks).
+	tokenAuthn authn.Authenticator
+	tokens     *serviceaccount.Tokens
+	authz      authz.Authorizer
 	// authorization holds the RBAC and Node authorizers' state (nil with
 	// an injected Authorizer).
 	authorization *authorization
@@ -320,17 +347,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if pool := s.bundle.CAPool(); pool != nil {
 		auths = append(auths, authn.NewX509(pool))
 	}
+	var tokenAuths []authn.Authenticator
 	if cfg.TokenAuthFile != "" {
 		ta, err := authn.NewTokenFile(cfg.TokenAuthFile)
 		if err != nil {
 			return nil, fmt.Errorf("apiserver: %w", err)
 		}
-		auths = append(auths, ta)
+		tokenAuths = append(tokenAuths, ta)
 	}
 	if cfg.EnableBootstrapTokenAuth {
-		auths = append(auths, authn.NewBootstrapTokens(kubeSystemSecrets{s}))
+		tokenAuths = append(tokenAuths, authn.NewBootstrapTokens(kubeSystemSecrets{s}))
 	}
-	s.authn = authn.Union(auths...)
 
 	scfg := storage.Config{
 		Servers: cfg.EtcdServers, DataDir: cfg.DataDir, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Timeout: cfg.EtcdTimeout,
@@ -393,9 +420,21 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.bg.Add(1)
 		go func() { defer s.bg.Done(); reg.cache.Run(bgCtx) }()
 	}
+	sa, err := s.setupServiceAccounts()
+	if err != nil {
+		return nil, err
+	}
+	tokenAuths = append(tokenAuths, sa)
+	s.tokenAuthn = authn.Union(tokenAuths...)
+	s.authn = authn.Union(append(auths, tokenAuths...)...)
 	// In kube-apiserver's order: mutating plugins here, the validating ones
 	// after defaulting and validation.
-	s.admission = []Admitter{namespaceLifecycle{s}, limitRanger{s: s}, defaultTolerationSeconds{seconds: 300}}
+	s.admission = []Admitter{namespaceLifecycle{s}}
+	for _, p := range []Admitter{limitRanger{s: s}, serviceAccountAdmission{s}, defaultTolerationSeconds{seconds: 300}} {
+		if !slices.Contains(cfg.DisableAdmissionPlugins, p.Name()) {
+			s.admission = append(s.admission, p)
+		}
+	}
 	s.validating = []Admitter{limitRanger{s: s, validate: true}}
 	if err := s.setupDynamicAdmission(); err != nil {
 		return nil, err
@@ -641,6 +680,8 @@ func (s *Server) Handler() http.Handler {
 		r.Handle("/metrics", health)
 		r.Get(ControlPlaneBootstrapPath, s.serveControlPlaneBootstrap)
 		r.Delete(EtcdMembersPath+"/{name}", s.removeEtcdMember)
+		r.Get(serviceaccount.OpenIDConfigPath, s.serveOIDC(false))
+		r.Get(serviceaccount.JWKSPath, s.serveOIDC(true))
 		for _, p := range []string{"/api", "/api/", "/api/v1", "/apis", "/apis/", "/apis/{group}", "/apis/{group}/", "/apis/{group}/{version}"} {
 			r.Get(p, disc.ServeHTTP)
 		}

@@ -33,6 +33,7 @@ import (
 
 	_ "k8s.io/component-base/metrics/prometheus/workqueue"
 
+	"github.com/go-logr/logr"
 	validatingpolicy "k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	"k8s.io/apiserver/pkg/cel/openapi/resolver"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -43,7 +44,10 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/keyutil"
+	sacontroller "k8s.io/kubernetes/pkg/controller/serviceaccount"
 	"k8s.io/kubernetes/pkg/controller/validatingadmissionpolicystatus"
+	k8ssa "k8s.io/kubernetes/pkg/serviceaccount"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/controllers/clusterdns"
@@ -108,12 +112,14 @@ type Config struct {
 	ConcurrentGCSyncs             int
 	ConcurrentNamespaceSyncs      int
 	ConcurrentServiceAccountSyncs int
-	ConcurrentJobSyncs            int
-	ConcurrentRCSyncs             int
-	ConcurrentStatefulSetSyncs    int
-	ConcurrentCronJobSyncs        int
-	ConcurrentTTLSyncs            int
-	ConcurrentResourceQuotaSyncs  int
+	// ConcurrentServiceAccountTokenSyncs are the token controller's workers.
+	ConcurrentServiceAccountTokenSyncs int
+	ConcurrentJobSyncs                 int
+	ConcurrentRCSyncs                  int
+	ConcurrentStatefulSetSyncs         int
+	ConcurrentCronJobSyncs             int
+	ConcurrentTTLSyncs                 int
+	ConcurrentResourceQuotaSyncs       int
 
 	// ResourceQuotaSyncPeriod: every quota's usage is recalculated in full
 	// this often (5m), besides on every change.
@@ -166,6 +172,12 @@ type Config struct {
 	// lb-ipam controller does not run).
 	LoadBalancerIPPools []string
 
+	// ServiceAccountPrivateKeyFile is --service-account-private-key-file:
+	// the key the serviceaccount-token controller signs legacy tokens of
+	// kubernetes.io/service-account-token Secrets with (empty: that
+	// controller does not run).
+	ServiceAccountPrivateKeyFile string
+
 	// ResyncPeriod of the shared informers (0: none).
 	ResyncPeriod time.Duration
 
@@ -177,35 +189,36 @@ type Config struct {
 // DefaultConfig returns the defaults the flags also use.
 func DefaultConfig() Config {
 	return Config{
-		BindAddress:                   "0.0.0.0",
-		Port:                          DefaultPort,
-		Controllers:                   []string{"*"},
-		ConcurrentReplicaSetSyncs:     5,
-		ConcurrentDeploymentSyncs:     5,
-		ConcurrentDaemonSetSyncs:      2,
-		ConcurrentEndpointSliceSyncs:  5,
-		ConcurrentEndpointSyncs:       5,
-		ConcurrentGCSyncs:             20,
-		ConcurrentNamespaceSyncs:      10,
-		ConcurrentServiceAccountSyncs: 5,
-		ConcurrentJobSyncs:            5,
-		ConcurrentRCSyncs:             5,
-		ConcurrentStatefulSetSyncs:    5,
-		ConcurrentCronJobSyncs:        5,
-		ConcurrentTTLSyncs:            5,
-		ConcurrentResourceQuotaSyncs:  resourcequota.DefaultWorkers,
-		ResourceQuotaSyncPeriod:       resourcequota.DefaultResyncPeriod,
-		JobPodFailureBackoff:          job.DefaultPodFailureBackoff,
-		TerminatedPodGCThreshold:      podgc.DefaultThreshold,
-		PodGCPeriod:                   podgc.DefaultPeriod,
-		PodGCQuarantine:               podgc.DefaultQuarantine,
-		MaxEndpointsPerSlice:          100,
-		ClusterSigningDuration:        365 * 24 * time.Hour,
-		NodeCIDRMaskSize:              24,
-		NodeMonitorGracePeriod:        40 * time.Second,
-		NodeMonitorPeriod:             5 * time.Second,
-		NodeStartupGracePeriod:        60 * time.Second,
-		LogLevel:                      "info",
+		BindAddress:                        "0.0.0.0",
+		Port:                               DefaultPort,
+		Controllers:                        []string{"*"},
+		ConcurrentReplicaSetSyncs:          5,
+		ConcurrentDeploymentSyncs:          5,
+		ConcurrentDaemonSetSyncs:           2,
+		ConcurrentEndpointSliceSyncs:       5,
+		ConcurrentEndpointSyncs:            5,
+		ConcurrentGCSyncs:                  20,
+		ConcurrentNamespaceSyncs:           10,
+		ConcurrentServiceAccountSyncs:      5,
+		ConcurrentServiceAccountTokenSyncs: 5,
+		ConcurrentJobSyncs:                 5,
+		ConcurrentRCSyncs:                  5,
+		ConcurrentStatefulSetSyncs:         5,
+		ConcurrentCronJobSyncs:             5,
+		ConcurrentTTLSyncs:                 5,
+		ConcurrentResourceQuotaSyncs:       resourcequota.DefaultWorkers,
+		ResourceQuotaSyncPeriod:            resourcequota.DefaultResyncPeriod,
+		JobPodFailureBackoff:               job.DefaultPodFailureBackoff,
+		TerminatedPodGCThreshold:           podgc.DefaultThreshold,
+		PodGCPeriod:                        podgc.DefaultPeriod,
+		PodGCQuarantine:                    podgc.DefaultQuarantine,
+		MaxEndpointsPerSlice:               100,
+		ClusterSigningDuration:             365 * 24 * time.Hour,
+		NodeCIDRMaskSize:                   24,
+		NodeMonitorGracePeriod:             40 * time.Second,
+		NodeMonitorPeriod:                  5 * time.Second,
+		NodeStartupGracePeriod:             60 * time.Second,
+		LogLevel:                           "info",
 		LeaderElection: leaderelect.Config{
 			Enabled: true, LeaseName: "kube-controller-manager", LeaseNamespace: leaderelect.DefaultLeaseNamespace,
 			LeaseDuration: leaderelect.DefaultLeaseDuration, RenewDeadline: leaderelect.DefaultRenewDeadline,
@@ -511,6 +524,28 @@ func coreStarters() []starter {
 		{name: serviceaccount.Name, build: func(d Deps) (func(context.Context), error) {
 			c := serviceaccount.New(d.Client, d.Factory, d.Log, serviceaccount.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentServiceAccountSyncs) }, nil
+		}},
+		{name: "serviceaccount-token", build: func(d Deps) (func(context.Context), error) {
+			if d.Config.ServiceAccountPrivateKeyFile == "" {
+				return nil, errors.New("no --service-account-private-key-file")
+			}
+			key, err := keyutil.PrivateKeyFromFile(d.Config.ServiceAccountPrivateKeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("--service-account-private-key-file: %w", err)
+			}
+			gen, err := k8ssa.JWTTokenGenerator(k8ssa.LegacyIssuer, key)
+			if err != nil {
+				return nil, err
+			}
+			// Upstream's own token controller: fills token, ca.crt and
+			// namespace of kubernetes.io/service-account-token Secrets and
+			// deletes those whose ServiceAccount is gone.
+			c, err := sacontroller.NewTokensController(logr.FromSlogHandler(d.Log.Handler()), d.Factory.Core().V1().ServiceAccounts(),
+				d.Factory.Core().V1().Secrets(), d.Client, sacontroller.TokensControllerOptions{TokenGenerator: gen, RootCA: d.RootCA})
+			if err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentServiceAccountTokenSyncs) }, nil
 		}},
 		{name: namespace.Name, build: func(d Deps) (func(context.Context), error) {
 			c := namespace.New(d.Client, d.Factory, d.Log, namespace.Options{Dynamic: d.Dynamic})

@@ -139,6 +139,7 @@ func TestLab(t *testing.T) {
 	t.Run("Attach", func(t *testing.T) { testAttach(t, e) })
 	t.Run("StaticPodAndItsMirror", func(t *testing.T) { testStaticPod(t, e, nodes[0]) })
 	t.Run("IPAMStatePerNode", func(t *testing.T) { testIPAMPerNode(t, e, nodes) })
+	t.Run("InClusterClientGoWithTheServiceAccountToken", func(t *testing.T) { testInClusterClientGo(t, e, nodes) })
 
 	t.Run("NodePortFromANode", func(t *testing.T) {
 		for i, n := range nodes {

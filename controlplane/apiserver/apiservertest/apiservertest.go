@@ -93,6 +93,11 @@ func Start(t testing.TB, o Options) *Server {
 	cfg := apiserver.Config{
 		DataDir: dir, Listener: ln, Log: log, EtcdUnsafeNoFsync: true,
 		BookmarkInterval: time.Second, ShutdownTimeout: 5 * time.Second,
+		// As kube-apiserver's integration test servers: tests create pods
+		// without a controller-manager making `default` ServiceAccounts.
+		// A test of the plugin clears this in Configure.
+		DisableAdmissionPlugins:             []string{"ServiceAccount"},
+		ServiceAccountExtendTokenExpiration: true,
 	}
 	if o.Configure != nil {
 		o.Configure(&cfg)

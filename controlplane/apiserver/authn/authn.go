@@ -5,8 +5,11 @@
 // An Authenticator answers (user, true, nil) when its credential is present
 // and valid, (nil, false, nil) when it does not apply (no certificate, no
 // token), and an error when a credential is present but invalid — the server
-// answers 401 then. Union tries each in turn. It is not authorization (see
-// package authz), and it holds no service-account tokens or OIDC yet.
+// answers 401 then. Union tries each in turn. Bearer adapts a
+// TokenAuthenticator (service-account JWTs: package serviceaccount) to a
+// request authenticator; the audiences a token must be meant for ride in the
+// context (WithAudiences). It is not authorization (see package authz), and
+// it holds no OIDC.
 package authn
 
 import (
@@ -38,6 +41,60 @@ type User struct {
 	Name   string
 	UID    string
 	Groups []string
+	// Extra is the authenticator's extra information (a service-account
+	// token's pod name and uid, node name and uid, credential id), as
+	// user.Info's GetExtra upstream.
+	Extra map[string][]string
+}
+
+// TokenAuthenticator authenticates a bearer token, with the same answers
+// as Authenticator.
+type TokenAuthenticator interface {
+	AuthenticateToken(ctx context.Context, token string) (*User, bool, error)
+}
+
+type audiencesKey struct{}
+
+// WithAudiences returns ctx asking token authenticators for a token meant
+// for one of auds (a TokenReview's spec.audiences); without it they use
+// the server's own --api-audiences.
+func WithAudiences(ctx context.Context, auds []string) context.Context {
+	return context.WithValue(ctx, audiencesKey{}, auds)
+}
+
+// AudiencesFrom returns the audiences WithAudiences put in ctx.
+func AudiencesFrom(ctx context.Context) ([]string, bool) {
+	a, ok := ctx.Value(audiencesKey{}).([]string)
+	return a, ok
+}
+
+type bearer struct{ t TokenAuthenticator }
+
+// Bearer authenticates requests by their `Authorization: Bearer` token
+// through t; requests without a bearer token do not apply.
+func Bearer(t TokenAuthenticator) Authenticator { return bearer{t} }
+
+func (b bearer) Authenticate(r *http.Request) (*User, bool, error) {
+	tok, ok := BearerToken(r)
+	if !ok {
+		return nil, false, nil
+	}
+	u, ok, err := b.t.AuthenticateToken(r.Context(), tok)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	return withAuthenticated(u), true, nil
+}
+
+// BearerToken returns the request's bearer token, if it has one.
+func BearerToken(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
 }
 
 // Authenticator authenticates one request.

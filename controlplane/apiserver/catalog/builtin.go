@@ -177,7 +177,8 @@ func builtinResources() []Resource {
 		def(core, "replicationcontrollers", true, &corev1.ReplicationController{}, &corev1.ReplicationControllerList{}, short("rc"), inAll, withStatus, withScale),
 		def(core, "resourcequotas", true, &corev1.ResourceQuota{}, &corev1.ResourceQuotaList{}, short("quota"), withStatus),
 		def(core, "secrets", true, &corev1.Secret{}, &corev1.SecretList{}),
-		def(core, "serviceaccounts", true, &corev1.ServiceAccount{}, &corev1.ServiceAccountList{}, short("sa")),
+		def(core, "serviceaccounts", true, &corev1.ServiceAccount{}, &corev1.ServiceAccountList{}, short("sa"),
+			subs(Subresource{Name: "token", Kind: "TokenRequest", Group: authenticationv1.GroupName, Version: "v1", Verbs: createOnly})),
 		def(core, "services", true, &corev1.Service{}, &corev1.ServiceList{}, short("svc"), inAll, withStatus,
 			subs(Subresource{Name: "proxy", Kind: "ServiceProxyOptions", Verbs: proxyVerbs})),
 
