@@ -132,3 +132,57 @@ func TestUserProvidedCertificates(t *testing.T) {
 		t.Errorf("foreign CA: unexpected error %q", errOut)
 	}
 }
+
+// TestServiceAccountTokensWithKubectl: `kubectl create token` issues a
+// token whose user `kubectl auth whoami` reports; it is refused (403) until
+// a RoleBinding grants it one verb, then allowed exactly that; a token for
+// another audience, or shorter than 10 minutes, is refused as upstream.
+func TestServiceAccountTokensWithKubectl(t *testing.T) {
+	requireE2E(t, defaultKubectl)
+	dir := t.TempDir()
+	s, err := startServer(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.stop() })
+	k := newKC(t, defaultKubectl, s)
+	k.run("create", "namespace", "tok")
+	k.run("create", "serviceaccount", "bot", "-n", "tok")
+	tok := strings.TrimSpace(k.run("create", "token", "bot", "-n", "tok", "--duration", "15m"))
+	apiURL := strings.TrimSpace(k.run("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"))
+	empty := filepath.Join(t.TempDir(), "empty")
+	os.WriteFile(empty, nil, 0o600)
+	as := func(token string, args ...string) (string, string, error) {
+		c := &kc{t: t, bin: defaultKubectl, s: &server{cacheDir: t.TempDir()}}
+		return c.tryWithKubeconfig(empty, append([]string{"--server", apiURL, "--certificate-authority", filepath.Join(dir, "pki", "ca.crt"), "--token", token}, args...)...)
+	}
+	out, errOut, err := as(tok, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username} {.status.userInfo.groups}")
+	if err != nil || !strings.HasPrefix(out, "system:serviceaccount:tok:bot ") || !strings.Contains(out, "system:serviceaccounts:tok") {
+		t.Fatalf("whoami with the token: %q %q %v", out, errOut, err)
+	}
+	if _, errOut, err := as(tok, "get", "configmaps", "-n", "tok"); err == nil || !strings.Contains(errOut, `User "system:serviceaccount:tok:bot" cannot list resource "configmaps"`) {
+		t.Errorf("without a binding: want 403, got %q %v", errOut, err)
+	}
+	k.run("create", "role", "cm-reader", "-n", "tok", "--verb=list", "--resource=configmaps")
+	k.run("create", "rolebinding", "bot-reads", "-n", "tok", "--role=cm-reader", "--serviceaccount=tok:bot")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, _, err := as(tok, "get", "configmaps", "-n", "tok"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the RoleBinding did not take effect")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, errOut, err := as(tok, "get", "secrets", "-n", "tok"); err == nil || !strings.Contains(errOut, "Forbidden") {
+		t.Errorf("secrets with a configmaps binding: want 403, got %q %v", errOut, err)
+	}
+	vault := strings.TrimSpace(k.run("create", "token", "bot", "-n", "tok", "--audience", "vault"))
+	if _, errOut, err := as(vault, "get", "configmaps", "-n", "tok"); err == nil || !strings.Contains(errOut, "the server has asked for the client to provide credentials") {
+		t.Errorf("a token for audience vault: want 401, got %q %v", errOut, err)
+	}
+	if errOut := k.fails("", "create", "token", "bot", "-n", "tok", "--duration", "1m"); !strings.Contains(errOut, "may not specify a duration less than 10 minutes") {
+		t.Errorf("a 1-minute token: %q", errOut)
+	}
+}
