@@ -138,8 +138,13 @@ func TestLogsAndProxiesReachTheNode(t *testing.T) {
 			if err != nil {
 				return
 			}
-			io.WriteString(c, "SSH-2.0-OpenSSH_9.2\r\n\x00\x00\x01")
-			c.Close()
+			// Greets as an SSH server does and keeps the connection
+			// until the client hangs up, so the proxy reads the greeting.
+			go func() {
+				defer c.Close()
+				io.WriteString(c, "SSH-2.0-OpenSSH_9.2\r\n")
+				io.Copy(io.Discard, c)
+			}()
 		}
 	}()
 	_, rawPort, _ := net.SplitHostPort(raw.Addr().String())
