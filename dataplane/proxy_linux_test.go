@@ -134,7 +134,7 @@ func TestProxyEndToEndWithIPTables(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: %s never served by exactly %v", what, addr, want)
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // poll interval of the kernel map check (bounded by the deadline)
 		}
 	}
 	eventually("initial endpoints", vip, conformance.Endpoints[:2])
@@ -177,7 +177,7 @@ func TestProxyEndToEndWithIPTables(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no %s Event on the Service: %v", dataplane.ReasonUnsupportedProtocol, evs.Items)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval (bounded by the deadline)
 	}
 
 	if err := client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
@@ -191,7 +191,7 @@ func TestProxyEndToEndWithIPTables(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("deleted Service still served")
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval (bounded by the deadline)
 	}
 
 	stop()

@@ -280,7 +280,7 @@ func TestRunNotReadyUntilProgrammed(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("/readyz never became ok")
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval (bounded by the deadline)
 	}
 }
 
@@ -297,7 +297,7 @@ func (h *proxyHarness) waitEvent(reason string) *v1.Event {
 				return &evs.Items[i]
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval (bounded by the deadline)
 	}
 	h.t.Fatalf("no %s event", reason)
 	return nil

@@ -82,7 +82,7 @@ func benchStartup(b *testing.B, pods int, sequential bool) {
 				if ok {
 					break
 				}
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // poll interval of the readiness watch the benchmark times (its resolution)
 			}
 		}
 	}

@@ -164,7 +164,7 @@ func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 			}
 			deadline := time.Now().Add(30 * time.Second)
 			for time.Now().Before(deadline) && len(n.netnsLeft()) > 0 {
-				time.Sleep(200 * time.Millisecond)
+				time.Sleep(200 * time.Millisecond) // poll interval of the cleanup wait (netns removal has no event)
 			}
 			n.stop()
 		}
@@ -263,7 +263,7 @@ func waitFor(t testing.TB, d time.Duration, what string, f func() (bool, string)
 			return
 		}
 		last = msg
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval (bounded by the deadline above)
 	}
 	// The goroutines tell where a stuck pod worker waits.
 	dump, _ := os.CreateTemp("", "kubelet-goroutines-*.txt")
@@ -414,7 +414,7 @@ func dialEcho(t testing.TB, addr string) string {
 			return string(b)
 		}
 		last = err
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval (bounded by the deadline above)
 	}
 	t.Fatalf("GET http://%s/: %v", addr, last)
 	return ""

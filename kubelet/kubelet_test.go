@@ -125,7 +125,7 @@ func waitFor(t *testing.T, d time.Duration, what string, f func() (bool, string)
 			return
 		}
 		last = msg
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // poll interval (bounded by the deadline above)
 	}
 	t.Fatalf("timed out waiting for %s: %s", what, last)
 }

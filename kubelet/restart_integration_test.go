@@ -36,7 +36,7 @@ func TestRestartsRestartNoContainer(t *testing.T) {
 			// waits (no relist, no action) and carries on.
 			n.ctrd.Restart(t)
 		}
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // the restarted kubelet runs a while before the next restart: the test is restarts under a live kubelet, the final check waits for each pod
 	}
 	for name, b := range before {
 		p := n.waitPod(name, "running after restarts", 60*time.Second, runningReady)

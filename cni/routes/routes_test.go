@@ -235,7 +235,7 @@ func waitRoutes(t *testing.T, dp *fakeDP, want []Route) {
 		if time.Now().After(deadline) {
 			t.Fatalf("routes = %v, want %v", got, want)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval (bounded by the deadline)
 	}
 }
 

@@ -306,7 +306,7 @@ func TestAPIBehaviour(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("repair did not converge: leak still held=%v, missing restored=%v", leak == nil, missing == nil)
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // poll interval of the repair check (bounded by the deadline)
 		}
 	})
 

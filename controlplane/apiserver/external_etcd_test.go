@@ -112,7 +112,7 @@ func TestEtcdOutageGives503AndRecovers(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no recovery after etcd came back: %v", err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // poll interval while etcd is down (bounded by the deadline)
 	}
 	// The watch cache resumed too: a consistent list sees both.
 	l, err := cs.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{})

@@ -219,7 +219,7 @@ func TestInformerConvergesAcrossRestartAndCompaction(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("informer did not converge: %d pods differ (have %d, want %d)", diff, len(got), len(wantRV))
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval of the convergence check (bounded by the deadline)
 	}
 	if len(wantRV) != n-n/4 {
 		t.Fatalf("stored pods = %d, want %d", len(wantRV), n-n/4)

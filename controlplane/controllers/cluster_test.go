@@ -198,7 +198,7 @@ func (c *cluster) kubectlOK(args ...string) string {
 		// The API server's watch cache lagging behind etcd is its
 		// business; retry as a user would.
 		c.t.Logf("kubectl %s: %s (retrying)", strings.Join(args, " "), strings.TrimSpace(out))
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // back-off between a user's retries
 		out, err = c.run(args...)
 	}
 	if err != nil {

@@ -156,7 +156,7 @@ func TestCloseWakesPop(t *testing.T) {
 	go func() { it, _ := q.Pop(); done <- it }()
 	// Let Pop block first (there is no event for "blocked"); if it has not
 	// yet, Close still must make it return nil.
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(10 * time.Millisecond) // see above: no event for "Pop is blocked"; the test holds either way
 	q.Close()
 	select {
 	case it := <-done:

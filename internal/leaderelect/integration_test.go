@@ -95,7 +95,7 @@ func TestRealAPIServerFailover(t *testing.T) {
 		leadA, doneA := runReal(ctxA, clientFor(t, rc, nil), fastConfig("a"))
 		waitClosed(t, leadA, "a leads")
 		leadB, doneB := runReal(ctxB, clientFor(t, rc, nil), cfgB)
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // several of b's retry periods: b has tried to take the lease while a holds it
 		if h, _ := holder(t, observer); h != "a" {
 			t.Fatalf("holder = %q while a leads", h)
 		}

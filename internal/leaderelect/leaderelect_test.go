@@ -186,7 +186,7 @@ func TestCancelWhileWaitingReturnsWithoutRunning(t *testing.T) {
 	<-leadA
 	ctxB, cancelB := context.WithCancel(context.Background())
 	leadB, doneB, _ := runAsync(ctxB, cs, fastConfig("b"))
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // three of b's 100 ms retry periods: b has tried and failed to acquire (client-go's elector has no hook for an attempt)
 	cancelB()
 	select {
 	case err := <-doneB:

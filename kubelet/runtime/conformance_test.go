@@ -105,7 +105,7 @@ func TestRuntimeConformance(t *testing.T) {
 					if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "line 2") {
 						break
 					}
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // poll interval: the log file has no change notification here
 				}
 				if b, _ := os.ReadFile(logPath); !strings.Contains(string(b), "line 1\nline 2\n") {
 					t.Errorf("log file = %q", b)

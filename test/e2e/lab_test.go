@@ -151,7 +151,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, f func() error
 		if err = f(); err == nil {
 			return time.Since(start)
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // poll interval of eventually (lab checks run kubectl; 500 ms keeps the load down)
 	}
 	t.Fatalf("%s: not within %v: %v", what, timeout, err)
 	return 0

@@ -173,7 +173,7 @@ func TestServiceAccountTokensWithKubectl(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the RoleBinding did not take effect")
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll interval (bounded by the deadline)
 	}
 	if _, errOut, err := as(tok, "get", "secrets", "-n", "tok"); err == nil || !strings.Contains(errOut, "Forbidden") {
 		t.Errorf("secrets with a configmaps binding: want 403, got %q %v", errOut, err)

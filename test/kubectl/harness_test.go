@@ -153,7 +153,7 @@ func (s *server) waitReady(timeout time.Duration) error {
 		if last == nil {
 			return nil
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // poll interval (bounded by the deadline)
 	}
 	return fmt.Errorf("waggle apiserver not ready after %v: %v", timeout, last)
 }

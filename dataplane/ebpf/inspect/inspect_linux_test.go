@@ -498,7 +498,7 @@ func TestProgListEnableStatsCountsRunsInTheWindow(t *testing.T) {
 	in := f.inspector()
 	done := make(chan error, 1)
 	go func() {
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the connects must fall inside the stats window the inspector opens after this goroutine starts; the window has no start event
 		done <- f.ns.Do(func(ns.NetNS) error {
 			for range 5 {
 				c, err := net.Dial("tcp", "10.96.0.13:80")
