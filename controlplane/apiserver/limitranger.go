@@ -3,6 +3,8 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -88,13 +90,24 @@ func (p limitRanger) Admit(ctx context.Context, a *AdmissionAttributes) error {
 	return nil
 }
 
-// limitRanges reads the namespace's LimitRanges from the watch cache.
+// limitRanges reads the namespace's LimitRanges from the watch cache. When
+// the cache holds none there, a LimitRange created a moment ago may not have
+// reached it yet, so, as upstream's plugin does when its informer is empty,
+// it reads them consistently and remembers the answer for liveTTL.
 func (p limitRanger) limitRanges(ctx context.Context, ns string) ([]*corev1.LimitRange, error) {
 	r := p.s.registries["limitranges"]
 	if r == nil {
 		return nil, nil
 	}
-	res, err := r.list(ctx, ns, &metav1.ListOptions{ResourceVersion: "0"})
+	out, err := listLimitRanges(ctx, r, ns, "0")
+	if err != nil || len(out) > 0 {
+		return out, err
+	}
+	return p.s.limitRangesLive.get(ns, func() ([]*corev1.LimitRange, error) { return listLimitRanges(ctx, r, ns, "") })
+}
+
+func listLimitRanges(ctx context.Context, r *registry, ns, rv string) ([]*corev1.LimitRange, error) {
+	res, err := r.list(ctx, ns, &metav1.ListOptions{ResourceVersion: rv})
 	if err != nil {
 		return nil, err
 	}
@@ -103,4 +116,48 @@ func (p limitRanger) limitRanges(ctx context.Context, ns string) ([]*corev1.Limi
 		out = append(out, o.Obj.(*corev1.LimitRange))
 	}
 	return out, nil
+}
+
+// liveTTL is how long a live lookup of a namespace's LimitRanges stands in
+// for an empty watch cache (upstream's LimitRanger uses 30 s).
+const liveTTL = 30 * time.Second
+
+// liveLimitRanges holds the live lookups LimitRanger made per namespace.
+type liveLimitRanges struct {
+	mu sync.Mutex
+	m  map[string]liveLookup
+}
+
+type liveLookup struct {
+	items  []*corev1.LimitRange
+	expiry time.Time
+}
+
+// get returns the namespace's remembered lookup, or makes one with read.
+func (l *liveLimitRanges) get(ns string, read func() ([]*corev1.LimitRange, error)) ([]*corev1.LimitRange, error) {
+	l.mu.Lock()
+	e, ok := l.m[ns]
+	l.mu.Unlock()
+	if ok && time.Now().Before(e.expiry) {
+		return e.items, nil
+	}
+	items, err := read()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]liveLookup{}
+	}
+	now := time.Now()
+	if len(l.m) >= 1024 { // bounded, as upstream's LRU: drop what has expired
+		for k, e := range l.m {
+			if !now.Before(e.expiry) {
+				delete(l.m, k)
+			}
+		}
+	}
+	l.m[ns] = liveLookup{items: items, expiry: now.Add(liveTTL)}
+	l.mu.Unlock()
+	return items, nil
 }

@@ -219,6 +219,8 @@ type Server struct {
 	loopback *authn.Loopback
 	// dynAdmission is admission webhooks and policies (admission_dynamic.go).
 	dynAdmission *dynamicAdmission
+	// limitRangesLive is LimitRanger's live lookups (limitranger.go).
+	limitRangesLive liveLimitRanges
 	// agg is the aggregation layer (APIService objects, aggregator.go).
 	agg *aggregator
 	// auditor writes the audit log (nil: no audit); podSecurity is the
