@@ -350,6 +350,11 @@ func (k *kc) namespace(prefix string) string {
 	}
 	ns = strings.Trim(strings.ReplaceAll(ns, "_", "-"), "-")
 	k.run("create", "namespace", ns)
+	// The harness runs the API server alone, and its ServiceAccount
+	// admission (on, as upstream) refuses pods whose ServiceAccount does
+	// not exist: create the one the controller-manager's serviceaccount
+	// controller would.
+	k.run("create", "serviceaccount", "default", "-n", ns)
 	return ns
 }
 
