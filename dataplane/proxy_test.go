@@ -275,32 +275,26 @@ func TestRunNotReadyUntilProgrammed(t *testing.T) {
 	}
 	close(b.gate)
 	h.waitState("programmed", func(st *State) bool { return len(st.Frontends) == 1 })
-	deadline := time.Now().Add(10 * time.Second)
-	for h.get("/readyz") != http.StatusOK {
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz never became ok")
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval (bounded by the deadline)
-	}
+	wtestutil.WaitFor(t, 10*time.Second, "/readyz ok", func() bool { return h.get("/readyz") == http.StatusOK })
 }
 
 func (h *proxyHarness) waitEvent(reason string) *v1.Event {
 	h.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	var found *v1.Event
+	wtestutil.Eventually(h.t, 20*time.Second, func() error {
 		evs, err := h.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
 		if err != nil {
-			h.t.Fatal(err)
+			return err
 		}
 		for i := range evs.Items {
 			if evs.Items[i].Reason == reason {
-				return &evs.Items[i]
+				found = &evs.Items[i]
+				return nil
 			}
 		}
-		time.Sleep(20 * time.Millisecond) // poll interval (bounded by the deadline)
-	}
-	h.t.Fatalf("no %s event", reason)
-	return nil
+		return fmt.Errorf("no %s event", reason)
+	})
+	return found
 }
 
 func TestRunRecordsEventForSCTP(t *testing.T) {

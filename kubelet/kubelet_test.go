@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/waggle-io/waggle/internal/testutil"
+
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -117,17 +119,12 @@ func (h *harness) syncedAgain(n int) {
 
 func waitFor(t *testing.T, d time.Duration, what string, f func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, msg := f()
-		if ok {
-			return
+	testutil.Eventually(t, d, func() error {
+		if ok, msg := f(); !ok {
+			return fmt.Errorf("waiting for %s: %s", what, msg)
 		}
-		last = msg
-		time.Sleep(20 * time.Millisecond) // poll interval (bounded by the deadline above)
-	}
-	t.Fatalf("timed out waiting for %s: %s", what, last)
+		return nil
+	})
 }
 
 func echoPod(name string, mutate func(*v1.Pod)) *v1.Pod {
