@@ -36,6 +36,15 @@ var (
 const none = "<none>"
 
 func init() {
+	registerCore()
+	registerApps()
+	registerDiscovery()
+	registerAPIServices()
+	registerCoordination()
+}
+
+// registerCore registers the columns of the core group (v1), as kubectl prints them.
+func registerCore() {
 	registerWithConditions([]metav1.TableColumnDefinition{
 		nameCol,
 		col("Ready", "string", "The aggregate readiness state of this pod for accepting traffic."),
@@ -72,56 +81,6 @@ func init() {
 
 	register([]metav1.TableColumnDefinition{
 		nameCol,
-		col("Ready", "string", "Number of the pod with ready state"),
-		col("Up-to-date", "integer", appsv1.DeploymentStatus{}.SwaggerDoc()["updatedReplicas"]),
-		col("Available", "integer", appsv1.DeploymentStatus{}.SwaggerDoc()["availableReplicas"]),
-		ageCol,
-		wide(col("Containers", "string", "Names of each container in the template.")),
-		wide(col("Images", "string", "Images referenced by each container in the template.")),
-		wide(col("Selector", "string", appsv1.DeploymentSpec{}.SwaggerDoc()["selector"])),
-	}, func(d *appsv1.Deployment, now time.Time) []any {
-		names, images := containerCells(d.Spec.Template.Spec.Containers)
-		return []any{d.Name, fmt.Sprintf("%d/%d", d.Status.ReadyReplicas, replicas(d.Spec.Replicas)),
-			int64(d.Status.UpdatedReplicas), int64(d.Status.AvailableReplicas), age(d.CreationTimestamp, now),
-			names, images, selectorString(d.Spec.Selector)}
-	})
-
-	register([]metav1.TableColumnDefinition{
-		nameCol,
-		col("Desired", "integer", appsv1.ReplicaSetSpec{}.SwaggerDoc()["replicas"]),
-		col("Current", "integer", appsv1.ReplicaSetStatus{}.SwaggerDoc()["replicas"]),
-		col("Ready", "integer", appsv1.ReplicaSetStatus{}.SwaggerDoc()["readyReplicas"]),
-		ageCol,
-		wide(col("Containers", "string", "Names of each container in the template.")),
-		wide(col("Images", "string", "Images referenced by each container in the template.")),
-		wide(col("Selector", "string", appsv1.ReplicaSetSpec{}.SwaggerDoc()["selector"])),
-	}, func(r *appsv1.ReplicaSet, now time.Time) []any {
-		names, images := containerCells(r.Spec.Template.Spec.Containers)
-		return []any{r.Name, int64(replicas(r.Spec.Replicas)), int64(r.Status.Replicas), int64(r.Status.ReadyReplicas),
-			age(r.CreationTimestamp, now), names, images, selectorString(r.Spec.Selector)}
-	})
-
-	register([]metav1.TableColumnDefinition{
-		nameCol,
-		col("Desired", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["desiredNumberScheduled"]),
-		col("Current", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["currentNumberScheduled"]),
-		col("Ready", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["numberReady"]),
-		col("Up-to-date", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["updatedNumberScheduled"]),
-		col("Available", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["numberAvailable"]),
-		col("Node Selector", "string", corev1.PodSpec{}.SwaggerDoc()["nodeSelector"]),
-		ageCol,
-		wide(col("Containers", "string", "Names of each container in the template.")),
-		wide(col("Images", "string", "Images referenced by each container in the template.")),
-		wide(col("Selector", "string", appsv1.DaemonSetSpec{}.SwaggerDoc()["selector"])),
-	}, func(d *appsv1.DaemonSet, now time.Time) []any {
-		names, images := containerCells(d.Spec.Template.Spec.Containers)
-		return []any{d.Name, int64(d.Status.DesiredNumberScheduled), int64(d.Status.CurrentNumberScheduled), int64(d.Status.NumberReady),
-			int64(d.Status.UpdatedNumberScheduled), int64(d.Status.NumberAvailable), labels.FormatLabels(d.Spec.Template.Spec.NodeSelector),
-			age(d.CreationTimestamp, now), names, images, selectorString(d.Spec.Selector)}
-	})
-
-	register([]metav1.TableColumnDefinition{
-		nameCol,
 		col("Status", "string", "The status of the node"),
 		col("Roles", "string", "The roles of the node"),
 		ageCol,
@@ -132,30 +91,6 @@ func init() {
 		wide(col("Kernel-Version", "string", corev1.NodeSystemInfo{}.SwaggerDoc()["kernelVersion"])),
 		wide(col("Container-Runtime", "string", corev1.NodeSystemInfo{}.SwaggerDoc()["containerRuntimeVersion"])),
 	}, nodeRow)
-
-	// kube-aggregator's columns (pkg/registry/apiservice/etcd ConvertToTable).
-	register([]metav1.TableColumnDefinition{
-		nameCol,
-		col("Service", "string", "The reference to the service that hosts this API endpoint."),
-		col("Available", "string", "Whether this service is available."),
-		ageCol,
-	}, func(a *apiregistrationv1.APIService, now time.Time) []any {
-		service := "Local"
-		if a.Spec.Service != nil {
-			service = a.Spec.Service.Namespace + "/" + a.Spec.Service.Name
-		}
-		status := string(apiregistrationv1.ConditionUnknown)
-		for _, c := range a.Status.Conditions {
-			if c.Type != apiregistrationv1.Available {
-				continue
-			}
-			status = string(c.Status)
-			if c.Status != apiregistrationv1.ConditionTrue && c.Reason != "" {
-				status = fmt.Sprintf("%s (%s)", c.Status, c.Reason)
-			}
-		}
-		return []any{a.Name, service, status, age(a.CreationTimestamp, now)}
-	})
 
 	register([]metav1.TableColumnDefinition{
 		nameCol,
@@ -171,16 +106,6 @@ func init() {
 		ageCol,
 	}, func(e *corev1.Endpoints, now time.Time) []any {
 		return []any{e.Name, formatEndpoints(e), age(e.CreationTimestamp, now)}
-	})
-
-	register([]metav1.TableColumnDefinition{
-		nameCol,
-		col("AddressType", "string", discoveryv1.EndpointSlice{}.SwaggerDoc()["addressType"]),
-		col("Ports", "string", discoveryv1.EndpointSlice{}.SwaggerDoc()["ports"]),
-		col("Endpoints", "string", discoveryv1.EndpointSlice{}.SwaggerDoc()["endpoints"]),
-		ageCol,
-	}, func(e *discoveryv1.EndpointSlice, now time.Time) []any {
-		return []any{e.Name, string(e.AddressType), slicePorts(e.Ports), sliceEndpoints(e.Endpoints), age(e.CreationTimestamp, now)}
 	})
 
 	register([]metav1.TableColumnDefinition{
@@ -249,7 +174,103 @@ func init() {
 	}, func(b *corev1.Binding, now time.Time) []any {
 		return []any{b.Name, b.Target.Kind + "/" + b.Target.Name, age(b.CreationTimestamp, now)}
 	})
+}
 
+// registerApps registers the columns of apps/v1 workloads.
+func registerApps() {
+	register([]metav1.TableColumnDefinition{
+		nameCol,
+		col("Ready", "string", "Number of the pod with ready state"),
+		col("Up-to-date", "integer", appsv1.DeploymentStatus{}.SwaggerDoc()["updatedReplicas"]),
+		col("Available", "integer", appsv1.DeploymentStatus{}.SwaggerDoc()["availableReplicas"]),
+		ageCol,
+		wide(col("Containers", "string", "Names of each container in the template.")),
+		wide(col("Images", "string", "Images referenced by each container in the template.")),
+		wide(col("Selector", "string", appsv1.DeploymentSpec{}.SwaggerDoc()["selector"])),
+	}, func(d *appsv1.Deployment, now time.Time) []any {
+		names, images := containerCells(d.Spec.Template.Spec.Containers)
+		return []any{d.Name, fmt.Sprintf("%d/%d", d.Status.ReadyReplicas, replicas(d.Spec.Replicas)),
+			int64(d.Status.UpdatedReplicas), int64(d.Status.AvailableReplicas), age(d.CreationTimestamp, now),
+			names, images, selectorString(d.Spec.Selector)}
+	})
+
+	register([]metav1.TableColumnDefinition{
+		nameCol,
+		col("Desired", "integer", appsv1.ReplicaSetSpec{}.SwaggerDoc()["replicas"]),
+		col("Current", "integer", appsv1.ReplicaSetStatus{}.SwaggerDoc()["replicas"]),
+		col("Ready", "integer", appsv1.ReplicaSetStatus{}.SwaggerDoc()["readyReplicas"]),
+		ageCol,
+		wide(col("Containers", "string", "Names of each container in the template.")),
+		wide(col("Images", "string", "Images referenced by each container in the template.")),
+		wide(col("Selector", "string", appsv1.ReplicaSetSpec{}.SwaggerDoc()["selector"])),
+	}, func(r *appsv1.ReplicaSet, now time.Time) []any {
+		names, images := containerCells(r.Spec.Template.Spec.Containers)
+		return []any{r.Name, int64(replicas(r.Spec.Replicas)), int64(r.Status.Replicas), int64(r.Status.ReadyReplicas),
+			age(r.CreationTimestamp, now), names, images, selectorString(r.Spec.Selector)}
+	})
+
+	register([]metav1.TableColumnDefinition{
+		nameCol,
+		col("Desired", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["desiredNumberScheduled"]),
+		col("Current", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["currentNumberScheduled"]),
+		col("Ready", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["numberReady"]),
+		col("Up-to-date", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["updatedNumberScheduled"]),
+		col("Available", "integer", appsv1.DaemonSetStatus{}.SwaggerDoc()["numberAvailable"]),
+		col("Node Selector", "string", corev1.PodSpec{}.SwaggerDoc()["nodeSelector"]),
+		ageCol,
+		wide(col("Containers", "string", "Names of each container in the template.")),
+		wide(col("Images", "string", "Images referenced by each container in the template.")),
+		wide(col("Selector", "string", appsv1.DaemonSetSpec{}.SwaggerDoc()["selector"])),
+	}, func(d *appsv1.DaemonSet, now time.Time) []any {
+		names, images := containerCells(d.Spec.Template.Spec.Containers)
+		return []any{d.Name, int64(d.Status.DesiredNumberScheduled), int64(d.Status.CurrentNumberScheduled), int64(d.Status.NumberReady),
+			int64(d.Status.UpdatedNumberScheduled), int64(d.Status.NumberAvailable), labels.FormatLabels(d.Spec.Template.Spec.NodeSelector),
+			age(d.CreationTimestamp, now), names, images, selectorString(d.Spec.Selector)}
+	})
+}
+
+// registerDiscovery registers the columns of discovery.k8s.io EndpointSlices.
+func registerDiscovery() {
+	register([]metav1.TableColumnDefinition{
+		nameCol,
+		col("AddressType", "string", discoveryv1.EndpointSlice{}.SwaggerDoc()["addressType"]),
+		col("Ports", "string", discoveryv1.EndpointSlice{}.SwaggerDoc()["ports"]),
+		col("Endpoints", "string", discoveryv1.EndpointSlice{}.SwaggerDoc()["endpoints"]),
+		ageCol,
+	}, func(e *discoveryv1.EndpointSlice, now time.Time) []any {
+		return []any{e.Name, string(e.AddressType), slicePorts(e.Ports), sliceEndpoints(e.Endpoints), age(e.CreationTimestamp, now)}
+	})
+}
+
+// registerAPIServices registers the columns of apiregistration.k8s.io APIServices, with kube-aggregator's columns.
+func registerAPIServices() {
+	// kube-aggregator's columns (pkg/registry/apiservice/etcd ConvertToTable).
+	register([]metav1.TableColumnDefinition{
+		nameCol,
+		col("Service", "string", "The reference to the service that hosts this API endpoint."),
+		col("Available", "string", "Whether this service is available."),
+		ageCol,
+	}, func(a *apiregistrationv1.APIService, now time.Time) []any {
+		service := "Local"
+		if a.Spec.Service != nil {
+			service = a.Spec.Service.Namespace + "/" + a.Spec.Service.Name
+		}
+		status := string(apiregistrationv1.ConditionUnknown)
+		for _, c := range a.Status.Conditions {
+			if c.Type != apiregistrationv1.Available {
+				continue
+			}
+			status = string(c.Status)
+			if c.Status != apiregistrationv1.ConditionTrue && c.Reason != "" {
+				status = fmt.Sprintf("%s (%s)", c.Status, c.Reason)
+			}
+		}
+		return []any{a.Name, service, status, age(a.CreationTimestamp, now)}
+	})
+}
+
+// registerCoordination registers the columns of coordination.k8s.io Leases.
+func registerCoordination() {
 	register([]metav1.TableColumnDefinition{
 		nameCol,
 		col("Holder", "string", coordinationv1.LeaseSpec{}.SwaggerDoc()["holderIdentity"]),
