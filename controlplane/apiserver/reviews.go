@@ -103,36 +103,44 @@ func reviewedUser(gk schema.GroupKind, spec *authorizationv1.SubjectAccessReview
 	return &authn.User{Name: spec.User, UID: spec.UID, Groups: slices.Clone(spec.Groups)}, nil
 }
 
+// reviewSubject decides a (Local)SubjectAccessReview's spec: the user or
+// groups it names, asking for its attributes.
+func (s *Server) reviewSubject(ctx context.Context, gk schema.GroupKind, spec *authorizationv1.SubjectAccessReviewSpec) (authorizationv1.SubjectAccessReviewStatus, error) {
+	u, err := reviewedUser(gk, spec)
+	if err != nil {
+		return authorizationv1.SubjectAccessReviewStatus{}, err
+	}
+	a, err := attributesOf(gk, u, spec.ResourceAttributes, spec.NonResourceAttributes)
+	if err != nil {
+		return authorizationv1.SubjectAccessReviewStatus{}, err
+	}
+	return s.decide(ctx, a), nil
+}
+
 func (s *Server) subjectAccessReview(ctx context.Context, req *VirtualRequest) (runtime.Object, error) {
 	r := req.Object.(*authorizationv1.SubjectAccessReview)
 	gk := authorizationv1.SchemeGroupVersion.WithKind("SubjectAccessReview").GroupKind()
-	u, err := reviewedUser(gk, &r.Spec)
+	st, err := s.reviewSubject(ctx, gk, &r.Spec)
 	if err != nil {
 		return nil, err
 	}
-	a, err := attributesOf(gk, u, r.Spec.ResourceAttributes, r.Spec.NonResourceAttributes)
-	if err != nil {
-		return nil, err
-	}
-	r.Status = s.decide(ctx, a)
+	r.Status = st
 	return r, nil
 }
 
+// localSubjectAccessReview is a SubjectAccessReview confined to the
+// namespace of its request, as upstream's: the attributes must name it.
 func (s *Server) localSubjectAccessReview(ctx context.Context, req *VirtualRequest) (runtime.Object, error) {
 	r := req.Object.(*authorizationv1.LocalSubjectAccessReview)
 	gk := authorizationv1.SchemeGroupVersion.WithKind("LocalSubjectAccessReview").GroupKind()
 	if r.Spec.ResourceAttributes == nil || r.Spec.ResourceAttributes.Namespace != req.Namespace {
 		return nil, apierrors.NewInvalid(gk, "", field.ErrorList{field.Invalid(field.NewPath("spec", "resourceAttributes", "namespace"), r.Spec.ResourceAttributes, "must match metadata.namespace")})
 	}
-	u, err := reviewedUser(gk, &r.Spec)
+	st, err := s.reviewSubject(ctx, gk, &r.Spec)
 	if err != nil {
 		return nil, err
 	}
-	a, err := attributesOf(gk, u, r.Spec.ResourceAttributes, r.Spec.NonResourceAttributes)
-	if err != nil {
-		return nil, err
-	}
-	r.Status = s.decide(ctx, a)
+	r.Status = st
 	return r, nil
 }
 

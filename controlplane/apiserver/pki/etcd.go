@@ -4,8 +4,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -50,22 +48,9 @@ func EnsureEtcd(dir string, hosts []string) (*EtcdPKI, error) {
 		ClientCertFile: filepath.Join(dir, EtcdClientCertFile),
 		ClientKeyFile:  filepath.Join(dir, EtcdClientKeyFile),
 	}
-	if err := os.MkdirAll(filepath.Dir(p.CAFile), 0o700); err != nil {
-		return nil, fmt.Errorf("pki: create %s: %w", filepath.Dir(p.CAFile), err)
-	}
-	ca := &Bundle{}
-	caKey := filepath.Join(dir, EtcdCAKeyFile)
-	switch _, err := os.Stat(p.CAFile); {
-	case err == nil:
-		if err := ca.loadCA(p.CAFile, caKey); err != nil {
-			return nil, err
-		}
-	case errors.Is(err, os.ErrNotExist):
-		if err := ca.createNamedCA(p.CAFile, caKey, "etcd-ca"); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, fmt.Errorf("pki: stat %s: %w", p.CAFile, err)
+	ca, err := ensureCA(p.CAFile, filepath.Join(dir, EtcdCAKeyFile), "etcd-ca")
+	if err != nil {
+		return nil, err
 	}
 	p.CA = ca
 	serverHosts := []string{"localhost", "127.0.0.1", "::1"}
@@ -74,12 +59,13 @@ func EnsureEtcd(dir string, hosts []string) (*EtcdPKI, error) {
 			serverHosts = append(serverHosts, h)
 		}
 	}
-	if err := ca.ensureLeaf(p.ServerCertFile, p.ServerKeyFile, serverHosts, func() ([]byte, []byte, error) {
+	covers := func(c *x509.Certificate) bool { return coversHosts(c, serverHosts) }
+	if _, _, err := ca.ensureLeaf(p.ServerCertFile, p.ServerKeyFile, covers, func() ([]byte, []byte, error) {
 		return ca.IssueEtcdMember("etcd-server", serverHosts)
 	}); err != nil {
 		return nil, err
 	}
-	if err := ca.ensureLeaf(p.ClientCertFile, p.ClientKeyFile, nil, func() ([]byte, []byte, error) {
+	if _, _, err := ca.ensureLeaf(p.ClientCertFile, p.ClientKeyFile, nil, func() ([]byte, []byte, error) {
 		return ca.IssueClient(EtcdClientUser, nil)
 	}); err != nil {
 		return nil, err
@@ -106,21 +92,28 @@ func (b *Bundle) IssueEtcdMember(commonName string, hosts []string) (certPEM, ke
 }
 
 // ensureLeaf keeps certPath/keyPath when they hold a pair signed by b's CA,
-// valid for more than 30 days and covering hosts; otherwise it writes what
-// issue returns (key first).
-func (b *Bundle) ensureLeaf(certPath, keyPath string, hosts []string, issue func() ([]byte, []byte, error)) error {
-	if pair, err := tls.LoadX509KeyPair(certPath, keyPath); err == nil {
-		leaf, _ := x509.ParseCertificate(pair.Certificate[0])
-		if leaf != nil && leaf.CheckSignatureFrom(b.caCert) == nil && time.Until(leaf.NotAfter) > 30*24*time.Hour && coversHosts(leaf, hosts) {
-			return nil
+// valid for more than 30 days and passing want (nil: any); otherwise it
+// writes what issue returns (key first). It returns the pair in use.
+func (b *Bundle) ensureLeaf(certPath, keyPath string, want func(*x509.Certificate) bool, issue func() ([]byte, []byte, error)) (certPEM, keyPEM []byte, err error) {
+	certPEM, cerr := os.ReadFile(certPath)
+	keyPEM, kerr := os.ReadFile(keyPath)
+	if cerr == nil && kerr == nil {
+		if pair, err := tls.X509KeyPair(certPEM, keyPEM); err == nil {
+			leaf, _ := x509.ParseCertificate(pair.Certificate[0])
+			if leaf != nil && leaf.CheckSignatureFrom(b.caCert) == nil && time.Until(leaf.NotAfter) > 30*24*time.Hour &&
+				(want == nil || want(leaf)) {
+				return certPEM, keyPEM, nil
+			}
 		}
 	}
-	certPEM, keyPEM, err := issue()
-	if err != nil {
-		return err
+	if certPEM, keyPEM, err = issue(); err != nil {
+		return nil, nil, err
 	}
 	if err := writeFileAtomic(keyPath, keyPEM, 0o600); err != nil {
-		return err
+		return nil, nil, err
 	}
-	return writeFileAtomic(certPath, certPEM, 0o644)
+	if err := writeFileAtomic(certPath, certPEM, 0o644); err != nil {
+		return nil, nil, err
+	}
+	return certPEM, keyPEM, nil
 }

@@ -71,22 +71,9 @@ type Bundle struct {
 // missing. A serving certificate that lacks one of the requested hosts, or
 // expires within 30 days, is reissued from the CA.
 func Ensure(dir string, hosts []string) (*Bundle, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("pki: create %s: %w", dir, err)
-	}
-	caCertPath, caKeyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
-	b := &Bundle{}
-	switch _, err := os.Stat(caCertPath); {
-	case err == nil:
-		if err := b.loadCA(caCertPath, caKeyPath); err != nil {
-			return nil, err
-		}
-	case errors.Is(err, os.ErrNotExist):
-		if err := b.createCA(caCertPath, caKeyPath); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, fmt.Errorf("pki: stat %s: %w", caCertPath, err)
+	b, err := ensureCA(filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile), "waggle-ca")
+	if err != nil {
+		return nil, err
 	}
 
 	want := mergeHosts(hosts)
@@ -301,8 +288,26 @@ func (b *Bundle) issue(tmpl *x509.Certificate) (certPEM, keyPEM []byte, err erro
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
-func (b *Bundle) createCA(certPath, keyPath string) error {
-	return b.createNamedCA(certPath, keyPath, "waggle-ca")
+// ensureCA loads the CA at certPath/keyPath, or creates one named
+// commonName when there is none (its directory too).
+func ensureCA(certPath, keyPath, commonName string) (*Bundle, error) {
+	if err := os.MkdirAll(filepath.Dir(certPath), 0o700); err != nil {
+		return nil, fmt.Errorf("pki: create %s: %w", filepath.Dir(certPath), err)
+	}
+	b := &Bundle{}
+	switch _, err := os.Stat(certPath); {
+	case err == nil:
+		if err := b.loadCA(certPath, keyPath); err != nil {
+			return nil, err
+		}
+	case errors.Is(err, os.ErrNotExist):
+		if err := b.createNamedCA(certPath, keyPath, commonName); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("pki: stat %s: %w", certPath, err)
+	}
+	return b, nil
 }
 
 func (b *Bundle) createNamedCA(certPath, keyPath, commonName string) error {
