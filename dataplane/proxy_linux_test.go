@@ -2,6 +2,7 @@ package dataplane_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -116,26 +117,20 @@ func TestProxyEndToEndWithIPTables(t *testing.T) {
 	// of want, and all of want answered.
 	eventually := func(what string, addr netip.AddrPort, want []netip.AddrPort) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		testutil.Eventually(t, 30*time.Second, func() error {
 			seen := map[netip.AddrPort]bool{}
-			ok := true
 			for i := 0; i < 20*len(want) && len(seen) < len(want); i++ {
 				got, err := tp.Connect(dataplane.TCP, addr)
 				if err != nil || !slices.Contains(want, got) {
-					ok = false
-					break
+					return fmt.Errorf("%s: %s answered by %v (%v), want exactly %v", what, addr, got, err, want)
 				}
 				seen[got] = true
 			}
-			if ok && len(seen) == len(want) {
-				return
+			if len(seen) != len(want) {
+				return fmt.Errorf("%s: %s answered by %v only, want %v", what, addr, seen, want)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s never served by exactly %v", what, addr, want)
-			}
-			time.Sleep(50 * time.Millisecond) // poll interval of the kernel map check (bounded by the deadline)
-		}
+			return nil
+		})
 	}
 	eventually("initial endpoints", vip, conformance.Endpoints[:2])
 	eventually("node port", netip.AddrPortFrom(conformance.NodeIP, np), conformance.Endpoints[:2])
@@ -160,39 +155,28 @@ func TestProxyEndToEndWithIPTables(t *testing.T) {
 		}
 	}
 
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		// ResourceVersion 0: served from the watch cache, without waiting
 		// for a consistent read.
 		evs, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{ResourceVersion: "0"})
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		found := slices.ContainsFunc(evs.Items, func(e v1.Event) bool {
+		if !slices.ContainsFunc(evs.Items, func(e v1.Event) bool {
 			return e.Reason == dataplane.ReasonUnsupportedProtocol && e.InvolvedObject.Name == "web"
-		})
-		if found {
-			break
+		}) {
+			return fmt.Errorf("no %s Event on the Service: %v", dataplane.ReasonUnsupportedProtocol, evs.Items)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s Event on the Service: %v", dataplane.ReasonUnsupportedProtocol, evs.Items)
-		}
-		time.Sleep(100 * time.Millisecond) // poll interval (bounded by the deadline)
-	}
+		return nil
+	})
 
 	if err := client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		if _, err := tp.Connect(dataplane.TCP, vip); err != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("deleted Service still served")
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval (bounded by the deadline)
-	}
+	testutil.WaitFor(t, 30*time.Second, "the deleted Service to be no longer served", func() bool {
+		_, err := tp.Connect(dataplane.TCP, vip)
+		return err != nil
+	})
 
 	stop()
 	if err := <-done; err != nil {

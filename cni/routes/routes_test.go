@@ -3,11 +3,14 @@ package routes
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -226,17 +229,12 @@ func TestNodeFromAPIKeepsPodCIDRsAndInternalIPs(t *testing.T) {
 
 func waitRoutes(t *testing.T, dp *fakeDP, want []Route) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got, _ := dp.snapshot()
-		if slices.Equal(got, want) {
-			return
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if got, _ := dp.snapshot(); !slices.Equal(got, want) {
+			return fmt.Errorf("routes = %v, want %v", got, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("routes = %v, want %v", got, want)
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval (bounded by the deadline)
-	}
+		return nil
+	})
 }
 
 func TestRunFollowsNodesThroughTheInformer(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,9 @@ type gate struct {
 	next http.RoundTripper
 	mu   sync.Mutex
 	open chan struct{} // closed while not paused
+	// gets counts the GETs that went through: an elector's attempts to
+	// acquire a lease it does not hold (it renews its own without one).
+	gets atomic.Int64
 }
 
 func newGate(next http.RoundTripper) *gate {
@@ -37,6 +41,9 @@ func (g *gate) RoundTrip(r *http.Request) (*http.Response, error) {
 	open := g.open
 	g.mu.Unlock()
 	<-open
+	if r.Method == http.MethodGet {
+		g.gets.Add(1)
+	}
 	return g.next.RoundTrip(r)
 }
 
@@ -94,8 +101,11 @@ func TestRealAPIServerFailover(t *testing.T) {
 		defer cancelB()
 		leadA, doneA := runReal(ctxA, clientFor(t, rc, nil), fastConfig("a"))
 		waitClosed(t, leadA, "a leads")
-		leadB, doneB := runReal(ctxB, clientFor(t, rc, nil), cfgB)
-		time.Sleep(500 * time.Millisecond) // several of b's retry periods: b has tried to take the lease while a holds it
+		var gB *gate
+		leadB, doneB := runReal(ctxB, clientFor(t, rc, &gB), cfgB)
+		// The marker: b has read the lease three times, so it has tried to
+		// take it while a holds it.
+		testutil.WaitFor(t, 30*time.Second, "b to try to acquire the lease", func() bool { return gB.gets.Load() >= 3 })
 		if h, _ := holder(t, observer); h != "a" {
 			t.Fatalf("holder = %q while a leads", h)
 		}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/waggle-io/waggle/internal/testutil"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -184,9 +186,16 @@ func TestCancelWhileWaitingReturnsWithoutRunning(t *testing.T) {
 	defer cancelA()
 	leadA, _, _ := runAsync(ctxA, cs, fastConfig("a"))
 	<-leadA
+	// From here on a leads and renews with updates alone (client-go's
+	// optimistic renewal), so a lease GET is b's attempt to acquire.
+	var attempts atomic.Int64
+	cs.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		attempts.Add(1)
+		return false, nil, nil
+	})
 	ctxB, cancelB := context.WithCancel(context.Background())
 	leadB, doneB, _ := runAsync(ctxB, cs, fastConfig("b"))
-	time.Sleep(300 * time.Millisecond) // three of b's 100 ms retry periods: b has tried and failed to acquire (client-go's elector has no hook for an attempt)
+	testutil.WaitFor(t, 30*time.Second, "b to try to acquire the lease", func() bool { return attempts.Load() >= 3 })
 	cancelB()
 	select {
 	case err := <-doneB:
