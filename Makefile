@@ -20,7 +20,7 @@ TEST_FLAGS ?=
 # Flags of `waggle bench dataplane` in `make bench` (e.g. --rounds 5 --duration 2s).
 BENCH_DATAPLANE_FLAGS ?=
 
-.PHONY: help deps build images generate test test-unit test-race lint bench up lab conformance clean
+.PHONY: help deps build images generate test test-unit test-race lint bench up lab conformance conformance-readme clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -83,6 +83,9 @@ lab: deps build images ## run a multi-node lab on this machine (waggle lab up; w
 conformance: deps build ## upstream conformance suite on a fresh 3-node lab (FOCUS= SKIP= PARALLEL= SMOKE=1 UPDATE=1; see test/conformance/run.sh)
 	FOCUS='$(FOCUS)' SKIP='$(SKIP)' PARALLEL='$(PARALLEL)' SMOKE='$(SMOKE)' UPDATE='$(UPDATE)' CHECK='$(CHECK)' \
 		TIMEOUT='$(TIMEOUT)' KEEP='$(KEEP)' test/conformance/run.sh
+
+conformance-readme: ## regenerate the README's conformance table from test/conformance/expectations.tsv
+	cd test/conformance && $(GO) run ./summary -expectations expectations.tsv -readme ../../README.md
 
 clean: ## remove build outputs
 	rm -rf $(BIN)

@@ -8,7 +8,8 @@
 #   FOCUS, SKIP  ginkgo --focus/--skip over the [Conformance] specs (e.g. FOCUS=sig-network)
 #   PARALLEL     ginkgo processes (default 4); [Serial] specs still run alone, at the end
 #   SMOKE=1      only the CI subset: the specs test/conformance/smoke.txt names (full names)
-#   UPDATE=1     rewrite test/conformance/expectations.tsv from this run
+#   UPDATE=1     rewrite test/conformance/expectations.tsv from this run (and record the run in
+#                its header), then the README's conformance table from that file
 #   CHECK=0      do not fail when a spec the expectations file marks pass does not pass
 #   TIMEOUT      ginkgo's suite timeout; specs not reached by then are reported as not run
 #   KEEP=1       leave the lab up afterwards (then: bin/waggle lab down --data-dir <printed dir>)
@@ -159,7 +160,15 @@ grep -E '^(Ran [0-9]+ of|FAIL!|SUCCESS!|PASS|Test Suite)' "$results/e2e.log" | t
 cp -r "$data/logs" "$results/lab-logs" 2>/dev/null || true
 
 summary_flags=(-junit "$results/junit.xml" -expectations "$here/expectations.tsv" -specs "$cache/specs.txt")
-[ -n "$UPDATE" ] && summary_flags+=(-update)
+if [ -n "$UPDATE" ]; then
+	# Record the run in the file's header (a run of the whole set, or what focused it) and
+	# regenerate the README's table from the file, so the two always match.
+	what="$FOCUS"
+	[ -n "$SMOKE" ] && what="smoke.txt${what:+ $what}"
+	[ -n "$SKIP" ] && what="${what:-.} SKIP=$SKIP"
+	summary_flags+=(-update -record -suite "$ver" -procs "$PARALLEL" -duration "${dur}s" -focus "$what"
+		-commit "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" -readme "$root/README.md")
+fi
 [ "$CHECK" = 1 ] && summary_flags+=(-check)
 echo
 set +e

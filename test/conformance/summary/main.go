@@ -4,6 +4,8 @@
 // it); it does not run anything.
 //
 //	summary -junit R.xml -expectations E [-specs LIST] [-update] [-check] [-markdown]
+//	        [-record -suite V -procs N -duration D -focus F -commit C] [-readme README.md]
+//	summary -expectations E -readme README.md [-check-readme]
 //
 // The expectations file has one line per [Conformance] spec of the suite's version:
 //
@@ -14,6 +16,14 @@
 // A failure whose signature is known (the framework's wait for kube-root-ca.crt) gets that
 // signature's area; otherwise an area already on the spec's line is kept, so a hand-triaged area
 // survives updates, and a new failure gets the area of its topic or SIG (areaFor).
+//
+// The file's header records the runs behind it (-record, with -update): the last run of the
+// whole set ("# full run: ...", its date, suite version, processes, duration and commit) and the
+// last focused run that changed rows since ("# focused run: ..."). -readme rewrites the block
+// between <!-- conformance-table --> and <!-- /conformance-table --> in a README from the
+// expectations file alone (per SIG: passed/total, failed, skipped, not run; the full run's date,
+// version and duration), so the README's table and the file always match; -check-readme only
+// reports whether the block is current.
 package main
 
 import (
@@ -26,6 +36,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 )
 
 type testcase struct {
@@ -61,8 +72,25 @@ func main() {
 	update := flag.Bool("update", false, "rewrite the expectations file: specs the run reached get its result, the rest keep theirs")
 	check := flag.Bool("check", false, "exit 1 when a spec the expectations file marks pass did not pass")
 	markdown := flag.Bool("markdown", false, "print the per-SIG table as Markdown (for the README)")
+	var ri runInfo
+	flag.BoolVar(&ri.Record, "record", false, "with -update: record this run (date, -suite, -procs, -duration, -focus, -commit) in the file's header")
+	flag.StringVar(&ri.Suite, "suite", "", "the suite's version (v1.37.2)")
+	flag.IntVar(&ri.Procs, "procs", 0, "the run's parallel ginkgo processes")
+	flag.DurationVar(&ri.Duration, "duration", 0, "how long the suite ran")
+	flag.StringVar(&ri.Focus, "focus", "", "the run's focus (empty: the whole [Conformance] set)")
+	flag.StringVar(&ri.Commit, "commit", "", "the commit the run measured")
+	flag.StringVar(&ri.Date, "date", time.Now().UTC().Format("2006-01-02"), "the run's date")
+	readme := flag.String("readme", "", "rewrite this README's conformance table from the expectations file (after -update)")
+	checkReadme := flag.Bool("check-readme", false, "with -readme: change nothing, exit 1 when the README's table does not match the expectations file")
 	flag.Parse()
-	if err := run(*junit, *expFile, *specsFile, *update, *check, *markdown, os.Stdout); err != nil {
+	err := run(*junit, *expFile, *specsFile, *update, *check, *markdown, os.Stdout, ri)
+	if err == nil && *readme != "" {
+		err = syncREADME(*readme, *expFile, *checkReadme)
+		if err == nil && !*checkReadme {
+			fmt.Printf("%s: conformance table written from %s\n", *readme, *expFile)
+		}
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "summary:", err)
 		os.Exit(1)
 	}
@@ -218,7 +246,7 @@ func readSpecs(path string) ([]string, error) {
 
 type counts struct{ run, pass, fail, skip, total int }
 
-func run(junit, expFile, specsFile string, update, check, markdown bool, out io.Writer) error {
+func run(junit, expFile, specsFile string, update, check, markdown bool, out io.Writer, ri runInfo) error {
 	if expFile == "" {
 		return fmt.Errorf("-expectations is required")
 	}
@@ -230,6 +258,10 @@ func run(junit, expFile, specsFile string, update, check, markdown bool, out io.
 		}
 	}
 	exp, err := readExpectations(expFile)
+	if err != nil {
+		return err
+	}
+	hdr, err := readHeader(expFile)
 	if err != nil {
 		return err
 	}
@@ -296,6 +328,10 @@ func run(junit, expFile, specsFile string, update, check, markdown bool, out io.
 		}
 	}
 	sort.Strings(sigs)
+	if junit == "" && !markdown {
+		// No run to report: only the file was (re)written, or a README table is wanted.
+		return finish(update, check, expFile, all, got, exp, hdr, ri, junit, out, nil)
+	}
 	var tot counts
 	if markdown {
 		fmt.Fprintln(out, "| SIG | passed / total | failed | not run |")
@@ -332,8 +368,17 @@ func run(junit, expFile, specsFile string, update, check, markdown bool, out io.
 		}
 	}
 
+	return finish(update, check, expFile, all, got, exp, hdr, ri, junit, out, regressions)
+}
+
+// finish writes the expectations file (-update) and reports regressions (-check).
+func finish(update, check bool, expFile string, all []string, got map[string]testcase, exp map[string]expectation,
+	hdr header, ri runInfo, junit string, out io.Writer, regressions []string) error {
 	if update {
-		if err := writeExpectations(expFile, all, got, exp); err != nil {
+		if ri.Record && junit != "" {
+			hdr = ri.record(hdr)
+		}
+		if err := writeExpectations(expFile, all, got, exp, hdr); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "updated %s\n", expFile)
@@ -346,12 +391,17 @@ func run(junit, expFile, specsFile string, update, check, markdown bool, out io.
 
 // writeExpectations writes one line per spec of all (the suite's specs when -specs is given, so
 // specs no longer in the suite drop out).
-func writeExpectations(path string, all []string, got map[string]testcase, exp map[string]expectation) error {
+func writeExpectations(path string, all []string, got map[string]testcase, exp map[string]expectation, hdr header) error {
 	var b strings.Builder
 	b.WriteString("# The upstream conformance suite's [Conformance] specs and their last result on Waggle.\n")
 	b.WriteString("# result<TAB>area<TAB>spec — result: pass | fail | skip | notrun; area: the issue area of a\n")
 	b.WriteString("# spec that does not pass (API, security, workloads, node, network), - for one that passes.\n")
 	b.WriteString("# Written by `make conformance UPDATE=1` (test/conformance/summary); areas may be edited by hand.\n")
+	for _, k := range headerKeys {
+		if v := hdr[k]; v != "" {
+			fmt.Fprintf(&b, "# %s: %s\n", k, v)
+		}
+	}
 	for _, n := range all {
 		e, had := exp[n]
 		if !had {

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSpecNameStripsLeafTypeAndLabels(t *testing.T) {
@@ -44,7 +46,7 @@ func TestRunComparesWithExpectationsAndUpdates(t *testing.T) {
 	os.WriteFile(specs, []byte(a+"\n"+b+"\n"+c+"\n"+d+"\n"), 0o644)
 
 	var out strings.Builder
-	err := run(junit, exp, specs, true, true, false, &out)
+	err := run(junit, exp, specs, true, true, false, &out, runInfo{})
 	if err == nil || !strings.Contains(err.Error(), b) {
 		t.Fatalf("err = %v, want the regression of %q", err, b)
 	}
@@ -58,5 +60,87 @@ func TestRunComparesWithExpectationsAndUpdates(t *testing.T) {
 		if !strings.Contains(string(got), w+"\n") {
 			t.Errorf("expectations lack %q:\n%s", w, got)
 		}
+	}
+}
+
+func TestRecordAndREADMETable(t *testing.T) {
+	dir := t.TempDir()
+	a := "[sig-apps] A passes [Conformance]"
+	b := "[sig-apps] B fails [Conformance]"
+	c := "[sig-node] C is not reached [Conformance]"
+	junit := filepath.Join(dir, "junit.xml")
+	os.WriteFile(junit, []byte(`<testsuites><testsuite>
+<testcase name="[It] `+a+` [sig-apps, Conformance]" status="passed"></testcase>
+<testcase name="[It] `+b+` [sig-apps, Conformance]" status="failed"><failure message="boom"></failure></testcase>
+</testsuite></testsuites>`), 0o644)
+	exp := filepath.Join(dir, "expectations.tsv")
+	os.WriteFile(exp, []byte("# focused run: 2026-11-30 procs=2 commit=0ld focus=x\nnotrun\tworkloads\t"+a+"\nnotrun\tworkloads\t"+b+"\nnotrun\tnode\t"+c+"\n"), 0o644)
+	readme := filepath.Join(dir, "README.md")
+	os.WriteFile(readme, []byte("# X\n\nbefore\n"+tableBegin+"\nstale\n"+tableEnd+"\nafter\n"), 0o644)
+
+	// A run of the whole set is recorded, and supersedes the older focused run.
+	full := runInfo{Record: true, Suite: "v1.37.2", Procs: 5, Duration: 71*time.Minute + 3*time.Second + 400*time.Millisecond, Commit: "abc1234", Date: "2026-12-01"}
+	if err := run(junit, exp, "", true, false, false, io.Discard, full); err != nil {
+		t.Fatal(err)
+	}
+	if err := syncREADME(readme, exp, true); err == nil {
+		t.Fatal("check-readme passed on a stale table")
+	}
+	if err := syncREADME(readme, exp, false); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(readme)
+	for _, w := range []string{
+		"# X\n\nbefore\n" + tableBegin + "\nMeasured 2026-12-01 with the v1.37.2 suite: the whole `[Conformance]` set on a fresh 3-node lab in 1h11m3s with 5 parallel processes",
+		"| sig-apps | 1 / 2 | 1 | 0 | 0 |\n",
+		"| sig-node | 0 / 1 | 0 | 0 | 1 |\n",
+		"| **all** | **1 / 3** | 1 | 0 | 1 |\n" + tableEnd + "\nafter\n",
+	} {
+		if !strings.Contains(string(got), w) {
+			t.Errorf("README lacks %q:\n%s", w, got)
+		}
+	}
+	if strings.Contains(string(got), "focused") {
+		t.Errorf("README still names the focused run a full run superseded:\n%s", got)
+	}
+	if err := syncREADME(readme, exp, true); err != nil {
+		t.Errorf("check-readme right after a sync: %v", err)
+	}
+
+	// A later focused run keeps the full run's line and adds its own; an update without
+	// -record (an older harness) keeps both.
+	focused := runInfo{Record: true, Suite: "v1.37.2", Procs: 2, Duration: time.Minute, Commit: "def5678", Date: "2026-12-02", Focus: "sig-apps.*A passes"}
+	if err := run(junit, exp, "", true, false, false, io.Discard, focused); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(junit, exp, "", true, false, false, io.Discard, runInfo{}); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := readHeader(exp)
+	if want := "2026-12-01 procs=5 duration=1h11m3s commit=abc1234"; h["full run"] != want {
+		t.Errorf("full run = %q, want %q", h["full run"], want)
+	}
+	if want := "2026-12-02 procs=2 duration=1m0s commit=def5678 focus=sig-apps.*A passes"; h["focused run"] != want {
+		t.Errorf("focused run = %q, want %q", h["focused run"], want)
+	}
+	table, err := readmeTable(exp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := "the latest 2026-12-02 (`FOCUS='sig-apps.*A passes'`)"; !strings.Contains(table, w) {
+		t.Errorf("table lacks %q:\n%s", w, table)
+	}
+
+	// No markers: a clear error, the README untouched.
+	os.WriteFile(readme, []byte("no table\n"), 0o644)
+	if err := syncREADME(readme, exp, false); err == nil || !strings.Contains(err.Error(), tableBegin) {
+		t.Errorf("err = %v, want one naming the missing block", err)
+	}
+}
+
+// The committed README's table is the one the committed expectations file gives.
+func TestCommittedREADMEMatchesExpectations(t *testing.T) {
+	if err := syncREADME("../../../README.md", "../expectations.tsv", true); err != nil {
+		t.Error(err)
 	}
 }
