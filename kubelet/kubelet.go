@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
+	"k8s.io/kubernetes/pkg/kubelet/clustertrustbundle"
 	"k8s.io/kubernetes/pkg/kubelet/token"
 
 	"github.com/waggle-io/waggle/internal/apilb"
@@ -59,6 +60,10 @@ type Kubelet struct {
 	nodeIP   string
 	// tokens caches and renews the pods' projected service-account tokens.
 	tokens *token.Manager
+	// ctb serves clusterTrustBundle projections (upstream's lazy
+	// informer manager: it starts its informer on first use).
+	ctbOnce sync.Once
+	ctb     clustertrustbundle.Manager
 
 	mu       sync.Mutex
 	nodeObj  *v1.Node
@@ -186,6 +191,20 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 	k.probes = newProbeManager(k)
 	k.registerMetrics()
 	return k, nil
+}
+
+// trustBundles returns the ClusterTrustBundle manager, started on first use
+// with the kubelet's context, as upstream's kubelet does
+// (NewLazyInformerManager, cache of 2×maxPods entries).
+func (k *Kubelet) trustBundles() clustertrustbundle.Manager {
+	k.ctbOnce.Do(func() {
+		ctx := k.ctx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		k.ctb = clustertrustbundle.NewLazyInformerManager(ctx, k.client, 2*k.cfg.MaxPods)
+	})
+	return k.ctb
 }
 
 func (k *Kubelet) registerMetrics() {

@@ -199,6 +199,10 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 				files, err = k.downwardFiles(pod, s.DownwardAPI.Items, v.Projected.DefaultMode)
 			case s.ServiceAccountToken != nil:
 				files, err = k.tokenFile(pod, s.ServiceAccountToken, v.Projected.DefaultMode)
+			case s.ClusterTrustBundle != nil:
+				files, err = k.trustBundleFile(ctx, s.ClusterTrustBundle, v.Projected.DefaultMode)
+			case s.PodCertificate != nil:
+				err = fmt.Errorf("podCertificate projected volume sources are not supported by this kubelet")
 			}
 			if err != nil {
 				return err
@@ -236,6 +240,34 @@ func (k *Kubelet) tokenFile(pod *v1.Pod, src *v1.ServiceAccountTokenProjection, 
 		mode = os.FileMode(*defMode)
 	}
 	return []file{{src.Path, []byte(out.Status.Token), mode}}, nil
+}
+
+// trustBundleFile writes the trust anchors of one ClusterTrustBundle (by
+// name) or of all a signer's bundles that the label selector picks, as
+// upstream's projected volume does, through the kubelet's own
+// clustertrustbundle manager (an informer on the newest served version of
+// certificates.k8s.io ClusterTrustBundles, deduplicated and sorted PEM).
+// Optional sources write an empty file when nothing matches.
+func (k *Kubelet) trustBundleFile(ctx context.Context, src *v1.ClusterTrustBundleProjection, defMode *int32) ([]file, error) {
+	allowMissing := src.Optional != nil && *src.Optional
+	var pem []byte
+	var err error
+	switch {
+	case src.Name != nil:
+		pem, err = k.trustBundles().GetTrustAnchorsByName(ctx, *src.Name, allowMissing)
+	case src.SignerName != nil:
+		pem, err = k.trustBundles().GetTrustAnchorsBySigner(ctx, *src.SignerName, src.LabelSelector, allowMissing)
+	default:
+		err = fmt.Errorf("ClusterTrustBundle projection requires either name or signerName to be set")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("clusterTrustBundle %s: %w", src.Path, err)
+	}
+	mode := os.FileMode(v1.ProjectedVolumeSourceDefaultMode)
+	if defMode != nil {
+		mode = os.FileMode(*defMode)
+	}
+	return []file{{src.Path, pem, mode}}, nil
 }
 
 func setUpHostPath(h *v1.HostPathVolumeSource) error {

@@ -98,8 +98,13 @@ func StartContainerd(t testing.TB) *Containerd {
 	testutil.RequiresBinary(t, "containerd")
 	testutil.RequiresBinary(t, "runc")
 	testutil.RequiresBinary(t, "containerd-shim-runc-v2")
-	// Short: the socket path must fit a sockaddr_un.
-	dir, err := os.MkdirTemp("/tmp", "wctd")
+	// Short: the socket path must fit a sockaddr_un. $TMPDIR when it is
+	// short (e.g. /dev/shm on a host whose /tmp is full), else /tmp.
+	base := "/tmp"
+	if d := os.Getenv("TMPDIR"); d != "" && len(d) <= 16 {
+		base = d
+	}
+	dir, err := os.MkdirTemp(base, "wctd")
 	if err != nil {
 		t.Fatal(err)
 	}
