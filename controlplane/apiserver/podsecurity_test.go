@@ -2,12 +2,14 @@ package apiserver_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -103,19 +105,32 @@ exemptions:
 		t.Fatalf("warnings: %q", got)
 	}
 	// A deployment's template is checked too (warn/audit only, as upstream).
-	// Relabelling a namespace that holds a privileged pod warns.
-	ns, err := cs.CoreV1().Namespaces().Get(ctx, "warned", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
-	if _, err := cs.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if got := w.take(); !strings.Contains(got, `existing pods in namespace "warned" violate the new PodSecurity enforce level "restricted:latest"`) ||
-		!strings.Contains(got, "priv: privileged") {
-		t.Fatalf("warnings after relabelling: %q", got)
-	}
+	// Relabelling a namespace that holds a privileged pod warns. The
+	// plugin finds the namespace's pods through its own informer, which may
+	// not hold the pod just created yet: relabel until it does (back to
+	// privileged, then restricted again, so each try is a change of level).
+	testutil.Eventually(t, 30*time.Second, func() error {
+		var got string
+		for _, level := range []string{"privileged", "restricted"} {
+			ns, err := cs.CoreV1().Namespaces().Get(ctx, "warned", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if ns.Labels["pod-security.kubernetes.io/enforce"] == level {
+				continue
+			}
+			ns.Labels["pod-security.kubernetes.io/enforce"] = level
+			if _, err := cs.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			got = w.take()
+		}
+		if !strings.Contains(got, `existing pods in namespace "warned" violate the new PodSecurity enforce level "restricted:latest"`) ||
+			!strings.Contains(got, "priv: privileged") {
+			return fmt.Errorf("warnings after relabelling to restricted: %q", got)
+		}
+		return nil
+	})
 
 	// The real kubectl gets the same refusal.
 	kc, err := exec.LookPath("kubectl")
