@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -208,4 +209,55 @@ func rawEtcd(t *testing.T, srv *apiservertest.Server, key string) string {
 		t.Fatalf("raw etcd get %s: %v %v", key, err, resp)
 	}
 	return string(resp.Kvs[0].Value)
+}
+
+// TestLostEncryptionKeyFailsOnlyThatResource: a Secret written with a key
+// the encryption config no longer holds cannot be decrypted; as upstream,
+// the server still becomes ready and only reads that touch that value fail
+// (500 InternalError), while other Secrets and other resources are served
+// and writes go on.
+func TestLostEncryptionKeyFailsOnlyThatResource(t *testing.T) {
+	testutil.Privileged(t)
+	dir, data := t.TempDir(), t.TempDir()
+	ctx := context.Background()
+	cfgPath := encryptionConfig(t, dir, "lost.yaml", "      - aescbc:\n          keys:\n"+aesKey("old", 1)+"      - identity: {}\n")
+	start := func(addr string) (*apiservertest.Server, kubernetes.Interface) {
+		srv := apiservertest.Start(t, apiservertest.Options{DataDir: data, Addr: addr, Configure: func(c *apiserver.Config) { c.EncryptionProviderConfig = cfgPath }})
+		return srv, kubernetes.NewForConfigOrDie(srv.Config)
+	}
+	srv, cs := start("")
+	addr := strings.TrimPrefix(srv.Config.Host, "https://")
+	if _, err := cs.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "lost"},
+		StringData: map[string]string{"password": "x"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+
+	// The old key is gone (no rotation): the server must still start.
+	encryptionConfig(t, dir, "lost.yaml", "      - aescbc:\n          keys:\n"+aesKey("new", 2)+"      - identity: {}\n")
+	srv, cs = start(addr)
+	if _, err := cs.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "fresh"},
+		StringData: map[string]string{"password": "y"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create a Secret with the new key: %v", err)
+	}
+	if got, err := cs.CoreV1().Secrets("default").Get(ctx, "fresh", metav1.GetOptions{}); err != nil || string(got.Data["password"]) != "y" {
+		t.Fatalf("get the new Secret: %v", err)
+	}
+	if _, err := cs.CoreV1().Secrets("default").Get(ctx, "lost", metav1.GetOptions{}); !apierrors.IsInternalError(err) || !strings.Contains(err.Error(), "transform") {
+		t.Errorf("get the undecryptable Secret: %v, want 500 InternalError naming the transform", err)
+	}
+	if _, err := cs.CoreV1().Secrets("default").List(ctx, metav1.ListOptions{}); !apierrors.IsInternalError(err) {
+		t.Errorf("list Secrets: %v, want 500 InternalError", err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("list ConfigMaps: %v", err)
+	}
+	if raw := rawEtcd(t, srv, "/registry/secrets/default/lost"); !strings.HasPrefix(raw, "k8s:enc:aescbc:v1:old:") {
+		t.Errorf("the undecryptable Secret changed in etcd: %.40q", raw)
+	}
+	// readyz is green (apiservertest.Start waited for it); say so explicitly.
+	body, err := cs.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	if err != nil {
+		t.Errorf("/readyz: %v %s", err, body)
+	}
 }

@@ -528,6 +528,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 			_, _, err := r.cache.List(cctx, 0, storage.Predicate{KeyPrefix: "\x00"})
 			cancel()
+			if errors.Is(r.cache.ListErr(), storage.ErrTransform) {
+				// A value the encryption config cannot decrypt fails that
+				// resource's reads (500, as upstream), not the server.
+				continue
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}

@@ -143,6 +143,8 @@ type Cacher struct {
 	mu      sync.RWMutex
 	changed *sync.Cond // broadcast when rev advances or readiness changes
 	ready   bool
+	// listErr is why the last listing failed (nil once one succeeded).
+	listErr error
 	items   map[string]*Object
 	rev     int64
 	// history is a ring of the latest events; oldest is the revision from
@@ -199,6 +201,11 @@ func (c *Cacher) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		c.mu.Lock()
+		if !c.ready {
+			c.listErr = err
+		}
+		c.mu.Unlock()
 		c.log.Warn("watch cache restarting", "err", err)
 		select {
 		case <-ctx.Done():
@@ -242,6 +249,7 @@ func (c *Cacher) listAndWatch(ctx context.Context) error {
 	c.hstart, c.hlen = 0, 0
 	c.oldest = rev
 	c.ready = true
+	c.listErr = nil
 	c.changed.Broadcast()
 	c.mu.Unlock()
 	c.log.Debug("watch cache listed", "objects", len(items), "rev", rev)
@@ -379,6 +387,12 @@ func (c *Cacher) waitLocked(ctx context.Context, rev int64) error {
 	if c.ready && c.rev >= rev {
 		return nil
 	}
+	if !c.ready && errors.Is(c.listErr, ErrTransform) {
+		// A stored value it cannot decrypt keeps the cache from listing
+		// until the key is back: do not wait, let the caller read etcd
+		// (which fails only the reads that touch that value).
+		return fmt.Errorf("watch cache of %s not ready (%v): %w", c.cfg.Resource, c.listErr, ErrUnavailable)
+	}
 	if rev > 0 {
 		// Behind, typically because other resources moved the revision: ask
 		// etcd for progress notifications until the cache catches up (etcd
@@ -416,6 +430,17 @@ func (c *Cacher) waitLocked(ctx context.Context, rev int64) error {
 		c.changed.Wait()
 	}
 	return nil
+}
+
+// ListErr returns why the cache is not ready: the error of its last
+// failed listing, nil while ready or before its first listing ended.
+func (c *Cacher) ListErr() error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.ready {
+		return nil
+	}
+	return c.listErr
 }
 
 // Revision returns the revision the cache reflects.
