@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,7 +33,8 @@ import (
 // certificate of the cluster CA authenticates (401 otherwise, /healthz
 // included), and each request is allowed only when a SubjectAccessReview for
 // the node's subresource says so (403 with upstream's message otherwise). The
-// API server itself reaches the kubelet as kube-apiserver-kubelet-client.
+// API server itself reaches the kubelet as kube-apiserver-kubelet-client. A
+// ServiceAccount token with no nodes/* grant authenticates and gets 403.
 func TestKubeletAPIAuthnAuthz(t *testing.T) {
 	testutil.Privileged(t)
 	s := apiservertest.Start(t, apiservertest.Options{})
@@ -116,13 +118,23 @@ func TestKubeletAPIAuthnAuthz(t *testing.T) {
 		"foreign-ca":   {foreign},
 		"bad-token":    nil,
 	}
+	// A ServiceAccount token (TokenRequest) authenticates through TokenReview
+	// but its ServiceAccount holds no nodes/* grant.
+	if _, err := admin.CoreV1().ServiceAccounts("default").Create(ctx, &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "sa-bot"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := admin.CoreV1().ServiceAccounts("default").CreateToken(ctx, "sa-bot", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bearer := map[string]string{"bad-token": "not-a-token", "sa-token": tr.Status.Token}
 	do := func(id, method, path string) (int, string) {
 		t.Helper()
 		tr := &http.Transport{TLSClientConfig: &tls.Config{Certificates: ids[id], InsecureSkipVerify: true}} //nolint:gosec // the kubelet's self-signed serving cert
 		defer tr.CloseIdleConnections()
 		req, _ := http.NewRequest(method, base+path, nil)
-		if id == "bad-token" {
-			req.Header.Set("Authorization", "Bearer not-a-token")
+		if tok := bearer[id]; tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
 		}
 		resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Do(req)
 		if err != nil {
@@ -153,6 +165,9 @@ func TestKubeletAPIAuthnAuthz(t *testing.T) {
 		{"eve", "GET", "/containerLogs/default/target/c", 403, "subresource(s)=[proxy]"},
 		{"eve", "GET", "/stats/summary", 403, "subresource(s)=[stats]"},
 		{"eve", "GET", "/metrics", 403, "subresource(s)=[metrics]"},
+		{"sa-token", "GET", "/pods", 403, "Forbidden (user=system:serviceaccount:default:sa-bot, verb=get, resource=nodes, subresource(s)=[pods proxy])"},
+		{"sa-token", "POST", "/run/default/target/c?cmd=id", 403, "Forbidden (user=system:serviceaccount:default:sa-bot, verb=create, resource=nodes, subresource(s)=[proxy])"},
+		{"sa-token", "GET", "/stats/summary", 403, "subresource(s)=[stats]"},
 		{"stats-reader", "GET", "/stats/summary", 200, `"nodeName":"` + nodeName + `"`},
 		{"stats-reader", "GET", "/metrics", 403, "subresource(s)=[metrics]"},
 		{"stats-reader", "POST", "/run/default/target/c?cmd=id", 403, "Forbidden (user=stats-reader, verb=create, resource=nodes, subresource(s)=[proxy])"},
