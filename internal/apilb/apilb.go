@@ -20,6 +20,7 @@ package apilb
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -29,7 +30,10 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -52,6 +56,8 @@ type Balancer struct {
 	servers []string        // host:port, the seed first
 	ready   map[string]bool // last probe
 	current string
+	// refreshErr is the last refresh error logged.
+	refreshErr string
 }
 
 // Wrap returns a copy of rc whose connections go through a Balancer seeded
@@ -159,13 +165,21 @@ func (b *Balancer) run(ctx context.Context, rc *rest.Config) {
 // refresh learns the servers from the kubernetes Endpoints (the seed stays,
 // as the way back in when every learned server is gone).
 func (b *Balancer) refresh(ctx context.Context, cs kubernetes.Interface) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	ep, err := cs.CoreV1().Endpoints(metav1.NamespaceDefault).Get(cctx, "kubernetes", metav1.GetOptions{})
+	ep, err := kubernetesEndpoints(ctx, cs)
 	if err != nil {
-		b.log.Debug("API server balancer: kubernetes endpoints", "err", err)
+		// Said once per distinct error: a client that cannot read the
+		// endpoints never fails over.
+		b.mu.Lock()
+		if msg := err.Error(); msg != b.refreshErr {
+			b.refreshErr = msg
+			b.log.Warn("API server balancer: cannot read the kubernetes endpoints; no failover until it can", "err", err)
+		}
+		b.mu.Unlock()
 		return
 	}
+	b.mu.Lock()
+	b.refreshErr = ""
+	b.mu.Unlock()
 	servers := []string{b.seed}
 	for _, ss := range ep.Subsets {
 		for _, p := range ss.Ports {
@@ -183,6 +197,29 @@ func (b *Balancer) refresh(ctx context.Context, cs kubernetes.Interface) {
 	}
 	b.servers = servers
 	b.mu.Unlock()
+}
+
+// kubernetesEndpoints reads default/kubernetes with a GET, or with a LIST
+// narrowed to that name where the client may only list endpoints, as
+// kube-proxy's role (system:node-proxier: list and watch) allows.
+func kubernetesEndpoints(ctx context.Context, cs kubernetes.Interface) (*corev1.Endpoints, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ep, err := cs.CoreV1().Endpoints(metav1.NamespaceDefault).Get(cctx, "kubernetes", metav1.GetOptions{})
+	if !apierrors.IsForbidden(err) {
+		return ep, err
+	}
+	l, lerr := cs.CoreV1().Endpoints(metav1.NamespaceDefault).List(cctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", "kubernetes").String()})
+	if lerr != nil {
+		return nil, fmt.Errorf("%w; list: %w", err, lerr)
+	}
+	for i := range l.Items {
+		if l.Items[i].Name == "kubernetes" {
+			return &l.Items[i], nil
+		}
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("endpoints"), "kubernetes")
 }
 
 func (b *Balancer) probe(ctx context.Context, c *http.Client) {

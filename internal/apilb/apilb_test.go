@@ -2,9 +2,18 @@ package apilb
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // A dial goes to the current server while it answers, and to the next
@@ -53,3 +62,26 @@ func TestDialFailsOverToTheNextServer(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// kube-proxy's role may list endpoints but not get them: the balancer still
+// learns the servers, through a LIST narrowed to default/kubernetes.
+func TestRefreshLearnsServersWithListOnly(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Endpoints{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "kubernetes"},
+		Subsets: []corev1.EndpointSubset{{
+			Addresses: []corev1.EndpointAddress{{IP: "10.0.0.2"}, {IP: "10.0.0.3"}},
+			Ports:     []corev1.EndpointPort{{Name: "https", Port: 6443}},
+		}},
+	}, &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "other"},
+		Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: "10.9.9.9"}}, Ports: []corev1.EndpointPort{{Port: 1}}}}})
+	cs.PrependReactor("get", "endpoints", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("endpoints"), "kubernetes", errors.New("no get"))
+	})
+	seed := "10.0.0.2:6443"
+	bal := &Balancer{log: discard(), seed: seed, servers: []string{seed}, ready: map[string]bool{seed: true}, current: seed}
+	bal.refresh(context.Background(), cs)
+	all, _ := bal.Servers()
+	if want := []string{seed, "10.0.0.3:6443"}; !slices.Equal(all, want) {
+		t.Fatalf("servers %v, want %v", all, want)
+	}
+}
