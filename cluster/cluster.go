@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/util/uuid"
 
 	"github.com/waggle-io/waggle/clusterdns"
 	"github.com/waggle-io/waggle/controlplane/apiserver"
@@ -262,7 +263,7 @@ func Run(ctx context.Context, cfg Config) error {
 				Parallelism:       16,
 				PodInitialBackoff: time.Second,
 				PodMaxBackoff:     10 * time.Second,
-				LeaderElection:    leaderElection("kube-scheduler"),
+				LeaderElection:    leaderElection("kube-scheduler", cfg.NodeName),
 			})
 		})
 	})
@@ -279,7 +280,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.LoadBalancerIPPools = cfg.LoadBalancerIPPools
 		cm.LogLevel = cfg.LogLevel
 		cm.Log = componentLog("controller-manager", cfg.LogLevel)
-		cm.LeaderElection = leaderElection("kube-controller-manager")
+		cm.LeaderElection = leaderElection("kube-controller-manager", cfg.NodeName)
 		// As kubeadm: the bootstrap token controllers on, and CSRs signed by
 		// the cluster CA.
 		cm.Controllers = []string{"*", controllers.BootstrapSignerName, controllers.TokenCleanerName}
@@ -323,11 +324,18 @@ func supervise(ctx context.Context, log *slog.Logger, name string, run func() er
 	}
 }
 
-func leaderElection(name string) leaderelect.Config {
+func leaderElection(name, nodeName string) leaderelect.Config {
 	// One instance per process here, but the Lease still shows who leads,
-	// and a second `waggle scheduler` may join.
+	// and a second `waggle scheduler` may join. The holder identity starts
+	// with the server's node name when it has one (as k3s's), not only the
+	// hostname: servers sharing a hostname (the lab's, containers) stay
+	// told apart in the Lease.
+	id := ""
+	if nodeName != "" {
+		id = nodeName + "_" + string(uuid.NewUUID())
+	}
 	return leaderelect.Config{
-		Enabled: true, LeaseName: name, LeaseNamespace: leaderelect.DefaultLeaseNamespace,
+		Enabled: true, LeaseName: name, LeaseNamespace: leaderelect.DefaultLeaseNamespace, Identity: id,
 		LeaseDuration: leaderelect.DefaultLeaseDuration, RenewDeadline: leaderelect.DefaultRenewDeadline,
 		RetryPeriod: leaderelect.DefaultRetryPeriod,
 	}

@@ -296,6 +296,11 @@ func removeContainers(ctx context.Context, dataDir string, st *State) error {
 
 // waitFor polls check until it succeeds, ctx ends or timeout passes.
 func waitFor(ctx context.Context, timeout time.Duration, what string, check func() error) error {
+	return pollFor(ctx, timeout, 500*time.Millisecond, what, check)
+}
+
+// pollFor is waitFor checking every interval (measurements want it short).
+func pollFor(ctx context.Context, timeout, interval time.Duration, what string, check func() error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var err error
@@ -306,7 +311,7 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, check func
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), err)
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 }

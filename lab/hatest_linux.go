@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -40,7 +41,9 @@ type haServer struct {
 }
 
 // RunHAScenario runs one scenario on the lab under dataDir.
-func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.Duration, out io.Writer) (*HAResult, error) {
+// writeTimeout bounds each of the writer's writes (a write sent to a dying
+// server waits that long before it is retried elsewhere).
+func RunHAScenario(ctx context.Context, dataDir, scenario string, duration, writeTimeout time.Duration, out io.Writer) (*HAResult, error) {
 	st, err := LoadState(dataDir)
 	if err != nil {
 		return nil, err
@@ -62,7 +65,16 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 	if err != nil {
 		return nil, err
 	}
+	port, err := apiPort(servers[0].kc)
+	if err != nil {
+		return nil, err
+	}
+	probe, err := clientForLB(ctx, servers[0].kc)
+	if err != nil {
+		return nil, err
+	}
 	var victim *haServer
+	var victimLeads []string
 	switch scenario {
 	case ScenarioKillEtcdLeader:
 		victim = leader
@@ -72,8 +84,33 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 				victim = s
 			}
 		}
+	case ScenarioKillAPIServer:
+		// The server most node agents talk to.
+		conns := agentConns(st, port)
+		for _, s := range servers {
+			if victim == nil || conns[s.n.Addr] > conns[victim.n.Addr] {
+				victim = s
+			}
+		}
+		fmt.Fprintf(out, "node agents' connections to the API servers: %v\n", conns)
+	case ScenarioKillLeader:
+		h, err := leaseHolder(ctx, probe, "kube-controller-manager")
+		if err != nil {
+			return nil, err
+		}
+		if victim = serverOf(servers, h); victim == nil {
+			return nil, fmt.Errorf("the controller-manager's Lease holder %q is none of the lab's servers", h)
+		}
 	default:
-		return nil, fmt.Errorf("unknown scenario %q (want %s or %s)", scenario, ScenarioKillEtcdLeader, ScenarioPartition)
+		return nil, fmt.Errorf("unknown scenario %q (want one of %s)", scenario, strings.Join(Scenarios, ", "))
+	}
+	for _, l := range []string{"kube-controller-manager", "kube-scheduler"} {
+		if h, err := leaseHolder(ctx, probe, l); err == nil && serverOf(servers, h) == victim {
+			victimLeads = append(victimLeads, l)
+		}
+	}
+	if victim == leader {
+		victimLeads = append(victimLeads, "etcd")
 	}
 	var survivors []*haServer
 	for _, s := range servers {
@@ -82,7 +119,8 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 		}
 	}
 	fmt.Fprintf(out, "etcd leader: %s; victim: %s (%s)\n", leader.n.Name, victim.n.Name, scenario)
-	res := &HAResult{Scenario: scenario, Victim: victim.n.Name}
+	res := &HAResult{Scenario: scenario, Victim: victim.n.Name, VictimLeads: victimLeads}
+	fmt.Fprintf(out, "the victim leads: %v\n", victimLeads)
 	ns := "ha-test-" + strconv.FormatInt(time.Now().Unix(), 36)
 	admin, err := clientForLB(ctx, survivors[0].kc)
 	if err != nil {
@@ -114,6 +152,40 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 			close(i.stop)
 		}
 	}()
+	// Every scenario: the nodes' Ready conditions and Lease renewals, and
+	// the node agents' processes.
+	nw := watchNodes(admin)
+	defer close(nw.stop)
+	var agents []Process
+	for _, p := range st.Processes {
+		if p.Name == "kubelet" || p.Name == "proxy" {
+			agents = append(agents, p)
+		}
+	}
+	proxyBase := map[string]float64{}
+	if scenario == ScenarioKillAPIServer {
+		for _, n := range st.Nodes {
+			v, err := proxyServices(ctx, n.Addr)
+			if err != nil {
+				return nil, err
+			}
+			proxyBase[n.Name] = v
+		}
+		res.AgentsOnVictim = agentConns(st, port)[victim.n.Addr]
+	}
+	if scenario == ScenarioKillLeader {
+		// The ReplicaSet the fault scales, and the ServiceAccount its pods
+		// need (the controller-manager makes it).
+		if err := waitFor(ctx, 45*time.Second, "the default ServiceAccount of "+ns, func() error {
+			_, err := admin.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		if _, err := admin.AppsV1().ReplicaSets(ns).Create(ctx, probeReplicaSet(), metav1.CreateOptions{}); err != nil {
+			return nil, err
+		}
+	}
 
 	// The writer: through the failover dialer, seeded on a survivor.
 	writer, err := clientForLB(ctx, survivors[0].kc)
@@ -130,7 +202,7 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 		defer wg.Done()
 		for seq := 0; wctx.Err() == nil; seq++ {
 			name := fmt.Sprintf("w%06d", seq)
-			cctx, cancel := context.WithTimeout(wctx, time.Second)
+			cctx, cancel := context.WithTimeout(wctx, writeTimeout)
 			_, err := writer.CoreV1().ConfigMaps(ns).Create(cctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"seq": strconv.Itoa(seq)}}, metav1.CreateOptions{})
 			cancel()
 			mu.Lock()
@@ -150,7 +222,7 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 	time.Sleep(duration / 3)
 	fault := time.Now()
 	switch scenario {
-	case ScenarioKillEtcdLeader:
+	case ScenarioKillEtcdLeader, ScenarioKillAPIServer, ScenarioKillLeader:
 		if err := syscall.Kill(victim.p.PID, syscall.SIGKILL); err != nil {
 			stopWriter()
 			return nil, fmt.Errorf("kill %s: %w", victim.n.Name, err)
@@ -168,7 +240,17 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 		res.MinorityRefused = err != nil
 		fmt.Fprintf(out, "write to the partitioned %s: %v %s\n", victim.n.Name, err, b)
 	}
-	time.Sleep(duration - duration/3)
+	// A measurement that fails is reported with the rest of the run.
+	var measureErr error
+	switch scenario {
+	case ScenarioKillAPIServer:
+		measureErr = measureProxies(ctx, admin, ns, st, proxyBase, fault, res)
+	case ScenarioKillLeader:
+		measureErr = measureLeader(ctx, admin, ns, servers, victim, fault, res)
+	}
+	if rest := time.Until(fault.Add(duration - duration/3)); rest > 0 {
+		time.Sleep(rest)
+	}
 	stopWriter()
 	wg.Wait()
 	last := time.Now()
@@ -178,6 +260,22 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 		}
 	}
 	res.Acked = len(acked)
+	nw.results(res, fault, st.Nodes)
+	for _, p := range agents {
+		if !alive(p) {
+			res.Restarted = append(res.Restarted, p.Node+"/"+p.Name)
+		}
+	}
+	res.AgentsAfter = map[string]int{}
+	for addr, n := range agentConns(st, port) {
+		name := addr
+		for _, s := range servers {
+			if s.n.Addr == addr {
+				name = s.n.Name
+			}
+		}
+		res.AgentsAfter[name] = n
+	}
 	for i, t := range acks {
 		if i == 0 {
 			continue
@@ -282,7 +380,7 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration time.
 		}
 	}
 	_ = admin.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), ns, metav1.DeleteOptions{})
-	return res, nil
+	return res, measureErr
 }
 
 func clientForLB(ctx context.Context, kubeconfig string) (*kubernetes.Clientset, error) {
@@ -333,4 +431,75 @@ func etcdLeader(ctx context.Context, dataDir string, servers []*haServer) (*haSe
 		}
 	}
 	return nil, errors.New("no etcd leader found among the lab's servers")
+}
+
+// measureProxies creates a Service right after the fault and waits for every
+// node's proxy to program it.
+func measureProxies(ctx context.Context, cs kubernetes.Interface, ns string, st *State, base map[string]float64, fault time.Time, res *HAResult) error {
+	if err := createProbeService(ctx, cs, ns); err != nil {
+		return fmt.Errorf("create the probe Service: %w", err)
+	}
+	return pollFor(ctx, 45*time.Second, 100*time.Millisecond, "every proxy to program the probe Service", func() error {
+		for _, n := range st.Nodes {
+			v, err := proxyServices(ctx, n.Addr)
+			if err != nil {
+				return err
+			}
+			if v <= base[n.Name] {
+				return fmt.Errorf("the proxy of %s programs %v Services, %v before", n.Name, v, base[n.Name])
+			}
+		}
+		res.ProxyProgrammed = time.Since(fault)
+		return nil
+	})
+}
+
+// measureLeader scales the probe ReplicaSet right after the fault and times
+// the Lease takeovers, the pods the new controller-manager leader creates and
+// their binding by the scheduler.
+func measureLeader(ctx context.Context, cs kubernetes.Interface, ns string, servers []*haServer, victim *haServer, fault time.Time, res *HAResult) error {
+	const replicas = 2
+	if err := retryWrite(ctx, func(ctx context.Context) error {
+		_, err := cs.AppsV1().ReplicaSets(ns).Patch(ctx, "ha-probe", types.MergePatchType,
+			[]byte(fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)), metav1.PatchOptions{})
+		return err
+	}); err != nil {
+		return fmt.Errorf("scale the probe ReplicaSet: %w", err)
+	}
+	schedLed := slices.Contains(res.VictimLeads, "kube-scheduler")
+	return pollFor(ctx, 60*time.Second, 100*time.Millisecond, "the new leaders to act", func() error {
+		now := time.Since(fault)
+		if res.Takeover == 0 {
+			if h, err := leaseHolder(ctx, cs, "kube-controller-manager"); err == nil && h != "" && serverOf(servers, h) != victim {
+				res.Takeover = now
+			}
+		}
+		if schedLed && res.SchedulerTakeover == 0 {
+			if h, err := leaseHolder(ctx, cs, "kube-scheduler"); err == nil && h != "" && serverOf(servers, h) != victim {
+				res.SchedulerTakeover = now
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		l, err := cs.CoreV1().Pods(ns).List(cctx, metav1.ListOptions{LabelSelector: "app=ha-probe"})
+		if err != nil {
+			return err
+		}
+		bound := 0
+		for _, p := range l.Items {
+			if p.Spec.NodeName != "" {
+				bound++
+			}
+		}
+		if res.FirstAction == 0 && len(l.Items) >= replicas {
+			res.FirstAction = now
+		}
+		if res.Scheduled == 0 && bound >= replicas {
+			res.Scheduled = now
+		}
+		if res.Takeover == 0 || res.FirstAction == 0 || res.Scheduled == 0 || (schedLed && res.SchedulerTakeover == 0) {
+			return fmt.Errorf("%d of %d pods, %d bound", len(l.Items), replicas, bound)
+		}
+		return nil
+	})
 }

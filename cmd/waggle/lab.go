@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/waggle-io/waggle/internal/cliflag"
@@ -75,17 +76,30 @@ func runLab(ctx context.Context, args []string) error {
 		}
 		return lab.Restart(cfg.DataDir, *node, *component)
 	case "ha-test":
-		scenario := fs.String("scenario", lab.ScenarioKillEtcdLeader, "kill-etcd-leader or partition")
+		scenario := fs.String("scenario", lab.ScenarioKillEtcdLeader, strings.Join(lab.Scenarios, ", "))
 		duration := fs.Duration("duration", 15*time.Second, "how long the write load runs (the fault comes at a third of it)")
+		writeTimeout := fs.Duration("write-timeout", 250*time.Millisecond, "timeout of each of the writer's writes (a write to a dying server waits it out before it is retried)")
 		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return err
 		}
-		r, err := lab.RunHAScenario(ctx, cfg.DataDir, *scenario, *duration, os.Stdout)
+		r, err := lab.RunHAScenario(ctx, cfg.DataDir, *scenario, *duration, *writeTimeout, os.Stdout)
 		if r != nil {
 			fmt.Printf("scenario %s, victim %s: %d writes acknowledged, %d failed, %d acknowledged writes lost; writes paused %v at the fault (longest gap of the run %v); survivors' informers converged %v after the last write",
 				r.Scenario, r.Victim, r.Acked, r.Failed, r.Lost, r.Resume.Round(time.Millisecond), r.MaxGap.Round(time.Millisecond), r.Converge.Round(time.Millisecond))
 			if r.Scenario == lab.ScenarioPartition {
 				fmt.Printf("; minority refused writes: %v; healed member caught up: %v (%v)", r.MinorityRefused, r.CaughtUp, r.CatchUp.Round(time.Millisecond))
+			}
+			ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+			fmt.Printf("; the victim led %v; nodes NotReady during the run: %d; node agents restarted: %v; every node renewed its Lease %v after the fault (longest renewal gap %v); node agents' connections at the end: %v",
+				r.VictimLeads, r.NotReady, r.Restarted, ms(r.LeaseRenewed), ms(r.LeaseGap), r.AgentsAfter)
+			switch r.Scenario {
+			case lab.ScenarioKillAPIServer:
+				fmt.Printf("; %d node agent connections were on the victim; a Service created after the kill was programmed on every node %v after it", r.AgentsOnVictim, ms(r.ProxyProgrammed))
+			case lab.ScenarioKillLeader:
+				fmt.Printf("; another server took the controller-manager Lease %v after the kill, the ReplicaSet scaled at the kill had its pods %v after it, bound %v after it", ms(r.Takeover), ms(r.FirstAction), ms(r.Scheduled))
+				if r.SchedulerTakeover > 0 {
+					fmt.Printf(" (scheduler Lease taken over %v after it)", ms(r.SchedulerTakeover))
+				}
 			}
 			fmt.Println()
 		}
