@@ -123,6 +123,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } waggle_np_maglev SEC(".maps");
 
+/* loadBalancerSourceRanges of the frontends whose np_svc has
+ * NP_SVC_F_SRC_RANGES; written before that flag is set. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct np_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, NP_SRC_RANGES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_src_ranges SEC(".maps");
+
 static __always_inline void stat(__u32 i)
 {
 	__u64 *c = bpf_map_lookup_elem(&waggle_np_stats, &i);
@@ -466,6 +477,14 @@ int waggle_np_ingress(struct __sk_buff *skb)
 	if (!ns)
 		return TCX_NEXT; /* a ClusterIP, or not yet programmed */
 	__u32 table = ns->table;
+	if (ns->flags & NP_SVC_F_SRC_RANGES) {
+		struct np_src_range_key rk = {.prefixlen = 32 + 128, .rev_nat_id = bpf_htonl(id)};
+		mapped4(rk.addr, p.saddr);
+		if (!bpf_map_lookup_elem(&waggle_np_src_ranges, &rk)) {
+			stat(NP_STAT_SRC_RANGE_DROP);
+			return TC_ACT_SHOT; /* kube-proxy drops too (KUBE-PROXY-FIREWALL) */
+		}
+	}
 	if (svc->count == 0) {
 		if (svc->flags & SVC_FLAG_LOCAL) {
 			stat(NP_STAT_LOCAL_DROP);

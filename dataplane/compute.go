@@ -186,6 +186,7 @@ func serviceFrontends(svc *v1.Service, svcSlices []*discoveryv1.EndpointSlice, n
 		}
 	}
 	terminateTCP := svc.Annotations[AnnotationTerminateTCP] == "true"
+	ranges := sourceRanges(svc, ref, warn)
 	hasNodePort := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer
 
 	for _, sp := range svc.Spec.Ports {
@@ -244,7 +245,12 @@ func serviceFrontends(svc *v1.Service, svcSlices []*discoveryv1.EndpointSlice, n
 				if !families[a.Is4()] {
 					continue
 				}
+				var rs []netip.Prefix
+				if kind.k == LoadBalancer {
+					rs = ranges[a.Is4()]
+				}
 				out = append(out, Frontend{
+					SourceRanges:    rs,
 					FrontendKey:     FrontendKey{Addr: a, Port: uint16(sp.Port), Protocol: proto},
 					Kind:            kind.k,
 					Service:         spn,
@@ -255,6 +261,35 @@ func serviceFrontends(svc *v1.Service, svcSlices []*discoveryv1.EndpointSlice, n
 				})
 			}
 		}
+	}
+	return out
+}
+
+// sourceRanges parses spec.loadBalancerSourceRanges by family (is4 →
+// prefixes, masked, sorted, deduplicated), as kube-proxy's service info does:
+// entries are trimmed, an invalid one is skipped with a warning (the API
+// server's validation refuses them on create; this covers older objects).
+// The legacy annotation service.beta.kubernetes.io/load-balancer-source-ranges
+// is for cloud providers, and kube-proxy ignores it too.
+func sourceRanges(svc *v1.Service, ref ServiceRef, warn func(Warning)) map[bool][]netip.Prefix {
+	if svc.Spec.Type != v1.ServiceTypeLoadBalancer || len(svc.Spec.LoadBalancerSourceRanges) == 0 {
+		return nil
+	}
+	out := map[bool][]netip.Prefix{}
+	for _, s := range svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			warn(Warning{ref, ReasonInvalidAddress, fmt.Sprintf("loadBalancerSourceRanges entry %q: %v", s, err)})
+			continue
+		}
+		p = p.Masked()
+		out[p.Addr().Is4()] = append(out[p.Addr().Is4()], p)
+	}
+	for k, ps := range out {
+		slices.SortFunc(ps, func(a, b netip.Prefix) int {
+			return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+		})
+		out[k] = slices.Compact(ps)
 	}
 	return out
 }

@@ -24,6 +24,9 @@ func (s *State) Dump() string {
 		if f.TerminateTCP {
 			b.WriteString(" terminate-tcp")
 		}
+		for i, r := range f.SourceRanges {
+			b.WriteString(map[bool]string{true: " sources=", false: ","}[i == 0] + r.String())
+		}
 		if len(f.Endpoints) == 0 {
 			b.WriteString(" (no endpoints: refuse)")
 		}

@@ -83,6 +83,10 @@ type Frontend struct {
 	// terminated (the Service's AnnotationTerminateTCP is "true"). Connected
 	// UDP sockets always are, where the backend can.
 	TerminateTCP bool
+	// SourceRanges (LoadBalancer frontends only): spec.loadBalancerSourceRanges
+	// of the frontend's family, sorted; new flows from any other source are
+	// dropped, as kube-proxy does. Empty: every source.
+	SourceRanges []netip.Prefix
 }
 
 // AnnotationTerminateTCP on a Service, set to "true", makes the proxy

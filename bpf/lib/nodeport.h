@@ -20,6 +20,7 @@
 #define NP_DEVICES_MAX 64
 #define NP_SVC_MAX 65536
 #define NP_MAGLEV_MAX 262144
+#define NP_SRC_RANGES_MAX 65536
 /* Maglev tables are stored in chunks of this many entries. */
 #define NP_MAGLEV_CHUNK 256
 
@@ -91,7 +92,21 @@ struct np_affinity {
  * LoadBalancer frontends have one. */
 struct np_svc {
 	__u32 table; /* Maglev table ID (0: none, the frontend has no backends) */
-	__u32 pad;
+	__u32 flags; /* NP_SVC_F_* (was zero padding in the first layout: no flags) */
+};
+
+/* np_svc.flags */
+#define NP_SVC_F_SRC_RANGES (1 << 0) /* loadBalancerSourceRanges: new flows only from waggle_np_src_ranges */
+
+/*
+ * Key of the loadBalancerSourceRanges LPM trie: the frontend's service ID,
+ * then the client address (IPv6 or IPv4-mapped). prefixlen counts the ID's
+ * 32 bits too: an IPv4 /n is 32 + 96 + n.
+ */
+struct np_src_range_key {
+	__u32 prefixlen;
+	__u32 rev_nat_id; /* network order (big-endian), so the trie's bit order matches */
+	__u8 addr[16];
 };
 
 /* Key of the Maglev map: chunk c of table t holds entries c*256 .. c*256+255. */
@@ -133,7 +148,8 @@ enum np_stat {
 	NP_STAT_MAGLEV_MISS = 9,   /* Maglev slot empty: fell back to the slot hash */
 	NP_STAT_AFFINITY_HIT = 10, /* backend from the ClientIP affinity LRU */
 	NP_STAT_BACKEND_GONE = 11, /* established flow's backend removed: chose again */
-	NP_STAT_MAX = 12,
+	NP_STAT_SRC_RANGE_DROP = 12, /* new flow from outside loadBalancerSourceRanges: dropped */
+	NP_STAT_MAX = 13,
 };
 
 #endif /* WAGGLE_NODEPORT_H */

@@ -3,6 +3,7 @@ package ebpf
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -119,7 +120,9 @@ type fakeMaglev struct {
 	sets int
 }
 
-func (g *fakeMaglev) Set(id uint32, ids []uint32, names []string) error {
+func (g *fakeMaglev) Ranges(uint32) []netip.Prefix { return nil }
+
+func (g *fakeMaglev) Set(id uint32, ids []uint32, names []string, _ []netip.Prefix) error {
 	g.t[id] = slices.Clone(ids)
 	g.sets++
 	return nil

@@ -157,10 +157,17 @@ type nodePortNpMaglevKey struct {
 	Chunk uint32
 }
 
+type nodePortNpSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	RevNatId  uint32
+	Addr      [16]uint8
+}
+
 type nodePortNpSvc struct {
 	_     structs.HostLayout
 	Table uint32
-	Pad   uint32
+	Flags uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -175,6 +182,7 @@ const (
 	nodePortMapWaggleNpCt          = "waggle_np_ct"
 	nodePortMapWaggleNpDevices     = "waggle_np_devices"
 	nodePortMapWaggleNpMaglev      = "waggle_np_maglev"
+	nodePortMapWaggleNpSrcRanges   = "waggle_np_src_ranges"
 	nodePortMapWaggleNpStats       = "waggle_np_stats"
 	nodePortMapWaggleNpSvc         = "waggle_np_svc"
 	nodePortMapWaggleRevNat        = "waggle_rev_nat"
@@ -237,21 +245,22 @@ type nodePortProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodePortMapSpecs struct {
-	WaggleAffinity   *ebpf.MapSpec `ebpf:"waggle_affinity"`
-	WaggleBackends   *ebpf.MapSpec `ebpf:"waggle_backends"`
-	WaggleMeta       *ebpf.MapSpec `ebpf:"waggle_meta"`
-	WaggleNpAffinity *ebpf.MapSpec `ebpf:"waggle_np_affinity"`
-	WaggleNpConfig   *ebpf.MapSpec `ebpf:"waggle_np_config"`
-	WaggleNpCt       *ebpf.MapSpec `ebpf:"waggle_np_ct"`
-	WaggleNpDevices  *ebpf.MapSpec `ebpf:"waggle_np_devices"`
-	WaggleNpMaglev   *ebpf.MapSpec `ebpf:"waggle_np_maglev"`
-	WaggleNpStats    *ebpf.MapSpec `ebpf:"waggle_np_stats"`
-	WaggleNpSvc      *ebpf.MapSpec `ebpf:"waggle_np_svc"`
-	WaggleRevNat     *ebpf.MapSpec `ebpf:"waggle_rev_nat"`
-	WaggleReverseSk  *ebpf.MapSpec `ebpf:"waggle_reverse_sk"`
-	WaggleServices   *ebpf.MapSpec `ebpf:"waggle_services"`
-	WaggleStats      *ebpf.MapSpec `ebpf:"waggle_stats"`
-	WaggleSvcNames   *ebpf.MapSpec `ebpf:"waggle_svc_names"`
+	WaggleAffinity    *ebpf.MapSpec `ebpf:"waggle_affinity"`
+	WaggleBackends    *ebpf.MapSpec `ebpf:"waggle_backends"`
+	WaggleMeta        *ebpf.MapSpec `ebpf:"waggle_meta"`
+	WaggleNpAffinity  *ebpf.MapSpec `ebpf:"waggle_np_affinity"`
+	WaggleNpConfig    *ebpf.MapSpec `ebpf:"waggle_np_config"`
+	WaggleNpCt        *ebpf.MapSpec `ebpf:"waggle_np_ct"`
+	WaggleNpDevices   *ebpf.MapSpec `ebpf:"waggle_np_devices"`
+	WaggleNpMaglev    *ebpf.MapSpec `ebpf:"waggle_np_maglev"`
+	WaggleNpSrcRanges *ebpf.MapSpec `ebpf:"waggle_np_src_ranges"`
+	WaggleNpStats     *ebpf.MapSpec `ebpf:"waggle_np_stats"`
+	WaggleNpSvc       *ebpf.MapSpec `ebpf:"waggle_np_svc"`
+	WaggleRevNat      *ebpf.MapSpec `ebpf:"waggle_rev_nat"`
+	WaggleReverseSk   *ebpf.MapSpec `ebpf:"waggle_reverse_sk"`
+	WaggleServices    *ebpf.MapSpec `ebpf:"waggle_services"`
+	WaggleStats       *ebpf.MapSpec `ebpf:"waggle_stats"`
+	WaggleSvcNames    *ebpf.MapSpec `ebpf:"waggle_svc_names"`
 }
 
 // nodePortVariableSpecs contains global variables before they are loaded into the kernel.
@@ -281,21 +290,22 @@ func (o *nodePortObjects) Close() error {
 //
 // It can be passed to loadNodePortObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodePortMaps struct {
-	WaggleAffinity   *ebpf.Map `ebpf:"waggle_affinity"`
-	WaggleBackends   *ebpf.Map `ebpf:"waggle_backends"`
-	WaggleMeta       *ebpf.Map `ebpf:"waggle_meta"`
-	WaggleNpAffinity *ebpf.Map `ebpf:"waggle_np_affinity"`
-	WaggleNpConfig   *ebpf.Map `ebpf:"waggle_np_config"`
-	WaggleNpCt       *ebpf.Map `ebpf:"waggle_np_ct"`
-	WaggleNpDevices  *ebpf.Map `ebpf:"waggle_np_devices"`
-	WaggleNpMaglev   *ebpf.Map `ebpf:"waggle_np_maglev"`
-	WaggleNpStats    *ebpf.Map `ebpf:"waggle_np_stats"`
-	WaggleNpSvc      *ebpf.Map `ebpf:"waggle_np_svc"`
-	WaggleRevNat     *ebpf.Map `ebpf:"waggle_rev_nat"`
-	WaggleReverseSk  *ebpf.Map `ebpf:"waggle_reverse_sk"`
-	WaggleServices   *ebpf.Map `ebpf:"waggle_services"`
-	WaggleStats      *ebpf.Map `ebpf:"waggle_stats"`
-	WaggleSvcNames   *ebpf.Map `ebpf:"waggle_svc_names"`
+	WaggleAffinity    *ebpf.Map `ebpf:"waggle_affinity"`
+	WaggleBackends    *ebpf.Map `ebpf:"waggle_backends"`
+	WaggleMeta        *ebpf.Map `ebpf:"waggle_meta"`
+	WaggleNpAffinity  *ebpf.Map `ebpf:"waggle_np_affinity"`
+	WaggleNpConfig    *ebpf.Map `ebpf:"waggle_np_config"`
+	WaggleNpCt        *ebpf.Map `ebpf:"waggle_np_ct"`
+	WaggleNpDevices   *ebpf.Map `ebpf:"waggle_np_devices"`
+	WaggleNpMaglev    *ebpf.Map `ebpf:"waggle_np_maglev"`
+	WaggleNpSrcRanges *ebpf.Map `ebpf:"waggle_np_src_ranges"`
+	WaggleNpStats     *ebpf.Map `ebpf:"waggle_np_stats"`
+	WaggleNpSvc       *ebpf.Map `ebpf:"waggle_np_svc"`
+	WaggleRevNat      *ebpf.Map `ebpf:"waggle_rev_nat"`
+	WaggleReverseSk   *ebpf.Map `ebpf:"waggle_reverse_sk"`
+	WaggleServices    *ebpf.Map `ebpf:"waggle_services"`
+	WaggleStats       *ebpf.Map `ebpf:"waggle_stats"`
+	WaggleSvcNames    *ebpf.Map `ebpf:"waggle_svc_names"`
 }
 
 func (m *nodePortMaps) Close() error {
@@ -308,6 +318,7 @@ func (m *nodePortMaps) Close() error {
 		m.WaggleNpCt,
 		m.WaggleNpDevices,
 		m.WaggleNpMaglev,
+		m.WaggleNpSrcRanges,
 		m.WaggleNpStats,
 		m.WaggleNpSvc,
 		m.WaggleRevNat,

@@ -26,6 +26,11 @@ const (
 	MapNPConfig    = "waggle_np_config"
 	MapNPStats     = "waggle_np_stats"
 	MapNPMaglev    = "waggle_np_maglev"
+	// NPSvcFlagSourceRanges (np_svc.flags): the frontend has
+	// loadBalancerSourceRanges in MapNPSourceRanges.
+	NPSvcFlagSourceRanges = 1 << 0
+	// MapNPSourceRanges: loadBalancerSourceRanges (LPM trie by service ID and client address).
+	MapNPSourceRanges = "waggle_np_src_ranges"
 )
 
 // NPLayoutVersion is WAGGLE_NP_LAYOUT_VERSION (bpf/lib/nodeport.h).
@@ -180,10 +185,15 @@ func Maglev(names []string, m int) []int {
 // maglevTables is the reconciler's view of the Maglev maps.
 type maglevTables interface {
 	// Set points service ID id at the table of backends ids (names give
-	// the permutation; both in slot order); no ids: an empty table.
-	Set(id uint32, ids []uint32, names []string) error
+	// the permutation; both in slot order); no ids: an empty table. ranges
+	// (loadBalancerSourceRanges, sorted) are the only sources new flows may
+	// come from; none: any source.
+	Set(id uint32, ids []uint32, names []string, ranges []netip.Prefix) error
 	// Delete removes the services' entries.
 	Delete(ids []uint32) error
+	// Ranges returns the source ranges last written for id (restored from
+	// the pinned map at start).
+	Ranges(id uint32) []netip.Prefix
 }
 
 // Decoded north-south entries, as the View returns them.

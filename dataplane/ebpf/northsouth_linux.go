@@ -1,11 +1,14 @@
 package ebpf
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -66,7 +69,7 @@ func (b *Backend) loadNorthSouth() (err error) {
 		// (established north-south flows fall back to Maglev, which picks
 		// the same backend while the backends stay the same).
 		b.log.Warn("north-south map sizes changed: recreating the conntrack and affinity maps")
-		for _, n := range []string{MapNPConntrack, MapNPAffinity, MapNPServices, MapNPMaglev} {
+		for _, n := range []string{MapNPConntrack, MapNPAffinity, MapNPServices, MapNPMaglev, MapNPStats} {
 			os.Remove(filepath.Join(b.cfg.PinDir, n))
 		}
 		err = spec.LoadAndAssign(objs, opts)
@@ -91,7 +94,7 @@ func (b *Backend) loadNorthSouth() (err error) {
 	if err := writeDevices(objs.WaggleNpDevices, devs); err != nil {
 		return err
 	}
-	mg, err := newMaglevMaps(objs.WaggleNpSvc, objs.WaggleNpMaglev, cfg.MaglevTableSize)
+	mg, err := newMaglevMaps(objs.WaggleNpSvc, objs.WaggleNpMaglev, objs.WaggleNpSrcRanges, cfg.MaglevTableSize)
 	if err != nil {
 		return err
 	}
@@ -274,10 +277,13 @@ func (n *northSouth) close() {
 // made 10,000 frontends take two minutes.
 type maglevMaps struct {
 	svc, tab *ebpf.Map
-	size     int
-	tables   map[string]*sharedTable // by backend ID list
-	byID     map[uint32]string       // service ID -> table key
-	nextID   uint32
+	// src: loadBalancerSourceRanges; ranges mirrors it by service ID.
+	src    *ebpf.Map
+	ranges map[uint32][]netip.Prefix
+	size   int
+	tables map[string]*sharedTable // by backend ID list
+	byID   map[uint32]string       // service ID -> table key
+	nextID uint32
 	// stale: table IDs and service IDs found at start, not yet rewritten.
 	staleTables map[uint32]int
 	staleSvcs   map[uint32]bool
@@ -292,9 +298,24 @@ const maglevChunk = 256
 
 func maglevChunks(m int) int { return (m + maglevChunk - 1) / maglevChunk }
 
-func newMaglevMaps(svc, tab *ebpf.Map, size int) (*maglevMaps, error) {
-	g := &maglevMaps{svc: svc, tab: tab, size: size, tables: map[string]*sharedTable{}, byID: map[uint32]string{},
-		nextID: 1, staleTables: map[uint32]int{}, staleSvcs: map[uint32]bool{}}
+func newMaglevMaps(svc, tab, src *ebpf.Map, size int) (*maglevMaps, error) {
+	g := &maglevMaps{svc: svc, tab: tab, src: src, size: size, tables: map[string]*sharedTable{}, byID: map[uint32]string{},
+		nextID: 1, staleTables: map[uint32]int{}, staleSvcs: map[uint32]bool{}, ranges: map[uint32][]netip.Prefix{}}
+	var rk nodePortNpSrcRangeKey
+	var rv uint8
+	rit := src.Iterate()
+	for rit.Next(&rk, &rv) {
+		if id, p, ok := decodeSrcRange(rk); ok {
+			g.ranges[id] = append(g.ranges[id], p)
+		}
+	}
+	if err := rit.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNPSourceRanges, err)
+	}
+	for id, ps := range g.ranges {
+		slices.SortFunc(ps, comparePrefix)
+		g.ranges[id] = ps
+	}
 	var k nodePortNpMaglevKey
 	var v nodePortNpMaglevChunk
 	it := tab.Iterate()
@@ -335,8 +356,86 @@ func (g *maglevMaps) dropStale() error {
 		}
 	}
 	g.staleSvcs, g.staleTables = map[uint32]bool{}, map[uint32]int{}
+	for id := range g.ranges {
+		if _, ok := g.byID[id]; !ok {
+			if err := g.setRanges(id, nil); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
+
+// srcRangeKey is the LPM key of prefix p of service id: the ID's 32 bits
+// (big-endian, as the trie compares bytes) then the IPv6 or IPv4-mapped
+// address.
+func srcRangeKey(id uint32, p netip.Prefix) nodePortNpSrcRangeKey {
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	// As16 of an IPv4 address is its IPv4-mapped form.
+	return nodePortNpSrcRangeKey{Prefixlen: uint32(32 + bits), RevNatId: htonl(id), Addr: p.Addr().As16()}
+}
+
+func decodeSrcRange(k nodePortNpSrcRangeKey) (uint32, netip.Prefix, bool) {
+	if k.Prefixlen < 32 || k.Prefixlen > 32+128 {
+		return 0, netip.Prefix{}, false
+	}
+	a := netip.AddrFrom16(k.Addr)
+	bits := int(k.Prefixlen) - 32
+	if a.Is4In6() && bits >= 96 {
+		a, bits = a.Unmap(), bits-96
+	}
+	return htonl(k.RevNatId), netip.PrefixFrom(a, bits), true
+}
+
+func htonl(v uint32) uint32 { return bits.ReverseBytes32(v) }
+
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}
+
+// addRanges writes the entries of want that id lacks.
+func (g *maglevMaps) addRanges(id uint32, want []netip.Prefix) error {
+	var keys []nodePortNpSrcRangeKey
+	for _, p := range want {
+		if !slices.Contains(g.ranges[id], p) {
+			keys = append(keys, srcRangeKey(id, p))
+		}
+	}
+	vals := make([]uint8, len(keys))
+	for i := range vals {
+		vals[i] = 1
+	}
+	return (mapTable[nodePortNpSrcRangeKey, uint8]{MapNPSourceRanges, g.src}).Put(keys, vals)
+}
+
+// setRanges makes id's entries in the source-range trie equal to want:
+// additions, then deletions (Set flips NP_SVC_F_SRC_RANGES in between, so a
+// new flow is never checked against a half-written list).
+func (g *maglevMaps) setRanges(id uint32, want []netip.Prefix) error {
+	if err := g.addRanges(id, want); err != nil {
+		return err
+	}
+	var keys []nodePortNpSrcRangeKey
+	for _, p := range g.ranges[id] {
+		if !slices.Contains(want, p) {
+			keys = append(keys, srcRangeKey(id, p))
+		}
+	}
+	if err := (mapTable[nodePortNpSrcRangeKey, uint8]{MapNPSourceRanges, g.src}).Delete(keys); err != nil {
+		return err
+	}
+	if len(want) == 0 {
+		delete(g.ranges, id)
+	} else {
+		g.ranges[id] = slices.Clone(want)
+	}
+	return nil
+}
+
+func (g *maglevMaps) Ranges(id uint32) []netip.Prefix { return slices.Clone(g.ranges[id]) }
 
 func tableKey(ids []uint32) string {
 	var sb strings.Builder
@@ -382,15 +481,25 @@ func (g *maglevMaps) deleteTable(id uint32, chunks int) error {
 	return (mapTable[nodePortNpMaglevKey, nodePortNpMaglevChunk]{MapNPMaglev, g.tab}).Delete(keys)
 }
 
-func (g *maglevMaps) Set(id uint32, ids []uint32, names []string) error {
+func (g *maglevMaps) Set(id uint32, ids []uint32, names []string, ranges []netip.Prefix) error {
 	t, key, err := g.table(ids, names)
 	if err != nil {
 		return err
 	}
-	if old, ok := g.byID[id]; ok && old == key {
+	if old, ok := g.byID[id]; ok && old == key && slices.Equal(g.ranges[id], ranges) {
 		return nil
 	}
-	if err := (mapTable[uint32, nodePortNpSvc]{MapNPServices, g.svc}).Put([]uint32{id}, []nodePortNpSvc{{Table: t.id}}); err != nil {
+	// New source ranges before the flag that makes the program read them;
+	// ranges no longer wanted after it.
+	var flags uint32
+	if len(ranges) > 0 {
+		flags = NPSvcFlagSourceRanges
+	}
+	err = g.addRanges(id, ranges)
+	if err == nil {
+		err = (mapTable[uint32, nodePortNpSvc]{MapNPServices, g.svc}).Put([]uint32{id}, []nodePortNpSvc{{Table: t.id, Flags: flags}})
+	}
+	if err != nil {
 		if t.refs == 0 {
 			g.drop(key, t)
 		}
@@ -399,7 +508,7 @@ func (g *maglevMaps) Set(id uint32, ids []uint32, names []string) error {
 	t.refs++
 	g.release(id)
 	g.byID[id] = key
-	return nil
+	return g.setRanges(id, ranges)
 }
 
 func (g *maglevMaps) Delete(ids []uint32) error {
@@ -408,6 +517,9 @@ func (g *maglevMaps) Delete(ids []uint32) error {
 	}
 	for _, id := range ids {
 		g.release(id)
+		if err := g.setRanges(id, nil); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -461,4 +573,5 @@ func removeNorthSouth(dir string) error {
 	return errors.Join(errs...)
 }
 
-var npPinnedMaps = []string{MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats, MapNPServices, MapNPMaglev}
+var npPinnedMaps = []string{MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats, MapNPServices, MapNPMaglev,
+	MapNPSourceRanges}

@@ -40,6 +40,7 @@ type nsTopo struct {
 	node1Addr           netip.Addr
 	node2Addr, clientIP netip.Addr
 	backend             *Backend
+	cfg                 Config
 	pinDir              string
 	cgroup              string
 }
@@ -55,7 +56,7 @@ func newNSNetNS(t *testing.T, role string) *nsNS {
 	t.Helper()
 	var b [3]byte
 	rand.Read(b[:])
-	name := "ns-" + role + "-" + hex.EncodeToString(b[:])
+	name := "nsx-" + role + "-" + hex.EncodeToString(b[:])
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
@@ -209,8 +210,39 @@ func (tp *nsTopo) start(tweak ...func(*Config)) {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() { tp.backend.Close() })
+	tp.backend, tp.cfg = b, cfg
+}
+
+// restart replaces the backend by a new one on the same pinned state.
+func (tp *nsTopo) restart() {
+	tp.t.Helper()
+	tp.backend.Close()
+	b, err := New(tp.cfg)
+	if err != nil {
+		tp.t.Fatalf("New after restart: %v", err)
+	}
 	tp.backend = b
+}
+
+// dialFrom is dial from a given client address (the client namespace has
+// several).
+func (tp *nsTopo) dialFrom(from, to string, timeout time.Duration) (c net.Conn, pod string, err error) {
+	err = tp.client.do(func() error {
+		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		c, err = d.Dial("tcp", to)
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		c.Close()
+		return nil, "", fmt.Errorf("read greeting: %w", err)
+	}
+	return c, strings.Fields(line)[0], nil
 }
 
 func nodePortFrontend(addr string, port uint16, proto dataplane.Protocol, local bool, backends ...string) dataplane.Frontend {
@@ -484,6 +516,95 @@ func TestNorthSouthClientIPAffinity(t *testing.T) {
 		} else if pod != first {
 			t.Fatalf("connection %d reached %s, want %s (ClientIP affinity)", i, pod, first)
 		}
+	}
+}
+
+// loadBalancerSourceRanges: new flows to a LoadBalancer IP from outside the
+// ranges are dropped (as kube-proxy's KUBE-PROXY-FIREWALL), flows already
+// established stay, a change of ranges applies to the next connection, and
+// a restarted proxy keeps enforcing them before its first sync.
+func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.client.run(t, "ip", "addr", "add", "10.27.0.101/24", "dev", "eth0")
+	tp.client.run(t, "ip", "addr", "add", "10.27.0.102/24", "dev", "eth0")
+	tp.client.run(t, "ip", "route", "add", "10.27.9.50/32", "via", "10.27.0.1")
+	tp.start()
+	lb := nodePortFrontend("10.27.9.50", 80, dataplane.TCP, false, "10.27.1.10:8080", "10.27.2.10:8080")
+	lb.Kind = dataplane.LoadBalancer
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.27.0.101/32"), netip.MustParsePrefix("192.0.2.0/24")}
+	np := nodePortFrontend("10.27.0.1", 30096, dataplane.TCP, false, "10.27.1.10:8080")
+	tp.sync(lb, np)
+	const allowed, denied, to = "10.27.0.101", "10.27.0.100", "10.27.9.50:80"
+	// Positive marker first: the allowed source is served.
+	var kept net.Conn
+	testutil.Eventually(t, 30*time.Second, func() error {
+		c, _, err := tp.dialFrom(allowed, to, 2*time.Second)
+		if err == nil {
+			kept = c
+		}
+		return err
+	})
+	defer kept.Close()
+	if c, _, err := tp.dialFrom(denied, to, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("%s reached the LoadBalancer IP outside loadBalancerSourceRanges", denied)
+	}
+	// Ranges apply to LoadBalancer frontends only, as upstream: the NodePort
+	// of the same source stays open.
+	c, _, err := tp.dialFrom(denied, "10.27.0.1:30096", 5*time.Second)
+	if err != nil {
+		t.Fatalf("NodePort from %s: %v", denied, err)
+	}
+	c.Close()
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["src_range_drop"] == 0 {
+		t.Errorf("src_range_drop not counted: %v %v", st, err)
+	}
+
+	// Swap the ranges: the established flow stays, new flows follow.
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.27.0.100/31")}
+	tp.sync(lb, np)
+	if err := echo(kept, "still here"); err != nil {
+		t.Fatalf("established flow cut by a source range change: %v", err)
+	}
+	c, _, err = tp.dialFrom(denied, to, 5*time.Second)
+	if err != nil {
+		t.Fatalf("%s after it was allowed: %v", denied, err)
+	}
+	c.Close()
+
+	// A restart keeps enforcing before the new proxy's first sync.
+	tp.restart()
+	c, _, err = tp.dialFrom(allowed, to, 5*time.Second)
+	if err != nil {
+		t.Fatalf("%s after a restart: %v", allowed, err)
+	}
+	c.Close()
+	if c, _, err := tp.dialFrom("10.27.0.102", to, time.Second); err == nil {
+		c.Close()
+		t.Fatal("10.27.0.102 served after a restart")
+	}
+	// Without ranges every source is served again, and nothing is left
+	// in the trie.
+	lb.SourceRanges = nil
+	tp.sync(lb, np)
+	c, _, err = tp.dialFrom(allowed, to, 5*time.Second)
+	if err != nil {
+		t.Fatalf("no ranges, %s: %v", allowed, err)
+	}
+	c.Close()
+	m, err := v.npMap(MapNPSourceRanges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k nodePortNpSrcRangeKey
+	var val uint8
+	if it := m.Iterate(); it.Next(&k, &val) {
+		t.Errorf("source range entry left: %+v", k)
 	}
 }
 

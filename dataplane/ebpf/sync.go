@@ -52,6 +52,8 @@ type programmed struct {
 	terminateTCP bool
 	// maglev: its Maglev table is written for exactly these slots.
 	maglev bool
+	// ranges: its loadBalancerSourceRanges, as last written with its table.
+	ranges []netip.Prefix
 }
 
 // lostBackend is a backend that a frontend no longer has.
@@ -215,6 +217,7 @@ type want struct {
 	ids      []uint32 // backend IDs, set at admission
 	// terminateTCP, from the frontend.
 	terminateTCP bool
+	ranges       []netip.Prefix
 }
 
 func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
@@ -233,7 +236,8 @@ func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
 // per unchanged frontend.
 func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 	if p == nil || p.keys == nil || !p.hasMaster || len(p.keys) != len(f.Endpoints) || len(p.slots) != len(p.keys) ||
-		p.count != len(p.keys) || p.kind != f.Kind || p.svc != f.Service || p.terminateTCP != f.TerminateTCP {
+		p.count != len(p.keys) || p.kind != f.Kind || p.svc != f.Service || p.terminateTCP != f.TerminateTCP ||
+		!slices.Equal(p.ranges, f.SourceRanges) {
 		return false
 	}
 	if flags, timeout := frontendFlags(f); flags != p.flags || timeout != p.timeout {
@@ -262,7 +266,8 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 		if p.sameAs(f) {
 			continue
 		}
-		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service, terminateTCP: f.TerminateTCP}
+		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service, terminateTCP: f.TerminateTCP,
+			ranges: f.SourceRanges}
 		w.backends = make([]backendKey, 0, len(f.Endpoints))
 		var seen map[backendKey]bool // only for long lists
 		if len(f.Endpoints) > 16 {
@@ -502,7 +507,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	for _, w := range accepted {
 		old := r.fronts[w.key]
 		p := &programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
-			name: w.name, keys: w.backends, svc: w.svc, seen: r.gen, terminateTCP: w.terminateTCP}
+			name: w.name, keys: w.backends, svc: w.svc, seen: r.gen, terminateTCP: w.terminateTCP, ranges: w.ranges}
 		if old != nil && old.id != 0 {
 			p.id = old.id
 		} else {
@@ -582,12 +587,13 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	if r.t.maglev != nil {
 		for k, p := range next {
 			old := r.fronts[k]
-			same := old != nil && old.maglev && old.id == p.id && slices.Equal(old.slots, p.slots)
+			same := old != nil && old.maglev && old.id == p.id && slices.Equal(old.slots, p.slots) &&
+				slices.Equal(old.ranges, p.ranges)
 			switch {
 			case northSouthKind(p.kind) && same:
 				p.maglev = true
 			case northSouthKind(p.kind):
-				if err := r.t.maglev.Set(p.id, p.slots, r.backendNames(p.slots)); err != nil {
+				if err := r.t.maglev.Set(p.id, p.slots, r.backendNames(p.slots), p.ranges); err != nil {
 					return res, fmt.Errorf("write Maglev table of %s: %w", k, err)
 				}
 				p.maglev = true
@@ -672,7 +678,8 @@ func (r *reconciler) fillMaglev() error {
 			continue
 		}
 		slots := p.slots[:min(len(p.slots), p.count)]
-		if err := r.t.maglev.Set(p.id, slots, r.backendNames(slots)); err != nil {
+		p.ranges = r.t.maglev.Ranges(p.id)
+		if err := r.t.maglev.Set(p.id, slots, r.backendNames(slots), p.ranges); err != nil {
 			return fmt.Errorf("write Maglev table of %s: %w", k, err)
 		}
 		p.maglev = true
