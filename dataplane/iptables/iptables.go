@@ -40,6 +40,9 @@ const (
 	chainForward     = "WAGGLE-FORWARD"
 	svcPrefix        = "WAGGLE-SVC-"
 	sepPrefix        = "WAGGLE-SEP-"
+	// fwPrefix: a LoadBalancer frontend's loadBalancerSourceRanges
+	// (kube-proxy's KUBE-FW-): allowed sources jump on to its WAGGLE-SVC-.
+	fwPrefix = "WAGGLE-FW-"
 	// MasqueradeMark is the packet mark bit that asks WAGGLE-POSTROUTING to
 	// masquerade (kube-proxy's 0x4000).
 	MasqueradeMark = "0x4000"
@@ -415,6 +418,12 @@ type RenderOptions struct {
 	Compact bool
 }
 
+// firewall is a LoadBalancer frontend's loadBalancerSourceRanges chain.
+type firewall struct {
+	chain, svc, service string
+	ranges              []netip.Prefix
+}
+
 // Render renders the chains of st's frontends of one family.
 func Render(st *dataplane.State, fam Family, opts RenderOptions) *Ruleset {
 	rs := &Ruleset{chains: map[chainKey]string{}}
@@ -424,6 +433,7 @@ func Render(st *dataplane.State, fam Family, opts RenderOptions) *Ruleset {
 		natMarkMasq, natPostrouting strings.Builder
 		perService                  []chainKey
 		perServiceRules             = map[chainKey]*strings.Builder{}
+		firewalls                   []firewall
 		bits                        = 32
 		proto                       = func(p dataplane.Protocol) string { return strings.ToLower(string(p)) }
 		rejectWith                  = "icmp-port-unreachable"
@@ -459,12 +469,23 @@ func Render(st *dataplane.State, fam Family, opts RenderOptions) *Ruleset {
 			continue
 		}
 		svcChain := svcPrefix + hash(f.Kind, f.FrontendKey.String())
+		target := svcChain
+		if len(f.SourceRanges) > 0 {
+			// As kube-proxy: the dispatch jumps to a firewall chain that
+			// passes only the allowed sources on; what it does not
+			// DNAT still has the LB IP as destination, and filter drops it.
+			target = fwPrefix + hash(f.Kind, f.FrontendKey.String())
+			fmt.Fprintf(&filterSvc, "-A %s %s -j DROP\n", chainServices, strings.Replace(match, comment, fmt.Sprintf("%q", f.Service.String()+" traffic not accepted by loadBalancerSourceRanges"), 1))
+		}
 		if f.Kind == dataplane.NodePort {
-			fmt.Fprintf(&natNodePorts, "-A %s %s -j %s\n", chainNodePorts, match, svcChain)
+			fmt.Fprintf(&natNodePorts, "-A %s %s -j %s\n", chainNodePorts, match, target)
 		} else {
-			fmt.Fprintf(&natSvc, "-A %s %s -j %s\n", chainServices, match, svcChain)
+			fmt.Fprintf(&natSvc, "-A %s %s -j %s\n", chainServices, match, target)
 		}
 		sb := newChain(svcChain)
+		if target != svcChain {
+			firewalls = append(firewalls, firewall{target, svcChain, f.Service.String(), f.SourceRanges})
+		}
 		switch {
 		case f.LocalOnly:
 		case f.Kind == dataplane.ClusterIP:
@@ -531,6 +552,14 @@ func Render(st *dataplane.State, fam Family, opts RenderOptions) *Ruleset {
 				recent = fmt.Sprintf(" -m recent --set --name %s --mask %s --rsource", seps[i], fullMask(fam))
 			}
 			fmt.Fprintf(ep, "-A %s -p %s -m comment --comment %s%s -m %s -j DNAT --to-destination %s\n", seps[i], proto(f.Protocol), epComment, recent, proto(f.Protocol), e.AddrPort())
+		}
+	}
+	// Firewall chains after every service and endpoint chain they jump to
+	// (a chunked restore may write them in a later chunk, never an earlier).
+	for _, fw := range firewalls {
+		fb := newChain(fw.chain)
+		for _, r := range fw.ranges {
+			fmt.Fprintf(fb, "-A %s -s %s -m comment --comment %q -j %s\n", fw.chain, r, fw.service+" loadBalancerSourceRanges", fw.svc)
 		}
 	}
 	fmt.Fprintf(&natSvc, "-A %s -m comment --comment %q -m addrtype --dst-type LOCAL -j %s\n", chainServices, "waggle service nodeports; NOTE: this must be the last rule in this chain", chainNodePorts)
@@ -672,7 +701,7 @@ func (rs *Ruleset) restorePlan(last map[chainKey]string, existing map[chainKey]b
 }
 
 func isDispatch(name string) bool {
-	return !strings.HasPrefix(name, svcPrefix) && !strings.HasPrefix(name, sepPrefix)
+	return !strings.HasPrefix(name, svcPrefix) && !strings.HasPrefix(name, sepPrefix) && !strings.HasPrefix(name, fwPrefix)
 }
 
 func kindComment(k dataplane.FrontendKind) string {

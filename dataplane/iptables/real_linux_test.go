@@ -1,12 +1,19 @@
 package iptables_test
 
 import (
+	"bufio"
 	"context"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/dataplane/iptables"
 
 	"github.com/waggle-io/waggle/internal/testutil"
@@ -126,5 +133,92 @@ func TestRealIPTablesCoexistsAndNeverSetsRouteLocalnet(t *testing.T) {
 	}
 	if _, err := os.Stat("/proc/self"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRealIPTablesLoadBalancerSourceRanges: a client outside the node
+// reaches a LoadBalancer IP from an address inside
+// loadBalancerSourceRanges and is dropped from one outside (kube-proxy's
+// KUBE-FW chain and firewall DROP), on the real kernel:
+//
+//	client 10.27.50.100, .101 ── node (iptables, forwarding) ── pod 10.27.51.10:8080
+func TestRealIPTablesLoadBalancerSourceRanges(t *testing.T) {
+	b, r, node := realBackend(t)
+	ctx := context.Background()
+	client, pod := testutil.NewNetNS(t), testutil.NewNetNS(t)
+	for _, x := range []struct {
+		peer      *testutil.NetNS
+		dev, addr string
+		peerAddr  []string
+	}{{client, "nsxc", "10.27.50.1/24", []string{"10.27.50.100/24", "10.27.50.101/24"}}, {pod, "nsxp", "10.27.51.1/24", []string{"10.27.51.10/24"}}} {
+		node.Run(t, "ip", "link", "add", x.dev, "type", "veth", "peer", "name", "eth0", "netns", x.peer.Name)
+		node.Run(t, "ip", "addr", "add", x.addr, "dev", x.dev)
+		node.Run(t, "ip", "link", "set", x.dev, "up")
+		for _, a := range x.peerAddr {
+			x.peer.Run(t, "ip", "addr", "add", a, "dev", "eth0", "nodad")
+		}
+		x.peer.Run(t, "ip", "link", "set", "eth0", "up")
+	}
+	node.Run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	pod.Run(t, "ip", "route", "add", "default", "via", "10.27.51.1")
+	client.Run(t, "ip", "route", "add", "10.27.60.50/32", "via", "10.27.50.1")
+	var l net.Listener
+	if err := pod.Do(func(ns.NetNS) (err error) { l, err = net.Listen("tcp", "10.27.51.10:8080"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hello\n"))
+			c.Close()
+		}
+	}()
+	dial := func(from string, timeout time.Duration) error {
+		return client.Do(func(ns.NetNS) error {
+			d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+			c, err := d.Dial("tcp", "10.27.60.50:80")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err = bufio.NewReader(c).ReadString('\n')
+			return err
+		})
+	}
+	lb := dataplane.Frontend{
+		FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr("10.27.60.50"), Port: 80, Protocol: dataplane.TCP},
+		Kind:        dataplane.LoadBalancer, Service: dataplane.ServicePortName{Namespace: "default", Name: "lb"},
+		Endpoints:    []dataplane.Endpoint{{Addr: netip.MustParseAddr("10.27.51.10"), Port: 8080}},
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.27.50.101/32"), netip.MustParsePrefix("192.0.2.0/24")},
+	}
+	if err := b.Sync(ctx, &dataplane.State{Frontends: []dataplane.Frontend{lb}}); err != nil {
+		t.Fatal(err)
+	}
+	save := saveWaggle(t, r, iptables.IPv4)
+	for _, want := range []string{"-A WAGGLE-FW-", "-s 10.27.50.101/32", `"default/lb traffic not accepted by loadBalancerSourceRanges" -m tcp --dport 80 -j DROP`} {
+		if !strings.Contains(save, want) {
+			t.Errorf("iptables-save lacks %q:\n%s", want, save)
+		}
+	}
+	// Positive marker first, then the negative check.
+	testutil.Eventually(t, 30*time.Second, func() error { return dial("10.27.50.101", 2*time.Second) })
+	if err := dial("10.27.50.100", time.Second); err == nil {
+		t.Fatal("10.27.50.100 reached the LoadBalancer IP outside loadBalancerSourceRanges")
+	}
+	// Ranges removed (a partial sync): every source again, no firewall chain left.
+	lb.SourceRanges = nil
+	if err := b.Sync(ctx, &dataplane.State{Frontends: []dataplane.Frontend{lb}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dial("10.27.50.100", 5*time.Second); err != nil {
+		t.Fatalf("no ranges, 10.27.50.100: %v", err)
+	}
+	if save := saveWaggle(t, r, iptables.IPv4); strings.Contains(save, "WAGGLE-FW-") {
+		t.Errorf("firewall chain left after the ranges went:\n%s", save)
 	}
 }
