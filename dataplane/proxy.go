@@ -133,7 +133,7 @@ type Config struct {
 	// served on HealthBindAddress).
 	Health *ops.Health
 	// NetworkPolicy is --network-policy: auto (default; eBPF where the
-	// kernel allows), ebpf or off. Enforcement (dataplane/policy) runs
+	// kernel allows, else iptables), ebpf, iptables or off. Enforcement (dataplane/policy) runs
 	// beside the proxy with its client; its failure stops the proxy.
 	NetworkPolicy string
 	// PolicyMonitorAllows also reports allowed flows to `waggle bpf monitor`.
@@ -172,9 +172,9 @@ func (c *Config) validate() error {
 	}
 	c.ClusterCIDRs = cidrs
 	switch c.NetworkPolicy {
-	case "", policy.ModeAuto, policy.ModeEBPF, policy.ModeOff:
+	case "", policy.ModeAuto, policy.ModeEBPF, policy.ModeIPTables, policy.ModeOff:
 	default:
-		return fmt.Errorf("%w: --network-policy=%q: want auto, ebpf or off", ErrBadConfig, c.NetworkPolicy)
+		return fmt.Errorf("%w: --network-policy=%q: want auto, ebpf, iptables or off", ErrBadConfig, c.NetworkPolicy)
 	}
 	switch c.Mode {
 	case ModeAuto, ModeEBPF, ModeIPTables, ModeIPVS:
@@ -249,6 +249,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if cfg.NodeName != "" {
 			perr = policy.Cleanup(cfg.policyPinDir())
 		}
+		perr = errors.Join(perr, policy.CleanupIPTables(""))
 		return errors.Join(perr, cleanupModes(ctx, log, cfg.Modes, cfg.modeConfig(log, nil), ""))
 	}
 	if err := cfg.validate(); err != nil {

@@ -48,7 +48,7 @@ func runProxy(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.SyncPeriod, "sync-period", 30*time.Minute, "period of the full reconcile that rewrites whatever drifted (changes are synced as they come)")
 	fs.DurationVar(&cfg.MinSyncPeriod, "min-sync-period", time.Second, "shortest time between syncs of the modes that rewrite everything per sync (iptables, ipvs); ebpf syncs each change at once")
 	fs.DurationVar(&cfg.UnhealthyAfter, "unhealthy-after", time.Minute, "/healthz fails once syncs have kept failing this long")
-	fs.StringVar(&cfg.NetworkPolicy, "network-policy", "auto", "NetworkPolicy enforcement: auto (eBPF where the kernel allows, else a loud warning), ebpf (or fail), off")
+	fs.StringVar(&cfg.NetworkPolicy, "network-policy", "auto", "NetworkPolicy enforcement: auto (eBPF where the kernel allows, else iptables+ipset, else a loud warning), ebpf or iptables (or fail), off")
 	fs.BoolVar(&cfg.PolicyMonitorAllows, "policy-monitor-allows", false, "also report allowed new flows to `waggle bpf monitor` (drops always are)")
 	fs.StringVar(&dnsCfg.ListenAddress, "cluster-dns-address", fmt.Sprintf(":%d", clusterdns.DefaultPort), "address (UDP and TCP) of this node's cluster DNS server, the kube-dns Service's endpoint here (empty: none)")
 	fs.StringVar(&dnsCfg.ClusterDomain, "cluster-domain", clusterdns.DefaultClusterDomain, "the cluster DNS zone")

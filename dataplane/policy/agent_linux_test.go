@@ -87,7 +87,7 @@ func (ae *agentEnv) addAPIPod(t *testing.T, ns, name string, lbls map[string]str
 	}
 	ae.waitFor(t, "endpoint "+ns+"/"+name, func() bool {
 		var v polBPFPolEndpoint
-		return ae.dp.objs.WagglePolEndpoints.Lookup(p.ifindex, &v) == nil
+		return ae.bpf.objs.WagglePolEndpoints.Lookup(p.ifindex, &v) == nil
 	})
 	return p
 }
@@ -107,7 +107,7 @@ func TestAgentEnforcesFromTheAPI(t *testing.T) {
 	}
 	ae.waitFor(t, "server isolated", func() bool {
 		var v polBPFPolEndpoint
-		return ae.dp.objs.WagglePolEndpoints.Lookup(server.ifindex, &v) == nil && v.Flags&1 != 0
+		return ae.bpf.objs.WagglePolEndpoints.Lookup(server.ifindex, &v) == nil && v.Flags&1 != 0
 	})
 	if ae.reach(client, server, "tcp", 80) {
 		t.Error("deny-all ingress from the API not enforced")
@@ -121,7 +121,7 @@ func TestAgentEnforcesFromTheAPI(t *testing.T) {
 	ae.waitFor(t, "allow-y programmed", func() bool {
 		var k polBPFPolKey
 		var v polBPFPolEntry
-		it := ae.dp.objs.WagglePolPolicy.Iterate()
+		it := ae.bpf.objs.WagglePolPolicy.Iterate()
 		for it.Next(&k, &v) {
 			if k.Ep == server.ifindex && v.Policy != 0 {
 				policyID = v.Policy
@@ -139,12 +139,12 @@ func TestAgentEnforcesFromTheAPI(t *testing.T) {
 	}
 	ae.waitFor(t, "server no longer isolated", func() bool {
 		var v polBPFPolEndpoint
-		return ae.dp.objs.WagglePolEndpoints.Lookup(server.ifindex, &v) == nil && v.Flags == 0
+		return ae.bpf.objs.WagglePolEndpoints.Lookup(server.ifindex, &v) == nil && v.Flags == 0
 	})
 	// The pod goes: its endpoint goes.
 	ae.client.CoreV1().Pods("x").Delete(context.Background(), "server", metav1.DeleteOptions{})
 	ae.waitFor(t, "server endpoint removed", func() bool {
 		var v polBPFPolEndpoint
-		return ae.dp.objs.WagglePolEndpoints.Lookup(server.ifindex, &v) != nil
+		return ae.bpf.objs.WagglePolEndpoints.Lookup(server.ifindex, &v) != nil
 	})
 }

@@ -61,6 +61,7 @@ type Entry struct {
 type EndpointState struct {
 	Pod              string // namespace/name
 	Ifindex          uint32
+	IPs              []netip.Addr // the pod's addresses (the iptables datapath matches on them)
 	Identity         uint32
 	IngressIsolated  bool
 	EgressIsolated   bool
@@ -79,7 +80,7 @@ func (e *EndpointState) Equal(o *EndpointState) bool {
 		return e == o
 	}
 	if e.Ifindex != o.Ifindex || e.Identity != o.Identity || e.IngressIsolated != o.IngressIsolated ||
-		e.EgressIsolated != o.EgressIsolated || len(e.Entries) != len(o.Entries) {
+		e.EgressIsolated != o.EgressIsolated || len(e.Entries) != len(o.Entries) || !slices.Equal(e.IPs, o.IPs) {
 		return false
 	}
 	for k, v := range e.Entries {
@@ -814,7 +815,7 @@ func contains(outer, inner netip.Prefix) bool {
 }
 
 func (c *Compiler) compileEndpoint(p *podInfo) *EndpointState {
-	st := &EndpointState{Pod: p.key, Ifindex: p.ifindex, Entries: map[Key]Entry{}, selectedIdentity: map[uint32]bool{}}
+	st := &EndpointState{Pod: p.key, Ifindex: p.ifindex, IPs: slices.Clone(p.ips), Entries: map[Key]Entry{}, selectedIdentity: map[uint32]bool{}}
 	if p.identity != nil {
 		st.Identity = p.identity.ID
 	}

@@ -38,7 +38,7 @@ func (e *env) expect(t *testing.T, checks []check) {
 			port = 80
 		}
 		if got := e.reach(from, e.pods[c.to], proto, port); got != c.want {
-			t.Errorf("%s -> %s %s/%d: reachable=%v, want %v", or(c.from, "node"), c.to, proto, port, got, c.want)
+			t.Errorf("%s -> %s %s/%d: reachable=%v, want %v%s", or(c.from, "node"), c.to, proto, port, got, c.want, e.state())
 		}
 	}
 }
@@ -51,8 +51,11 @@ func or(a, b string) string {
 }
 
 // TestConformance is the policy conformance table on the real kernel: pods
-// in network namespaces on a bridge, the tcx programs on their veths.
-func TestConformance(t *testing.T) {
+// in network namespaces on a bridge, the tcx programs on their veths (ebpf)
+// or the iptables rules and ipsets of the node namespace (iptables).
+func TestConformance(t *testing.T) { eachDatapath(t, testConformance) }
+
+func testConformance(t *testing.T, e *env) {
 	cases := []struct {
 		name   string
 		policy func() []*networkingv1.NetworkPolicy
@@ -186,7 +189,6 @@ func TestConformance(t *testing.T) {
 			checks: []check{{"x/a", "x/b", "", 80, true}, {"x/a", "x/b", "", 81, false}, {"y/c", "x/b", "", 80, false}, {"x/b", "x/a", "", 80, false}},
 		},
 	}
-	e := newEnv(t)
 	e.addPod("x", "a", map[string]string{"app": "a"})
 	e.addPod("x", "b", map[string]string{"app": "b"}, v1.ContainerPort{Name: "web", ContainerPort: 81})
 	e.addPod("y", "c", map[string]string{"app": "c"})
@@ -214,8 +216,9 @@ func TestConformance(t *testing.T) {
 // against a changed policy (upstream leaves it to the implementation): a
 // policy that no longer allows the flow cuts it; one that still allows it
 // (or its removal) leaves it running.
-func TestPolicyUnderAnOpenConnection(t *testing.T) {
-	e := newEnv(t)
+func TestPolicyUnderAnOpenConnection(t *testing.T) { eachDatapath(t, testPolicyUnderAnOpenConnection) }
+
+func testPolicyUnderAnOpenConnection(t *testing.T, e *env) {
 	a := e.addPod("x", "a", map[string]string{"app": "a"})
 	b := e.addPod("x", "b", map[string]string{"app": "b"})
 	c := e.addPod("x", "c", map[string]string{"app": "c"})
@@ -261,8 +264,9 @@ func TestPolicyUnderAnOpenConnection(t *testing.T) {
 
 // TestPodsCreatedAfterThePolicy: the policy applies to pods that appear
 // later, as subjects and as peers, and to relabelled pods.
-func TestPodsCreatedAfterThePolicy(t *testing.T) {
-	e := newEnv(t)
+func TestPodsCreatedAfterThePolicy(t *testing.T) { eachDatapath(t, testPodsCreatedAfterThePolicy) }
+
+func testPodsCreatedAfterThePolicy(t *testing.T, e *env) {
 	p := np("x", "from-client", sel("app", "server"), ingress)
 	p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("role", "client")}}}}
 	e.setPolicy(p)
@@ -287,12 +291,16 @@ func TestPodsCreatedAfterThePolicy(t *testing.T) {
 	if e.reach(e.addPod("y", "stranger", map[string]string{"role": "client"}), server2, "tcp", 80) {
 		t.Error("a client of another namespace reaches a server created after the policy")
 	}
-	// The pod is deleted: its endpoint and links go.
+	// The pod is deleted: its endpoint and links (or chains) go.
 	e.c.DeletePod("x", "server2")
 	e.sync()
-	var v polBPFPolEndpoint
-	if err := e.dp.objs.WagglePolEndpoints.Lookup(server2.ifindex, &v); err == nil {
-		t.Error("a deleted pod's endpoint is still in the map")
+	if e.bpf != nil {
+		var v polBPFPolEndpoint
+		if err := e.bpf.objs.WagglePolEndpoints.Lookup(server2.ifindex, &v); err == nil {
+			t.Error("a deleted pod's endpoint is still in the map")
+		}
+	} else if out := e.node.Run(t, "iptables-save", "-t", "filter"); strings.Contains(out, chainName(DirIngress, server2.ifindex)+" ") {
+		t.Errorf("a deleted pod's chain is still there:\n%s", out)
 	}
 }
 
@@ -323,7 +331,7 @@ func TestViewExplainsAndMonitors(t *testing.T) {
 	p := np("x", "allow-a", sel("app", "b"), ingress)
 	p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "a")}}, Ports: []networkingv1.NetworkPolicyPort{tcpPort(80)}}}
 	e.setPolicy(p)
-	v, err := OpenView(e.dp.cfg.PinDir)
+	v, err := OpenView(e.bpf.cfg.PinDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,13 +412,13 @@ func TestRestartKeepsEnforcing(t *testing.T) {
 	}
 	// The new process opens the pinned maps before the old one's file
 	// descriptors are gone; then the old ones close.
-	dp, err := NewBPF(BPFConfig{PinDir: e.dp.cfg.PinDir, NetNS: e.dp.cfg.NetNS})
+	dp, err := NewBPF(BPFConfig{PinDir: e.bpf.cfg.PinDir, NetNS: e.bpf.cfg.NetNS})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dp.Close() })
-	e.dp.Close()
-	e.dp = dp
+	e.bpf.Close()
+	e.dp, e.bpf = dp, dp
 	if e.reach(a, b, "tcp", 80) {
 		t.Error("enforcement stopped with the agent's file descriptors")
 	}
@@ -445,8 +453,9 @@ func TestRestartKeepsEnforcing(t *testing.T) {
 
 // TestIPv6: the same programs enforce IPv6 flows (neighbour discovery
 // always passes; peers resolve through the same identities).
-func TestIPv6(t *testing.T) {
-	e := newEnv(t)
+func TestIPv6(t *testing.T) { eachDatapath(t, testIPv6) }
+
+func testIPv6(t *testing.T, e *env) {
 	e.node.Run(t, "ip", "addr", "add", "fd77::1/64", "dev", e.bridge, "nodad")
 	e.c.SetHostIPs([]netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("fd77::1")})
 	var pods []*tpod
@@ -469,5 +478,52 @@ func TestIPv6(t *testing.T) {
 	}
 	if e.reach(pods[2], pods[1], "tcp", 80) {
 		t.Error("c -> b over IPv6 allowed, want denied")
+	}
+}
+
+// TestIPTablesRestart: a new agent's iptables datapath finds the rules and
+// sets the last one left, enforcement never stops, and its first commit
+// removes the chains of a pod deleted while no agent ran.
+func TestIPTablesRestart(t *testing.T) {
+	e := newEnvOf(t, ModeIPTables)
+	a := e.addPod("x", "a", map[string]string{"app": "a"})
+	b := e.addPod("x", "b", map[string]string{"app": "b"})
+	c := e.addPod("x", "c", map[string]string{"app": "c"})
+	allow := np("x", "from-a", sel(), ingress)
+	allow.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("app", "a")}}}}
+	e.setPolicy(allow)
+	if !e.reach(a, b, "tcp", 80) || e.reach(c, b, "tcp", 80) {
+		t.Fatal("policy not enforced before the restart")
+	}
+	e.ipt.Close()
+	ipt, err := NewIPTables(IPTablesConfig{NetNS: "/run/netns/" + e.node.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ipt, e.dp = ipt, ipt
+	t.Cleanup(func() { ipt.Close() })
+	if len(ipt.sets) == 0 {
+		t.Error("the restarted datapath found no sets")
+	}
+	if !e.reach(a, b, "tcp", 80) || e.reach(c, b, "tcp", 80) {
+		t.Error("enforcement changed with the agent gone")
+	}
+	// c was deleted while no agent ran.
+	cc := NewCompiler("node-a")
+	cc.SetHostIPs([]netip.Addr{netip.MustParseAddr("10.77.0.1")})
+	cc.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "x", Labels: map[string]string{"kubernetes.io/metadata.name": "x", "ns": "x"}}})
+	for _, p := range []*tpod{a, b} {
+		cc.SetPod(p.obj, p.ifindex)
+	}
+	if err := cc.SetPolicy(allow); err != nil {
+		t.Fatal(err)
+	}
+	e.c = cc
+	e.sync()
+	if out := e.node.Run(t, "iptables-save", "-t", "filter"); strings.Contains(out, chainName(DirIngress, c.ifindex)+" ") {
+		t.Errorf("the chain of a pod deleted while no agent ran is still there:\n%s", out)
+	}
+	if !e.reach(a, b, "tcp", 80) || e.reach(b, a, "tcp", 80) {
+		t.Error("after the restart the policy is not what it was")
 	}
 }

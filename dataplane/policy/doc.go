@@ -3,7 +3,8 @@
 // numeric label-set identities and per-endpoint policy entries, incrementally
 // (a change recompiles only the endpoints it can affect), and a Datapath
 // programs them — the eBPF one (tcx programs on each pod's host-side veth,
-// bpf/policy.c) on Linux. The Agent wires informers to both and runs in the
+// bpf/policy.c) on Linux, or the iptables fallback (filter FORWARD chains
+// per endpoint, peers in ipsets) where the eBPF one cannot run. The Agent wires informers to both and runs in the
 // node agent (`waggle proxy`).
 //
 // It is not the service load balancer (dataplane/ebpf) and does not touch

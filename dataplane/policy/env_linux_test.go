@@ -29,7 +29,10 @@ type env struct {
 	t      *testing.T
 	node   *testutil.NetNS
 	bridge string
-	dp     *BPF
+	kind   string // "ebpf" or "iptables"
+	dp     Datapath
+	bpf    *BPF      // kind ebpf
+	ipt    *IPTables // kind iptables
 	c      *Compiler
 	pods   map[string]*tpod
 	next   int
@@ -48,15 +51,42 @@ type tpod struct {
 	obj      *v1.Pod
 }
 
-func newEnv(t *testing.T) *env {
+// datapaths are the kinds of Datapath the table runs against.
+var datapaths = []string{ModeEBPF, ModeIPTables}
+
+// eachDatapath runs fn once per datapath, as a subtest.
+func eachDatapath(t *testing.T, fn func(t *testing.T, e *env)) {
+	for _, kind := range datapaths {
+		t.Run(kind, func(t *testing.T) { fn(t, newEnvOf(t, kind)) })
+	}
+}
+
+func newEnv(t *testing.T) *env { return newEnvOf(t, ModeEBPF) }
+
+func newEnvOf(t *testing.T, kind string) *env {
 	t.Helper()
 	testutil.Privileged(t)
 	testutil.RequiresRoot(t)
 	node := testutil.NewNetNS(t)
-	e := &env{t: t, node: node, bridge: "npbr0", pods: map[string]*tpod{}, next: 10, c: NewCompiler("node-a")}
+	e := &env{t: t, node: node, bridge: "npbr0", kind: kind, pods: map[string]*tpod{}, next: 10, c: NewCompiler("node-a")}
 	node.Run(t, "ip", "link", "add", e.bridge, "type", "bridge")
 	node.Run(t, "ip", "addr", "add", "10.77.0.1/24", "dev", e.bridge)
 	node.Run(t, "ip", "link", "set", e.bridge, "up")
+	if kind == ModeIPTables {
+		ipt, err := NewIPTables(IPTablesConfig{NetNS: "/run/netns/" + node.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.ipt, e.dp = ipt, ipt
+		t.Cleanup(func() {
+			ipt.Close()
+			if err := CleanupIPTables("/run/netns/" + node.Name); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		})
+		e.init()
+		return e
+	}
 	if err := os.MkdirAll("/sys/fs/bpf/waggle", 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -69,14 +99,21 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.dp = dp
+	e.dp, e.bpf = dp, dp
 	t.Cleanup(func() {
-		dp.Close()
+		e.bpf.Close()
 		if err := Cleanup(pin); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 		os.Remove(filepath.Dir(pin))
 	})
+	e.init()
+	return e
+}
+
+// init: the node's address, its echo server, the namespaces.
+func (e *env) init() {
+	t, node := e.t, e.node
 	e.c.SetHostIPs([]netip.Addr{netip.MustParseAddr("10.77.0.1")})
 	// The node serves too (a pod reaching its own node).
 	e.pods["node"] = &tpod{name: "node", netns: node, ip: netip.MustParseAddr("10.77.0.1")}
@@ -85,7 +122,6 @@ func newEnv(t *testing.T) *env {
 		e.c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"kubernetes.io/metadata.name": n, "ns": n}}})
 	}
 	e.sync()
-	return e
 }
 
 // sync compiles and programs what changed.
@@ -193,10 +229,21 @@ func serveUDP(t *testing.T, n *testutil.NetNS, addr string) {
 
 // denied sums every endpoint's drop counters.
 func (e *env) denied() uint64 {
+	if e.ipt != nil {
+		cs, err := e.ipt.Counters()
+		if err != nil {
+			e.t.Errorf("counters: %v", err)
+		}
+		sum := cs.Revoked
+		for _, d := range cs.Denied {
+			sum += d[0] + d[1]
+		}
+		return sum
+	}
 	var k uint32
 	var v polBPFPolEndpoint
 	var sum uint64
-	it := e.dp.objs.WagglePolEndpoints.Iterate()
+	it := e.bpf.objs.WagglePolEndpoints.Iterate()
 	for it.Next(&k, &v) {
 		sum += v.Denied[0] + v.Denied[1]
 	}
@@ -243,7 +290,7 @@ func (e *env) dialFrom(n *testutil.NetNS, network, addr string) net.Conn {
 		})
 		done <- res{c, err}
 	}()
-	tick := time.NewTicker(2 * time.Millisecond)
+	tick := time.NewTicker(e.pollEvery())
 	defer tick.Stop()
 	for {
 		select {
@@ -305,7 +352,7 @@ func (e *env) roundTrip(c net.Conn) bool {
 		_, err := io.ReadFull(c, buf)
 		errc <- err
 	}()
-	tick := time.NewTicker(2 * time.Millisecond)
+	tick := time.NewTicker(e.pollEvery())
 	defer tick.Stop()
 	for {
 		select {
@@ -317,4 +364,33 @@ func (e *env) roundTrip(c net.Conn) bool {
 			}
 		}
 	}
+}
+
+// pollEvery is how often the drop counters are read: the maps cost
+// nothing, iptables-save a process.
+func (e *env) pollEvery() time.Duration {
+	if e.ipt != nil {
+		return 20 * time.Millisecond
+	}
+	return 2 * time.Millisecond
+}
+
+// state renders the iptables datapath's rules and sets for a failure
+// message (nothing for eBPF: `waggle bpf policy` reads the maps).
+func (e *env) state() string {
+	if e.ipt == nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n" + e.node.Run(e.t, "iptables-save", "-c", "-t", "filter"))
+	e.ipt.mu.Lock()
+	defer e.ipt.mu.Unlock()
+	for name, m := range e.ipt.sets {
+		fmt.Fprintf(&b, "set %s:", name)
+		for p := range m {
+			b.WriteString(" " + p.String())
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }

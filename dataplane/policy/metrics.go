@@ -9,6 +9,9 @@ type Counters struct {
 	Allowed, Denied map[string][2]uint64
 	// Policies by policy ID: new flows their entries allowed, by direction.
 	PolicyHits map[uint32][2]uint64
+	// Revoked: packets of established flows a policy change denied,
+	// dropped by the iptables datapath (the eBPF one counts them in Denied).
+	Revoked uint64
 }
 
 // counterSource is a Datapath that can read its counters.

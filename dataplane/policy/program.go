@@ -9,7 +9,8 @@ import (
 // every changed endpoint's new entries and isolation first, then the
 // address and prefix tables, then the endpoints' removals (and revision
 // bumps), and last the endpoints that are gone. Names of policies and
-// identities are refreshed.
+// identities are refreshed. A datapath with a Commit method batches the
+// calls and writes them out when Commit is called last.
 func Program(dp Datapath, c *Compiler, ch Changes) error {
 	var errs []error
 	for k, st := range ch.Endpoints {
@@ -61,6 +62,12 @@ func Program(dp Datapath, c *Compiler, ch Changes) error {
 	}
 	if err := dp.SetNames(NamePolicy, c.PolicyNames()); err != nil {
 		errs = append(errs, err)
+	}
+	// A datapath that batches (iptables) writes it all out now.
+	if b, ok := dp.(interface{ Commit() error }); ok {
+		if err := b.Commit(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

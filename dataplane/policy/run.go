@@ -9,9 +9,10 @@ import (
 
 // Modes of --network-policy.
 const (
-	ModeAuto = "auto" // eBPF where the kernel allows; otherwise a warning and no enforcement
-	ModeEBPF = "ebpf" // eBPF or fail
-	ModeOff  = "off"  // no enforcement
+	ModeAuto     = "auto"     // eBPF where the kernel allows, else iptables, else a loud warning and no enforcement
+	ModeEBPF     = "ebpf"     // eBPF or fail
+	ModeIPTables = "iptables" // the iptables+ipset fallback or fail
+	ModeOff      = "off"      // no enforcement
 )
 
 // RunConfig configures the enforcement the node agent runs (Run).

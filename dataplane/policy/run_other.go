@@ -9,8 +9,8 @@ import (
 
 // Run enforces NetworkPolicy on this node; off Linux it cannot.
 func Run(ctx context.Context, cfg RunConfig) error {
-	if cfg.Mode == ModeEBPF {
-		return fmt.Errorf("--network-policy=ebpf: %w", ErrNotSupported)
+	if cfg.Mode == ModeEBPF || cfg.Mode == ModeIPTables {
+		return fmt.Errorf("--network-policy=%s: %w", cfg.Mode, ErrNotSupported)
 	}
 	return nil
 }
