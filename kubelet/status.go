@@ -3,6 +3,7 @@ package kubelet
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -164,9 +165,11 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 
 	// Conditions.
 	allReady := n > 0
+	var unready []string
 	for _, cs := range st.ContainerStatuses {
 		if !cs.Ready {
 			allReady = false
+			unready = append(unready, cs.Name)
 		}
 	}
 	cond := func(t v1.PodConditionType, ok bool, reason string) v1.PodCondition {
@@ -188,6 +191,11 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	}
 	if isTerminalPhase(st.Phase) && initDone {
 		st.Conditions[0].Reason = "PodCompleted"
+	}
+	if !allReady && !isTerminalPhase(st.Phase) && len(unready) > 0 {
+		// Upstream's GenerateContainersReadyCondition message.
+		msg := fmt.Sprintf("containers with unready status: [%s]", strings.Join(unready, " "))
+		st.Conditions[1].Message, st.Conditions[2].Message = msg, msg
 	}
 	if msg := w.teardownErr.Load(); msg != nil {
 		st.Reason, st.Message = "NetworkTeardownFailed", *msg

@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/pem"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -107,4 +108,18 @@ func TestClusterTrustBundleProjection(t *testing.T) {
 	if p.Status.Phase != v1.PodPending {
 		t.Errorf("ctb-required phase %s, want Pending", p.Status.Phase)
 	}
+	// Upstream's Ready condition for a pod whose volumes did not mount (the
+	// conformance spec matches its reason and message exactly).
+	waitFor(t, 45*time.Second, "ctb-required's Ready condition", func() (bool, string) {
+		p, err := n.client.CoreV1().Pods("default").Get(ctx, "ctb-required", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodReady {
+				return c.Status == v1.ConditionFalse && c.Reason == "ContainersNotReady" && c.Message == "containers with unready status: [echo]", fmt.Sprintf("%+v", c)
+			}
+		}
+		return false, "no Ready condition"
+	})
 }
