@@ -20,7 +20,8 @@
  *  tcx egress of an external device (waggle_np_egress):
  *    reply of a backend on this node (no SNAT) -> source back to the frontend
  *
- * IPv4 only; fragments and ICMP errors are not translated (bpf/README.md).
+ * IPv4 only; fragments are not translated; ICMP errors about SNATed flows are
+ * (ingress), those of DNAT-only flows are not yet (bpf/README.md).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -154,8 +155,8 @@ struct pkt {
 	__u8 frag;
 };
 
-/* parse returns 0 for a TCP or UDP IPv4 packet, 1 for an IPv4 fragment, -1
- * for anything else. */
+/* parse returns 0 for a TCP or UDP IPv4 packet, 1 for an IPv4 fragment, 2
+ * for an unfragmented ICMP packet, -1 for anything else. */
 static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 {
 	void *data = (void *)(long)skb->data;
@@ -166,7 +167,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 		return -1;
 	if ((void *)(ip + 1) > end)
 		return -1;
-	if (ip->ihl < 5 || (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP))
+	if (ip->ihl < 5 ||
+	    (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP && ip->protocol != IPPROTO_ICMP))
 		return -1;
 	p->saddr = ip->saddr;
 	p->daddr = ip->daddr;
@@ -175,7 +177,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	p->tot_len = bpf_ntohs(ip->tot_len);
 	p->l4_off = ETH_HLEN + ip->ihl * 4;
 	if (ip->frag_off & bpf_htons(0x3fff)) /* MF or an offset */
-		return 1;
+		return p->proto == IPPROTO_ICMP ? -1 : 1;
+	if (p->proto == IPPROTO_ICMP)
+		return 2;
 	__be16 ports[2];
 	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
 		return -1;
@@ -404,6 +408,85 @@ static __always_inline int is_external(__u32 ifindex, __be32 *addr)
 	return 1;
 }
 
+/* ICMP errors (RFC 792: destination unreachable, including "fragmentation
+ * needed", source quench, time exceeded, parameter problem) quote the header
+ * and 8 bytes of the packet that caused them. */
+#define ICMP_DEST_UNREACH_ 3
+#define ICMP_SOURCE_QUENCH_ 4
+#define ICMP_TIME_EXCEEDED_ 11
+#define ICMP_PARAMETERPROB_ 12
+#define ICMP_HLEN 8
+
+/* icmp_store rewrites 4 (or 2) bytes inside an ICMP error's quoted packet
+ * and updates the ICMP checksum, which covers them (ICMP has no
+ * pseudo-header). */
+static __always_inline int icmp_store(struct __sk_buff *skb, int icsum, int off, __u32 old, __u32 new, int size)
+{
+	if (old == new)
+		return 0;
+	if (bpf_l4_csum_replace(skb, icsum, old, new, size) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, size, 0);
+}
+
+/* icmp_error_in translates an ICMP error that a remote backend (or a router
+ * on the way) sent about a flow SNATed here: it reaches this node's address,
+ * quoting node:snat_port -> backend. It goes on to the client as an error
+ * about client -> frontend, from the frontend, so the client's socket sees
+ * it (ECONNREFUSED, EMSGSIZE and path MTU, EHOSTUNREACH). Anything else is
+ * left to the stack. */
+static __always_inline int icmp_error_in(struct __sk_buff *skb, const struct pkt *p, __u64 now)
+{
+	__u8 type;
+	struct iphdr in;
+	__be16 ports[2];
+	int icsum = p->l4_off + 2, ioff = p->l4_off + ICMP_HLEN;
+
+	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
+		return TCX_NEXT;
+	if (type != ICMP_DEST_UNREACH_ && type != ICMP_SOURCE_QUENCH_ && type != ICMP_TIME_EXCEEDED_ &&
+	    type != ICMP_PARAMETERPROB_)
+		return TCX_NEXT;
+	if (bpf_skb_load_bytes(skb, ioff, &in, sizeof(in)) < 0 || in.ihl != 5 ||
+	    (in.protocol != IPPROTO_TCP && in.protocol != IPPROTO_UDP))
+		return TCX_NEXT;
+	if (bpf_skb_load_bytes(skb, ioff + sizeof(in), ports, sizeof(ports)) < 0)
+		return TCX_NEXT;
+	/* The quoted packet is node:snat_port -> backend: the flow's reply
+	 * direction is backend -> node:snat_port. */
+	struct np_ct_key k;
+	ct_key(&k, in.daddr, ports[1], in.saddr, ports[0], in.protocol, NP_CT_REPLY);
+	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (!ct || !(ct->flags & NP_CT_F_SNAT) || ct->expires_ns <= now)
+		return TCX_NEXT;
+	__be32 client = v4of(ct->addr), front = v4of(ct->nat);
+	__be16 cport = ct->port, fport = ct->nat_port;
+	int qcsum = ioff + offsetof(struct iphdr, check);
+	__u16 oldsum = in.check, newsum;
+
+	/* The quoted header: node -> client, backend -> frontend, with its own
+	 * IP checksum; every changed word also changes the ICMP checksum. */
+	if (bpf_l3_csum_replace(skb, qcsum, in.saddr, client, 4) < 0 ||
+	    bpf_l3_csum_replace(skb, qcsum, in.daddr, front, 4) < 0 ||
+	    bpf_skb_load_bytes(skb, qcsum, &newsum, 2) < 0 ||
+	    icmp_store(skb, icsum, qcsum, oldsum, newsum, 2) < 0 ||
+	    icmp_store(skb, icsum, ioff + offsetof(struct iphdr, saddr), in.saddr, client, 4) < 0 ||
+	    icmp_store(skb, icsum, ioff + offsetof(struct iphdr, daddr), in.daddr, front, 4) < 0 ||
+	    icmp_store(skb, icsum, ioff + sizeof(in), ports[0], cport, 2) < 0 ||
+	    icmp_store(skb, icsum, ioff + sizeof(in) + 2, ports[1], fport, 2) < 0)
+		return TC_ACT_SHOT;
+	/* The outer header: frontend -> client (no pseudo-header for ICMP). */
+	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, p->saddr, front, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_SRC_OFF, &front, 4, 0) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, p->daddr, client, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_DST_OFF, &client, 4, 0) < 0)
+		return TC_ACT_SHOT;
+	stat(NP_STAT_ICMP_ERROR);
+	struct bpf_fib_lookup f;
+	int rc = fib(skb, p, front, client, &f);
+	return forward(skb, rc, &f);
+}
+
 SEC("tc")
 int waggle_np_ingress(struct __sk_buff *skb)
 {
@@ -424,6 +507,8 @@ int waggle_np_ingress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	}
 	now = bpf_ktime_get_ns();
+	if (r == 2)
+		return icmp_error_in(skb, &p, now);
 
 	/* A reply to a flow SNATed here. */
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_REPLY);

@@ -149,7 +149,8 @@ enum np_stat {
 	NP_STAT_AFFINITY_HIT = 10, /* backend from the ClientIP affinity LRU */
 	NP_STAT_BACKEND_GONE = 11, /* established flow's backend removed: chose again */
 	NP_STAT_SRC_RANGE_DROP = 12, /* new flow from outside loadBalancerSourceRanges: dropped */
-	NP_STAT_MAX = 13,
+	NP_STAT_ICMP_ERROR = 13,     /* ICMP error about a SNATed flow translated back to the client */
+	NP_STAT_MAX = 14,
 };
 
 #endif /* WAGGLE_NODEPORT_H */

@@ -608,6 +608,48 @@ func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
 	}
 }
 
+// An ICMP error a remote backend sends about a SNATed flow (here: port
+// unreachable, nothing listens on the backend's port) reaches the client
+// translated, so its connected UDP socket gets ECONNREFUSED at once instead
+// of waiting for a timeout.
+func TestNorthSouthICMPErrorsReachTheClient(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.start()
+	// A served port first (the positive marker), then one whose backend
+	// has no socket.
+	tp.sync(nodePortFrontend("10.27.0.1", 30097, dataplane.UDP, false, "10.27.2.10:8080"),
+		nodePortFrontend("10.27.0.1", 30098, dataplane.UDP, false, "10.27.2.10:9999"))
+	testutil.Eventually(t, 30*time.Second, func() error { _, _, err := tp.udp("10.27.0.1:30097"); return err })
+	err := tp.client.do(func() error {
+		c, err := net.Dial("udp", "10.27.0.1:30098")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		for i := 0; i < 5; i++ {
+			c.Write([]byte("hi"))
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Read(buf)
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				return nil
+			}
+		}
+		return fmt.Errorf("read: %v, want ECONNREFUSED from the translated port unreachable", err)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] == 0 {
+		t.Errorf("icmp_error not counted: %v %v", st, err)
+	}
+}
+
 func TestNorthSouthUnknownDeviceIsAClearError(t *testing.T) {
 	tp := newNSTopo(t)
 	node := testutil.UniqueName("ns-")

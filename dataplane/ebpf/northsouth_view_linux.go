@@ -17,7 +17,7 @@ import (
 
 var npStatNames = [...]string{"xlate_local", "xlate_snat", "ct_hit", "reply", "no_backend", "local_drop",
 	"fragment", "snat_exhausted", "fib_miss", "maglev_miss", "affinity_hit", "backend_gone",
-	"src_range_drop"}
+	"src_range_drop", "icmp_error"}
 
 // NorthSouthStatNames lists the north-south counters (enum np_stat), in
 // index order.
