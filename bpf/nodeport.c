@@ -20,8 +20,8 @@
  *  tcx egress of an external device (waggle_np_egress):
  *    reply of a backend on this node (no SNAT) -> source back to the frontend
  *
- * IPv4 only; fragments are not translated; ICMP errors about SNATed flows are
- * (ingress), those of DNAT-only flows are not yet (bpf/README.md).
+ * IPv4 only; fragments are not translated; ICMP errors about north-south
+ * flows are (ingress: SNATed ones, egress: DNAT-only ones; bpf/README.md).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -429,13 +429,15 @@ static __always_inline int icmp_store(struct __sk_buff *skb, int icsum, int off,
 	return bpf_skb_store_bytes(skb, off, &new, size, 0);
 }
 
-/* icmp_error_in translates an ICMP error that a remote backend (or a router
- * on the way) sent about a flow SNATed here: it reaches this node's address,
- * quoting node:snat_port -> backend. It goes on to the client as an error
- * about client -> frontend, from the frontend, so the client's socket sees
- * it (ECONNREFUSED, EMSGSIZE and path MTU, EHOSTUNREACH). Anything else is
- * left to the stack. */
-static __always_inline int icmp_error_in(struct __sk_buff *skb, const struct pkt *p, __u64 now)
+/* icmp_error translates an ICMP error about a north-south flow so the
+ * client's socket sees it (ECONNREFUSED, EMSGSIZE and path MTU,
+ * EHOSTUNREACH): as an error about client -> frontend, from the frontend.
+ *   ingress: from a remote backend (or a router on the way) about a flow
+ *            SNATed here, quoting node:snat_port -> backend; forwarded.
+ *   egress:  from a backend on this node about a DNAT-only flow, quoting
+ *            client -> backend; goes on.
+ * Anything else is left to the stack. */
+static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p, __u64 now, int egress)
 {
 	__u8 type;
 	struct iphdr in;
@@ -457,7 +459,13 @@ static __always_inline int icmp_error_in(struct __sk_buff *skb, const struct pkt
 	struct np_ct_key k;
 	ct_key(&k, in.daddr, ports[1], in.saddr, ports[0], in.protocol, NP_CT_REPLY);
 	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
-	if (!ct || !(ct->flags & NP_CT_F_SNAT) || ct->expires_ns <= now)
+	if (!ct && egress) {
+		/* As for replies: the quote's backend side may have been
+		 * masqueraded by the node's netfilter; find it by its client. */
+		ct_key(&k, 0, 0, in.saddr, ports[0], in.protocol, NP_CT_CLIENT);
+		ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	}
+	if (!ct || !(ct->flags & NP_CT_F_SNAT) != !!egress || ct->expires_ns <= now)
 		return TCX_NEXT;
 	__be32 client = v4of(ct->addr), front = v4of(ct->nat);
 	__be16 cport = ct->port, fport = ct->nat_port;
@@ -482,6 +490,8 @@ static __always_inline int icmp_error_in(struct __sk_buff *skb, const struct pkt
 	    bpf_skb_store_bytes(skb, IP_DST_OFF, &client, 4, 0) < 0)
 		return TC_ACT_SHOT;
 	stat(NP_STAT_ICMP_ERROR);
+	if (egress)
+		return TCX_NEXT;
 	struct bpf_fib_lookup f;
 	int rc = fib(skb, p, front, client, &f);
 	return forward(skb, rc, &f);
@@ -508,7 +518,7 @@ int waggle_np_ingress(struct __sk_buff *skb)
 	}
 	now = bpf_ktime_get_ns();
 	if (r == 2)
-		return icmp_error_in(skb, &p, now);
+		return icmp_error(skb, &p, now, 0);
 
 	/* A reply to a flow SNATed here. */
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_REPLY);
@@ -702,8 +712,11 @@ int waggle_np_egress(struct __sk_buff *skb)
 	struct pkt p = {};
 	struct np_ct_key k;
 	__u64 now;
+	int r = parse(skb, &p);
 
-	if (parse(skb, &p) != 0)
+	if (r == 2)
+		return icmp_error(skb, &p, bpf_ktime_get_ns(), 1);
+	if (r != 0)
 		return TCX_NEXT;
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_REPLY);
 	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);

@@ -617,11 +617,30 @@ func TestNorthSouthICMPErrorsReachTheClient(t *testing.T) {
 	tp.start()
 	// A served port first (the positive marker), then one whose backend
 	// has no socket.
+	// The remote backend's error comes in SNATed (ingress); the local one's
+	// leaves DNAT-only (egress).
 	tp.sync(nodePortFrontend("10.27.0.1", 30097, dataplane.UDP, false, "10.27.2.10:8080"),
-		nodePortFrontend("10.27.0.1", 30098, dataplane.UDP, false, "10.27.2.10:9999"))
+		nodePortFrontend("10.27.0.1", 30098, dataplane.UDP, false, "10.27.2.10:9999"),
+		nodePortFrontend("10.27.0.1", 30099, dataplane.UDP, false, "10.27.1.10:9999"))
 	testutil.Eventually(t, 30*time.Second, func() error { _, _, err := tp.udp("10.27.0.1:30097"); return err })
+	for _, to := range []string{"10.27.0.1:30098", "10.27.0.1:30099"} {
+		refused(t, tp, to)
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] < 2 {
+		t.Errorf("icmp_error not counted twice: %v %v", st, err)
+	}
+}
+
+// refused checks that a connected UDP socket to addr gets ECONNREFUSED.
+func refused(t *testing.T, tp *nsTopo, to string) {
+	t.Helper()
 	err := tp.client.do(func() error {
-		c, err := net.Dial("udp", "10.27.0.1:30098")
+		c, err := net.Dial("udp", to)
 		if err != nil {
 			return err
 		}
@@ -638,15 +657,7 @@ func TestNorthSouthICMPErrorsReachTheClient(t *testing.T) {
 		return fmt.Errorf("read: %v, want ECONNREFUSED from the translated port unreachable", err)
 	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := OpenPinned(tp.pinDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] == 0 {
-		t.Errorf("icmp_error not counted: %v %v", st, err)
+		t.Fatalf("%s: %v", to, err)
 	}
 }
 
