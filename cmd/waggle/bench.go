@@ -15,7 +15,7 @@ import (
 // runBench dispatches `waggle bench <what>`.
 func runBench(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintf(os.Stderr, "Usage: waggle bench WHAT [flags]\n\n  dataplane   direct vs eBPF vs iptables ClusterIP: TCP_CRR, TCP_RR, UDP_RR at several service counts; eBPF programming time\n  policy      NetworkPolicy pod to pod: no programs vs no policy vs 1 vs 1,000 policies (TCP_CRR, TCP_RR); write-to-enforced latency\n")
+		fmt.Fprintf(os.Stderr, "Usage: waggle bench WHAT [flags]\n\n  dataplane   direct vs eBPF vs iptables ClusterIP: TCP_CRR, TCP_RR, UDP_RR at several service counts; eBPF programming time\n  policy      NetworkPolicy pod to pod, eBPF vs iptables: no programs vs no policy vs 1 vs 1,000 policies (TCP_CRR, TCP_RR); write-to-enforced latency\n")
 		if len(args) == 0 {
 			return fmt.Errorf("which benchmark? (dataplane)")
 		}

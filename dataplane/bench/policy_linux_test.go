@@ -23,13 +23,21 @@ func TestRunPolicyMeasuresEveryPath(t *testing.T) {
 		t.Fatalf("%d rows, want TCP_CRR and TCP_RR", len(rep.Rows))
 	}
 	for _, row := range rep.Rows {
-		for _, p := range []string{PolicyPathNone, PolicyPathAttached, PolicyPathOne, PolicyPathMany} {
+		keys := []string{PolicyPathNone}
+		for _, kind := range PolicyDatapaths {
+			for _, p := range []string{PolicyPathAttached, PolicyPathOne, PolicyPathMany} {
+				keys = append(keys, kind+"/"+p)
+			}
+		}
+		for _, p := range keys {
 			if s := row.Paths[p]; s == nil || s.Median <= 0 || s.Errors > 2 {
 				t.Errorf("%s %s: %+v", row.Test, p, s)
 			}
 		}
 	}
-	if rep.Entries < 10 || rep.WriteToEnforcedP99ms <= 0 {
-		t.Errorf("server entries %d, write-to-enforced p99 %v", rep.Entries, rep.WriteToEnforcedP99ms)
+	for _, kind := range PolicyDatapaths {
+		if rep.Entries[kind] < 10 || rep.WriteToEnforced[kind].P99 <= 0 {
+			t.Errorf("%s: server entries %d, write-to-enforced %+v", kind, rep.Entries[kind], rep.WriteToEnforced[kind])
+		}
 	}
 }
