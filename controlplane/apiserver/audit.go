@@ -176,6 +176,62 @@ func (a *auditor) serve(w http.ResponseWriter, r *http.Request, attrs authz.Attr
 	h(aw, r.WithContext(ctx))
 }
 
+// failedAuthn runs h (which writes the 401) under audit as upstream's
+// WithFailedAuthenticationAudit: the policy is evaluated with no user, and
+// one event at stage ResponseStarted records the code and which credentials
+// were tried ("Authentication failed, attempted: bearer, x509").
+func (a *auditor) failedAuthn(w http.ResponseWriter, r *http.Request, h http.HandlerFunc) {
+	rec := toAuthorizerAttributes(authz.AttributesFrom(r, nil))
+	rac := a.eval.EvaluatePolicyRule(rec)
+	if rac.Level == auditinternal.LevelNone {
+		h(w, r)
+		return
+	}
+	received := time.Now()
+	ctx := audit.WithAuditContext(r.Context())
+	id := types.UID(r.Header.Get(auditinternal.HeaderAuditID))
+	if id == "" {
+		id = types.UID(uuid.NewString())
+	}
+	audit.WithAuditID(ctx, id)
+	ac := audit.AuditContextFrom(ctx)
+	if err := ac.Init(rac, a.backend); err != nil {
+		h(w, r)
+		return
+	}
+	w.Header().Set(auditinternal.HeaderAuditID, string(id))
+	audit.LogRequestMetadata(ctx, r, received, rec)
+	aw := &auditWriter{ResponseWriter: w}
+	h(aw, r.WithContext(ctx))
+	code := aw.code
+	if code == 0 {
+		code = http.StatusOK
+	}
+	ac.SetEventResponseStatus(&metav1.Status{Code: int32(code), Message: failedAuthnMethods(r)})
+	ac.ProcessEventStage(ctx, auditinternal.StageResponseStarted)
+}
+
+// failedAuthnMethods is upstream's getAuthMethods message.
+func failedAuthnMethods(r *http.Request) string {
+	var m []string
+	if _, _, ok := r.BasicAuth(); ok {
+		m = append(m, "basic")
+	}
+	if parts := strings.Split(strings.TrimSpace(r.Header.Get("Authorization")), " "); len(parts) > 1 && strings.ToLower(parts[0]) == "bearer" {
+		m = append(m, "bearer")
+	}
+	if strings.TrimSpace(r.URL.Query().Get("access_token")) != "" {
+		m = append(m, "access_token")
+	}
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		m = append(m, "x509")
+	}
+	if len(m) > 0 {
+		return "Authentication failed, attempted: " + strings.Join(m, ", ")
+	}
+	return "Authentication failed, no credentials provided"
+}
+
 // auditAnnotate adds an annotation to the request's audit event, if any.
 func auditAnnotate(ctx context.Context, key, value string) {
 	audit.AddAuditAnnotation(ctx, key, value)

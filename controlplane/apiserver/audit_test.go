@@ -3,9 +3,11 @@ package apiserver_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/client-go/kubernetes"
@@ -100,6 +103,25 @@ func TestAuditLog(t *testing.T) {
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i", SecurityContext: &corev1.SecurityContext{Privileged: &priv}}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// A bad token: 401, audited as upstream's failed-authentication event.
+	{
+		tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // a raw 401 probe
+		req, _ := http.NewRequest(http.MethodPost, srv.Config.Host+"/api/v1/namespaces/default/configmaps", strings.NewReader(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"unauth"}}`))
+		req.Header.Set("Authorization", "Bearer not-a-token")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		tr.CloseIdleConnections()
+		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("Audit-Id") == "" {
+			t.Fatalf("bad token: %d, Audit-Id %q; want 401 with an Audit-Id", resp.StatusCode, resp.Header.Get("Audit-Id"))
+		}
+		if _, err := cs.CoreV1().ConfigMaps("default").Get(ctx, "unauth", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the unauthenticated create left a ConfigMap: %v", err)
+		}
+	}
 	eve := kubernetes.NewForConfigOrDie(srv.UserConfig(t, "eve"))
 	if _, err := eve.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "denied"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}}}, metav1.CreateOptions{}); err == nil {
@@ -149,6 +171,16 @@ func TestAuditLog(t *testing.T) {
 		!strings.Contains(string(cm.RequestObject.Raw), "visible-value") || !strings.Contains(string(cm.ResponseObject.Raw), `"resourceVersion"`) ||
 		cmRecv.AuditID != cm.AuditID {
 		t.Errorf("configmap create events: %+v %+v", cmRecv, cm)
+	}
+	var unauth *auditv1.Event
+	for i := range evs {
+		if e := &evs[i]; e.ResponseStatus != nil && e.ResponseStatus.Code == 401 {
+			unauth = e
+		}
+	}
+	if unauth == nil || unauth.Stage != auditv1.StageResponseStarted || unauth.Verb != "create" || unauth.User.Username != "" ||
+		unauth.ResponseStatus.Message != "Authentication failed, attempted: bearer" || unauth.ObjectRef == nil || unauth.ObjectRef.Resource != "configmaps" {
+		t.Errorf("failed-authentication event: %+v", unauth)
 	}
 	var psa *auditv1.Event
 	for i := range evs {

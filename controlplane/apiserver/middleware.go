@@ -176,6 +176,12 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			if err != nil {
 				s.log.Debug("authentication failed", "err", err)
 			}
+			if s.auditor != nil {
+				s.auditor.failedAuthn(w, r, func(w http.ResponseWriter, _ *http.Request) {
+					writeStatus(w, apierrors.NewUnauthorized(msg), notFoundGR, "")
+				})
+				return
+			}
 			writeStatus(w, apierrors.NewUnauthorized(msg), notFoundGR, "")
 			return
 		}
