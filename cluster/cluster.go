@@ -278,6 +278,8 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.NodeMonitorGracePeriod = cfg.NodeMonitorGracePeriod
 		cm.ClusterDNSIP, cm.ClusterDNSPort = dnsIP.String(), clusterdns.DefaultPort
 		cm.LoadBalancerIPPools = cfg.LoadBalancerIPPools
+		// As k3s keeps its local-path volumes under its data dir.
+		cm.LocalPathDir = filepath.Join(cfg.DataDir, "storage")
 		cm.LogLevel = cfg.LogLevel
 		cm.Log = componentLog("controller-manager", cfg.LogLevel)
 		cm.LeaderElection = leaderElection("kube-controller-manager", cfg.NodeName)

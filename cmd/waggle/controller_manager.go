@@ -53,6 +53,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.ClusterSigningDuration, "cluster-signing-duration", cfg.ClusterSigningDuration, "longest validity of a certificate csrsigning issues")
 	pools := cliflag.StringList{}
 	fs.Var(&pools, "loadbalancer-ip-pool", "addresses for Services of type LoadBalancer: CIDRs or first-last ranges, comma-separated or repeated (empty: no LoadBalancer IPAM)")
+	fs.StringVar(&cfg.LocalPathDir, "local-path-dir", cfg.LocalPathDir, "directory on every node holding the volumes of the built-in local-path provisioner (StorageClass local-path)")
 	fs.DurationVar(&cfg.ResyncPeriod, "min-resync-period", cfg.ResyncPeriod, "informer resync period (0: none)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
 	if err := cliflag.Parse(fs, args); err != nil {

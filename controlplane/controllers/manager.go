@@ -60,6 +60,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/garbagecollector"
 	"github.com/waggle-io/waggle/controlplane/controllers/job"
 	"github.com/waggle-io/waggle/controlplane/controllers/lbipam"
+	"github.com/waggle-io/waggle/controlplane/controllers/localpath"
 	"github.com/waggle-io/waggle/controlplane/controllers/namespace"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodeipam"
 	"github.com/waggle-io/waggle/controlplane/controllers/nodelifecycle"
@@ -171,6 +172,9 @@ type Config struct {
 	// ranges LoadBalancer Services get their addresses from (empty: the
 	// lb-ipam controller does not run).
 	LoadBalancerIPPools []string
+	// LocalPathDir is --local-path-dir: the directory on every node under
+	// which the local-path provisioner puts its volumes.
+	LocalPathDir string
 
 	// ServiceAccountPrivateKeyFile is --service-account-private-key-file:
 	// the key the serviceaccount-token controller signs legacy tokens of
@@ -192,6 +196,7 @@ func DefaultConfig() Config {
 		BindAddress:                        "0.0.0.0",
 		Port:                               DefaultPort,
 		Controllers:                        []string{"*"},
+		LocalPathDir:                       localpath.DefaultDir,
 		ConcurrentReplicaSetSyncs:          5,
 		ConcurrentDeploymentSyncs:          5,
 		ConcurrentDaemonSetSyncs:           2,
@@ -638,6 +643,15 @@ func coreStarters() []starter {
 				return nil, err
 			}
 			return c.Run, nil
+		}},
+		{name: localpath.Name, build: func(d Deps) (func(context.Context), error) {
+			for _, r := range []struct{ gv, res string }{{"v1", "persistentvolumes"}, {"v1", "persistentvolumeclaims"}, {"storage.k8s.io/v1", "storageclasses"}} {
+				if err := served(d, r.gv, r.res); err != nil {
+					return nil, err
+				}
+			}
+			c := localpath.New(d.Client, d.Factory, d.Log, localpath.Options{Dir: d.Config.LocalPathDir})
+			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: resourcequota.Name, build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "v1", "resourcequotas"); err != nil {

@@ -256,6 +256,18 @@ func extra(p *Policy) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "waggle:proxy:l2-announcement"},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ProxyUser}},
 	})
+	// The local-path provisioner (controlplane/controllers/localpath)
+	// creates its default StorageClass at start; creating and deleting its
+	// volumes is the persistent-volume-binder role's.
+	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: meta("waggle:controller:local-path-provisioner"),
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"storageclasses"}, Verbs: []string{"get", "list", "watch", "create"}},
+		},
+	})
+	p.ClusterRoleBindings = append(p.ClusterRoleBindings, crb("waggle:controller:local-path-provisioner", "waggle:controller:local-path-provisioner",
+		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}))
 	p.Roles = append(p.Roles, rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: withNamespace(meta("waggle:controller:clusterdns"), "kube-system"),
