@@ -142,6 +142,14 @@ func (a *auditor) serve(w http.ResponseWriter, r *http.Request, attrs authz.Attr
 	q := r.URL.Query()
 	streaming := q.Get("watch") == "true" || q.Get("watch") == "1" || q.Get("follow") == "true" || r.Header.Get("Upgrade") != ""
 	aw := &auditWriter{ResponseWriter: w, keepAll: rac.Level == auditinternal.LevelRequestResponse && !streaming}
+	if streaming {
+		// Long-running requests (watches, follows, upgrades) also get a
+		// ResponseStarted event once their headers go out, as upstream.
+		aw.started = func(code int) {
+			ac.SetEventResponseStatus(&metav1.Status{Code: int32(code)})
+			ac.ProcessEventStage(ctx, auditinternal.StageResponseStarted)
+		}
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			ac.SetEventResponseStatus(&metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError,
@@ -253,6 +261,7 @@ func toAuthorizerAttributes(a authz.Attributes) authorizer.AttributesRecord {
 type auditWriter struct {
 	http.ResponseWriter
 	code    int
+	started func(code int) // called once, when the status code is known
 	keepAll bool
 	keep    bool
 	over    bool
@@ -263,6 +272,9 @@ func (w *auditWriter) WriteHeader(code int) {
 	if w.code == 0 {
 		w.code = code
 		w.keep = w.keepAll || code >= 300
+		if w.started != nil {
+			w.started(code)
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -316,6 +328,9 @@ func (w *auditWriter) Flush() {
 func (w *auditWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if w.code == 0 {
 		w.code = http.StatusSwitchingProtocols
+		if w.started != nil {
+			w.started(w.code)
+		}
 	}
 	return http.NewResponseController(w.ResponseWriter).Hijack()
 }

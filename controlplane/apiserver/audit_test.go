@@ -103,6 +103,12 @@ func TestAuditLog(t *testing.T) {
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i", SecurityContext: &corev1.SecurityContext{Privileged: &priv}}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// A watch: ResponseStarted once its headers are out (before Watch returns).
+	w, err := cs.CoreV1().ConfigMaps("default").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Stop()
 	// A bad token: 401, audited as upstream's failed-authentication event.
 	{
 		tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // a raw 401 probe
@@ -171,6 +177,9 @@ func TestAuditLog(t *testing.T) {
 		!strings.Contains(string(cm.RequestObject.Raw), "visible-value") || !strings.Contains(string(cm.ResponseObject.Raw), `"resourceVersion"`) ||
 		cmRecv.AuditID != cm.AuditID {
 		t.Errorf("configmap create events: %+v %+v", cmRecv, cm)
+	}
+	if ws := find("watch", "configmaps", "", auditv1.StageResponseStarted); ws == nil || ws.ResponseStatus == nil || ws.ResponseStatus.Code != 200 || ws.ResponseObject != nil {
+		t.Errorf("watch ResponseStarted event: %+v", ws)
 	}
 	var unauth *auditv1.Event
 	for i := range evs {
