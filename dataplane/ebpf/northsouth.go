@@ -228,6 +228,9 @@ type MaglevEntry struct {
 	Size  int    `json:"size"`
 	// Share is the table entries per backend.
 	Share map[string]int `json:"share"`
+	// SourceRanges: the frontend's loadBalancerSourceRanges (new flows
+	// from elsewhere are dropped); empty: every source.
+	SourceRanges []netip.Prefix `json:"sourceRanges,omitempty"`
 }
 
 // DeviceEntry is one north-south device.

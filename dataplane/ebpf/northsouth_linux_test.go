@@ -564,6 +564,23 @@ func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
 	if st, err := v.NorthSouthStats(); err != nil || st["src_range_drop"] == 0 {
 		t.Errorf("src_range_drop not counted: %v %v", st, err)
 	}
+	// waggle bpf nodeport maglev shows them.
+	mg, err := v.Maglev()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shown := 0
+	for _, e := range mg {
+		if len(e.SourceRanges) > 0 {
+			shown++
+			if !slices.Equal(e.SourceRanges, lb.SourceRanges) {
+				t.Errorf("%s: source ranges %v, want %v", e.Frontend, e.SourceRanges, lb.SourceRanges)
+			}
+		}
+	}
+	if shown != 1 {
+		t.Errorf("%d frontends with source ranges in %+v, want 1", shown, mg)
+	}
 
 	// Swap the ranges: the established flow stays, new flows follow.
 	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.27.0.100/31")}

@@ -175,9 +175,24 @@ func (v *View) Maglev() ([]MaglevEntry, error) {
 	if err != nil {
 		return nil, err
 	}
+	ranges := map[uint32][]netip.Prefix{}
+	if src, err := v.npMap(MapNPSourceRanges); err == nil {
+		err = iterate(src, MapNPSourceRanges, func(k nodePortNpSrcRangeKey, _ uint8) {
+			if id, p, ok := decodeSrcRange(k); ok {
+				ranges[id] = append(ranges[id], p)
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	var out []MaglevEntry
 	err = iterate(svcMap, MapNPServices, func(id uint32, s nodePortNpSvc) {
 		e := MaglevEntry{ServiceID: id, Table: s.Table, Size: int(conf.MaglevSize), Share: map[string]int{}}
+		if s.Flags&NPSvcFlagSourceRanges != 0 {
+			e.SourceRanges = ranges[id]
+			slices.SortFunc(e.SourceRanges, comparePrefix)
+		}
 		if sv, ok := byID[id]; ok {
 			e.Frontend, e.Name = sv.Address, sv.Name
 		}

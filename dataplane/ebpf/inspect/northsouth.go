@@ -106,6 +106,13 @@ func (l MaglevList) writeTable(w io.Writer) {
 				row(w, "", "", "", "", n, e.Share[n], fmt.Sprintf("%.1f%%", 100*float64(e.Share[n])/float64(e.Size)))
 			}
 		}
+		if len(e.SourceRanges) > 0 {
+			rs := make([]string, len(e.SourceRanges))
+			for i, r := range e.SourceRanges {
+				rs[i] = r.String()
+			}
+			row(w, "", "", "sources: "+strings.Join(rs, ","), "", "", "", "")
+		}
 	}
 }
 
