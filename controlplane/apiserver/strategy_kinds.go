@@ -13,6 +13,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	"k8s.io/apimachinery/pkg/api/validation/path"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -67,6 +68,21 @@ func upstreamStrategy(res *catalog.Resource, s *strategy) {
 		s.prepareCreateFor = csrRequester
 		s.prepareUpdate = csrPrepareUpdate
 	}
+	if f := certificateFieldSets[gk]; f != nil {
+		// Upstream's selectable fields of the certificates.k8s.io kinds.
+		keys := make([]string, 0, 3)
+		for k := range f(nil) {
+			keys = append(keys, k)
+		}
+		s.fieldLabels = labelsOf(keys...)
+		s.fieldSet = func(o runtime.Object) fields.Set {
+			set := metaFields(o, res.Namespaced)
+			for k, v := range f(o) {
+				set[k] = v
+			}
+			return set
+		}
+	}
 	if gk == (schema.GroupKind{Group: "batch", Kind: "Job"}) {
 		s.prepareCreate = func(o runtime.Object) {
 			clearStatus(o)
@@ -74,6 +90,33 @@ func upstreamStrategy(res *catalog.Resource, s *strategy) {
 			generateJobSelector(o.(*batchv1.Job))
 		}
 	}
+}
+
+// certificateFieldSets are the field selectors kube-apiserver serves for
+// the certificates.k8s.io kinds (their strategies' GetAttrs): a nil object
+// gives the keys.
+var certificateFieldSets = map[schema.GroupKind]func(runtime.Object) fields.Set{
+	{Group: "certificates.k8s.io", Kind: "CertificateSigningRequest"}: func(o runtime.Object) fields.Set {
+		c, _ := o.(*certificatesv1.CertificateSigningRequest)
+		if c == nil {
+			return fields.Set{"spec.signerName": ""}
+		}
+		return fields.Set{"spec.signerName": c.Spec.SignerName}
+	},
+	{Group: "certificates.k8s.io", Kind: "ClusterTrustBundle"}: func(o runtime.Object) fields.Set {
+		c, _ := o.(*certificatesv1.ClusterTrustBundle)
+		if c == nil {
+			return fields.Set{"spec.signerName": ""}
+		}
+		return fields.Set{"spec.signerName": c.Spec.SignerName}
+	},
+	{Group: "certificates.k8s.io", Kind: "PodCertificateRequest"}: func(o runtime.Object) fields.Set {
+		c, _ := o.(*certificatesv1.PodCertificateRequest)
+		if c == nil {
+			return fields.Set{"spec.signerName": "", "spec.podName": "", "spec.nodeName": ""}
+		}
+		return fields.Set{"spec.signerName": c.Spec.SignerName, "spec.podName": c.Spec.PodName, "spec.nodeName": string(c.Spec.NodeName)}
+	},
 }
 
 // generateJobSelector gives a Job without manualSelector the selector
