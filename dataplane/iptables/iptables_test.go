@@ -480,3 +480,32 @@ func TestChunkedSyncIsMakeBeforeBreak(t *testing.T) {
 		t.Fatalf("only %d restores: the sync was not chunked", cr.steps-start)
 	}
 }
+
+// loadBalancerSourceRanges through the rules: an allowed source is DNATed,
+// any other is dropped; the NodePort of the same Service is not limited.
+func TestLoadBalancerSourceRangesTrace(t *testing.T) {
+	fr := iptablestest.NewFakeRunner(netip.MustParseAddr("192.168.1.10"))
+	b := newFake(t, fr)
+	eps := []dataplane.Endpoint{{Addr: netip.MustParseAddr("10.244.1.7"), Port: 8080}}
+	svc := dataplane.ServicePortName{Namespace: "default", Name: "lb"}
+	st := &dataplane.State{Frontends: []dataplane.Frontend{
+		{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr("192.168.1.10"), Port: 30080, Protocol: dataplane.TCP}, Kind: dataplane.NodePort, Service: svc, Endpoints: eps},
+		{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr("198.51.100.20"), Port: 80, Protocol: dataplane.TCP}, Kind: dataplane.LoadBalancer, Service: svc, Endpoints: eps,
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}},
+	}}
+	if err := b.Sync(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		src, dst string
+		dropped  bool
+	}{{"203.0.113.7", "198.51.100.20:80", false}, {"192.0.2.1", "198.51.100.20:80", true}, {"192.0.2.1", "192.168.1.10:30080", false}} {
+		v, err := fr.Connect(iptables.IPv4, "tcp", netip.MustParseAddr(tt.src), ap(tt.dst))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Dropped != tt.dropped || v.Rejected || (!tt.dropped && v.Dst != ap("10.244.1.7:8080")) {
+			t.Errorf("%s -> %s: verdict %+v, want dropped=%v", tt.src, tt.dst, v, tt.dropped)
+		}
+	}
+}

@@ -286,6 +286,8 @@ type Verdict struct {
 	Dst netip.AddrPort
 	// Rejected: a REJECT rule matched.
 	Rejected bool
+	// Dropped: a DROP rule matched (loadBalancerSourceRanges).
+	Dropped bool
 	// Masqueraded: the connection's source is rewritten on the way out.
 	Masqueraded bool
 }
@@ -314,6 +316,9 @@ func (f *FakeRunner) Connect(fam iptables.Family, proto string, src netip.Addr, 
 		switch res {
 		case "REJECT":
 			v.Rejected = true
+			return v, nil
+		case "DROP":
+			v.Dropped = true
 			return v, nil
 		case "MASQUERADE":
 			v.Masqueraded = true
