@@ -49,15 +49,18 @@ type Deps struct {
 
 // Kubelet is one running node agent.
 type Kubelet struct {
-	cfg      Config
-	log      *slog.Logger
-	client   kubernetes.Interface
-	rt       runtime.Runtime
-	net      network.Manager
-	prober   Prober
-	recorder record.EventRecorder
-	health   *ops.Health
-	nodeIP   string
+	cfg    Config
+	log    *slog.Logger
+	client kubernetes.Interface
+	// claimPaths maps "<pod uid>/<volume>" to the host directory of a
+	// PersistentVolumeClaim volume, resolved by setUpVolume.
+	claimPaths sync.Map
+	rt         runtime.Runtime
+	net        network.Manager
+	prober     Prober
+	recorder   record.EventRecorder
+	health     *ops.Health
+	nodeIP     string
 	// tokens caches and renews the pods' projected service-account tokens.
 	tokens *token.Manager
 	// ctb serves clusterTrustBundle projections (upstream's lazy

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -491,6 +492,12 @@ func (k *Kubelet) cleanupSandbox(ctx context.Context, uid types.UID, p network.P
 		return fmt.Errorf("remove pod dir: %w", err)
 	}
 	k.tokens.DeleteServiceAccountToken(uid)
+	k.claimPaths.Range(func(key, _ any) bool {
+		if strings.HasPrefix(key.(string), string(uid)+"/") {
+			k.claimPaths.Delete(key)
+		}
+		return true
+	})
 	return nil
 }
 

@@ -167,6 +167,13 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 		return os.MkdirAll(dir, 0o777)
 	case v.HostPath != nil:
 		return setUpHostPath(v.HostPath)
+	case v.PersistentVolumeClaim != nil:
+		path, err := k.setUpClaim(ctx, pod, v.PersistentVolumeClaim)
+		if err != nil {
+			return err
+		}
+		k.claimPaths.Store(string(pod.UID)+"/"+v.Name, path)
+		return nil
 	case v.ConfigMap != nil:
 		files, err := k.configMapFiles(ctx, pod.Namespace, v.ConfigMap, v.ConfigMap.Items, v.ConfigMap.Name, opt(v.ConfigMap.Optional), v.ConfigMap.DefaultMode)
 		if err != nil {
@@ -211,7 +218,68 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 		}
 		return writeFiles(dir, all)
 	}
-	return fmt.Errorf("volume type not supported by this kubelet (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)")
+	return fmt.Errorf("volume type not supported by this kubelet (supported: emptyDir, hostPath, persistentVolumeClaim of hostPath or local volumes, configMap, secret, downwardAPI, projected)")
+}
+
+// provisionedBy is the annotation naming a volume's provisioner, and
+// localPathProvisioner Waggle's built-in one (controlplane/controllers/localpath).
+const (
+	provisionedBy        = "pv.kubernetes.io/provisioned-by"
+	localPathProvisioner = "waggle.io/local-path"
+)
+
+// setUpClaim resolves a PersistentVolumeClaim volume to its host
+// directory: the claim must be bound, its volume a hostPath or local one
+// (the kinds a node-local kubelet without CSI can mount). A local-path
+// volume's directory is created here on first use, world-writable as
+// rancher's provisioner makes it; with the pod's fsGroup it is handed to
+// that group (setgid, group-writable), as the kubelet does for local
+// volumes.
+func (k *Kubelet) setUpClaim(ctx context.Context, pod *v1.Pod, src *v1.PersistentVolumeClaimVolumeSource) (string, error) {
+	claim, err := k.client.CoreV1().PersistentVolumeClaims(pod.Namespace).Get(ctx, src.ClaimName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("persistentvolumeclaim %q: %w", src.ClaimName, err)
+	}
+	if claim.Status.Phase != v1.ClaimBound || claim.Spec.VolumeName == "" {
+		return "", fmt.Errorf("persistentvolumeclaim %q is not bound (phase %s)", src.ClaimName, claim.Status.Phase)
+	}
+	pv, err := k.client.CoreV1().PersistentVolumes().Get(ctx, claim.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("persistentvolume %q of claim %q: %w", claim.Spec.VolumeName, src.ClaimName, err)
+	}
+	var path string
+	switch {
+	case pv.Spec.HostPath != nil:
+		path = pv.Spec.HostPath.Path
+		if pv.Annotations[provisionedBy] == localPathProvisioner {
+			if err := os.MkdirAll(path, 0o777); err != nil {
+				return "", fmt.Errorf("local-path volume %s: %w", pv.Name, err)
+			}
+			// MkdirAll's mode is masked by the umask.
+			if err := os.Chmod(path, 0o777); err != nil {
+				return "", fmt.Errorf("local-path volume %s: %w", pv.Name, err)
+			}
+		} else if err := setUpHostPath(pv.Spec.HostPath); err != nil {
+			return "", fmt.Errorf("persistentvolume %s: %w", pv.Name, err)
+		}
+	case pv.Spec.Local != nil:
+		path = pv.Spec.Local.Path
+		if st, err := os.Stat(path); err != nil || !st.IsDir() {
+			return "", fmt.Errorf("local volume %s: path %s is not a directory on this node", pv.Name, path)
+		}
+	default:
+		return "", fmt.Errorf("persistentvolume %s: only hostPath and local volumes can be mounted by this kubelet", pv.Name)
+	}
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.FSGroup != nil && (pv.Spec.Local != nil || pv.Annotations[provisionedBy] == localPathProvisioner) {
+		gid := int(*sc.FSGroup)
+		if err := os.Lchown(path, -1, gid); err != nil {
+			return "", fmt.Errorf("fsGroup %d on %s: %w", gid, path, err)
+		}
+		if err := os.Chmod(path, 0o777|os.ModeSetgid); err != nil {
+			return "", fmt.Errorf("fsGroup %d on %s: %w", gid, path, err)
+		}
+	}
+	return path, nil
 }
 
 // tokenFile asks the API, as the node, for a token of the pod's
@@ -316,6 +384,13 @@ func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container) ([]runtime.Mount, err
 		if v.HostPath != nil {
 			src = v.HostPath.Path
 		}
+		if v.PersistentVolumeClaim != nil {
+			p, ok := k.claimPaths.Load(string(pod.UID) + "/" + v.Name)
+			if !ok {
+				return nil, fmt.Errorf("volumeMount %q: persistentvolumeclaim %q is not set up", m.Name, v.PersistentVolumeClaim.ClaimName)
+			}
+			src = p.(string)
+		}
 		if m.SubPath != "" {
 			if strings.Contains(m.SubPath, "..") || filepath.IsAbs(m.SubPath) {
 				return nil, fmt.Errorf("volumeMount %q: invalid subPath %q", m.Name, m.SubPath)
@@ -327,7 +402,7 @@ func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container) ([]runtime.Mount, err
 				}
 			}
 		}
-		ro := m.ReadOnly || v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil
+		ro := m.ReadOnly || (v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ReadOnly) || v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil
 		out = append(out, runtime.Mount{HostPath: src, ContainerPath: m.MountPath, ReadOnly: ro})
 	}
 	return out, nil
