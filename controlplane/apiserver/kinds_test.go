@@ -182,13 +182,15 @@ func TestCertificateSigningRequestApprovalAndStatus(t *testing.T) {
 		t.Fatalf("requester = %q %v (want the caller, admin), conditions %v", got.Spec.Username, got.Spec.Groups, got.Status.Conditions)
 	}
 	got.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "Test", Message: "approved by the test"}}
-	got.Spec.SignerName = "example.com/other" // ignored: approval writes conditions only
+	got.Spec.SignerName = "example.com/other" // ignored: approval writes conditions (and metadata) only
+	got.Annotations = map[string]string{"patchedapproval": "true"}
 	approved, err := csrs.UpdateApproval(ctx, got.Name, got, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(approved.Status.Conditions) != 1 || approved.Status.Conditions[0].LastUpdateTime.IsZero() || approved.Spec.SignerName != "example.com/signer" {
-		t.Fatalf("after approval: conditions %+v, signer %q", approved.Status.Conditions, approved.Spec.SignerName)
+	if len(approved.Status.Conditions) != 1 || approved.Status.Conditions[0].LastUpdateTime.IsZero() || approved.Spec.SignerName != "example.com/signer" ||
+		approved.Annotations["patchedapproval"] != "true" {
+		t.Fatalf("after approval: conditions %+v, signer %q, annotations %v (upstream's approval strategy keeps metadata changes)", approved.Status.Conditions, approved.Spec.SignerName, approved.Annotations)
 	}
 	bundle, _, _ := unstructured.NestedString(fx["clustertrustbundles"].Object, "spec", "trustBundle")
 	approved.Status.Certificate = []byte(bundle)

@@ -537,9 +537,9 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 	switch sub {
 	case "approval":
 		// CertificateSigningRequest approval: conditions only (the
-		// strategy keeps the rest of status); metadata as for status.
+		// strategy keeps the rest of status) and metadata, as upstream's
+		// csrApprovalStrategy (it does not reset metadata as status does).
 		copyField(obj, old, "Spec")
-		metav1.ResetObjectMetaForStatus(m, om)
 	case "status":
 		// Status writes change status and metadata, never spec, and not
 		// the metadata fields the kind's status strategy resets.
