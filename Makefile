@@ -89,3 +89,17 @@ conformance-readme: ## regenerate the README's conformance table from test/confo
 
 clean: ## remove build outputs
 	rm -rf $(BIN)
+
+# The VM lab (docs/lab.md): not part of `make test`.
+VM_APT_DEPS := vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils \
+	debootstrap grub-pc-bin fdisk dnsmasq-base rsync
+vm-deps: ## install the Debian packages the VM lab needs (apt, only what is missing)
+	@missing=""; for p in $(VM_APT_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
+
+vm-lab: vm-deps build images ## build the waggle-debian Vagrant box locally (debootstrap, qcow2, vagrant box add)
+	hack/vm-box.sh $${WAGGLE_VM_WORK:-/tmp/waggle-vm}/box waggle-debian
+
+vm-lab-test: vm-deps build images ## boot 3 TCG VMs (1 vCPU, 1 GiB), check the cluster end to end, destroy them
+	hack/vm-lab-test.sh

@@ -5,7 +5,7 @@
 set -euo pipefail
 cp_ip=$1
 mkdir -p .waggle && chmod 0700 .waggle
-for c in admin kubelet proxy; do
+for c in admin bootstrap proxy; do
   vagrant ssh control-plane -c "sudo cat /var/lib/waggle/$c.kubeconfig" 2>/dev/null |
     sed "s#server: https://.*#server: https://$cp_ip:6443#" > ".waggle/$c.kubeconfig"
   [ -s ".waggle/$c.kubeconfig" ] || { echo "could not fetch $c.kubeconfig from the control plane" >&2; exit 1; }
