@@ -202,4 +202,14 @@ func TestCertificateSigningRequestApprovalAndStatus(t *testing.T) {
 	if len(issued.Status.Certificate) == 0 || len(issued.Status.Conditions) != 1 || issued.Status.Conditions[0].Type != certificatesv1.CertificateApproved {
 		t.Fatalf("after status: certificate %d bytes, conditions %+v", len(issued.Status.Certificate), issued.Status.Conditions)
 	}
+	// A status write that appends a condition and keeps the approval keeps
+	// the order it wrote (upstream preserves Approved in place).
+	issued.Status.Conditions = append(issued.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{Type: "StatusUpdate", Status: corev1.ConditionTrue, Reason: "Test"})
+	again, err := csrs.UpdateStatus(ctx, issued, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(again.Status.Conditions); n != 2 || again.Status.Conditions[0].Type != certificatesv1.CertificateApproved || again.Status.Conditions[1].Type != "StatusUpdate" {
+		t.Fatalf("after appending a status condition: %+v", again.Status.Conditions)
+	}
 }

@@ -161,6 +161,35 @@ func csrRequester(ctx context.Context, o runtime.Object) {
 	csr.Status = certificatesv1.CertificateSigningRequestStatus{Conditions: []certificatesv1.CertificateSigningRequestCondition{}}
 }
 
+// preserveCSRDecisions is upstream's preserveConditionInstances for
+// Approved and Denied: when a status write carries as many of each as the
+// stored object, the stored instances are put back in place (the order of
+// the other conditions is the writer's). It reports whether it could.
+func preserveCSRDecisions(csr, oc *certificatesv1.CertificateSigningRequest) bool {
+	idx := func(c *certificatesv1.CertificateSigningRequest, t certificatesv1.RequestConditionType) []int {
+		var out []int
+		for i := range c.Status.Conditions {
+			if c.Status.Conditions[i].Type == t {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	types := []certificatesv1.RequestConditionType{certificatesv1.CertificateApproved, certificatesv1.CertificateDenied}
+	for _, t := range types {
+		if len(idx(csr, t)) != len(idx(oc, t)) {
+			return false
+		}
+	}
+	for _, t := range types {
+		n, o := idx(csr, t), idx(oc, t)
+		for i := range o {
+			csr.Status.Conditions[n[i]] = oc.Status.Conditions[o[i]]
+		}
+	}
+	return true
+}
+
 // csrPrepareUpdate is upstream's CSR status and approval split: approval
 // writes change only the conditions; status writes keep the Approved and
 // Denied conditions as they were (changing them is approval's job) and
@@ -173,6 +202,9 @@ func csrPrepareUpdate(o, old runtime.Object, sub string) {
 		csr.Status = *oc.Status.DeepCopy()
 		csr.Status.Conditions = conds
 	case "status":
+		if preserveCSRDecisions(csr, oc) {
+			break
+		}
 		var keep []certificatesv1.CertificateSigningRequestCondition
 		for _, c := range csr.Status.Conditions {
 			if c.Type != certificatesv1.CertificateApproved && c.Type != certificatesv1.CertificateDenied {
