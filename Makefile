@@ -80,8 +80,8 @@ up: deps build images ## run a single-machine cluster (waggle up); Ctrl-C stops 
 lab: deps build images ## run a multi-node lab on this machine (waggle lab up; waggle lab down removes it)
 	$(BIN)/waggle lab up --nodes $${NODES:-3} --image-dir $(BIN)/images
 
-conformance: deps build ## upstream conformance suite on a fresh 3-node lab (FOCUS= SKIP= PARALLEL= SMOKE=1 UPDATE=1; see test/conformance/run.sh)
-	FOCUS='$(FOCUS)' SKIP='$(SKIP)' PARALLEL='$(PARALLEL)' SMOKE='$(SMOKE)' UPDATE='$(UPDATE)' CHECK='$(CHECK)' \
+conformance: deps build ## upstream conformance suite on a fresh 3-node lab (FOCUS= SKIP= LABEL= PARALLEL= SMOKE=1 UPDATE=1; see test/conformance/run.sh)
+	FOCUS='$(FOCUS)' SKIP='$(SKIP)' LABEL='$(LABEL)' PARALLEL='$(PARALLEL)' SMOKE='$(SMOKE)' UPDATE='$(UPDATE)' CHECK='$(CHECK)' \
 		TIMEOUT='$(TIMEOUT)' KEEP='$(KEEP)' test/conformance/run.sh
 
 conformance-readme: ## regenerate the README's conformance table from test/conformance/expectations.tsv

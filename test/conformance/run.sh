@@ -3,9 +3,14 @@
 # (the [Conformance] specs of k8s.io/kubernetes/test/e2e, of the version test/conformance/go.mod
 # pins) against a fresh 3-node `waggle lab` with real pods.
 #
-#   make conformance [FOCUS=regex] [SKIP=regex] [PARALLEL=n] [SMOKE=1] [UPDATE=1] [CHECK=0] [TIMEOUT=90m]
+#   make conformance [FOCUS=regex] [SKIP=regex] [LABEL=filter] [PARALLEL=n] [SMOKE=1] [UPDATE=1] [CHECK=0] [TIMEOUT=90m]
 #
 #   FOCUS, SKIP  ginkgo --focus/--skip over the [Conformance] specs (e.g. FOCUS=sig-network)
+#   LABEL        ginkgo --label-filter (default Conformance); LABEL=none runs specs of any label
+#                (e.g. the NetworkPolicy specs, which are not [Conformance]: LABEL=none
+#                FOCUS='\[sig-network\] Netpol'); such a run is not compared with
+#                expectations.tsv (UPDATE and SMOKE need LABEL=Conformance): ginkgo's own
+#                passed/failed counts and junit.xml are its result
 #   PARALLEL     ginkgo processes (default 4); [Serial] specs still run alone, at the end
 #   SMOKE=1      only the CI subset: the specs test/conformance/smoke.txt names (full names)
 #   UPDATE=1     rewrite test/conformance/expectations.tsv from this run (and record the run in
@@ -38,6 +43,11 @@ SMOKE="${SMOKE:-}"
 UPDATE="${UPDATE:-}"
 CHECK="${CHECK:-1}"
 TIMEOUT="${TIMEOUT:-90m}"
+LABEL="${LABEL:-Conformance}"
+if [ "$LABEL" != Conformance ] && { [ -n "$UPDATE" ] || [ -n "$SMOKE" ]; }; then
+	echo "UPDATE=1 and SMOKE=1 compare with expectations.tsv, which lists [Conformance] specs: not with LABEL=$LABEL" >&2
+	exit 2
+fi
 KEEP="${KEEP:-}"
 
 ver="$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/go.mod")"
@@ -68,8 +78,9 @@ flock -u 9
 log "suite $ver: $(wc -l <"$cache/specs.txt") [Conformance] specs; images in $images"
 
 # --- what to run ---
-ginkgo_flags=(--procs "$PARALLEL" --timeout "$TIMEOUT" --label-filter Conformance --no-color
+ginkgo_flags=(--procs "$PARALLEL" --timeout "$TIMEOUT" --no-color
 	--junit-report junit.xml --json-report report.json --poll-progress-after 5m --silence-skips)
+[ "$LABEL" != none ] && ginkgo_flags+=(--label-filter "$LABEL")
 if [ -n "$SMOKE" ]; then
 	# The smoke.txt specs that expectations.tsv marks pass, each matched by its full name
 	# (escaped; ginkgo matches "<suite> <spec>").
@@ -159,6 +170,11 @@ fi
 grep -E '^(Ran [0-9]+ of|FAIL!|SUCCESS!|PASS|Test Suite)' "$results/e2e.log" | tail -3 || true
 cp -r "$data/logs" "$results/lab-logs" 2>/dev/null || true
 
+if [ "$LABEL" != Conformance ]; then
+	# Not [Conformance] specs: nothing in expectations.tsv to compare with.
+	echo "duration: $((dur / 60))m$((dur % 60))s, procs $PARALLEL, suite $ver, LABEL=$LABEL; report: $results"
+	exit "$ginkgo_rc"
+fi
 summary_flags=(-junit "$results/junit.xml" -expectations "$here/expectations.tsv" -specs "$cache/specs.txt")
 if [ -n "$UPDATE" ]; then
 	# Record the run in the file's header (a run of the whole set, or what focused it) and
