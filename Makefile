@@ -81,7 +81,7 @@ lab: deps build images ## run a multi-node lab on this machine (waggle lab up; w
 	$(BIN)/waggle lab up --nodes $${NODES:-3} --image-dir $(BIN)/images
 
 conformance: deps build ## upstream conformance suite on a fresh 3-node lab (FOCUS= SKIP= LABEL= PARALLEL= SMOKE=1 UPDATE=1; see test/conformance/run.sh)
-	FOCUS='$(FOCUS)' SKIP='$(SKIP)' LABEL='$(LABEL)' PARALLEL='$(PARALLEL)' SMOKE='$(SMOKE)' UPDATE='$(UPDATE)' CHECK='$(CHECK)' \
+	FOCUS='$(value FOCUS)' SKIP='$(value SKIP)' LABEL='$(LABEL)' PARALLEL='$(PARALLEL)' SMOKE='$(SMOKE)' UPDATE='$(UPDATE)' CHECK='$(CHECK)' \
 		TIMEOUT='$(TIMEOUT)' KEEP='$(KEEP)' test/conformance/run.sh
 
 conformance-readme: ## regenerate the README's conformance table from test/conformance/expectations.tsv
