@@ -3,11 +3,13 @@ package scheduler
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/volumebinding"
 )
 
 // cycleState is what one scheduling attempt computes once from the pod and
@@ -17,6 +19,52 @@ type cycleState struct {
 	info      *podInfo
 	required  nodeaffinity.RequiredNodeAffinity
 	preferred *nodeaffinity.PreferredSchedulingTerms
+	volumes   *volumeState // nil: the pod has no claims
+}
+
+// volumeState is the VolumeBinding plugin's cycle state: the pod's claims
+// and, per feasible node, what the binder found for them.
+type volumeState struct {
+	binder volumebinding.SchedulerVolumeBinder
+	log    klog.Logger
+	claims *volumebinding.PodVolumeClaims
+	found  sync.Map // node name -> *volumebinding.PodVolumes
+}
+
+// hasClaims reports whether the pod has a persistentVolumeClaim (or
+// generic ephemeral) volume.
+func hasClaims(pod *v1.Pod) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil || v.Ephemeral != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// filterVolumeBinding is upstream's VolumeBinding Filter: bound claims'
+// volumes must admit the node (node affinity), unbound ones must find a
+// volume there or be provisionable there; the reasons are upstream's
+// ("node(s) had volume node affinity conflict", "node(s) didn't find
+// available persistent volumes to bind").
+func filterVolumeBinding(st *cycleState, n *nodeInfo) []string {
+	vs := st.volumes
+	if vs == nil || n.node == nil {
+		return nil
+	}
+	pv, reasons, err := vs.binder.FindPodVolumes(vs.log, st.pod, vs.claims, n.node)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	if len(reasons) > 0 {
+		out := make([]string, len(reasons))
+		for i, r := range reasons {
+			out[i] = string(r)
+		}
+		return out
+	}
+	vs.found.Store(n.node.Name, pv)
+	return nil
 }
 
 func newCycleState(pod *v1.Pod) (*cycleState, error) {
@@ -48,6 +96,7 @@ var filters = []filter{
 	{"NodeAffinity", filterNodeAffinity},
 	{"NodePorts", filterNodePorts},
 	{"NodeResourcesFit", filterNodeResourcesFit},
+	{"VolumeBinding", filterVolumeBinding},
 }
 
 const (

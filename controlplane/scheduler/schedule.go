@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,6 +27,9 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/volumebinding"
 )
 
 // DefaultSchedulerName is the spec.schedulerName this scheduler serves
@@ -104,6 +108,13 @@ type Scheduler struct {
 	buf       decideBuffers
 	bindSem   chan struct{}
 	wg        sync.WaitGroup
+	// volumes is upstream's VolumeBinding binder (k8s.io/kubernetes/pkg/
+	// scheduler/framework/plugins/volumebinding): it matches a pod's unbound
+	// claims to volumes whose node affinity admits a node, and, for a
+	// WaitForFirstConsumer claim to provision, writes
+	// volume.kubernetes.io/selected-node before the pod is bound.
+	volumes volumebinding.SchedulerVolumeBinder
+	klog    klog.Logger
 }
 
 // New returns a scheduler that reads pods and nodes through factory's
@@ -139,6 +150,24 @@ func New(cs kubernetes.Interface, factory informers.SharedInformerFactory, log *
 		return nil, fmt.Errorf("node event handler: %w", err)
 	}
 	s.synced = []toolscache.InformerSynced{podInf.Informer().HasSynced, nodeInf.Informer().HasSynced}
+	s.klog = logr.FromSlogHandler(s.log.Handler())
+	st := factory.Storage().V1()
+	pvcInf, pvInf := factory.Core().V1().PersistentVolumeClaims(), factory.Core().V1().PersistentVolumes()
+	vb, err := volumebinding.NewVolumeBinder(s.klog, cs, feature.Features{}, podInf, nodeInf, st.CSINodes(), pvcInf, pvInf, st.StorageClasses(),
+		volumebinding.CapacityCheck{CSIDriverInformer: st.CSIDrivers(), CSIStorageCapacityInformer: st.CSIStorageCapacities()}, 10*time.Minute)
+	if err != nil {
+		return nil, fmt.Errorf("volume binder: %w", err)
+	}
+	s.volumes = vb
+	// A claim or volume that changes may make a parked pod schedulable.
+	move := toolscache.ResourceEventHandlerFuncs{AddFunc: func(any) { s.queue.MoveAll() }, UpdateFunc: func(any, any) { s.queue.MoveAll() }}
+	for _, inf := range []toolscache.SharedIndexInformer{pvcInf.Informer(), pvInf.Informer(), st.StorageClasses().Informer()} {
+		if _, err := inf.AddEventHandler(move); err != nil {
+			return nil, fmt.Errorf("volume event handler: %w", err)
+		}
+		s.synced = append(s.synced, inf.HasSynced)
+	}
+	s.synced = append(s.synced, st.CSINodes().Informer().HasSynced, st.CSIDrivers().Informer().HasSynced, st.CSIStorageCapacities().Informer().HasSynced)
 	return s, nil
 }
 
@@ -302,6 +331,9 @@ type decision struct {
 	node     string
 	feasible int
 	message  string // why no node fits
+	// volumes is what the volume binder decided for node (nil: the pod
+	// has no claims).
+	volumes *volumebinding.PodVolumes
 }
 
 // decide filters and scores nodes for pod (all of them when none fits,
@@ -310,6 +342,13 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 	st, err := newCycleState(pod)
 	if err != nil {
 		return decision{}, err
+	}
+	if hasClaims(pod) {
+		claims, err := s.volumes.GetPodVolumeClaims(s.klog, pod)
+		if err != nil {
+			return decision{message: err.Error()}, errUnschedulable
+		}
+		st.volumes = &volumeState{binder: s.volumes, log: s.klog, claims: claims}
 	}
 	c := s.cache
 	c.mu.RLock()
@@ -390,7 +429,13 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 		}
 	}
 	pick := ties[int(s.rr.Add(1)-1)%len(ties)]
-	return decision{node: names[(start+pick)%n], feasible: len(feasible)}, nil
+	d := decision{node: names[(start+pick)%n], feasible: len(feasible)}
+	if st.volumes != nil {
+		if v, ok := st.volumes.found.Load(d.node); ok {
+			d.volumes = v.(*volumebinding.PodVolumes)
+		}
+	}
+	return d, nil
 }
 
 // numFeasibleNodesToFind is how many feasible nodes a decision looks for,
@@ -512,6 +557,17 @@ func (s *Scheduler) scheduleOne(ctx context.Context) bool {
 		s.queue.Requeue(it, cycle, false)
 		return true
 	}
+	allBound := true
+	if d.volumes != nil {
+		allBound, err = s.volumes.AssumePodVolumes(s.klog, assumed, d.node, d.volumes)
+		if err != nil {
+			s.cache.Forget(assumed)
+			s.metrics.attempt(resultError, time.Since(start))
+			s.failed(ctx, pod, v1.PodReasonSchedulerError, err.Error())
+			s.queue.Requeue(it, cycle, false)
+			return true
+		}
+	}
 	decided := time.Since(start)
 	s.queue.Done(it)
 
@@ -525,8 +581,19 @@ func (s *Scheduler) scheduleOne(ctx context.Context) bool {
 	go func() {
 		defer s.wg.Done()
 		defer func() { <-s.bindSem }()
-		err := s.bind(ctx, assumed)
+		var err error
+		if !allBound {
+			// PreBind, as upstream: prebind volumes / select the node for
+			// provisioning, and wait for the claims to be bound.
+			err = s.volumes.BindPodVolumes(ctx, assumed, d.volumes)
+		}
+		if err == nil {
+			err = s.bind(ctx, assumed)
+		}
 		if err != nil {
+			if d.volumes != nil {
+				s.volumes.RevertAssumedPodVolumes(d.volumes)
+			}
 			s.cache.Forget(assumed)
 			s.metrics.attempt(resultError, decided)
 			if ctx.Err() != nil {

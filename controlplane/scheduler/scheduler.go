@@ -4,7 +4,8 @@
 //
 // A scheduling attempt filters every node (NodeUnschedulable, NodeName,
 // TaintToleration, NodeAffinity and nodeSelector, NodePorts,
-// NodeResourcesFit), scores the ones that fit (least-allocated, balanced
+// NodeResourcesFit, VolumeBinding through upstream's volume binder),
+// scores the ones that fit (least-allocated, balanced
 // allocation, preferred node affinity, PreferNoSchedule taints, spreading of
 // one owner's pods), takes the highest total (ties round-robin), assumes the
 // pod on that node in its cache and binds it through pods/binding in the
@@ -13,7 +14,7 @@
 // waits for a node or pod change (then back-off) before it is retried.
 //
 // It is not kube-scheduler's plugin framework: there are no extension
-// points, profiles, preemption, volume or inter-pod affinity plugins.
+// points, profiles, preemption or inter-pod affinity plugins.
 package scheduler
 
 import (
