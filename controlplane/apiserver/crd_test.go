@@ -315,6 +315,20 @@ func TestCustomResourceProtocol(t *testing.T) {
 	if _, err := ws.List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=w1"}); err != nil {
 		t.Fatalf("field selector: %v", err)
 	}
+	// deletecollection with a selector removes exactly the matching ones
+	// (the CustomResourceFieldSelectors conformance spec cleans up so).
+	if err := ws.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "tier=b"}); err != nil {
+		t.Fatalf("deletecollection: %v", err)
+	}
+	left, err := ws.List(ctx, metav1.ListOptions{})
+	if err != nil || len(left.Items) != 3 {
+		t.Fatalf("after deletecollection: %v, want 3 items", err)
+	}
+	for _, it := range left.Items {
+		if it.GetLabels()["tier"] == "b" {
+			t.Fatalf("deletecollection left %s", it.GetName())
+		}
+	}
 
 	// fieldValidation Warn (the default): the unknown field is named in a
 	// warning and pruned.
@@ -328,11 +342,11 @@ func TestCustomResourceProtocol(t *testing.T) {
 		t.Errorf("table: %d %s", resp.StatusCode, body)
 	}
 	// Protobuf-preferring clients get JSON; protobuf only is a 406.
-	resp, _ = rawRequest(t, rc, "GET", "/apis/cluster.waggle.io/v1/widgets/w1", "", map[string]string{"Accept": "application/vnd.kubernetes.protobuf, application/json"})
+	resp, _ = rawRequest(t, rc, "GET", "/apis/cluster.waggle.io/v1/widgets/w0", "", map[string]string{"Accept": "application/vnd.kubernetes.protobuf, application/json"})
 	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		t.Errorf("protobuf, json: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	resp, _ = rawRequest(t, rc, "GET", "/apis/cluster.waggle.io/v1/widgets/w1", "", map[string]string{"Accept": "application/vnd.kubernetes.protobuf"})
+	resp, _ = rawRequest(t, rc, "GET", "/apis/cluster.waggle.io/v1/widgets/w0", "", map[string]string{"Accept": "application/vnd.kubernetes.protobuf"})
 	if resp.StatusCode != 406 {
 		t.Errorf("protobuf only: %d, want 406", resp.StatusCode)
 	}

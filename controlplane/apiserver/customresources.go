@@ -73,6 +73,10 @@ func customResource(ver *crd.Version) catalog.Resource {
 		NewList:                  ver.NewList,
 		Prefix:                   "/registry/" + ver.GVR.Group + "/" + ver.GVR.Resource + "/",
 		CustomResourceDefinition: ver.CRD.Name,
+		// The verbs upstream's CRD handler serves. Set here, not left to the
+		// catalog's default, because the registry keeps this copy: without
+		// them deletecollection answered 405 on every custom resource.
+		Verbs: []string{"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
 	}
 	if ver.Status {
 		r.Subs = append(r.Subs, catalog.Subresource{Name: "status", Verbs: []string{"get", "patch", "update"}})
