@@ -27,7 +27,7 @@ trap cleanup EXIT
 
 if [ ! -x "$rootfs/usr/bin/containerd" ]; then
 	debootstrap --variant=minbase \
-		--include=systemd-sysv,udev,openssh-server,linux-image-amd64,sudo,rsync,containerd,runc,iptables,iproute2,conntrack,dbus,kmod,ifupdown,isc-dhcp-client,procps,netbase \
+		--include=systemd-sysv,udev,openssh-server,linux-image-amd64,sudo,rsync,containerd,runc,iptables,iproute2,conntrack,nftables,dbus,kmod,ifupdown,isc-dhcp-client,procps,netbase \
 		bookworm "$rootfs" "$mirror"
 fi
 
