@@ -352,7 +352,7 @@ func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.R
 	}
 	if wantsPartial(r) {
 		pl := &metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "PartialObjectMetadataList"},
-			ListMeta: metav1.ListMeta{ResourceVersion: strconv.FormatInt(res.rev, 10), Continue: res.cont}, Items: []metav1.PartialObjectMetadata{}}
+			ListMeta: metav1.ListMeta{ResourceVersion: strconv.FormatInt(res.rev, 10), Continue: res.cont, RemainingItemCount: res.remain}, Items: []metav1.PartialObjectMetadata{}}
 		for _, o := range res.items {
 			pl.Items = append(pl.Items, *partialOf(o.Obj))
 		}
@@ -375,6 +375,7 @@ func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.R
 		lm := list.(metav1.ListInterface)
 		lm.SetResourceVersion(strconv.FormatInt(res.rev, 10))
 		lm.SetContinue(res.cont)
+		lm.SetRemainingItemCount(res.remain)
 		list.GetObjectKind().SetGroupVersionKind(req.reg.res.GroupVersion().WithKind(req.reg.res.ListKind))
 		return writeProtobuf(w, http.StatusOK, list)
 	}
@@ -390,6 +391,7 @@ func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.R
 		lm := list.(metav1.ListInterface)
 		lm.SetResourceVersion(strconv.FormatInt(res.rev, 10))
 		lm.SetContinue(res.cont)
+		lm.SetRemainingItemCount(res.remain)
 		return s.writeObject(w, r, req.reg, http.StatusOK, list)
 	}
 	items := make([][]byte, len(res.items))

@@ -275,6 +275,12 @@ func (r *registry) list(ctx context.Context, ns string, opts *metav1.ListOptions
 			// More remains if this page stopped early or etcd has more.
 			if after != page.KVs[len(page.KVs)-1].Key || page.More {
 				out.cont = encodeContinue(rev, after, prefix)
+				// As upstream: the count of what remains only when no
+				// selector filters (then etcd's count is exact).
+				if p.Label == nil && p.Field == nil && after == page.KVs[len(page.KVs)-1].Key {
+					n := page.Count - int64(len(page.KVs))
+					out.remain = &n
+				}
 			}
 			break
 		}

@@ -314,6 +314,9 @@ type ListResult struct {
 	Revision int64
 	// More is true when pairs remain after the last one returned.
 	More bool
+	// Count is the number of pairs from the page's start to the prefix's
+	// end (the returned ones included), as etcd counts them.
+	Count int64
 }
 
 // List returns the pairs under prefix in key order.
@@ -339,6 +342,7 @@ func (s *Store) List(ctx context.Context, prefix string, opts ListOptions) (List
 		}
 	}
 	out.More = resp.Count > int64(len(resp.Kvs))
+	out.Count = resp.Count
 	return out, nil
 }
 
