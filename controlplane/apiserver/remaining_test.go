@@ -36,4 +36,12 @@ func TestListRemainingItemCountProtobuf(t *testing.T) {
 	if l.Continue == "" || l.RemainingItemCount == nil || *l.RemainingItemCount != 3 {
 		t.Fatalf("continue %q remainingItemCount %v, want a token and 3", l.Continue, l.RemainingItemCount)
 	}
+	// A write between pages: the next page still answers the first's resourceVersion.
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "bump"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := cs.CoreV1().PodTemplates("default").List(ctx, metav1.ListOptions{Limit: 2, Continue: l.Continue})
+	if err != nil || l2.ResourceVersion != l.ResourceVersion {
+		t.Fatalf("second page: %v, resourceVersion %q, want the first page's %q", err, l2.ResourceVersion, l.ResourceVersion)
+	}
 }

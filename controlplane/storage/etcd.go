@@ -335,6 +335,12 @@ func (s *Store) List(ctx context.Context, prefix string, opts ListOptions) (List
 		return ListResult{}, fmt.Errorf("list %s: %w", prefix, mapErr(err))
 	}
 	out := ListResult{Revision: resp.Revision, KVs: make([]*KV, len(resp.Kvs))}
+	if opts.Revision > 0 {
+		// etcd's header carries its current revision; a page read at a
+		// fixed revision is of that revision (every page of one
+		// continued LIST answers the first page's resourceVersion).
+		out.Revision = opts.Revision
+	}
 	for i, kv := range resp.Kvs {
 		out.KVs[i] = toKV(kv)
 		if err := s.fromStorage(ctx, out.KVs[i]); err != nil {
