@@ -111,25 +111,12 @@ const auditBodyLimit = 4 << 20
 // never carry a response body).
 func (a *auditor) serve(w http.ResponseWriter, r *http.Request, attrs authz.Attributes, h http.HandlerFunc) {
 	rec := toAuthorizerAttributes(attrs)
-	rac := a.eval.EvaluatePolicyRule(rec)
-	if rac.Level == auditinternal.LevelNone {
+	ctx, rac, ok := a.begin(w, r, rec)
+	if !ok {
 		h(w, r)
 		return
 	}
-	received := time.Now()
-	ctx := audit.WithAuditContext(r.Context())
-	id := types.UID(r.Header.Get(auditinternal.HeaderAuditID))
-	if id == "" {
-		id = types.UID(uuid.NewString())
-	}
-	audit.WithAuditID(ctx, id)
 	ac := audit.AuditContextFrom(ctx)
-	if err := ac.Init(rac, a.backend); err != nil {
-		h(w, r)
-		return
-	}
-	w.Header().Set(auditinternal.HeaderAuditID, string(id))
-	audit.LogRequestMetadata(ctx, r, received, rec)
 	if !rac.Level.Less(auditinternal.LevelRequest) && r.Body != nil && (r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch) {
 		body, err := io.ReadAll(r.Body)
 		r.Body.Close()
@@ -184,31 +171,43 @@ func (a *auditor) serve(w http.ResponseWriter, r *http.Request, attrs authz.Attr
 	h(aw, r.WithContext(ctx))
 }
 
+// begin starts the audit of a request as WithAudit does: the policy's
+// level and stages for rec, an audit ID (the client's, else a new one)
+// echoed in the response header, and the request's metadata. ok is false
+// when the request is not audited (level None, or the context would not
+// initialise).
+func (a *auditor) begin(w http.ResponseWriter, r *http.Request, rec authorizer.AttributesRecord) (ctx context.Context, rac audit.RequestAuditConfig, ok bool) {
+	rac = a.eval.EvaluatePolicyRule(rec)
+	if rac.Level == auditinternal.LevelNone {
+		return nil, rac, false
+	}
+	received := time.Now()
+	ctx = audit.WithAuditContext(r.Context())
+	id := types.UID(r.Header.Get(auditinternal.HeaderAuditID))
+	if id == "" {
+		id = types.UID(uuid.NewString())
+	}
+	audit.WithAuditID(ctx, id)
+	if err := audit.AuditContextFrom(ctx).Init(rac, a.backend); err != nil {
+		return nil, rac, false
+	}
+	w.Header().Set(auditinternal.HeaderAuditID, string(id))
+	audit.LogRequestMetadata(ctx, r, received, rec)
+	return ctx, rac, true
+}
+
 // failedAuthn runs h (which writes the 401) under audit as upstream's
 // WithFailedAuthenticationAudit: the policy is evaluated with no user, and
 // one event at stage ResponseStarted records the code and which credentials
 // were tried ("Authentication failed, attempted: bearer, x509").
 func (a *auditor) failedAuthn(w http.ResponseWriter, r *http.Request, h http.HandlerFunc) {
 	rec := toAuthorizerAttributes(authz.AttributesFrom(r, nil))
-	rac := a.eval.EvaluatePolicyRule(rec)
-	if rac.Level == auditinternal.LevelNone {
+	ctx, _, ok := a.begin(w, r, rec)
+	if !ok {
 		h(w, r)
 		return
 	}
-	received := time.Now()
-	ctx := audit.WithAuditContext(r.Context())
-	id := types.UID(r.Header.Get(auditinternal.HeaderAuditID))
-	if id == "" {
-		id = types.UID(uuid.NewString())
-	}
-	audit.WithAuditID(ctx, id)
 	ac := audit.AuditContextFrom(ctx)
-	if err := ac.Init(rac, a.backend); err != nil {
-		h(w, r)
-		return
-	}
-	w.Header().Set(auditinternal.HeaderAuditID, string(id))
-	audit.LogRequestMetadata(ctx, r, received, rec)
 	aw := &auditWriter{ResponseWriter: w}
 	h(aw, r.WithContext(ctx))
 	code := aw.code
