@@ -182,17 +182,23 @@ func TestLostLeaseCancelsWorkAndReturnsErrLeadershipLost(t *testing.T) {
 
 func TestCancelWhileWaitingReturnsWithoutRunning(t *testing.T) {
 	cs := fake.NewClientset()
+	// Once a leads it renews with updates alone (client-go's optimistic
+	// renewal), so a lease GET counted from then on is b's attempt to
+	// acquire. The reactor goes in before any elector runs: the fake's
+	// reactor chain may not change while it serves requests.
+	var counting atomic.Bool
+	var attempts atomic.Int64
+	cs.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if counting.Load() {
+			attempts.Add(1)
+		}
+		return false, nil, nil
+	})
 	ctxA, cancelA := context.WithCancel(context.Background())
 	defer cancelA()
 	leadA, _, _ := runAsync(ctxA, cs, fastConfig("a"))
 	<-leadA
-	// From here on a leads and renews with updates alone (client-go's
-	// optimistic renewal), so a lease GET is b's attempt to acquire.
-	var attempts atomic.Int64
-	cs.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		attempts.Add(1)
-		return false, nil, nil
-	})
+	counting.Store(true)
 	ctxB, cancelB := context.WithCancel(context.Background())
 	leadB, doneB, _ := runAsync(ctxB, cs, fastConfig("b"))
 	testutil.WaitFor(t, 30*time.Second, "b to try to acquire the lease", func() bool { return attempts.Load() >= 3 })
