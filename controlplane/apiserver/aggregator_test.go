@@ -211,10 +211,17 @@ func TestAPIServiceProxiesToAnExtensionServer(t *testing.T) {
 	}
 	waitCondition(t, ac, "v1alpha1.wardle.example.com", apiregistrationv1.ConditionTrue, "Passed", "all checks passed")
 
-	body, err := cs.CoreV1().RESTClient().Get().AbsPath("/apis/wardle.example.com/v1alpha1/namespaces/default/flunders").DoRaw(ctx)
-	if err != nil {
-		t.Fatalf("proxied request: %v %s", err, body)
-	}
+	// The proxy reads the APIService's Available condition and the
+	// Service's endpoints from its own caches, which may trail the status
+	// just read by a moment: until then it answers 503, as kube-aggregator.
+	var body []byte
+	testutil.Eventually(t, 30*time.Second, func() error {
+		var err error
+		if body, err = cs.CoreV1().RESTClient().Get().AbsPath("/apis/wardle.example.com/v1alpha1/namespaces/default/flunders").DoRaw(ctx); err != nil {
+			return fmt.Errorf("proxied request: %v %s", err, body)
+		}
+		return nil
+	})
 	var got struct{ User, Groups string }
 	_ = json.Unmarshal(body, &got)
 	if got.User != "admin" || !strings.Contains(got.Groups, "system:masters") || !strings.Contains(got.Groups, "system:authenticated") {
