@@ -144,3 +144,30 @@ func TestCommittedREADMEMatchesExpectations(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// Every spec of the committed expectations file that does not pass names the issue area of its
+// fix (API, security, workloads, node, network), and a passing one none: no unexplained failure.
+func TestCommittedExpectationsHaveAreas(t *testing.T) {
+	exp, err := readExpectations("../expectations.tsv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(exp) == 0 {
+		t.Fatal("../expectations.tsv lists no spec")
+	}
+	areas := map[string]bool{"API": true, "security": true, "workloads": true, "node": true, "network": true}
+	for spec, e := range exp {
+		switch e.Result {
+		case "pass":
+			if e.Area != "-" {
+				t.Errorf("%q passes but has area %q (want -)", spec, e.Area)
+			}
+		case "fail", "skip", "notrun":
+			if !areas[e.Area] {
+				t.Errorf("%q is %s with area %q: want one of API, security, workloads, node, network", spec, e.Result, e.Area)
+			}
+		default:
+			t.Errorf("%q: result %q is none of pass, fail, skip, notrun", spec, e.Result)
+		}
+	}
+}
