@@ -855,52 +855,30 @@ func (d *IPTables) saveCounters(ctx context.Context, fam ipFamily) ([]byte, erro
 	return d.r.run(ctx, nil, fam.tool("-save"), "-c", "-t", "filter")
 }
 
-type ruleCounter struct {
-	chain, target, comment string
-	packets                uint64
-}
-
-// parseCounters reads `iptables-save -c` lines "[p:b] -A CHAIN ... -j T".
-func parseCounters(save []byte) ([]ruleCounter, error) {
-	var out []ruleCounter
-	sc := bufio.NewScanner(bytes.NewReader(save))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "[") {
-			continue
-		}
-		cnt, rest, ok := strings.Cut(line[1:], "] ")
-		if !ok {
-			continue
-		}
-		pk, _, _ := strings.Cut(cnt, ":")
-		n, err := strconv.ParseUint(pk, 10, 64)
+// OpenIPTablesView reads the iptables fallback's rules and counters in the
+// network namespace at netnsPath (empty: the caller's); ErrNoState when the
+// fallback programmed nothing there.
+func OpenIPTablesView(netnsPath string) (*IPTablesView, error) {
+	r := iptRunner{netns: netnsPath}
+	var saves [][]byte
+	for _, fam := range []ipFamily{ipv4, ipv6} {
+		save, err := r.run(context.Background(), nil, fam.tool("-save"), "-c", "-t", "filter")
 		if err != nil {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) < 2 || f[0] != "-A" || !strings.HasPrefix(f[1], "WAGGLE-POL") {
-			continue
-		}
-		r := ruleCounter{chain: f[1], packets: n}
-		if i := slices.Index(f, "-j"); i >= 0 && i+1 < len(f) {
-			r.target = f[i+1]
-		}
-		if i := strings.Index(rest, "--comment "); i >= 0 {
-			c := rest[i+len("--comment "):]
-			if strings.HasPrefix(c, `"`) {
-				if uq, err := strconv.QuotedPrefix(c); err == nil {
-					c, _ = strconv.Unquote(uq)
-				}
-			} else {
-				c, _, _ = strings.Cut(c, " ")
+			if fam == ipv6 && len(saves) > 0 { // a node without IPv6 tables
+				break
 			}
-			r.comment = c
+			return nil, err
 		}
-		out = append(out, r)
+		saves = append(saves, save)
 	}
-	return out, sc.Err()
+	v, found, err := parseIPTablesView(saves...)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: no %s chain in iptables", ErrNoState, IPTablesChain)
+	}
+	return v, nil
 }
 
 // CleanupIPTables removes the fallback's rules, chains and ipsets from the

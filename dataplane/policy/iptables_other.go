@@ -19,3 +19,6 @@ func NewIPTables(IPTablesConfig) (*IPTables, error) { return nil, ErrNotSupporte
 
 // CleanupIPTables has nothing to remove off Linux.
 func CleanupIPTables(string) error { return nil }
+
+// OpenIPTablesView fails off Linux.
+func OpenIPTablesView(string) (*IPTablesView, error) { return nil, ErrNotSupported }

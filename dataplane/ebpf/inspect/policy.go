@@ -38,9 +38,16 @@ func parsePolicyDst(s string) (netip.AddrPort, uint8, error) {
 	return ap, p, nil
 }
 
-// policyView opens the NetworkPolicy maps under the node's pin directory.
+// policyView opens the NetworkPolicy maps under the node's pin directory;
+// with none pinned there, the iptables fallback's rules in this network
+// namespace (list and get; explain and monitor need the eBPF maps).
 var policyView = func(dir string) (policyReader, error) {
 	v, err := policy.OpenView(policy.DefaultPinDir(dir))
+	if errors.Is(err, policy.ErrNoState) {
+		if iv, ierr := policy.OpenIPTablesView(""); ierr == nil {
+			return iv, nil
+		}
+	}
 	if err != nil {
 		if errors.Is(err, policy.ErrNoState) || errors.Is(err, policy.ErrLayoutMismatch) {
 			return nil, fmt.Errorf("%w: %v", ErrNoState, err)
@@ -89,6 +96,16 @@ func runPolicy(ctx context.Context, cfg Config, dir string) error {
 		return err
 	}
 	defer v.Close()
+	if err := runPolicyOn(ctx, cfg, v); err != nil {
+		if errors.Is(err, policy.ErrIPTablesNoExplain) {
+			return fmt.Errorf("%w: %v", ErrNoState, err)
+		}
+		return err
+	}
+	return nil
+}
+
+func runPolicyOn(ctx context.Context, cfg Config, v policyReader) error {
 	cmd := cfg.Command
 	switch {
 	case cmd[0] == "monitor":
