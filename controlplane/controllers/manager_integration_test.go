@@ -15,6 +15,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/waggle-io/waggle/internal/leaderelect"
@@ -772,6 +773,55 @@ func TestReplicaSetAdoptsOrphansAndReleasesRelabelledPods(t *testing.T) {
 		p, err := c.cs.CoreV1().Pods("default").Get(ctx, "orphan", metav1.GetOptions{})
 		if err != nil || len(p.OwnerReferences) != 0 {
 			return fmt.Errorf("released pod: err %v, owners %v", err, p.OwnerReferences)
+		}
+		return nil
+	})
+}
+
+// A ring of blocking ownerReferences (a → b → c → a, as upstream's "should
+// not be blocked by dependency circle") deleted in the foreground: each
+// member would wait for the next forever unless the collector breaks the
+// ring by unblocking one member's references.
+func TestForegroundDeletionOfAnOwnershipCycle(t *testing.T) {
+	c := newCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c.startManager("cm-0", func(cfg *Config) { cfg.Controllers = []string{"garbagecollector"} })
+	cms := c.cs.CoreV1().ConfigMaps("default")
+	names := []string{"ring-1", "ring-2", "ring-3"}
+	uids := map[string]types.UID{}
+	for _, n := range names {
+		cm, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids[n] = cm.UID
+	}
+	// ring-1 is owned by ring-3, ring-2 by ring-1, ring-3 by ring-2.
+	for i, n := range names {
+		owner := names[(i+2)%3]
+		patch := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":%q,"uid":%q,"controller":true,"blockOwnerDeletion":true}]}}`, owner, uids[owner])
+		if _, err := cms.Patch(ctx, n, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fg := metav1.DeletePropagationForeground
+	if err := cms.Delete(ctx, "ring-1", metav1.DeleteOptions{PropagationPolicy: &fg, Preconditions: &metav1.Preconditions{UID: uidPtr(uids["ring-1"])}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() error {
+		l, err := cms.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		var left []string
+		for _, cm := range l.Items {
+			if strings.HasPrefix(cm.Name, "ring-") {
+				left = append(left, fmt.Sprintf("%s (finalizers %v)", cm.Name, cm.Finalizers))
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("still there: %v", left)
 		}
 		return nil
 	})

@@ -417,6 +417,17 @@ func (c *Controller) attemptToDelete(ctx context.Context, key string) error {
 	switch {
 	case len(waiting) > 0 && len(s.dependents) > 0:
 		policy = metav1.DeletePropagationForeground
+		if slices.ContainsFunc(s.dependents, func(d *node) bool { return d.foreground }) {
+			// A dependent is itself waiting for its dependents while an
+			// owner waits for this object: possibly a cycle of blocking
+			// references (a → b → c → a), where each would wait for the
+			// next forever. As Kubernetes' collector does, stop blocking
+			// the owners before deleting this object in the foreground; the
+			// ring then unwinds from here.
+			if err := c.unblockOwnerRefs(ctx, s.res, obj); err != nil {
+				return err
+			}
+		}
 	case has(obj.GetFinalizers(), metav1.FinalizerOrphanDependents):
 		policy = metav1.DeletePropagationOrphan
 	case has(obj.GetFinalizers(), metav1.FinalizerDeleteDependents):
@@ -484,6 +495,34 @@ func (c *Controller) orphan(ctx context.Context, key string) error {
 	}
 	c.log.Info("orphaned dependents", "kind", s.res.Kind, "namespace", s.namespace, "name", s.name, "dependents", len(s.dependents))
 	return c.removeFinalizer(ctx, s.res, s.namespace, s.name, uid, metav1.FinalizerOrphanDependents)
+}
+
+// unblockOwnerRefs sets blockOwnerDeletion false on every ownerReference of
+// obj, with obj's resourceVersion as precondition (a conflict retries the
+// whole decision).
+func (c *Controller) unblockOwnerRefs(ctx context.Context, r Resource, obj *unstructured.Unstructured) error {
+	refs := obj.GetOwnerReferences()
+	changed := false
+	for i := range refs {
+		if refs[i].BlockOwnerDeletion != nil && *refs[i].BlockOwnerDeletion {
+			refs[i].BlockOwnerDeletion = new(bool)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	obj = obj.DeepCopy()
+	obj.SetOwnerReferences(refs)
+	_, err := c.client(r, obj.GetNamespace()).Update(ctx, obj, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unblock owner references of %s %s/%s: %w", r.Kind, obj.GetNamespace(), obj.GetName(), err)
+	}
+	c.log.Info("unblocked owner references to break a possible cycle", "kind", r.Kind, "namespace", obj.GetNamespace(), "name", obj.GetName())
+	return nil
 }
 
 func (c *Controller) removeOwnerRefs(ctx context.Context, r Resource, ns, name string, uid types.UID, drop map[types.UID]bool) error {
