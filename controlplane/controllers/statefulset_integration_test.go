@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/waggle-io/waggle/controlplane/controllers/daemonset"
 )
 
 func requiresResource(t *testing.T, c *cluster, gv, res string) {
@@ -168,4 +170,84 @@ func TestDaemonSetRolloutUndoThroughKubectl(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Upstream's ControllerRevision lifecycle spec: a ControllerRevision created
+// by a user under the name the daemon set's next template will hash to, but
+// holding another template, is a hash collision: the controller bumps
+// collisionCount and writes the new template under another name and the
+// next revision number, instead of taking the user's revision as current.
+func TestDaemonSetRevisionNameTakenByAnotherTemplate(t *testing.T) {
+	c := newCluster(t)
+	requiresResource(t, c, "apps/v1", "controllerrevisions")
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c.startKubelets(ctx, 1, nil)
+	c.startManager("cm-0", nil)
+	revs := c.cs.AppsV1().ControllerRevisions("default")
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "agent", Namespace: "default"},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "agent"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "agent"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "a", Image: "agent:1"}}}}}}
+	if _, err := c.cs.AppsV1().DaemonSets("default").Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.kubectlOK("rollout", "status", "daemonset/agent", "--timeout=60s")
+	list := func(want int) []appsv1.ControllerRevision {
+		t.Helper()
+		var items []appsv1.ControllerRevision
+		eventually(t, 30*time.Second, func() error {
+			l, err := revs.List(ctx, metav1.ListOptions{LabelSelector: "app=agent"})
+			if err != nil {
+				return err
+			}
+			if items = l.Items; len(items) != want {
+				return fmt.Errorf("%d revisions, want %d", len(items), want)
+			}
+			return nil
+		})
+		return items
+	}
+	initial := list(1)[0]
+	live, err := c.cs.AppsV1().DaemonSets("default").Get(ctx, "agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The name the template with terminationGracePeriodSeconds 1 hashes to,
+	// holding the initial template's data.
+	next := live.DeepCopy()
+	next.Spec.Template.Spec.TerminationGracePeriodSeconds = new(int64(1))
+	takenName := "agent-" + daemonset.Hash(next)
+	user := &appsv1.ControllerRevision{ObjectMeta: metav1.ObjectMeta{Name: takenName, Labels: initial.Labels,
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(live, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))}},
+		Data: initial.Data, Revision: initial.Revision + 1}
+	if _, err := revs.Create(ctx, user, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	list(2)
+	if err := revs.Delete(ctx, initial.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	list(1)
+	patch := `{"spec":{"template":{"spec":{"terminationGracePeriodSeconds":1}}}}`
+	if _, err := c.cs.AppsV1().DaemonSets("default").Patch(ctx, "agent", types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	items := list(2)
+	var fresh *appsv1.ControllerRevision
+	for i := range items {
+		if items[i].Name != takenName {
+			fresh = &items[i]
+		}
+	}
+	if fresh == nil || fresh.Revision != 3 {
+		t.Fatalf("revisions after the template change: %+v", items)
+	}
+	got, err := c.cs.AppsV1().DaemonSets("default").Get(ctx, "agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.CollisionCount == nil || *got.Status.CollisionCount != 1 {
+		t.Fatalf("collisionCount %v, want 1", got.Status.CollisionCount)
+	}
 }

@@ -46,9 +46,13 @@ func (c *Controller) syncRevisions(ctx context.Context, ds *appsv1.DaemonSet, se
 	name := history.Name(ds.Name, hash)
 	next := history.NextRevision(revs)
 	want := &appsv1.ControllerRevision{Data: runtime.RawExtension{Raw: data}}
+	// The current revision is the one holding this template, whatever its
+	// name: a revision named as this template's hash but holding another
+	// template (anyone may create ControllerRevisions) is a hash collision,
+	// resolved below by bumping collisionCount, as Kubernetes does.
 	var cur *appsv1.ControllerRevision
 	for _, r := range revs {
-		if r.Name == name || history.Equal(r, want) {
+		if history.Equal(r, want) {
 			cur = r
 		}
 	}
@@ -97,6 +101,9 @@ func (c *Controller) syncRevisions(ctx context.Context, ds *appsv1.DaemonSet, se
 		}
 	}
 	live := map[string]bool{name: true}
+	if cur != nil {
+		live[cur.Name] = true
+	}
 	for _, r := range revs {
 		if podHashes[r.Labels[appsv1.DefaultDaemonSetUniqueLabelKey]] {
 			live[r.Name] = true
