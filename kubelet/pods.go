@@ -488,6 +488,11 @@ func (k *Kubelet) cleanupSandbox(ctx context.Context, uid types.UID, p network.P
 	} else if !os.IsNotExist(err) {
 		k.log.Warn("unreadable sandbox state; removing it", "pod", uid, "err", err)
 	}
+	// tmpfs volumes first: RemoveAll would empty them, then fail on
+	// their mount points.
+	if err := unmountUnder(k.podDir(uid)); err != nil {
+		return fmt.Errorf("remove pod dir: %w", err)
+	}
 	if err := os.RemoveAll(k.podDir(uid)); err != nil {
 		return fmt.Errorf("remove pod dir: %w", err)
 	}
@@ -680,8 +685,9 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
 		return err
 	}
-	mounts, err := k.makeMounts(pod, c)
+	mounts, err := k.makeMounts(pod, c, env)
 	if err != nil {
+		k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)
 		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
 		return err
 	}
@@ -709,6 +715,7 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		NetNSPath: w.sb.NetNS, Hostname: podHostname(pod), CgroupParent: w.sb.Cgroup,
 		LogPath: logPath,
 		Stdin:   c.Stdin, StdinOnce: c.StdinOnce,
+		Security: containerSecurity(pod, c),
 	}
 	applyResources(&cfg, c.Resources)
 	id, err := k.rt.StartContainer(ctx, cfg)

@@ -5,12 +5,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
+
+	securejoin "github.com/cyphar/filepath-securejoin"
 
 	authv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/kubernetes/third_party/forked/golang/expansion"
 
 	"github.com/waggle-io/waggle/kubelet/internal/atomicwriter"
 	"github.com/waggle-io/waggle/kubelet/runtime"
@@ -164,7 +168,7 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 	opt := func(b *bool) bool { return b != nil && *b }
 	switch {
 	case v.EmptyDir != nil:
-		return os.MkdirAll(dir, 0o777)
+		return setUpEmptyDir(dir, v.EmptyDir, pod.Spec.SecurityContext)
 	case v.HostPath != nil:
 		return setUpHostPath(v.HostPath)
 	case v.PersistentVolumeClaim != nil:
@@ -219,6 +223,47 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 		return writeFiles(dir, all)
 	}
 	return fmt.Errorf("volume type not supported by this kubelet (supported: emptyDir, hostPath, persistentVolumeClaim of hostPath or local volumes, configMap, secret, downwardAPI, projected)")
+}
+
+// setUpEmptyDir makes an emptyDir volume's directory, as upstream's
+// emptyDir plugin does: mode 0777 whatever the umask, on a tmpfs of
+// sizeLimit for medium Memory, and with the pod's fsGroup owning it
+// (setgid, so files made in it belong to the group). Only a directory it
+// creates (or mounts) is set up: a later sync keeps what the pod changed.
+func setUpEmptyDir(dir string, src *v1.EmptyDirVolumeSource, psc *v1.PodSecurityContext) error {
+	switch src.Medium {
+	case v1.StorageMediumDefault, v1.StorageMediumMemory:
+	default:
+		return fmt.Errorf("emptyDir medium %q is not supported by this kubelet (supported: \"\", Memory)", src.Medium)
+	}
+	fresh := false
+	if _, err := os.Stat(dir); os.IsNotExist(err) {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return err
+		}
+		fresh = true
+	} else if err != nil {
+		return err
+	}
+	if src.Medium == v1.StorageMediumMemory {
+		mounted, err := mountTmpfs(dir, src.SizeLimit)
+		if err != nil {
+			return fmt.Errorf("tmpfs for emptyDir: %w", err)
+		}
+		fresh = fresh || mounted
+	}
+	if !fresh {
+		return nil
+	}
+	mode := os.FileMode(0o777)
+	if psc != nil && psc.FSGroup != nil {
+		if err := os.Lchown(dir, -1, int(*psc.FSGroup)); err != nil {
+			return fmt.Errorf("fsGroup %d on emptyDir: %w", *psc.FSGroup, err)
+		}
+		mode |= os.ModeSetgid
+	}
+	// Mkdir's mode is masked by the umask; chmod is not.
+	return os.Chmod(dir, mode)
 }
 
 // provisionedBy is the annotation naming a volume's provisioner, and
@@ -368,8 +413,13 @@ func setUpHostPath(h *v1.HostPathVolumeSource) error {
 	return nil
 }
 
-// makeMounts turns the container's volumeMounts into bind mounts.
-func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container) ([]runtime.Mount, error) {
+// makeMounts turns the container's volumeMounts into bind mounts. A
+// subPathExpr is expanded with the container's env (a variable that is
+// unset or empty fails, as upstream's kubelet fails it, so the container
+// waits in CreateContainerConfigError until the pod is changed). A subPath
+// must be relative, without "..", and resolve (symlinks included) inside
+// its volume; a missing one is created as a directory.
+func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container, env []string) ([]runtime.Mount, error) {
 	vols := map[string]v1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		vols[v.Name] = v
@@ -391,19 +441,82 @@ func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container) ([]runtime.Mount, err
 			}
 			src = p.(string)
 		}
-		if m.SubPath != "" {
-			if strings.Contains(m.SubPath, "..") || filepath.IsAbs(m.SubPath) {
-				return nil, fmt.Errorf("volumeMount %q: invalid subPath %q", m.Name, m.SubPath)
+		subPath := m.SubPath
+		if m.SubPathExpr != "" {
+			var err error
+			if subPath, err = expandSubPath(m.SubPathExpr, env); err != nil {
+				return nil, fmt.Errorf("volumeMount %q: subPathExpr %q: %w", m.Name, m.SubPathExpr, err)
 			}
-			src = filepath.Join(src, m.SubPath)
-			if _, err := os.Stat(src); os.IsNotExist(err) {
-				if err := os.MkdirAll(src, 0o755); err != nil {
-					return nil, err
-				}
+		}
+		if subPath != "" {
+			p, err := subPathSource(src, subPath)
+			if err != nil {
+				return nil, fmt.Errorf("volumeMount %q: %w", m.Name, err)
 			}
+			src = p
 		}
 		ro := m.ReadOnly || (v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ReadOnly) || v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil
 		out = append(out, runtime.Mount{HostPath: src, ContainerPath: m.MountPath, ReadOnly: ro})
 	}
 	return out, nil
+}
+
+// expandSubPath expands $(VAR) in a subPathExpr with the container's env
+// ("NAME=value" entries), as upstream's kubelet does: every variable it
+// names must be set and non-empty.
+func expandSubPath(expr string, env []string) (string, error) {
+	vars := make(map[string]string, len(env))
+	for _, e := range env {
+		if name, val, ok := strings.Cut(e, "="); ok {
+			vars[name] = val
+		}
+	}
+	var missing []string
+	out := expansion.Expand(expr, func(name string) string {
+		v := vars[name]
+		if v == "" && !slices.Contains(missing, name) {
+			missing = append(missing, name)
+		}
+		return v
+	})
+	if len(missing) > 0 {
+		return "", fmt.Errorf("missing value for %s", strings.Join(missing, ", "))
+	}
+	return out, nil
+}
+
+// subPathSource is the host path of subPath inside the volume at root:
+// relative, no ".." component, and resolved within root even through
+// symlinks the pod's containers made in the volume (which must not lead a
+// bind mount out of it). A missing directory is created.
+func subPathSource(root, subPath string) (string, error) {
+	if filepath.IsAbs(subPath) {
+		return "", fmt.Errorf("subPath %q must be a relative path", subPath)
+	}
+	for _, part := range strings.Split(filepath.ToSlash(subPath), "/") {
+		if part == ".." {
+			return "", fmt.Errorf("subPath %q must not contain '..'", subPath)
+		}
+	}
+	p, err := securejoin.SecureJoin(root, subPath)
+	if err != nil {
+		return "", fmt.Errorf("subPath %q: %w", subPath, err)
+	}
+	if _, err := os.Lstat(p); os.IsNotExist(err) {
+		// Made with the volume's own mode (0777 for an emptyDir), as
+		// upstream's kubelet makes missing subpaths.
+		perm := os.FileMode(0o755)
+		if st, err := os.Stat(root); err == nil {
+			perm = st.Mode().Perm()
+		}
+		if err := os.MkdirAll(p, perm); err != nil {
+			return "", fmt.Errorf("subPath %q: %w", subPath, err)
+		}
+		if err := os.Chmod(p, perm); err != nil {
+			return "", fmt.Errorf("subPath %q: %w", subPath, err)
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("subPath %q: %w", subPath, err)
+	}
+	return p, nil
 }

@@ -353,6 +353,7 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 		}
 		opts = append(opts, oci.WithMounts(ms))
 	}
+	opts = append(opts, securityOpts(cfg.Security)...)
 	if cfg.MemoryLimit > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(cfg.MemoryLimit)))
 	}

@@ -71,10 +71,40 @@ type ContainerConfig struct {
 	MemoryLimit int64
 	// LogPath receives the container's stdout and stderr.
 	LogPath string
+	// Security is how the container's process is confined: its user and
+	// groups, root filesystem, privileges and kernel parameters.
+	Security Security
 	// Stdin gives the process a stdin fed through the FIFO StdinPath(LogPath)
 	// (for attach); with StdinOnce it is closed once the first attach that
 	// wrote to it ends (StdinDone).
 	Stdin, StdinOnce bool
+}
+
+// Security is a container's effective securityContext (the pod's merged
+// with the container's, as Kubernetes merges them) in the runtime's terms.
+// The zero value is the runtime's default: the image's user, a writable
+// root filesystem, the default capabilities.
+type Security struct {
+	// RunAsUser and RunAsGroup override the image's user and its primary
+	// group; a group without a user applies to the image's user.
+	RunAsUser, RunAsGroup *int64
+	// SupplementalGroups are added to the groups the image's /etc/group
+	// gives the user (the pod's supplementalGroups and fsGroup).
+	SupplementalGroups []int64
+	// ReadOnlyRootfs mounts the container's root filesystem read-only.
+	ReadOnlyRootfs bool
+	// NoNewPrivileges sets the process's no_new_privs bit
+	// (allowPrivilegeEscalation: false).
+	NoNewPrivileges bool
+	// Privileged gives every capability and device, unmasks /proc and
+	// makes /sys writable.
+	Privileged bool
+	// AddCaps and DropCaps are capability names without the CAP_ prefix
+	// ("NET_ADMIN", or "ALL"), as Kubernetes spells them.
+	AddCaps, DropCaps []string
+	// Sysctls are namespaced kernel parameters set in the container's
+	// namespaces (the pod's securityContext.sysctls).
+	Sysctls map[string]string
 }
 
 // StdinPath is the FIFO feeding the stdin of the container logging to
