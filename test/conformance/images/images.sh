@@ -15,8 +15,16 @@
 #              here:     Debian's busybox-static (sh, nc, wget, nslookup, ip, ...) + agnhost built
 #                        from k8s.io/kubernetes/test/images/agnhost (CGO_ENABLED=0); the same
 #                        users, /uploads, porter's certificate and the agnhost-2 link. Not here:
-#                        curl, dig, iperf, socat, coredns and the fake registry's content.
+#                        curl, iperf, socat, coredns and the fake registry's content.
+#              Also dig (Debian's bind9-dnsutils, as upstream's bind-tools) and getent (libc-bin),
+#              which the DNS specs' probers run.
 #   busybox    upstream: busybox 1.37;  here: Debian's busybox-static (1.35) with its applet links.
+#   glibc-dns-testing  upstream: Debian bookworm-slim + dnsutils (+ an unused coredns);  here: the
+#              busybox base + Debian's bind9-dnsutils and libc-bin (dig, getent on glibc).
+#   kitten, nautilus   upstream: agnhost + html/<animal>.jpg and html/data.json, CMD test-webserver;
+#              here: the same files (from the suite's module) on this agnhost.
+#   nonewprivs upstream: Alpine + nnp (prints its effective uid) installed setuid root;  here: nnp
+#              built from k8s.io/kubernetes/test/images/nonewprivs, setuid root, on the busybox base.
 #   nginx      upstream: nginx 1.27/1.28 on Alpine;  here: Debian's nginx (1.22) and the libraries
 #              it links, unpacked from the package files, serving /usr/share/nginx/html on :80.
 #   pause      a tiny static C program (pause.c): sleeps, reaps children, exits 0 on SIGTERM.
@@ -59,6 +67,19 @@ unpack() {
 	shift
 	mkdir -p "$dir"
 	for f in $(deb "$@"); do dpkg-deb -x "$f" "$dir"; done
+}
+
+# closure PKG...: PKG and every package it needs (Depends and Pre-Depends, recursively; virtual
+# packages left out: each has a real provider in the list).
+closure() {
+	apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+		--no-replaces --no-enhances "$@" | grep '^[a-z0-9]' | sort -u
+}
+
+# dnstools DIR: dig (and host, nslookup) and getent, with the libraries they load.
+dnstools() {
+	unpack "$1" libc-bin $(closure bind9-dnsutils)
+	rm -rf "$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/lintian" "$1/usr/share/locale" "$1/usr/share/info"
 }
 
 # base DIR: a minimal root file system with busybox's shell and tools, /etc files and /tmp.
@@ -114,13 +135,15 @@ if [ ! -s "$out/pause.tar" ]; then
 fi
 build "registry.k8s.io/pause:3.10.2" pause.tar --rootfs "$work/pause" --entrypoint '["/pause"]'
 
-# agnhost
-if [ ! -s "$out/agnhost.tar" ] || [ ! -s "$out/agnhost-prev.tar" ]; then
+# agnhost (and kitten and nautilus, which are agnhost plus two files)
+ksrc="$(cd "$module" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images"
+if [ ! -s "$out/agnhost.tar" ] || [ ! -s "$out/agnhost-prev.tar" ] || [ ! -s "$out/kitten.tar" ] || [ ! -s "$out/nautilus.tar" ]; then
 	r="$work/agnhost"
 	base "$r"
+	dnstools "$r"
 	(cd "$module" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$r/agnhost" k8s.io/kubernetes/test/images/agnhost)
 	ln -s agnhost "$r/agnhost-2"
-	src="$(cd "$module" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost"
+	src="$ksrc/agnhost"
 	install -m 0644 "$src/porter/localhost.crt" "$src/porter/localhost.key" "$r/"
 	mkdir -p "$r/uploads"
 	# The user and group the SupplementalGroups spec expects to be defined in the image.
@@ -128,11 +151,35 @@ if [ ! -s "$out/agnhost.tar" ] || [ ! -s "$out/agnhost-prev.tar" ]; then
 	printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$r/etc/group"
 	mkdir -p "$r/home/user-defined-in-image" && chown 1000:1000 "$r/home/user-defined-in-image"
 fi
-agnhost_args=(--rootfs "$work/agnhost" --entrypoint '["/agnhost"]' --cmd '["pause"]'
+agnhost_args=(--rootfs "$work/agnhost" --entrypoint '["/agnhost"]'
 	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 	--expose 80/tcp --expose 8080/tcp --expose 8081/tcp --expose 9376/tcp --expose 5000/tcp)
-build "$e2e/agnhost:2.66.1" agnhost.tar "${agnhost_args[@]}"
-build "$e2e/agnhost:2.55" agnhost-prev.tar "${agnhost_args[@]}"
+build "$e2e/agnhost:2.66.1" agnhost.tar "${agnhost_args[@]}" --cmd '["pause"]'
+build "$e2e/agnhost:2.55" agnhost-prev.tar "${agnhost_args[@]}" --cmd '["pause"]'
+for animal in kitten nautilus; do
+	build "$e2e/$animal:1.8" "$animal.tar" "${agnhost_args[@]}" --cmd '["test-webserver"]' \
+		--file "$ksrc/$animal/html/$animal.jpg:/$animal.jpg" --file "$ksrc/$animal/html/data.json:/data.json"
+done
+
+# glibc-dns-testing (the DNS specs' glibc prober)
+if [ ! -s "$out/glibc-dns-testing.tar" ]; then
+	base "$work/glibc-dns-testing"
+	dnstools "$work/glibc-dns-testing"
+fi
+build "$e2e/glibc-dns-testing:2.1.1" glibc-dns-testing.tar --rootfs "$work/glibc-dns-testing" --cmd '["sh"]' \
+	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# nonewprivs (AllowPrivilegeEscalation: a setuid-root program that prints its effective uid)
+if [ ! -s "$out/nonewprivs.tar" ]; then
+	r="$work/nonewprivs"
+	base "$r"
+	mkdir -p "$r/usr/local/bin"
+	(cd "$module" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$r/usr/local/bin/nnp" k8s.io/kubernetes/test/images/nonewprivs)
+	chown 0:0 "$r/usr/local/bin/nnp"
+	chmod 4755 "$r/usr/local/bin/nnp"
+fi
+build "$e2e/nonewprivs:1.4" nonewprivs.tar --rootfs "$work/nonewprivs" --cmd '["nnp"]' \
+	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # nginx
 if [ ! -s "$out/nginx.tar" ] || [ ! -s "$out/nginx-new.tar" ]; then
