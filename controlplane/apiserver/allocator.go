@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -695,4 +696,73 @@ func patchAllocatedValues(s, old *corev1.Service) {
 			}
 		}
 	}
+}
+
+// dropTypeDependentFields is upstream's service update rule: a change of
+// type wipes what the old type needed and the new one does not (cluster
+// IPs and families, node ports, the health check node port,
+// allocateLoadBalancerNodePorts, loadBalancerClass,
+// externalTrafficPolicy), but only where the update left the old value
+// unchanged: a value the client changed is its own and is validated.
+func dropTypeDependentFields(s, old *corev1.Service) {
+	needsClusterIP := func(v *corev1.Service) bool { return v.Spec.Type != corev1.ServiceTypeExternalName }
+	needsNodePort := func(v *corev1.Service) bool {
+		return v.Spec.Type == corev1.ServiceTypeNodePort || v.Spec.Type == corev1.ServiceTypeLoadBalancer
+	}
+	needsHCNodePort := func(v *corev1.Service) bool {
+		return v.Spec.Type == corev1.ServiceTypeLoadBalancer && v.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	}
+	externallyAccessible := func(v *corev1.Service) bool {
+		return needsNodePort(v) || (v.Spec.Type == corev1.ServiceTypeClusterIP && len(v.Spec.ExternalIPs) > 0)
+	}
+	if needsClusterIP(old) && !needsClusterIP(s) {
+		// Unset counts as unchanged: a PUT that leaves them out.
+		if (s.Spec.ClusterIP == "" || s.Spec.ClusterIP == old.Spec.ClusterIP) &&
+			(len(s.Spec.ClusterIPs) == 0 || slices.Equal(s.Spec.ClusterIPs, old.Spec.ClusterIPs)) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
+		}
+		if len(s.Spec.IPFamilies) == 0 || slices.Equal(s.Spec.IPFamilies, old.Spec.IPFamilies) {
+			s.Spec.IPFamilies = nil
+		}
+		if s.Spec.IPFamilyPolicy == nil || (old.Spec.IPFamilyPolicy != nil && *s.Spec.IPFamilyPolicy == *old.Spec.IPFamilyPolicy) {
+			s.Spec.IPFamilyPolicy = nil
+		}
+	}
+	if needsNodePort(old) && !needsNodePort(s) && sameNodePorts(s, old) {
+		for i := range s.Spec.Ports {
+			s.Spec.Ports[i].NodePort = 0
+		}
+	}
+	if needsHCNodePort(old) && !needsHCNodePort(s) && (s.Spec.HealthCheckNodePort == 0 || s.Spec.HealthCheckNodePort == old.Spec.HealthCheckNodePort) {
+		s.Spec.HealthCheckNodePort = 0
+	}
+	if old.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		if a, b := s.Spec.AllocateLoadBalancerNodePorts, old.Spec.AllocateLoadBalancerNodePorts; a != nil && b != nil && *a == *b {
+			s.Spec.AllocateLoadBalancerNodePorts = nil
+		}
+		if s.Spec.LoadBalancerClass == nil || (old.Spec.LoadBalancerClass != nil && *s.Spec.LoadBalancerClass == *old.Spec.LoadBalancerClass) {
+			s.Spec.LoadBalancerClass = nil
+		}
+	}
+	if externallyAccessible(old) && !externallyAccessible(s) && s.Spec.ExternalTrafficPolicy == old.Spec.ExternalTrafficPolicy {
+		s.Spec.ExternalTrafficPolicy = ""
+	}
+	if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		s.Status.LoadBalancer = corev1.LoadBalancerStatus{}
+	}
+}
+
+// sameNodePorts: s adds no node port old did not have (ports may be added,
+// removed or changed), upstream's test that the client set none itself.
+func sameNodePorts(s, old *corev1.Service) bool {
+	held := map[int32]bool{}
+	for _, p := range old.Spec.Ports {
+		held[p.NodePort] = true
+	}
+	for _, p := range s.Spec.Ports {
+		if p.NodePort != 0 && !held[p.NodePort] {
+			return false
+		}
+	}
+	return true
 }

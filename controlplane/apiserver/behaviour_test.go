@@ -277,6 +277,29 @@ func TestAPIBehaviour(t *testing.T) {
 		if _, err := mk("ip-reuse", "10.96.0.200", corev1.ServiceTypeClusterIP, 0); err != nil {
 			t.Fatalf("IP released by a type change must be reusable: %v", err)
 		}
+		// NodePort → ExternalName as a client does it (upstream's e2e jig):
+		// only type and externalName change; the cluster IP, node ports and
+		// externalTrafficPolicy the old type needed are wiped and released.
+		np, err := mk("np-to-en", "", corev1.ServiceTypeNodePort, 30111)
+		if err != nil {
+			t.Fatal(err)
+		}
+		np.Spec.Type = corev1.ServiceTypeExternalName
+		np.Spec.ExternalName = "example.com"
+		en, err := svcs.Update(ctx, np, metav1.UpdateOptions{})
+		if err != nil || en.Spec.ClusterIP != "" || len(en.Spec.ClusterIPs) != 0 || en.Spec.Ports[0].NodePort != 0 || en.Spec.ExternalTrafficPolicy != "" {
+			t.Fatalf("NodePort to ExternalName: %v %+v", err, en)
+		}
+		if _, err := mk("np-reuse", "", corev1.ServiceTypeNodePort, 30111); err != nil {
+			t.Fatalf("node port released by NodePort to ExternalName must be reusable: %v", err)
+		}
+		// A node port the client sets itself on an ExternalName Service is
+		// its own, and refused.
+		en, _ = svcs.Get(ctx, "np-to-en", metav1.GetOptions{})
+		en.Spec.Ports[0].NodePort = 30112
+		if _, err := svcs.Update(ctx, en, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) {
+			t.Fatalf("node port on an ExternalName Service: %v, want Invalid", err)
+		}
 	})
 
 	t.Run("repair loop reclaims leaks and restores missing allocations", func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -115,6 +116,34 @@ func TestDeviationsTheConformanceSuiteFound(t *testing.T) {
 			[]byte(`{"metadata":{"annotations":{"status-patched":"yes"}},"spec":{"type":"NodePort"}}`), metav1.PatchOptions{}, "status")
 		if err != nil || svc.Annotations["status-patched"] != "yes" || svc.Spec.Type != corev1.ServiceTypeClusterIP {
 			t.Errorf("service status patch: %v %v %v", err, svc.Annotations, svc.Spec.Type)
+		}
+	})
+	t.Run("events.k8s.io field selectors", func(t *testing.T) {
+		// Upstream's field labels of events.k8s.io/v1 (regarding.*,
+		// reportingController) over the store core/v1 events share.
+		now := metav1.NowMicro()
+		ev := &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "selected"}, EventTime: now, Reason: "Test", Action: "Do", Type: "Normal",
+			ReportingController: "test-controller", ReportingInstance: "i", Regarding: corev1.ObjectReference{Kind: "Pod", Name: "p", Namespace: "default"}}
+		if _, err := cs.EventsV1().Events("default").Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		other := ev.DeepCopy()
+		other.Name, other.ReportingController = "other", "someone-else"
+		if _, err := cs.EventsV1().Events("default").Create(ctx, other, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, sel := range []string{"reportingController=test-controller", "regarding.kind=Pod,reportingController=test-controller", "metadata.name=selected"} {
+			l, err := cs.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: sel})
+			if err != nil || len(l.Items) != 1 || l.Items[0].Name != "selected" {
+				t.Errorf("events.k8s.io list by %s: %v %v", sel, err, l)
+			}
+		}
+		l, err := cs.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reportingComponent=test-controller"})
+		if err != nil || len(l.Items) != 1 {
+			t.Errorf("core list by reportingComponent: %v %v", err, l)
+		}
+		if _, err := cs.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"}); !apierrors.IsBadRequest(err) {
+			t.Errorf("a core field label on events.k8s.io: %v, want 400", err)
 		}
 	})
 }

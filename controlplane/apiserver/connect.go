@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	utilnet "k8s.io/apimachinery/pkg/util/net"
+	utilproxy "k8s.io/apimachinery/pkg/util/proxy"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
@@ -110,6 +111,28 @@ func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Req
 		// upstream's proxy transport, without verifying the server.
 		rt = &http.Transport{Proxy: nil, TLSClientConfig: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}} //nolint:gosec // upstream's proxy does not verify backends either
 	}
+	if req.sub == "proxy" {
+		// The proxy subresources as upstream's: apimachinery's
+		// UpgradeAwareHandler with its wrapping transport, which redirects
+		// a GET of .../proxy to .../proxy/, rewrites the links of HTML
+		// answers under the proxy path, sets X-Forwarded-*, and passes
+		// upgrades (WebSocket) through. The client's credentials are for
+		// the API server only.
+		out := r.Clone(ctx)
+		for _, h := range []string{"Authorization", "Impersonate-User", "Impersonate-Group", "Impersonate-Uid"} {
+			out.Header.Del(h)
+		}
+		for k := range out.Header {
+			if strings.HasPrefix(k, "Impersonate-Extra-") {
+				out.Header.Del(k)
+			}
+		}
+		h := utilproxy.NewUpgradeAwareHandler(target, rt, true, false, subresourceProxyResponder{req: req, target: target})
+		h.UseLocationHost = true
+		h.FlushInterval = -1
+		h.ServeHTTP(w, out)
+		return nil
+	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL = target
@@ -127,6 +150,41 @@ func (s *Server) connect(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	proxy.ServeHTTP(w, r)
 	return nil
+}
+
+// subresourceProxyResponder answers the proxy subresources' backend errors
+// with a 503 Status.
+type subresourceProxyResponder struct {
+	req    *request
+	target *url.URL
+}
+
+func (p subresourceProxyResponder) Error(w http.ResponseWriter, _ *http.Request, err error) {
+	// The wrapping transport reports a backend failure as "error trying to
+	// reach service: ..." whatever the target: say which, as before.
+	if se := (*apierrors.StatusError)(nil); errors.As(err, &se) {
+		msg, ok := strings.CutPrefix(se.ErrStatus.Message, "error trying to reach service: ")
+		if !ok {
+			writeStatus(w, se, p.req.reg.gr, p.req.name)
+			return
+		}
+		err = errors.New(msg)
+	}
+	writeStatus(w, apierrors.NewServiceUnavailable(proxyError(p.req, p.target, err)), p.req.reg.gr, p.req.name)
+}
+
+// proxySubpath is the backend path of a pods/services proxy request, as
+// upstream derives it: empty for .../proxy (a GET of it is redirected to
+// .../proxy/), "/" for .../proxy/, "/a/b" for .../proxy/a/b, a trailing
+// slash kept.
+func proxySubpath(r *http.Request, req *request) string {
+	if req.proxyPath != "" {
+		return "/" + req.proxyPath
+	}
+	if strings.HasSuffix(r.URL.Path, "/proxy/") {
+		return "/"
+	}
+	return ""
 }
 
 // proxyError is the message of a 503 from the proxy: what could not be
@@ -223,7 +281,7 @@ func (s *Server) podTarget(ctx context.Context, r *http.Request, req *request) (
 		} else if strings.Contains(host, ":") {
 			host = "[" + host + "]"
 		}
-		return &url.URL{Scheme: scheme, Host: host, Path: "/" + req.proxyPath, RawQuery: r.URL.RawQuery}, nil
+		return &url.URL{Scheme: scheme, Host: host, Path: proxySubpath(r, req), RawQuery: r.URL.RawQuery}, nil
 	}
 	if pod.Spec.NodeName == "" {
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("pod %s is not scheduled to a node yet", name))
@@ -365,7 +423,7 @@ func (s *Server) serviceTarget(ctx context.Context, r *http.Request, req *reques
 			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready || len(ep.Addresses) == 0 {
 				continue
 			}
-			return &url.URL{Scheme: scheme, Host: net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(port))), Path: "/" + req.proxyPath, RawQuery: r.URL.RawQuery}, nil
+			return &url.URL{Scheme: scheme, Host: net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(port))), Path: proxySubpath(r, req), RawQuery: r.URL.RawQuery}, nil
 		}
 	}
 	return nil, apierrors.NewServiceUnavailable(fmt.Sprintf("no endpoints available for service %q", name))

@@ -249,7 +249,7 @@ func (s *Server) writeObject(w http.ResponseWriter, r *http.Request, reg *regist
 			return nil
 		}
 	}
-	if wantsTable(r) {
+	if wantsTable(r) && (reg == nil || !reg.res.Virtual) {
 		if t, err := reg.table(r, obj, false); err == nil {
 			b, err := json.Marshal(t)
 			if err != nil {

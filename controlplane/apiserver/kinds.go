@@ -95,6 +95,11 @@ func (s *Server) serveVirtual(ctx context.Context, w http.ResponseWriter, r *htt
 	if fn == nil {
 		return apierrors.NewServiceUnavailable(fmt.Sprintf("%s is served, but nothing answers it yet on this server", req.reg.gr))
 	}
+	if wantsTable(r) && !acceptsPlain(r) {
+		// A virtual resource's storage has no table conversion: upstream's
+		// negotiation refuses a Table-only Accept before the request runs.
+		return errNotAcceptable()
+	}
 	obj, wo, warnings, err := decodeWrite(r, req)
 	if err != nil {
 		return err

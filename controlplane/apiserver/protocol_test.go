@@ -41,6 +41,28 @@ func rawGet(t *testing.T, rc *rest.Config, path string, header map[string]string
 	return resp, b
 }
 
+// rawPost sends a POST of a JSON body with headers and returns the response
+// (body read).
+func rawPost(t *testing.T, rc *rest.Config, path, body string, header map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodPost, rc.Host+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
 // isTooLargeRV is k8s.io/apiserver's storage.IsTooLargeResourceVersion, as
 // client-go's reflector tests it.
 func isTooLargeRV(err error) bool {
@@ -128,6 +150,23 @@ func TestProtocolDetailsClientsDependOn(t *testing.T) {
 			_ = json.Unmarshal(b, &tm)
 			if resp.StatusCode != 200 || tm.Kind != kind {
 				t.Errorf("Accept %s: %d %.200s", accept, resp.StatusCode, b)
+			}
+		}
+	})
+
+	t.Run("a Table of a resource without table conversion is a 406", func(t *testing.T) {
+		// The access reviews have no table conversion upstream: a Table-only
+		// Accept is refused; with a fallback the review itself comes back.
+		sar := `{"apiVersion":"authorization.k8s.io/v1","kind":"SelfSubjectAccessReview","spec":{"nonResourceAttributes":{"path":"/","verb":"get"}}}`
+		for accept, want := range map[string]int{
+			"application/json;as=Table;v=v1;g=meta.k8s.io":                  406,
+			"application/json;as=Table;v=v1;g=meta.k8s.io,application/json": 201,
+		} {
+			resp, b := rawPost(t, srv.Config, "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", sar, map[string]string{"Accept": accept})
+			var tm metav1.TypeMeta
+			_ = json.Unmarshal(b, &tm)
+			if resp.StatusCode != want || (want == 201 && tm.Kind != "SelfSubjectAccessReview") || (want == 406 && tm.Kind != "Status") {
+				t.Errorf("Accept %s: %d %.300s, want %d", accept, resp.StatusCode, b, want)
 			}
 		}
 	})

@@ -154,10 +154,23 @@ func decodeContinue(s, prefix string) (int64, string, error) {
 		return 0, "", apierrors.NewBadRequest("continue key is not valid: " + err.Error())
 	}
 	var t continueToken
-	if err := json.Unmarshal(b, &t); err != nil || t.APIVersion != "meta.k8s.io/v1" || t.RV <= 0 || t.Start == "" {
+	// rv -1: an inconsistent continue (its revision was compacted away),
+	// read at the latest revision, as upstream's tokens say it.
+	if err := json.Unmarshal(b, &t); err != nil || t.APIVersion != "meta.k8s.io/v1" || t.RV == 0 || t.RV < -1 || t.Start == "" {
 		return 0, "", apierrors.NewBadRequest("continue key is not valid")
 	}
 	return t.RV, prefix + t.Start, nil
+}
+
+// errInconsistentContinue is upstream's answer to a continue token whose
+// revision was compacted away: 410 Gone carrying a token that continues
+// after the same key at the latest revision (an inconsistent list).
+func errInconsistentContinue(after, prefix string) error {
+	e := apierrors.NewResourceExpired("The provided continue parameter is too old to display a consistent list result. " +
+		"You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. " +
+		"Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.")
+	e.ErrStatus.ListMeta.Continue = encodeContinue(-1, after, prefix)
+	return e
 }
 
 // predicate builds the selection of a LIST or WATCH, refusing unknown field
@@ -240,6 +253,9 @@ func (r *registry) list(ctx context.Context, ns string, opts *metav1.ListOptions
 		if rev, after, err = decodeContinue(opts.Continue, prefix); err != nil {
 			return nil, err
 		}
+		if rev == -1 {
+			rev = 0
+		}
 	} else if exact || opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
 		if tl := r.tooLargeRV(ctx, minRev); tl != nil {
 			return nil, tl
@@ -254,6 +270,9 @@ func (r *registry) list(ctx context.Context, ns string, opts *metav1.ListOptions
 	for {
 		page, err := r.store.List(ctx, prefix, storage.ListOptions{Revision: rev, Limit: limit, After: after})
 		if err != nil {
+			if opts.Continue != "" && errors.Is(err, storage.ErrCompacted) {
+				return nil, errInconsistentContinue(after, prefix)
+			}
 			return nil, err
 		}
 		rev = page.Revision

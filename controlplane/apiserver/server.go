@@ -432,12 +432,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// In kube-apiserver's order: mutating plugins here, the validating ones
 	// after defaulting and validation.
 	s.admission = []Admitter{namespaceLifecycle{s}}
-	for _, p := range []Admitter{limitRanger{s: s}, serviceAccountAdmission{s}, defaultTolerationSeconds{seconds: 300}, defaultStorageClass{s}} {
+	for _, p := range []Admitter{limitRanger{s: s}, serviceAccountAdmission{s}, defaultTolerationSeconds{seconds: 300}, defaultStorageClass{s}, runtimeClassAdmission{s: s}} {
 		if !slices.Contains(cfg.DisableAdmissionPlugins, p.Name()) {
 			s.admission = append(s.admission, p)
 		}
 	}
 	s.validating = []Admitter{limitRanger{s: s, validate: true}}
+	if !slices.Contains(cfg.DisableAdmissionPlugins, "RuntimeClass") {
+		s.validating = append(s.validating, runtimeClassAdmission{s: s, validate: true})
+	}
 	if err := s.setupDynamicAdmission(); err != nil {
 		return nil, err
 	}

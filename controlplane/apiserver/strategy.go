@@ -207,6 +207,9 @@ func strategyFor(res *catalog.Resource) *strategy {
 	default:
 		upstreamStrategy(res, s)
 	}
+	if key == "events.k8s.io/events" {
+		eventsV1Fields(s)
+	}
 	return s
 }
 

@@ -7,6 +7,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -106,6 +107,7 @@ func serviceStrategy(s *strategy) {
 	s.prepareCreate = func(o runtime.Object) { o.(*corev1.Service).Status = corev1.ServiceStatus{} }
 	s.prepareUpdate = func(o, old runtime.Object, sub string) {
 		if sub == "" {
+			dropTypeDependentFields(o.(*corev1.Service), old.(*corev1.Service))
 			patchAllocatedValues(o.(*corev1.Service), old.(*corev1.Service))
 		}
 	}
@@ -201,6 +203,29 @@ func eventStrategy(s *strategy) {
 		return f
 	}
 	s.validate = func(o runtime.Object) field.ErrorList { return validateEvent(o.(*corev1.Event)) }
+}
+
+// eventsV1Fields are the field selectors of events.k8s.io/v1 events:
+// upstream's field label conversion of that version (regarding.* and
+// reportingController name core's involvedObject.* and reportingComponent).
+func eventsV1Fields(s *strategy) {
+	s.fieldLabels = labelsOf("reason", "regarding.kind", "regarding.namespace", "regarding.name", "regarding.uid",
+		"regarding.apiVersion", "regarding.resourceVersion", "regarding.fieldPath", "reportingController", "type")
+	s.fieldSet = func(o runtime.Object) fields.Set {
+		e := o.(*eventsv1.Event)
+		f := metaFields(o, true)
+		f["reason"] = e.Reason
+		f["regarding.kind"] = e.Regarding.Kind
+		f["regarding.namespace"] = e.Regarding.Namespace
+		f["regarding.name"] = e.Regarding.Name
+		f["regarding.uid"] = string(e.Regarding.UID)
+		f["regarding.apiVersion"] = e.Regarding.APIVersion
+		f["regarding.resourceVersion"] = e.Regarding.ResourceVersion
+		f["regarding.fieldPath"] = e.Regarding.FieldPath
+		f["reportingController"] = e.ReportingController
+		f["type"] = e.Type
+		return f
+	}
 }
 
 // configMapStrategy adds validation and immutability.

@@ -75,16 +75,29 @@ func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 		}
 		return apierrors.IsNotFound(err)
 	}
-	wait("content deleted while the pod terminates", func() bool {
-		_, e1 := cs.CoreV1().ConfigMaps("team").Get(ctx, "cfg", metav1.GetOptions{})
-		_, e2 := cs.AppsV1().Deployments("team").Get(ctx, "d", metav1.GetOptions{})
-		_, e3 := cs.CoreV1().Services("team").Get(ctx, "svc", metav1.GetOptions{})
-		_, e4 := cs.CoreV1().Secrets("team").Get(ctx, "s", metav1.GetOptions{})
-		return gone(e1) && gone(e2) && gone(e3) && gone(e4)
+	// Pods go first: the pod on a node terminates (gracefully, finished by
+	// its kubelet) while the rest of the content stays.
+	wait("the pod terminating", func() bool {
+		p, err := cs.CoreV1().Pods("team").Get(ctx, "running", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.DeletionTimestamp != nil
 	})
-	p, err := cs.CoreV1().Pods("team").Get(ctx, "running", metav1.GetOptions{})
-	if err != nil || p.DeletionTimestamp == nil {
-		t.Fatalf("pod on a node: %v, deletionTimestamp %v; want terminating", err, p.GetDeletionTimestamp())
+	wait("conditions recorded", func() bool {
+		ns, err := cs.CoreV1().Namespaces().Get(ctx, "team", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range ns.Status.Conditions {
+			if c.Type == corev1.NamespaceContentRemaining && c.Status == corev1.ConditionTrue {
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := cs.CoreV1().ConfigMaps("team").Get(ctx, "cfg", metav1.GetOptions{}); err != nil {
+		t.Fatalf("config map while a pod terminates: %v, want it kept", err)
 	}
 	ns, err := cs.CoreV1().Namespaces().Get(ctx, "team", metav1.GetOptions{})
 	if err != nil || ns.Status.Phase != corev1.NamespaceTerminating {
@@ -99,6 +112,13 @@ func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 	if err := cs.CoreV1().Pods("team").Delete(ctx, "running", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
+	wait("content deleted once the pod is gone", func() bool {
+		_, e1 := cs.CoreV1().ConfigMaps("team").Get(ctx, "cfg", metav1.GetOptions{})
+		_, e2 := cs.AppsV1().Deployments("team").Get(ctx, "d", metav1.GetOptions{})
+		_, e3 := cs.CoreV1().Services("team").Get(ctx, "svc", metav1.GetOptions{})
+		_, e4 := cs.CoreV1().Secrets("team").Get(ctx, "s", metav1.GetOptions{})
+		return gone(e1) && gone(e2) && gone(e3) && gone(e4)
+	})
 	wait("namespace gone", func() bool {
 		_, err := cs.CoreV1().Namespaces().Get(ctx, "team", metav1.GetOptions{})
 		return gone(err)

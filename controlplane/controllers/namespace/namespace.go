@@ -156,7 +156,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		return nil // already finalized; the API server removes it
 	}
 
-	remaining, err := c.deleteContent(ctx, name)
+	ns, remaining, err := c.deleteContent(ctx, ns)
 	if err != nil {
 		return err
 	}
@@ -176,13 +176,52 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	return nil
 }
 
-// deleteContent deletes every object in the namespace, then lists again and
-// returns the resources that still have objects ("pods: 3"), such as pods
-// in graceful termination or objects held by finalizers.
-func (c *Controller) deleteContent(ctx context.Context, ns string) ([]string, error) {
+// podsGVR: pods go first (upstream's OrderedNamespaceDeletion, on by
+// default): the other content stays until every pod is gone, so a pod never
+// runs without the secrets, config maps and service account it uses.
+var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// deleteContent deletes the namespace's pods and, once none is left, every
+// other object; it records the outcome in the namespace's deletion
+// conditions, as upstream's namespace controller, and returns the resources
+// that still have objects ("pods: 3"), such as pods in graceful termination
+// or objects held by finalizers.
+func (c *Controller) deleteContent(ctx context.Context, ns *corev1.Namespace) (*corev1.Namespace, []string, error) {
+	var pods, others []Resource
+	for _, r := range c.resources {
+		if r.GVR == podsGVR {
+			pods = append(pods, r)
+		} else {
+			others = append(others, r)
+		}
+	}
+	errs := c.deleteAll(ctx, ns.Name, pods)
+	left, err := c.remaining(ctx, ns.Name, pods)
+	if err == nil && len(errs) == 0 && len(left.counts) == 0 {
+		errs = c.deleteAll(ctx, ns.Name, others)
+		left, err = c.remaining(ctx, ns.Name, others)
+	}
+	ns = c.setConditions(ctx, ns, errs, left)
+	if err := errors.Join(errs...); err != nil {
+		return ns, nil, err
+	}
+	if err != nil {
+		return ns, nil, err
+	}
+	var out []string
+	for _, r := range c.resources {
+		if n := left.counts[r.GVR]; n > 0 {
+			out = append(out, fmt.Sprintf("%s: %d", r.GVR.Resource, n))
+		}
+	}
+	return ns, out, nil
+}
+
+// deleteAll deletes every object of resources in ns.
+func (c *Controller) deleteAll(ctx context.Context, ns string, resources []Resource) []error {
 	var errs []error
 	bg := metav1.DeletePropagationBackground
-	for _, r := range c.resources {
+	for _, r := range resources {
 		ri := c.dyn.Resource(r.GVR).Namespace(ns)
 		if r.DeleteCollection {
 			err := ri.DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &bg}, metav1.ListOptions{})
@@ -213,21 +252,112 @@ func (c *Controller) deleteContent(ctx context.Context, ns string) ([]string, er
 			}
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	var remaining []string
-	for _, r := range c.resources {
+	return errs
+}
+
+// leftover is what a namespace still holds after a deletion pass: objects
+// per resource, and per finalizer the objects it holds.
+type leftover struct {
+	counts     map[schema.GroupVersionResource]int
+	finalizers map[string]int
+}
+
+func (c *Controller) remaining(ctx context.Context, ns string, resources []Resource) (leftover, error) {
+	left := leftover{counts: map[schema.GroupVersionResource]int{}, finalizers: map[string]int{}}
+	for _, r := range resources {
 		list, err := c.dyn.Resource(r.GVR).Namespace(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			if apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err) {
 				continue
 			}
-			return nil, fmt.Errorf("list %s in %s: %w", r.GVR.Resource, ns, err)
+			return left, fmt.Errorf("list %s in %s: %w", r.GVR.Resource, ns, err)
 		}
 		if n := len(list.Items); n > 0 {
-			remaining = append(remaining, fmt.Sprintf("%s: %d", r.GVR.Resource, n))
+			left.counts[r.GVR] = n
+		}
+		for _, item := range list.Items {
+			for _, f := range item.GetFinalizers() {
+				left.finalizers[f]++
+			}
 		}
 	}
-	return remaining, nil
+	return left, nil
+}
+
+// The namespace deletion conditions upstream's controller keeps in
+// status.conditions: each is False with its "ok" reason unless the last
+// pass found otherwise.
+var conditionTypes = []struct {
+	typ             corev1.NamespaceConditionType
+	reason, message string
+}{
+	{corev1.NamespaceDeletionDiscoveryFailure, "ResourcesDiscovered", "All resources successfully discovered"},
+	{corev1.NamespaceDeletionGVParsingFailure, "ParsedGroupVersions", "All legacy kube types successfully parsed"},
+	{corev1.NamespaceDeletionContentFailure, "ContentDeleted", "All content successfully deleted, may be waiting on finalization"},
+	{corev1.NamespaceContentRemaining, "ContentRemoved", "All content successfully removed"},
+	{corev1.NamespaceFinalizersRemaining, "ContentHasNoFinalizers", "All content-preserving finalizers finished"},
+}
+
+// setConditions writes the outcome of a deletion pass into the namespace's
+// conditions (only when they change) and returns the namespace as stored.
+func (c *Controller) setConditions(ctx context.Context, ns *corev1.Namespace, errs []error, left leftover) *corev1.Namespace {
+	found := map[corev1.NamespaceConditionType]corev1.NamespaceCondition{}
+	if len(errs) > 0 {
+		msgs := make([]string, 0, len(errs))
+		for _, e := range errs {
+			msgs = append(msgs, e.Error())
+		}
+		slices.Sort(msgs)
+		found[corev1.NamespaceDeletionContentFailure] = corev1.NamespaceCondition{Status: corev1.ConditionTrue, Reason: "ContentDeletionFailed",
+			Message: fmt.Sprintf("Failed to delete all resource types, %d remaining: %v", len(errs), strings.Join(msgs, ", "))}
+	}
+	if len(left.counts) > 0 {
+		var rs []string
+		for gvr, n := range left.counts {
+			rs = append(rs, fmt.Sprintf("%s.%s has %d resource instances", gvr.Resource, gvr.Group, n))
+		}
+		slices.Sort(rs)
+		found[corev1.NamespaceContentRemaining] = corev1.NamespaceCondition{Status: corev1.ConditionTrue, Reason: "SomeResourcesRemain",
+			Message: "Some resources are remaining: " + strings.Join(rs, ", ")}
+	}
+	if len(left.finalizers) > 0 {
+		var fs []string
+		for f, n := range left.finalizers {
+			fs = append(fs, fmt.Sprintf("%s in %d resource instances", f, n))
+		}
+		slices.Sort(fs)
+		found[corev1.NamespaceFinalizersRemaining] = corev1.NamespaceCondition{Status: corev1.ConditionTrue, Reason: "SomeFinalizersRemain",
+			Message: "Some content in the namespace has finalizers remaining: " + strings.Join(fs, ", ")}
+	}
+	upd := ns.DeepCopy()
+	changed := false
+	now := metav1.Now()
+	for _, ct := range conditionTypes {
+		want, ok := found[ct.typ]
+		if !ok {
+			want = corev1.NamespaceCondition{Status: corev1.ConditionFalse, Reason: ct.reason, Message: ct.message}
+		}
+		want.Type, want.LastTransitionTime = ct.typ, now
+		i := slices.IndexFunc(upd.Status.Conditions, func(c corev1.NamespaceCondition) bool { return c.Type == ct.typ })
+		switch {
+		case i < 0:
+			upd.Status.Conditions = append(upd.Status.Conditions, want)
+			changed = true
+		case upd.Status.Conditions[i].Status != want.Status || upd.Status.Conditions[i].Reason != want.Reason || upd.Status.Conditions[i].Message != want.Message:
+			if upd.Status.Conditions[i].Status == want.Status {
+				want.LastTransitionTime = upd.Status.Conditions[i].LastTransitionTime
+			}
+			upd.Status.Conditions[i] = want
+			changed = true
+		}
+	}
+	if !changed {
+		return ns
+	}
+	stored, err := c.client.CoreV1().Namespaces().UpdateStatus(ctx, upd, metav1.UpdateOptions{})
+	if err != nil {
+		c.log.Debug("namespace deletion conditions not recorded", "namespace", ns.Name, "err", err)
+		return ns
+	}
+	return stored
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,10 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
-var (
-	podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
-	cmGVR   = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-)
+var cmGVR = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 
 func TestCatalogResourcesAreNamespacedAndDeletable(t *testing.T) {
 	rs := CatalogResources()
@@ -136,16 +134,45 @@ func TestDeletedNamespaceIsEmptiedThenFinalized(t *testing.T) {
 	}
 }
 
-func TestNamespaceWaitsForObjectsStillTerminating(t *testing.T) {
+// TestNamespaceDeletesPodsFirst: while a pod is still terminating the
+// other content stays (upstream's OrderedNamespaceDeletion) and the
+// namespace's conditions say what remains; once the pod is gone the rest
+// is deleted and the namespace finalized.
+func TestNamespaceDeletesPodsFirst(t *testing.T) {
 	going := pod("slow", "graceful")
 	now := metav1.Now()
 	going.DeletionTimestamp = &now // a kubelet is still stopping it
+	going.Finalizers = []string{"example.com/hold"}
 	e := start(t, deletedNS("slow"), going, configMap("slow", "c"))
-	waitFor(t, "configmap deleted", func() bool { return e.count(t, cmGVR, "slow") == 0 })
+	cond := func(typ corev1.NamespaceConditionType) *corev1.NamespaceCondition {
+		ns, err := e.cs.CoreV1().Namespaces().Get(context.Background(), "slow", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range ns.Status.Conditions {
+			if ns.Status.Conditions[i].Type == typ {
+				return &ns.Status.Conditions[i]
+			}
+		}
+		return nil
+	}
+	waitFor(t, "conditions say the pod remains", func() bool {
+		c := cond(corev1.NamespaceContentRemaining)
+		return c != nil && c.Status == corev1.ConditionTrue
+	})
+	if c := cond(corev1.NamespaceDeletionContentFailure); c == nil || c.Status != corev1.ConditionFalse {
+		t.Errorf("NamespaceDeletionContentFailure: %+v, want False", c)
+	}
+	if c := cond(corev1.NamespaceFinalizersRemaining); c == nil || c.Status != corev1.ConditionTrue || !strings.Contains(c.Message, "example.com/hold in 1 resource instances") {
+		t.Errorf("NamespaceFinalizersRemaining: %+v", c)
+	}
 	// Two more LISTs of the namespace's pods: a whole recheck has seen the
-	// terminating pod since, and it must not have finalized.
+	// terminating pod since, and the config map must still be there.
 	seen := e.podLists("slow")
 	waitFor(t, "the namespace rechecked", func() bool { return e.podLists("slow") >= seen+2 })
+	if e.count(t, cmGVR, "slow") != 1 {
+		t.Fatal("config map deleted while a pod was still terminating")
+	}
 	if e.finalized(t, "slow") {
 		t.Fatal("namespace finalized while a pod was still terminating")
 	}
@@ -153,6 +180,12 @@ func TestNamespaceWaitsForObjectsStillTerminating(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "finalized once the pod is gone", func() bool { return e.finalized(t, "slow") })
+	if n := e.count(t, cmGVR, "slow"); n != 0 {
+		t.Fatalf("%d config maps left in the finalized namespace", n)
+	}
+	if c := cond(corev1.NamespaceContentRemaining); c == nil || c.Status != corev1.ConditionFalse {
+		t.Errorf("NamespaceContentRemaining after: %+v, want False", c)
+	}
 }
 
 func TestActiveNamespaceIsLeftAlone(t *testing.T) {
