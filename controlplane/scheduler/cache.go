@@ -2,12 +2,15 @@ package scheduler
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/component-helpers/resource"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	fwk "k8s.io/kube-scheduler/framework"
 )
 
 // Default requests counted for scoring a container that asks for none, as
@@ -48,6 +51,11 @@ func resourcesFromList(rl v1.ResourceList) resources {
 	return r
 }
 
+func (r resources) clone() resources {
+	r.Scalar = maps.Clone(r.Scalar)
+	return r
+}
+
 func (r *resources) add(o resources, sign int64) {
 	r.MilliCPU += sign * o.MilliCPU
 	r.Memory += sign * o.Memory
@@ -75,6 +83,46 @@ type podInfo struct {
 	nonZero  resources // CPU and memory with defaults for empty requests
 	ports    []hostPort
 	owner    types.UID // controller owner, "" if none
+	priority int32
+	// aff holds the pod's inter-pod affinity and anti-affinity terms,
+	// parsed once (nil: it has none).
+	aff *podAffinity
+}
+
+// podAffinity is a pod's inter-pod (anti-)affinity terms as upstream's
+// framework parses them (namespaces resolved, selectors built).
+type podAffinity struct {
+	reqAff, reqAnti   []fwk.AffinityTerm
+	prefAff, prefAnti []fwk.WeightedAffinityTerm
+}
+
+// scoresOthers reports whether the pod's terms count in other pods'
+// InterPodAffinity scores (required affinity with the hard weight,
+// preferred terms with theirs).
+func (a *podAffinity) scoresOthers() bool {
+	return a != nil && (len(a.reqAff) > 0 || len(a.prefAff) > 0 || len(a.prefAnti) > 0)
+}
+
+func newPodAffinity(pod *v1.Pod) *podAffinity {
+	a := pod.Spec.Affinity
+	if a == nil || (a.PodAffinity == nil && a.PodAntiAffinity == nil) {
+		return nil
+	}
+	// A term whose selector does not parse is dropped (the API server
+	// rejects such pods; upstream fails the pod's PreFilter).
+	pa := &podAffinity{}
+	pa.reqAff, _ = fwk.GetAffinityTerms(pod, fwk.GetPodAffinityTerms(a))
+	pa.reqAnti, _ = fwk.GetAffinityTerms(pod, fwk.GetPodAntiAffinityTerms(a))
+	if a.PodAffinity != nil {
+		pa.prefAff, _ = fwk.GetWeightedAffinityTerms(pod, a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution)
+	}
+	if a.PodAntiAffinity != nil {
+		pa.prefAnti, _ = fwk.GetWeightedAffinityTerms(pod, a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution)
+	}
+	if len(pa.reqAff)+len(pa.reqAnti)+len(pa.prefAff)+len(pa.prefAnti) == 0 {
+		return nil
+	}
+	return pa
 }
 
 func newPodInfo(pod *v1.Pod) *podInfo {
@@ -92,7 +140,7 @@ func newPodInfo(pod *v1.Pod) *podInfo {
 		nz.MilliCPU += cpu
 		nz.Memory += mem
 	}
-	pi := &podInfo{pod: pod, requests: req, nonZero: nz}
+	pi := &podInfo{pod: pod, requests: req, nonZero: nz, priority: corev1helpers.PodPriority(pod), aff: newPodAffinity(pod)}
 	for _, c := range pod.Spec.Containers {
 		for _, p := range c.Ports {
 			if p.HostPort <= 0 {
@@ -125,10 +173,27 @@ type nodeInfo struct {
 	pods        map[string]*podInfo
 	ports       map[hostPort]int
 	owners      map[types.UID]int
+	// antiPods counts the pods with required anti-affinity terms,
+	// affScorePods those whose terms score other pods (podAffinity.scoresOthers).
+	antiPods, affScorePods int
+	// nominated are pending pods nominated to this node by preemption: the
+	// room freed for them is kept for them against pods of lower priority.
+	nominated map[string]*podInfo
 }
 
 func newNodeInfo() *nodeInfo {
 	return &nodeInfo{pods: map[string]*podInfo{}, ports: map[hostPort]int{}, owners: map[types.UID]int{}}
+}
+
+// clone copies what filters read and addPod/removePod change, for a
+// what-if evaluation (preemption, nominated pods).
+func (n *nodeInfo) clone() *nodeInfo {
+	return &nodeInfo{
+		node: n.node, allocatable: n.allocatable,
+		requested: n.requested.clone(), nonZero: n.nonZero.clone(),
+		pods: maps.Clone(n.pods), ports: maps.Clone(n.ports), owners: maps.Clone(n.owners),
+		antiPods: n.antiPods, affScorePods: n.affScorePods, nominated: n.nominated,
+	}
 }
 
 func (n *nodeInfo) addPod(key string, pi *podInfo) {
@@ -140,6 +205,12 @@ func (n *nodeInfo) addPod(key string, pi *podInfo) {
 	}
 	if pi.owner != "" {
 		n.owners[pi.owner]++
+	}
+	if pi.aff != nil && len(pi.aff.reqAnti) > 0 {
+		n.antiPods++
+	}
+	if pi.aff.scoresOthers() {
+		n.affScorePods++
 	}
 }
 
@@ -160,6 +231,12 @@ func (n *nodeInfo) removePod(key string) {
 		if n.owners[pi.owner]--; n.owners[pi.owner] <= 0 {
 			delete(n.owners, pi.owner)
 		}
+	}
+	if pi.aff != nil && len(pi.aff.reqAnti) > 0 {
+		n.antiPods--
+	}
+	if pi.aff.scoresOthers() {
+		n.affScorePods--
 	}
 }
 
@@ -194,10 +271,49 @@ type cache struct {
 	nodeNames []string    // sorted names of nodes that exist
 	infos     []*nodeInfo // nodes[nodeNames[i]], kept aligned
 	pods      map[string]*podState
+	// nominatedOn is the node each nominated pending pod is nominated to.
+	nominatedOn map[string]string
 }
 
 func newCache() *cache {
-	return &cache{nodes: map[string]*nodeInfo{}, pods: map[string]*podState{}}
+	return &cache{nodes: map[string]*nodeInfo{}, pods: map[string]*podState{}, nominatedOn: map[string]string{}}
+}
+
+// Nominate records that pending pod may take node once preemption's
+// victims are gone (node "" clears the nomination).
+func (c *cache) Nominate(pod *v1.Pod, node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nominateLocked(podKey(pod), pod, node)
+}
+
+func (c *cache) nominateLocked(key string, pod *v1.Pod, node string) {
+	if old, ok := c.nominatedOn[key]; ok {
+		if n := c.nodes[old]; n != nil {
+			delete(n.nominated, key)
+			if len(n.nominated) == 0 {
+				n.nominated = nil
+			}
+		}
+		delete(c.nominatedOn, key)
+	}
+	if node == "" || pod == nil {
+		return
+	}
+	n := c.nodeLocked(node)
+	// A new map, not a change in place: clones share it.
+	nm := make(map[string]*podInfo, len(n.nominated)+1)
+	maps.Copy(nm, n.nominated)
+	nm[key] = newPodInfo(pod)
+	n.nominated = nm
+	c.nominatedOn[key] = node
+}
+
+// NominatedNode returns the node pod is nominated to, "" if none.
+func (c *cache) NominatedNode(pod *v1.Pod) string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.nominatedOn[podKey(pod)]
 }
 
 func podKey(p *v1.Pod) string { return p.Namespace + "/" + p.Name }
@@ -239,7 +355,7 @@ func (c *cache) RemoveNode(name string) {
 		c.nodeNames = slices.Delete(c.nodeNames, i, i+1)
 		c.infos = slices.Delete(c.infos, i, i+1)
 	}
-	if len(n.pods) == 0 {
+	if len(n.pods) == 0 && len(n.nominated) == 0 {
 		delete(c.nodes, name)
 	}
 }
@@ -252,6 +368,7 @@ func (c *cache) Assume(pod *v1.Pod) error {
 	if _, ok := c.pods[key]; ok {
 		return fmt.Errorf("pod %s is already in the scheduler cache", key)
 	}
+	c.nominateLocked(key, nil, "")
 	c.nodeLocked(pod.Spec.NodeName).addPod(key, newPodInfo(pod))
 	c.pods[key] = &podState{node: pod.Spec.NodeName, assumed: true}
 	return nil
@@ -283,6 +400,7 @@ func (c *cache) AddPod(pod *v1.Pod) {
 	if st, ok := c.pods[key]; ok {
 		c.removeLocked(key, st)
 	}
+	c.nominateLocked(key, nil, "")
 	c.nodeLocked(pod.Spec.NodeName).addPod(key, newPodInfo(pod))
 	c.pods[key] = &podState{node: pod.Spec.NodeName}
 }
@@ -304,7 +422,7 @@ func (c *cache) removeLocked(key string, st *podState) {
 		return
 	}
 	n.removePod(key)
-	if n.node == nil && len(n.pods) == 0 {
+	if n.node == nil && len(n.pods) == 0 && len(n.nominated) == 0 {
 		delete(c.nodes, st.node)
 	}
 }

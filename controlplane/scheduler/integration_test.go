@@ -151,7 +151,7 @@ func TestRealAPIServerSchedulingDecisions(t *testing.T) {
 			[]*v1.Pod{big("x")}, // lands on a or b; p must go to the other
 			big("p"), "other-than-x"},
 		{"NodeResourcesFit: nowhere", []*v1.Node{newNode("a", withAllocatable("1", "1Gi", "10"))}, nil,
-			newPod("p", requests("2", "1Gi")), "unschedulable: 0/1 nodes are available: 1 Insufficient cpu."},
+			newPod("p", requests("2", "1Gi")), "unschedulable: 0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."},
 		{"NodeName: a pod naming its node is not scheduled", []*v1.Node{newNode("a"), newNode("b")}, nil,
 			newPod("p", onNode("a")), "a"},
 		// Scores.
@@ -210,7 +210,7 @@ func TestRealAPIServerUnschedulableThenScheduledWhenANodeAppears(t *testing.T) {
 	c := startReal(t)
 	c.create(t, newNode("gpu-less"), newPod("trainer", nodeSelector("gpu", "true")))
 	eventually(t, "Unschedulable condition", func() bool {
-		return unschedulableMessage(c.get(t, "trainer")) == "0/1 nodes are available: 1 "+reasonAffinity+"."
+		return unschedulableMessage(c.get(t, "trainer")) == "0/1 nodes are available: 1 "+reasonAffinity+". preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
 	})
 	eventually(t, "FailedScheduling event", func() bool {
 		evs, err := c.cs.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})

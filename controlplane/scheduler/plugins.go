@@ -3,12 +3,15 @@ package scheduler
 import (
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/helper"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/volumebinding"
 )
 
@@ -16,10 +19,35 @@ import (
 // every filter and score reads.
 type cycleState struct {
 	pod       *v1.Pod
+	key       string
 	info      *podInfo
 	required  nodeaffinity.RequiredNodeAffinity
 	preferred *nodeaffinity.PreferredSchedulingTerms
 	volumes   *volumeState // nil: the pod has no claims
+	// PreFilter and PreScore states computed once per attempt over all
+	// nodes (nil: nothing to check or score).
+	aff         *affinityState
+	spread      *spreadState
+	affScore    affinityScore
+	spreadScore *spreadState
+}
+
+// clone copies the states a what-if evaluation changes (preemption removing
+// victims, nominated pods added).
+func (st *cycleState) clone() *cycleState {
+	c := *st
+	c.aff = st.aff.clone()
+	c.spread = st.spread.clone()
+	return &c
+}
+
+// addPod updates the PreFilter states as if e were added to (delta 1) or
+// removed from (-1) node, as upstream's PreFilterExtensions.
+func (st *cycleState) addPod(e *podInfo, node *v1.Node, delta int64) {
+	if st.aff != nil {
+		st.aff.addExisting(e, node, delta, true)
+	}
+	st.spread.update(st, e, node, delta)
 }
 
 // volumeState is the VolumeBinding plugin's cycle state: the pod's claims
@@ -68,7 +96,7 @@ func filterVolumeBinding(st *cycleState, n *nodeInfo) []string {
 }
 
 func newCycleState(pod *v1.Pod) (*cycleState, error) {
-	st := &cycleState{pod: pod, info: newPodInfo(pod), required: nodeaffinity.GetRequiredNodeAffinity(pod)}
+	st := &cycleState{pod: pod, key: podKey(pod), info: newPodInfo(pod), required: nodeaffinity.GetRequiredNodeAffinity(pod)}
 	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && len(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) > 0 {
 		terms, err := nodeaffinity.NewPreferredSchedulingTerms(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution)
 		if err != nil {
@@ -97,6 +125,40 @@ var filters = []filter{
 	{"NodePorts", filterNodePorts},
 	{"NodeResourcesFit", filterNodeResourcesFit},
 	{"VolumeBinding", filterVolumeBinding},
+	{"PodTopologySpread", filterPodTopologySpread},
+	{"InterPodAffinity", filterInterPodAffinity},
+}
+
+func filterPodTopologySpread(st *cycleState, n *nodeInfo) []string {
+	if st.spread == nil {
+		return nil
+	}
+	if r, _ := st.spread.filter(st, n); r != "" {
+		return []string{r}
+	}
+	return nil
+}
+
+func filterInterPodAffinity(st *cycleState, n *nodeInfo) []string {
+	if st.aff == nil {
+		return nil
+	}
+	if r, _ := st.aff.filter(n); r != "" {
+		return []string{r}
+	}
+	return nil
+}
+
+// resolvable reports whether removing pods from a node may cure a filter's
+// reason (upstream's Unschedulable, as opposed to
+// UnschedulableAndUnresolvable): preemption only considers nodes whose
+// every reason is resolvable.
+func resolvable(reason string) bool {
+	switch reason {
+	case reasonTooManyPods, reasonPorts, reasonAntiAffinity, reasonExistingAntiAffinity, reasonSpread:
+		return true
+	}
+	return strings.HasPrefix(reason, "Insufficient ")
 }
 
 const (
@@ -205,6 +267,8 @@ var scores = []score{
 	{"NodeAffinity", 2, scorePreferredAffinity, normalizeHighestBest},
 	{"TaintToleration", 3, scorePreferNoScheduleTaints, normalizeFewestBest},
 	{"OwnerSpread", 2, scoreOwnerSpread, normalizeFewestBest},
+	{"InterPodAffinity", 2, scoreInterPodAffinity, normalizeMinMax},
+	{"PodTopologySpread", 2, scoreSpread, normalizeSpread},
 }
 
 // fraction returns requested/allocatable for one resource, capped to 1.
@@ -301,6 +365,41 @@ func normalizeFewestBest(s []int64) {
 			s[i] = MaxNodeScore
 		} else {
 			s[i] = (hi - s[i]) * MaxNodeScore / hi
+		}
+	}
+}
+
+// prefilter computes, once per attempt and over all nodes, the states of
+// InterPodAffinity and PodTopologySpread (upstream's PreFilter and
+// PreScore). It runs under the cache's read lock.
+func (s *Scheduler) prefilter(st *cycleState, infos []*nodeInfo) {
+	pod := st.pod
+	var nsLabels labels.Set
+	if s.namespaces != nil {
+		if ns, err := s.namespaces.Get(pod.Namespace); err == nil {
+			nsLabels = ns.Labels
+		}
+	}
+	st.aff = newAffinityState(pod, st.info.aff, infos, s.namespaces, nsLabels)
+	st.affScore = newAffinityScore(pod, st.info.aff, infos, s.namespaces, nsLabels)
+	if cs := buildConstraints(pod, pod.Spec.TopologySpreadConstraints, v1.DoNotSchedule, nil); len(cs) > 0 {
+		st.spread = newSpreadState(st, cs, infos)
+		st.spread.computeMins()
+	}
+	var soft []spreadConstraint
+	if len(pod.Spec.TopologySpreadConstraints) > 0 {
+		soft = buildConstraints(pod, pod.Spec.TopologySpreadConstraints, v1.ScheduleAnyway, nil)
+	} else if s.services != nil {
+		// The cluster's default constraints, with the selector of the
+		// pod's Services and controller, as upstream's.
+		if sel := helper.DefaultSelector(pod, s.services, s.rcs, s.rss, s.sss); !sel.Empty() {
+			soft = buildConstraints(pod, defaultSpreadConstraints, v1.ScheduleAnyway, sel)
+		}
+	}
+	if st.spreadScore = newSpreadState(st, soft, infos); st.spreadScore != nil {
+		st.spreadScore.weight = make([]float64, len(soft))
+		for i := range soft {
+			st.spreadScore.weight[i] = math.Log(float64(len(st.spreadScore.counts[i]) + 2))
 		}
 	}
 }

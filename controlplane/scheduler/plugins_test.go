@@ -271,7 +271,8 @@ func TestUnschedulableMessageCountsReasonsPerNodeGroup(t *testing.T) {
 	if err == nil {
 		t.Fatalf("decide picked %s, want unschedulable", d.node)
 	}
-	want := "0/4 nodes are available: 1 node(s) had untolerated taint {gpu: yes}, 1 node(s) were unschedulable, 2 Insufficient cpu."
+	want := "0/4 nodes are available: 1 node(s) had untolerated taint {gpu: yes}, 1 node(s) were unschedulable, 2 Insufficient cpu." +
+		" preemption: 0/4 nodes are available: 2 No preemption victims found for incoming pod, 2 Preemption is not helpful for scheduling."
 	if d.message != want {
 		t.Fatalf("message:\n got %q\nwant %q", d.message, want)
 	}
@@ -341,7 +342,7 @@ func TestLargeClusterDecisionsRotateOverEveryNode(t *testing.T) {
 	}
 	// A pod that fits nowhere is checked against every node.
 	d, err := s.decide(t.Context(), newPod("huge", requests("64", "1Gi")))
-	if err == nil || d.message != "0/1000 nodes are available: 1000 Insufficient cpu." {
+	if err == nil || d.message != "0/1000 nodes are available: 1000 Insufficient cpu. preemption: 0/1000 nodes are available: 1000 No preemption victims found for incoming pod." {
 		t.Fatalf("unschedulable in a large cluster: %v %q", err, d.message)
 	}
 }

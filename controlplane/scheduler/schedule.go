@@ -23,7 +23,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
@@ -115,6 +117,17 @@ type Scheduler struct {
 	// volume.kubernetes.io/selected-node before the pod is bound.
 	volumes volumebinding.SchedulerVolumeBinder
 	klog    klog.Logger
+	// bgCtx is Run's context, for writes started by informer events.
+	bgCtx context.Context
+	// Listers read by InterPodAffinity (namespaceSelector), PodTopologySpread
+	// (the default constraints' selector) and preemption (budgets); nil in
+	// unit tests that build a Scheduler by hand.
+	namespaces corelisters.NamespaceLister
+	services   corelisters.ServiceLister
+	rcs        corelisters.ReplicationControllerLister
+	rss        appslisters.ReplicaSetLister
+	sss        appslisters.StatefulSetLister
+	pdbs       policylisters.PodDisruptionBudgetLister
 }
 
 // New returns a scheduler that reads pods and nodes through factory's
@@ -168,6 +181,17 @@ func New(cs kubernetes.Interface, factory informers.SharedInformerFactory, log *
 		s.synced = append(s.synced, inf.HasSynced)
 	}
 	s.synced = append(s.synced, st.CSINodes().Informer().HasSynced, st.CSIDrivers().Informer().HasSynced, st.CSIStorageCapacities().Informer().HasSynced)
+	nsInf, svcInf, rcInf := factory.Core().V1().Namespaces(), factory.Core().V1().Services(), factory.Core().V1().ReplicationControllers()
+	rsInf, ssInf, pdbInf := factory.Apps().V1().ReplicaSets(), factory.Apps().V1().StatefulSets(), factory.Policy().V1().PodDisruptionBudgets()
+	s.namespaces, s.services, s.rcs = nsInf.Lister(), svcInf.Lister(), rcInf.Lister()
+	s.rss, s.sss, s.pdbs = rsInf.Lister(), ssInf.Lister(), pdbInf.Lister()
+	for _, inf := range []toolscache.SharedIndexInformer{nsInf.Informer(), svcInf.Informer(), rcInf.Informer(), rsInf.Informer(), ssInf.Informer(), pdbInf.Informer()} {
+		s.synced = append(s.synced, inf.HasSynced)
+	}
+	// A namespace's labels decide namespaceSelector terms.
+	if _, err := nsInf.Informer().AddEventHandler(move); err != nil {
+		return nil, fmt.Errorf("namespace event handler: %w", err)
+	}
 	return s, nil
 }
 
@@ -182,6 +206,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 	s.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.cs.CoreV1().Events("")})
 	s.recorder = s.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: s.opts.SchedulerName})
 	defer s.broadcaster.Shutdown()
+	s.bgCtx = ctx
 
 	s.factory.Start(ctx.Done())
 	if !toolscache.WaitForCacheSync(ctx.Done(), s.synced...) {
@@ -236,7 +261,13 @@ func (s *Scheduler) onPodAdd(obj any) {
 		if !terminal(pod) {
 			s.cache.AddPod(pod)
 		}
-	case s.responsible(pod) && !terminal(pod) && !gated(pod) && !s.cache.IsAssumed(podKey(pod)):
+	case !s.responsible(pod) || terminal(pod):
+	case gated(pod):
+		s.markGated(pod)
+	case !s.cache.IsAssumed(podKey(pod)):
+		if pod.Status.NominatedNodeName != "" {
+			s.cache.Nominate(pod, pod.Status.NominatedNodeName)
+		}
 		s.queue.Add(pod)
 	}
 }
@@ -267,13 +298,24 @@ func (s *Scheduler) onPodUpdate(oldObj, newObj any) {
 		} else {
 			s.cache.AddPod(pod)
 		}
-	case !s.responsible(pod) || terminal(pod) || gated(pod):
+	case !s.responsible(pod) || terminal(pod):
 		s.queue.Delete(podKey(pod))
+		s.cache.Nominate(pod, "")
+	case gated(pod):
+		s.queue.Delete(podKey(pod))
+		s.markGated(pod)
 	case s.cache.IsAssumed(podKey(pod)):
-	case specChanged(old, pod):
-		s.queue.Add(pod)
 	default:
-		s.queue.UpdateObject(pod)
+		// The nomination follows the pod's status when that changes (an
+		// update that still lacks the one just decided keeps it).
+		if old.Status.NominatedNodeName != pod.Status.NominatedNodeName || pod.Status.NominatedNodeName != "" {
+			s.cache.Nominate(pod, pod.Status.NominatedNodeName)
+		}
+		if specChanged(old, pod) {
+			s.queue.Add(pod)
+		} else {
+			s.queue.UpdateObject(pod)
+		}
 	}
 }
 
@@ -289,6 +331,8 @@ func (s *Scheduler) onPodDelete(obj any) {
 	if pod.Spec.NodeName != "" {
 		s.cache.RemovePod(pod)
 		s.queue.MoveAll()
+	} else {
+		s.cache.Nominate(pod, "")
 	}
 }
 
@@ -334,6 +378,8 @@ type decision struct {
 	// volumes is what the volume binder decided for node (nil: the pod
 	// has no claims).
 	volumes *volumebinding.PodVolumes
+	// preemption is what preemption decided when no node fits.
+	preemption preemptionResult
 }
 
 // decide filters and scores nodes for pod (all of them when none fits,
@@ -358,6 +404,21 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 	if n == 0 {
 		return decision{message: "no nodes available to schedule pods"}, errUnschedulable
 	}
+	s.prefilter(st, infos)
+	// A pod nominated to a node by preemption takes it if it fits there now.
+	nom := c.nominatedOn[st.key]
+	if nom == "" {
+		nom = pod.Status.NominatedNodeName
+	}
+	if ni := c.nodes[nom]; nom != "" && ni != nil && ni.node != nil && runFiltersNominated(st, ni) == nil {
+		d := decision{node: nom, feasible: 1}
+		if st.volumes != nil {
+			if v, ok := st.volumes.found.Load(d.node); ok {
+				d.volumes = v.(*volumebinding.PodVolumes)
+			}
+		}
+		return d, nil
+	}
 	// Decisions are serialized (one scheduling loop): the buffers are reused.
 	ns := len(scores)
 	buf := &s.buf
@@ -376,7 +437,7 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 		parallelize(ctx, s.opts.Parallelism, hi-lo, func(k int) {
 			p := lo + k
 			ni := infos[(start+p)%n]
-			if r := runFilters(st, ni); r != nil {
+			if r := runFiltersNominated(st, ni); r != nil {
 				reasons[p], fits[p] = r, false
 				return
 			}
@@ -404,7 +465,12 @@ func (s *Scheduler) decide(ctx context.Context, pod *v1.Pod) (decision, error) {
 		}
 	}
 	if len(feasible) == 0 {
-		return decision{message: diagnose(n, reasons)}, errUnschedulable
+		d := decision{message: diagnose(n, reasons)}
+		d.preemption = s.preemptLocked(st, names, infos, start, reasons)
+		if d.preemption.node == "" {
+			d.message += " " + d.preemption.message
+		}
+		return d, errUnschedulable
 	}
 	buf.total = resize(buf.total, len(feasible))
 	buf.col = resize(buf.col, len(feasible))
@@ -535,7 +601,16 @@ func (s *Scheduler) scheduleOne(ctx context.Context) bool {
 	case errors.Is(err, errUnschedulable):
 		s.metrics.attempt(resultUnschedulable, time.Since(start))
 		s.log.Debug("pod is unschedulable", "pod", it.key, "why", d.message)
-		s.failed(ctx, pod, v1.PodReasonUnschedulable, d.message)
+		nominated := ""
+		if pr := d.preemption; pr.node != "" {
+			// Nominated at once, so the next decisions keep the room for it;
+			// the victims go in the background. Their deletion requeues it.
+			nominated = pr.node
+			s.cache.Nominate(pod, pr.node)
+			s.log.Info("preempting", "pod", it.key, "node", pr.node, "victims", len(pr.victims))
+			s.inBackground(ctx, func() { s.preemptVictims(ctx, pod, pr) })
+		}
+		s.failed(ctx, pod, v1.PodReasonUnschedulable, d.message, nominated)
 		s.queue.Requeue(it, cycle, true)
 		return true
 	case err != nil:
@@ -544,7 +619,7 @@ func (s *Scheduler) scheduleOne(ctx context.Context) bool {
 			return true
 		}
 		s.metrics.attempt(resultError, time.Since(start))
-		s.failed(ctx, pod, v1.PodReasonSchedulerError, err.Error())
+		s.failed(ctx, pod, v1.PodReasonSchedulerError, err.Error(), "")
 		s.queue.Requeue(it, cycle, false)
 		return true
 	}
@@ -563,7 +638,7 @@ func (s *Scheduler) scheduleOne(ctx context.Context) bool {
 		if err != nil {
 			s.cache.Forget(assumed)
 			s.metrics.attempt(resultError, time.Since(start))
-			s.failed(ctx, pod, v1.PodReasonSchedulerError, err.Error())
+			s.failed(ctx, pod, v1.PodReasonSchedulerError, err.Error(), "")
 			s.queue.Requeue(it, cycle, false)
 			return true
 		}
@@ -600,7 +675,7 @@ func (s *Scheduler) scheduleOne(ctx context.Context) bool {
 				return
 			}
 			s.log.Info("binding failed, will retry", "pod", it.key, "node", d.node, "err", err)
-			s.failed(ctx, pod, v1.PodReasonSchedulerError, fmt.Sprintf("binding rejected: %v", err))
+			s.failed(ctx, pod, v1.PodReasonSchedulerError, fmt.Sprintf("binding rejected: %v", err), "")
 			s.queue.Requeue(it, cycle, false)
 			return
 		}
@@ -627,12 +702,37 @@ func (s *Scheduler) bind(ctx context.Context, pod *v1.Pod) error {
 }
 
 // failed records a failed attempt: a FailedScheduling event and the
-// PodScheduled=False condition with the reason and message.
-func (s *Scheduler) failed(ctx context.Context, pod *v1.Pod, reason, message string) {
+// PodScheduled=False condition with the reason and message, and the node
+// preemption nominated the pod to ("" leaves status.nominatedNodeName).
+func (s *Scheduler) failed(ctx context.Context, pod *v1.Pod, reason, message, nominated string) {
 	s.recorder.Event(pod, v1.EventTypeWarning, "FailedScheduling", message)
-	if hasCondition(pod, reason, message) {
+	if hasCondition(pod, reason, message) && (nominated == "" || pod.Status.NominatedNodeName == nominated) {
 		return
 	}
+	s.inBackground(ctx, func() {
+		if err := s.setCondition(ctx, pod, reason, message, nominated); err != nil && ctx.Err() == nil {
+			s.log.Warn("update PodScheduled condition", "pod", podKey(pod), "err", err)
+		}
+	})
+}
+
+// markGated writes PodScheduled=False/SchedulingGated on a pod that still
+// has scheduling gates, as upstream does.
+func (s *Scheduler) markGated(pod *v1.Pod) {
+	const msg = "Scheduling is blocked due to non-empty scheduling gates"
+	if hasCondition(pod, v1.PodReasonSchedulingGated, msg) || s.bgCtx == nil {
+		return
+	}
+	ctx := s.bgCtx
+	s.inBackground(ctx, func() {
+		if err := s.setCondition(ctx, pod, v1.PodReasonSchedulingGated, msg, ""); err != nil && ctx.Err() == nil {
+			s.log.Warn("update PodScheduled condition", "pod", podKey(pod), "err", err)
+		}
+	})
+}
+
+// inBackground runs an API write in a goroutine, within BindConcurrency.
+func (s *Scheduler) inBackground(ctx context.Context, fn func()) {
 	select {
 	case s.bindSem <- struct{}{}:
 	case <-ctx.Done():
@@ -642,22 +742,11 @@ func (s *Scheduler) failed(ctx context.Context, pod *v1.Pod, reason, message str
 	go func() {
 		defer s.wg.Done()
 		defer func() { <-s.bindSem }()
-		if err := s.setCondition(ctx, pod, reason, message); err != nil && ctx.Err() == nil {
-			s.log.Warn("update PodScheduled condition", "pod", podKey(pod), "err", err)
-		}
+		fn()
 	}()
 }
 
-func hasCondition(pod *v1.Pod, reason, message string) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == v1.PodScheduled {
-			return c.Status == v1.ConditionFalse && c.Reason == reason && c.Message == message
-		}
-	}
-	return false
-}
-
-func (s *Scheduler) setCondition(ctx context.Context, pod *v1.Pod, reason, message string) error {
+func (s *Scheduler) setCondition(ctx context.Context, pod *v1.Pod, reason, message, nominated string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pods := s.cs.CoreV1().Pods(pod.Namespace)
@@ -669,8 +758,15 @@ func (s *Scheduler) setCondition(ctx context.Context, pod *v1.Pod, reason, messa
 				return err
 			}
 		}
-		if cur.UID != pod.UID || cur.Spec.NodeName != "" || hasCondition(cur, reason, message) {
+		if cur.UID != pod.UID || cur.Spec.NodeName != "" ||
+			(hasCondition(cur, reason, message) && (nominated == "" || cur.Status.NominatedNodeName == nominated)) {
 			return nil
+		}
+		if reason == v1.PodReasonSchedulingGated && !gated(cur) {
+			return nil // the gates went meanwhile
+		}
+		if nominated != "" {
+			cur.Status.NominatedNodeName = nominated
 		}
 		cond := v1.PodCondition{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: reason, Message: message, LastTransitionTime: metav1.Now()}
 		replaced := false
@@ -695,4 +791,13 @@ func (s *Scheduler) setCondition(ctx context.Context, pod *v1.Pod, reason, messa
 		}
 		return err
 	})
+}
+
+func hasCondition(pod *v1.Pod, reason, message string) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == v1.PodScheduled {
+			return c.Status == v1.ConditionFalse && c.Reason == reason && c.Message == message
+		}
+	}
+	return false
 }

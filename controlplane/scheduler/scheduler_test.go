@@ -163,7 +163,7 @@ func TestUnschedulablePodGetsConditionAndEventThenFitsWhenANodeAppears(t *testin
 	eventually(t, "PodScheduled=False/Unschedulable", func() bool {
 		for _, c := range f.pod(t, "big").Status.Conditions {
 			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable &&
-				c.Message == "0/1 nodes are available: 1 Insufficient cpu." {
+				c.Message == "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod." {
 				return true
 			}
 		}
@@ -252,6 +252,9 @@ func TestGatedPodWaitsUntilItsGatesAreRemoved(t *testing.T) {
 	if p := f.pod(t, "gated"); p.Spec.NodeName != "" {
 		t.Fatalf("gated pod was bound to %s", p.Spec.NodeName)
 	}
+	eventually(t, "PodScheduled=False/SchedulingGated", func() bool {
+		return hasCondition(f.pod(t, "gated"), v1.PodReasonSchedulingGated, "Scheduling is blocked due to non-empty scheduling gates")
+	})
 	p := f.pod(t, "gated")
 	p.Spec.SchedulingGates = nil
 	if _, err := f.cs.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
