@@ -25,6 +25,7 @@ const (
 	EventFailedKillPod          = "FailedKillPod"
 	EventNodeReady              = "NodeReady"
 	EventNodeNotReady           = "NodeNotReady"
+	EventDeadlineExceeded       = "DeadlineExceeded"
 )
 
 // startEvents makes the kubelet's recorder: client-go's broadcaster with its

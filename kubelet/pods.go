@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 
 	"github.com/waggle-io/waggle/kubelet/network"
 	"github.com/waggle-io/waggle/kubelet/runtime"
@@ -119,9 +120,14 @@ type podWorker struct {
 	removed    map[string]bool              // removed, maybe still relisted
 	lastStatus *v1.PodStatus
 	terminal   bool
-	firstSync  time.Time
-	reported   bool
-	volumesAt  time.Time
+	// deadlineExceeded: spec.activeDeadlineSeconds ran out (the pod
+	// fails with reason DeadlineExceeded); deadlineAt is the deadline a
+	// wake-up is set for.
+	deadlineExceeded bool
+	deadlineAt       time.Time
+	firstSync        time.Time
+	reported         bool
+	volumesAt        time.Time
 	// statusReset asks the run goroutine to rewrite the status.
 	statusReset atomic.Bool
 	// ips are the pod's addresses, readable from any goroutine.
@@ -295,6 +301,10 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 			w.sb = sb
 		}
 	}
+	if !w.terminal && w.pastDeadline(pod) {
+		w.deadlineExceeded, w.terminal = true, true
+		k.event(pod, v1.EventTypeNormal, EventDeadlineExceeded, "Pod was active on the node longer than the specified deadline")
+	}
 	// A pod the API already reports terminal is never started again (a
 	// restarted kubelet must not rerun a completed pod).
 	if (isTerminalPhase(pod.Status.Phase) && !w.static) || w.terminal {
@@ -333,7 +343,12 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 	}
 	st := w.computeStatus(pod, ctrs, false)
 	if isTerminalPhase(st.Phase) {
+		// Done: what still runs (sidecars) is stopped before the network goes.
 		w.terminal = true
+		if err := w.terminate(ctx, pod, ctrs, gracePeriod(pod)); err != nil {
+			syncErr = errors.Join(syncErr, err)
+		}
+		st = w.computeStatus(pod, w.containers(), false)
 		w.tearDownNetwork(ctx, pod)
 	}
 	if !w.reported && st.Phase == v1.PodRunning {
@@ -403,21 +418,56 @@ func (w *podWorker) tearDownNetwork(ctx context.Context, pod *v1.Pod) {
 }
 
 // terminate stops every running container of the pod within grace,
-// running preStop hooks first.
+// running preStop hooks first: the app and ephemeral containers together,
+// then the sidecars (restartable init containers) one by one in reverse
+// order, as upstream, so an app's preStop hook can still use them.
 func (w *podWorker) terminate(ctx context.Context, pod *v1.Pod, ctrs []runtime.Container, grace time.Duration) error {
-	k := w.k
 	specs := map[string]*v1.Container{}
+	sidecarOrder := map[string]int{}
 	for i := range pod.Spec.Containers {
 		specs[pod.Spec.Containers[i].Name] = &pod.Spec.Containers[i]
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []error
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		specs[c.Name] = c
+		if podutil.IsRestartableInitContainer(c) {
+			sidecarOrder[c.Name] = i + 1
+		}
+	}
 	deadline := time.Now().Add(grace)
+	var first []runtime.Container
+	var sidecars []runtime.Container
 	for _, c := range ctrs {
 		if c.State != runtime.StateRunning && c.State != runtime.StateCreated {
 			continue
 		}
+		if sidecarOrder[c.Name] > 0 {
+			sidecars = append(sidecars, c)
+		} else {
+			first = append(first, c)
+		}
+	}
+	sort.Slice(sidecars, func(i, j int) bool { return sidecarOrder[sidecars[i].Name] > sidecarOrder[sidecars[j].Name] })
+	errs := w.stopAll(ctx, pod, first, specs, grace, deadline)
+	for _, c := range sidecars {
+		errs = append(errs, w.stopAll(ctx, pod, []runtime.Container{c}, specs, grace, deadline)...)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if len(ctrs) > 0 {
+		w.k.relist(ctx)
+	}
+	return nil
+}
+
+// stopAll stops ctrs in parallel, each after its preStop hook, by deadline.
+func (w *podWorker) stopAll(ctx context.Context, pod *v1.Pod, ctrs []runtime.Container, specs map[string]*v1.Container, grace time.Duration, deadline time.Time) []error {
+	k := w.k
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for _, c := range ctrs {
 		k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventKilling, "Stopping container %s", c.Name)
 		wg.Add(1)
 		go func(c runtime.Container) {
@@ -442,16 +492,43 @@ func (w *podWorker) terminate(ctx context.Context, pod *v1.Pod, ctrs []runtime.C
 				return
 			}
 			k.probes.stopContainer(c.ID)
+			// Seen as exited until the next relist says so.
+			exited := c
+			exited.State, exited.ExitCode, exited.Reason, exited.FinishedAt = runtime.StateExited, 137, "Error", time.Now()
+			mu.Lock()
+			w.pending[c.ID] = exited
+			mu.Unlock()
 		}(c)
 	}
 	wg.Wait()
-	if len(errs) > 0 {
-		return errors.Join(errs...)
+	return errs
+}
+
+// pastDeadline reports whether the pod's activeDeadlineSeconds ran out
+// (counted from its start on this node); if not, it sets a wake-up for
+// when it does.
+func (w *podWorker) pastDeadline(pod *v1.Pod) bool {
+	if pod.Spec.ActiveDeadlineSeconds == nil {
+		return false
 	}
-	if len(ctrs) > 0 {
-		k.relist(ctx)
+	var start time.Time
+	switch {
+	case w.sb != nil:
+		start = w.sb.StartTime
+	case pod.Status.StartTime != nil:
+		start = pod.Status.StartTime.Time
+	default:
+		return false
 	}
-	return nil
+	at := start.Add(time.Duration(*pod.Spec.ActiveDeadlineSeconds) * time.Second)
+	if !time.Now().Before(at) {
+		return true
+	}
+	if !at.Equal(w.deadlineAt) {
+		w.deadlineAt = at
+		time.AfterFunc(time.Until(at)+10*time.Millisecond, w.poke)
+	}
+	return false
 }
 
 // cleanup removes everything of a pod that is gone: containers, network,
@@ -519,7 +596,11 @@ func shouldRestart(policy v1.RestartPolicy, code int32) bool {
 }
 
 // syncContainers runs init containers in order, then the app containers,
-// restarting per policy with back-off.
+// restarting per policy with back-off, then any ephemeral containers.
+// A sidecar (an init container with restartPolicy Always) is started in its
+// turn, the next init container waits until it has started (its startup
+// probe passed), and it keeps running and restarting whatever the pod's
+// policy, until the pod ends.
 func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runtime.Container) error {
 	k := w.k
 	named := byName(ctrs)
@@ -533,26 +614,53 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 			}
 		}
 	}
+	// Once an app container started, initialization is over for good: init
+	// containers never run again, sidecars no longer hold anything up.
+	initialized := regularStarted(pod, named)
+	var errs []error
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		l := named[c.Name]
+		if podutil.IsRestartableInitContainer(c) {
+			var err error
+			ready := false
+			switch {
+			case len(l) == 0:
+				err = w.start(ctx, pod, c, 0, true)
+			case l[0].State == runtime.StateRunning:
+				k.probes.ensure(pod, c, l[0])
+				err = w.restartIfUnhealthy(ctx, pod, c, l[0])
+				ready = err == nil && k.probes.started(l[0].ID) && k.probes.mustRestart(l[0].ID) == ""
+			case l[0].State == runtime.StateExited:
+				err = w.restart(ctx, pod, c, l[0], true)
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if !initialized && !ready {
+				return errors.Join(errs...) // the next waits for this one to start
+			}
+			continue
+		}
+		if initialized {
+			continue
+		}
 		if len(l) == 0 {
-			return w.start(ctx, pod, c, 0, true)
+			return errors.Join(append(errs, w.start(ctx, pod, c, 0, true))...)
 		}
 		cur := l[0]
 		switch cur.State {
 		case runtime.StateRunning, runtime.StateCreated, runtime.StateUnknown:
-			return nil // wait for it
+			return errors.Join(errs...) // wait for it
 		}
 		if cur.State == runtime.StateExited && cur.ExitCode == 0 {
 			continue
 		}
 		if pod.Spec.RestartPolicy == v1.RestartPolicyNever {
-			return nil // pod fails (computeStatus)
+			return errors.Join(errs...) // pod fails (computeStatus)
 		}
-		return w.restart(ctx, pod, c, cur, true)
+		return errors.Join(append(errs, w.restart(ctx, pod, c, cur, true))...)
 	}
-	var errs []error
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		l := named[c.Name]
@@ -566,14 +674,8 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 		switch cur.State {
 		case runtime.StateRunning:
 			k.probes.ensure(pod, c, cur)
-			if why := k.probes.mustRestart(cur.ID); why != "" {
-				k.log.Info("restarting container", "pod", pod.Name, "container", c.Name, "why", why)
-				if err := w.terminate(ctx, pod, []runtime.Container{cur}, gracePeriod(pod)); err != nil {
-					errs = append(errs, err)
-				}
-				exited := cur
-				exited.State, exited.ExitCode, exited.Reason, exited.FinishedAt = runtime.StateExited, 137, "Error", time.Now()
-				w.pending[cur.ID] = exited
+			if err := w.restartIfUnhealthy(ctx, pod, c, cur); err != nil {
+				errs = append(errs, err)
 			}
 			continue
 		case runtime.StateCreated, runtime.StateUnknown:
@@ -587,7 +689,29 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 			errs = append(errs, err)
 		}
 	}
+	// Ephemeral containers run once, are never restarted, never probed.
+	for i := range pod.Spec.EphemeralContainers {
+		c := v1.Container(pod.Spec.EphemeralContainers[i].EphemeralContainerCommon)
+		if len(named[c.Name]) > 0 {
+			continue
+		}
+		c.Lifecycle, c.LivenessProbe, c.ReadinessProbe, c.StartupProbe = nil, nil, nil, nil
+		if err := w.start(ctx, pod, &c, 0, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// restartIfUnhealthy stops a running container its liveness or startup
+// probe failed; the next sync restarts it per policy.
+func (w *podWorker) restartIfUnhealthy(ctx context.Context, pod *v1.Pod, c *v1.Container, cur runtime.Container) error {
+	why := w.k.probes.mustRestart(cur.ID)
+	if why == "" {
+		return nil
+	}
+	w.k.log.Info("restarting container", "pod", pod.Name, "container", c.Name, "why", why)
+	return w.terminate(ctx, pod, []runtime.Container{cur}, gracePeriod(pod))
 }
 
 // restart starts the next attempt of an exited container unless it is in
@@ -745,7 +869,7 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 			k.rt.StopContainer(ctx, id, 0)
 		}
 	}
-	if !init {
+	if !init || podutil.IsRestartableInitContainer(c) {
 		k.probes.ensure(pod, c, rc)
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -15,6 +14,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"k8s.io/kubernetes/pkg/probe"
+	grpcprobe "k8s.io/kubernetes/pkg/probe/grpc"
+	probehttp "k8s.io/kubernetes/pkg/probe/http"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
@@ -292,7 +295,32 @@ type Prober interface {
 type actionProber struct{ k *Kubelet }
 
 func (a actionProber) Probe(ctx context.Context, pod *v1.Pod, c *v1.Container, rc runtime.Container, p *v1.Probe) error {
-	return a.k.runAction(ctx, pod, c, rc, p.Exec, p.HTTPGet, p.TCPSocket)
+	if p.GRPC != nil {
+		return a.k.grpcProbe(ctx, pod, p.GRPC)
+	}
+	return a.k.runAction(ctx, pod, c, rc, "probe", p.Exec, p.HTTPGet, p.TCPSocket)
+}
+
+// grpcProbe calls the gRPC health service (grpc.health.v1.Health/Check) of
+// the pod through upstream's prober: anything but SERVING is a failure.
+func (k *Kubelet) grpcProbe(ctx context.Context, pod *v1.Pod, g *v1.GRPCAction) error {
+	timeout := time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	service := ""
+	if g.Service != nil {
+		service = *g.Service
+	}
+	opts := grpcprobe.ProbeOptions{UseTLS: g.Mode != nil && *g.Mode == v1.GRPCProbeModeTLS}
+	res, out, err := grpcprobe.New().Probe(k.podHost(pod), service, int(g.Port), timeout, opts)
+	if err != nil {
+		return fmt.Errorf("grpc probe of port %d: %w", g.Port, err)
+	}
+	if res != probe.Success {
+		return fmt.Errorf("grpc probe of port %d: %s", g.Port, out)
+	}
+	return nil
 }
 
 // hollowProber is the hollow node's: its containers run nothing that could
@@ -318,12 +346,13 @@ func (k *Kubelet) runHandler(ctx context.Context, pod *v1.Pod, rc runtime.Contai
 			return ctx.Err()
 		}
 	}
-	return k.runAction(ctx, pod, c, rc, h.Exec, h.HTTPGet, h.TCPSocket)
+	return k.runAction(ctx, pod, c, rc, "lifecycle", h.Exec, h.HTTPGet, h.TCPSocket)
 }
 
 var errNoAction = errors.New("probe or hook has no action")
 
-func (k *Kubelet) runAction(ctx context.Context, pod *v1.Pod, c *v1.Container, rc runtime.Container, ex *v1.ExecAction, hg *v1.HTTPGetAction, tcp *v1.TCPSocketAction) error {
+// purpose names the caller in the User-Agent (kube-probe, kube-lifecycle).
+func (k *Kubelet) runAction(ctx context.Context, pod *v1.Pod, c *v1.Container, rc runtime.Container, purpose string, ex *v1.ExecAction, hg *v1.HTTPGetAction, tcp *v1.TCPSocketAction) error {
 	switch {
 	case ex != nil:
 		var out bytes.Buffer
@@ -336,34 +365,14 @@ func (k *Kubelet) runAction(ctx context.Context, pod *v1.Pod, c *v1.Container, r
 		}
 		return nil
 	case hg != nil:
-		port, err := resolvePort(hg.Port, c)
+		// Upstream's request: the path may carry a query, Host and other
+		// headers as given.
+		req, err := probehttp.NewRequestForHTTPGetAction(hg, c, k.podHost(pod), purpose)
 		if err != nil {
 			return err
 		}
-		host := hg.Host
-		if host == "" {
-			host = k.podHost(pod)
-		}
-		scheme := "http"
-		if hg.Scheme == v1.URISchemeHTTPS {
-			scheme = "https"
-		}
-		u := url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port)), Path: hg.Path}
-		if u.Path == "" {
-			u.Path = "/"
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-		if err != nil {
-			return err
-		}
-		req.Header.Set("User-Agent", "kube-probe/1.32")
-		for _, h := range hg.HTTPHeaders {
-			if h.Name == "Host" {
-				req.Host = h.Value
-				continue
-			}
-			req.Header.Add(h.Name, h.Value)
-		}
+		req = req.WithContext(ctx)
+		u := req.URL
 		resp, err := probeClient.Do(req)
 		if err != nil {
 			return fmt.Errorf("GET %s: %w", u.String(), err)

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
@@ -35,10 +36,13 @@ func ctrState(c runtime.Container) v1.ContainerState {
 }
 
 // containerStatuses builds the statuses of specs from the runtime's view.
+// init says they are init containers: one that exited 0 is Ready (it did
+// its work), a restartable one (sidecar) is ready as an app container is.
 func (w *podWorker) containerStatuses(pod *v1.Pod, specs []v1.Container, named map[string][]runtime.Container, init, deleting bool, waitDefault string) []v1.ContainerStatus {
 	out := make([]v1.ContainerStatus, 0, len(specs))
 	for _, s := range specs {
 		cs := v1.ContainerStatus{Name: s.Name, Image: s.Image, ImageID: "", Started: new(bool)}
+		sidecar := init && podutil.IsRestartableInitContainer(&s)
 		l := named[s.Name]
 		if len(l) > 0 {
 			cur := l[0]
@@ -52,11 +56,14 @@ func (w *podWorker) containerStatuses(pod *v1.Pod, specs []v1.Container, named m
 				withTerminationMessage(&cs.LastTerminationState, l[1], &s)
 			}
 			if cur.State == runtime.StateRunning {
-				started := init || w.k.probes.started(cur.ID)
+				started := w.k.probes.started(cur.ID)
 				cs.Started = &started
-				cs.Ready = !init && started && w.k.probes.ready(cur.ID) && !deleting
+				cs.Ready = (!init || sidecar) && started && w.k.probes.ready(cur.ID) && !deleting
 			}
 			if cur.State == runtime.StateExited {
+				if init && !sidecar && cur.ExitCode == 0 {
+					cs.Ready = true
+				}
 				if wr, ok := w.waiting[s.Name]; ok && wr.reason == "CrashLoopBackOff" {
 					cs.LastTerminationState = cs.State
 					cs.State = v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: wr.reason, Message: wr.message}}
@@ -72,6 +79,42 @@ func (w *podWorker) containerStatuses(pod *v1.Pod, specs []v1.Container, named m
 		out = append(out, cs)
 	}
 	return out
+}
+
+// regularStarted reports whether any app container of the pod was ever
+// started: initialization is then over for good (upstream's
+// HasAnyRegularContainerStarted), and init containers never run again.
+func regularStarted(pod *v1.Pod, named map[string][]runtime.Container) bool {
+	for _, c := range pod.Spec.Containers {
+		if len(named[c.Name]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// incompleteInit lists the init containers that have not done their part:
+// an init container that has not exited 0, a sidecar that is not running
+// and started. failed says one exited non-zero in a pod that never
+// restarts (the pod fails).
+func (w *podWorker) incompleteInit(pod *v1.Pod, named map[string][]runtime.Container) (incomplete []string, failed bool) {
+	for i := range pod.Spec.InitContainers {
+		s := &pod.Spec.InitContainers[i]
+		l := named[s.Name]
+		if podutil.IsRestartableInitContainer(s) {
+			if len(l) == 0 || l[0].State != runtime.StateRunning || !w.k.probes.started(l[0].ID) {
+				incomplete = append(incomplete, s.Name)
+			}
+			continue
+		}
+		if len(l) == 0 || l[0].State != runtime.StateExited || l[0].ExitCode != 0 {
+			incomplete = append(incomplete, s.Name)
+		}
+		if len(l) > 0 && l[0].State == runtime.StateExited && l[0].ExitCode != 0 && pod.Spec.RestartPolicy == v1.RestartPolicyNever {
+			failed = true
+		}
+	}
+	return incomplete, failed
 }
 
 // computeStatus derives the pod's status from its containers.
@@ -99,16 +142,8 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	}
 
 	// Init containers.
-	initDone, initFailed := true, false
-	for _, s := range pod.Spec.InitContainers {
-		l := named[s.Name]
-		if len(l) == 0 || l[0].State != runtime.StateExited || l[0].ExitCode != 0 {
-			initDone = false
-		}
-		if len(l) > 0 && l[0].State == runtime.StateExited && l[0].ExitCode != 0 && pod.Spec.RestartPolicy == v1.RestartPolicyNever {
-			initFailed = true
-		}
-	}
+	incomplete, initFailed := w.incompleteInit(pod, named)
+	initDone := regularStarted(pod, named) || len(incomplete) == 0
 	st.InitContainerStatuses = w.containerStatuses(pod, pod.Spec.InitContainers, named, true, deleting, "PodInitializing")
 	appWait := "ContainerCreating"
 	if !initDone {
@@ -117,6 +152,16 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	st.ContainerStatuses = w.containerStatuses(pod, pod.Spec.Containers, named, false, deleting, appWait)
 	if len(st.InitContainerStatuses) == 0 {
 		st.InitContainerStatuses = nil
+	}
+	if len(pod.Spec.EphemeralContainers) > 0 {
+		ephemeral := make([]v1.Container, 0, len(pod.Spec.EphemeralContainers))
+		for _, ec := range pod.Spec.EphemeralContainers {
+			ephemeral = append(ephemeral, v1.Container(ec.EphemeralContainerCommon))
+		}
+		st.EphemeralContainerStatuses = w.containerStatuses(pod, ephemeral, named, false, deleting, "ContainerCreating")
+		for i := range st.EphemeralContainerStatuses {
+			st.EphemeralContainerStatuses[i].Ready = false // never probed, never ready
+		}
 	}
 
 	// Phase.
@@ -141,6 +186,9 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	}
 	n := len(pod.Spec.Containers)
 	switch {
+	case w.deadlineExceeded:
+		st.Phase = v1.PodFailed
+		st.Reason, st.Message = "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
 	case initFailed:
 		st.Phase = v1.PodFailed
 	case !initDone:
@@ -166,6 +214,12 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	// Conditions.
 	allReady := n > 0
 	var unready []string
+	for i, cs := range st.InitContainerStatuses {
+		if podutil.IsRestartableInitContainer(&pod.Spec.InitContainers[i]) && !cs.Ready {
+			allReady = false
+			unready = append(unready, cs.Name)
+		}
+	}
 	for _, cs := range st.ContainerStatuses {
 		if !cs.Ready {
 			allReady = false
@@ -189,8 +243,11 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 		cond(v1.ContainersReady, allReady, notReadyReason),
 		cond(v1.PodScheduled, true, ""),
 	}
-	if isTerminalPhase(st.Phase) && initDone {
-		st.Conditions[0].Reason = "PodCompleted"
+	if st.Phase == v1.PodSucceeded {
+		st.Conditions[0].Status, st.Conditions[0].Reason = v1.ConditionTrue, "PodCompleted"
+	} else if !initDone {
+		// Upstream's GeneratePodInitializedCondition message.
+		st.Conditions[0].Message = fmt.Sprintf("containers with incomplete status: %s", incomplete)
 	}
 	if !allReady && !isTerminalPhase(st.Phase) && len(unready) > 0 {
 		// Upstream's GenerateContainersReadyCondition message.
