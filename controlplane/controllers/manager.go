@@ -2,7 +2,7 @@
 // builds one client and one SharedInformerFactory, and, while it holds the
 // leader Lease, runs every enabled controller (replicaset,
 // replicationcontroller, deployment,
-// daemonset, statefulset, endpointslice, endpoints, job, cronjob, ttl-after-finished, podgc,
+// daemonset, statefulset, endpointslice, endpoints, endpointslicemirroring, job, cronjob, ttl-after-finished, podgc,
 // disruption, root-ca-cert-publisher, resourcequota, lb-ipam, persistentvolume-binder, csrapproving, csrsigning, csrcleaner,
 // bootstrapsigner and tokencleaner (the last two only when named),
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
@@ -45,6 +45,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/keyutil"
+	"k8s.io/kubernetes/pkg/controller/endpointslicemirroring"
 	sacontroller "k8s.io/kubernetes/pkg/controller/serviceaccount"
 	"k8s.io/kubernetes/pkg/controller/validatingadmissionpolicystatus"
 	k8ssa "k8s.io/kubernetes/pkg/serviceaccount"
@@ -496,6 +497,19 @@ func coreStarters() []starter {
 		{name: endpointslice.Name, build: func(d Deps) (func(context.Context), error) {
 			c := endpointslice.New(d.Client, d.Factory, d.Log, endpointslice.Options{
 				MaxEndpointsPerSlice: d.Config.MaxEndpointsPerSlice, EndpointsWorkers: d.Config.ConcurrentEndpointSyncs})
+			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentEndpointSliceSyncs) }, nil
+		}},
+		{name: "endpointslicemirroring", build: func(d Deps) (func(context.Context), error) {
+			// kube-controller-manager's own controller: it mirrors the
+			// Endpoints of Services without a selector (custom Endpoints)
+			// into EndpointSlices managed by
+			// endpointslicemirroring-controller.k8s.io, skipping Endpoints
+			// labelled endpointslice.kubernetes.io/skip-mirror (those the
+			// endpoints controller writes). Upstream's defaults: 1000
+			// addresses per subset, no batching.
+			c := endpointslicemirroring.NewController(d.Ctx, d.Factory.Core().V1().Endpoints(),
+				d.Factory.Discovery().V1().EndpointSlices(), d.Factory.Core().V1().Services(),
+				1000, d.Client, 0)
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentEndpointSliceSyncs) }, nil
 		}},
 		{name: clusterroleaggregation.Name, build: func(d Deps) (func(context.Context), error) {

@@ -36,7 +36,7 @@ func TestControllersFlagSelectsAsKubeControllerManager(t *testing.T) {
 
 func TestKnownControllersIncludeTheWorkloadControllers(t *testing.T) {
 	known := strings.Join(KnownControllers(), ",")
-	for _, n := range []string{"replicaset", "deployment", "daemonset", "endpointslice", "garbagecollector",
+	for _, n := range []string{"replicaset", "deployment", "daemonset", "endpointslice", "endpointslicemirroring", "garbagecollector",
 		"namespace", "nodeipam", "nodelifecycle", "serviceaccount", "job", "cronjob", "ttl-after-finished", "statefulset", "podgc"} {
 		if !strings.Contains(known, n) {
 			t.Errorf("%s missing from %s", n, known)
