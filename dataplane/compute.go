@@ -56,6 +56,10 @@ type ComputeOptions struct {
 	NoLoopbackNodePorts bool
 	// Warn, when set, receives every Warning.
 	Warn func(Warning)
+	// Pods are this node's pods: their hostPorts are frontends too (kind
+	// HostPort), named by HostPortRef and ordered with the Services by
+	// namespace/name when two claim one key.
+	Pods []*v1.Pod
 }
 
 // Compute turns the informers' objects into the desired State of node
@@ -112,10 +116,24 @@ func Compute(nodeName string, services []*v1.Service, endpointSlices []*discover
 		st.Frontends = append(st.Frontends, f)
 	}
 
+	type source struct {
+		ref ServiceRef
+		fs  []Frontend
+	}
+	var srcs []source
 	for _, svc := range svcs {
 		ref := ServiceRef{svc.Namespace, svc.Name}
-		for _, f := range serviceFrontends(svc, bySvc[ref], nodeName, nodeIPs, opts.NoLoopbackNodePorts, warn) {
-			add(ref, f)
+		srcs = append(srcs, source{ref, serviceFrontends(svc, bySvc[ref], nodeName, nodeIPs, opts.NoLoopbackNodePorts, warn)})
+	}
+	for _, pod := range opts.Pods {
+		if fs := hostPortFrontends(pod, nodeName, nodeIPs, opts.NoLoopbackNodePorts, warn); len(fs) > 0 {
+			srcs = append(srcs, source{HostPortRef(pod.Namespace, pod.Name), fs})
+		}
+	}
+	slices.SortStableFunc(srcs, func(a, b source) int { return compareRef(a.ref, b.ref) })
+	for _, s := range srcs {
+		for _, f := range s.fs {
+			add(s.ref, f)
 		}
 	}
 	slices.SortFunc(st.Frontends, func(a, b Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })

@@ -333,9 +333,10 @@ func TestComputeGolden(t *testing.T) {
 	}
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
-			services, sl, nodes := loadObjects(t, f)
+			services, sl, nodes, pods := loadObjects(t, f)
 			var warns []string
 			st := Compute("node-a", services, sl, nodes, ComputeOptions{
+				Pods:         pods,
 				ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 				Warn:         func(w Warning) { warns = append(warns, "warning "+w.Service.String()+" "+w.Reason+": "+w.Message) },
 			})
@@ -360,7 +361,7 @@ func TestComputeGolden(t *testing.T) {
 	}
 }
 
-func loadObjects(t *testing.T, path string) ([]*v1.Service, []*discoveryv1.EndpointSlice, []*v1.Node) {
+func loadObjects(t *testing.T, path string) ([]*v1.Service, []*discoveryv1.EndpointSlice, []*v1.Node, []*v1.Pod) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -370,6 +371,7 @@ func loadObjects(t *testing.T, path string) ([]*v1.Service, []*discoveryv1.Endpo
 		services []*v1.Service
 		sl       []*discoveryv1.EndpointSlice
 		nodes    []*v1.Node
+		pods     []*v1.Pod
 	)
 	dec := scheme.Codecs.UniversalDeserializer()
 	for i, doc := range strings.Split(string(data), "\n---\n") {
@@ -387,9 +389,11 @@ func loadObjects(t *testing.T, path string) ([]*v1.Service, []*discoveryv1.Endpo
 			sl = append(sl, o)
 		case *v1.Node:
 			nodes = append(nodes, o)
+		case *v1.Pod:
+			pods = append(pods, o)
 		default:
 			t.Fatalf("%s document %d: unexpected %T", path, i, obj)
 		}
 	}
-	return services, sl, nodes
+	return services, sl, nodes, pods
 }

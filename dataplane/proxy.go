@@ -364,14 +364,16 @@ func cleanupModes(ctx context.Context, log *slog.Logger, modes []Mode, mc ModeCo
 
 // proxy is the running `waggle proxy`: informers, the sync runner, metrics.
 type proxy struct {
-	cfg      Config
-	log      *slog.Logger
-	health   *ops.Health
-	backend  Backend
-	mode     Mode
-	client   kubernetes.Interface
-	factory  informers.SharedInformerFactory
-	nodes    informers.SharedInformerFactory
+	cfg     Config
+	log     *slog.Logger
+	health  *ops.Health
+	backend Backend
+	mode    Mode
+	client  kubernetes.Interface
+	factory informers.SharedInformerFactory
+	nodes   informers.SharedInformerFactory
+	// pods: this node's pods (their hostPorts are frontends).
+	pods     informers.SharedInformerFactory
 	recorder record.EventRecorder
 	bcast    record.EventBroadcaster
 	runner   *SyncRunner
@@ -447,6 +449,9 @@ func newProxy(cfg Config, log *slog.Logger, health *ops.Health, backend Backend,
 		factory: informers.NewSharedInformerFactory(client, 0),
 		nodes: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
+		})),
+		pods: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 		})),
 		lastWarning: map[string]string{},
 		tracker:     NewTracker(cfg.NodeName, !mode.LoopbackNodePorts),
@@ -534,21 +539,35 @@ func (p *proxy) run(ctx context.Context, errc chan error) error {
 	})); err != nil {
 		return err
 	}
+	if err := reg(p.pods.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.podEvent(obj, false) },
+		UpdateFunc: func(_, obj any) { p.podEvent(obj, false) },
+		DeleteFunc: func(obj any) { p.podEvent(obj, true) },
+	})); err != nil {
+		return err
+	}
 	if p.hc != nil {
 		defer p.hc.close()
 	}
 	p.factory.Start(ctx.Done())
 	p.nodes.Start(ctx.Done())
+	p.pods.Start(ctx.Done())
 	defer p.factory.Shutdown()
 	defer p.nodes.Shutdown()
+	defer p.pods.Shutdown()
 
-	p.log.Info("waiting for the initial lists of Services, EndpointSlices and Nodes")
+	p.log.Info("waiting for the initial lists of Services, EndpointSlices, Nodes and this node's Pods")
 	for typ, ok := range p.factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
 		}
 	}
 	for typ, ok := range p.nodes.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
+		}
+	}
+	for typ, ok := range p.pods.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			return fmt.Errorf("informer for %v did not sync: %w", typ, ctx.Err())
 		}
@@ -598,6 +617,19 @@ func (p *proxy) sliceEvent(obj any, deleted bool) {
 	if es, ok := tombstone(obj).(*discoveryv1.EndpointSlice); ok {
 		p.noteEndpointChange(es)
 		p.tracker.EndpointSlice(es, deleted)
+		p.runner.Trigger()
+	}
+}
+
+// podEvent feeds this node's pods to the tracker: their hostPorts. Pods
+// without hostPorts cost a look at their ports and no sync.
+func (p *proxy) podEvent(obj any, deleted bool) {
+	pod, ok := tombstone(obj).(*v1.Pod)
+	if !ok {
+		return
+	}
+	p.tracker.Pod(pod, deleted)
+	if p.tracker.Pending() {
 		p.runner.Trigger()
 	}
 }

@@ -58,8 +58,10 @@ type Tracker struct {
 	mu       sync.Mutex
 	services map[ServiceRef]*v1.Service
 	slices   map[ServiceRef]map[string]*discoveryv1.EndpointSlice
-	nodeIPs  []netip.Addr
-	dirty    map[ServiceRef]struct{}
+	// pods: this node's pods with hostPorts, by HostPortRef.
+	pods    map[ServiceRef]*v1.Pod
+	nodeIPs []netip.Addr
+	dirty   map[ServiceRef]struct{}
 	// cands: every frontend a Service asks for (before conflicts).
 	cands map[ServiceRef][]Frontend
 	// claims: every Service asking for a key; the first by namespace/name
@@ -82,6 +84,7 @@ func NewTracker(nodeName string, noLoopback bool) *Tracker {
 		nodeName: nodeName, noLoopback: noLoopback,
 		services: map[ServiceRef]*v1.Service{},
 		slices:   map[ServiceRef]map[string]*discoveryv1.EndpointSlice{},
+		pods:     map[ServiceRef]*v1.Pod{},
 		dirty:    map[ServiceRef]struct{}{},
 		cands:    map[ServiceRef][]Frontend{},
 		claims:   map[FrontendKey][]ServiceRef{},
@@ -135,6 +138,28 @@ func (t *Tracker) EndpointSlice(es *discoveryv1.EndpointSlice, deleted bool) Ser
 	return ref
 }
 
+// Pod records a pod added, updated or deleted; only this node's pods with
+// hostPorts are kept (their frontends, kind HostPort, are tracked under
+// HostPortRef).
+func (t *Tracker) Pod(pod *v1.Pod, deleted bool) {
+	if pod == nil {
+		return
+	}
+	ref := HostPortRef(pod.Namespace, pod.Name)
+	keep := !deleted && pod.Spec.NodeName == t.nodeName && HasHostPorts(pod)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, had := t.pods[ref]; !had && !keep {
+		return
+	}
+	if keep {
+		t.pods[ref] = pod
+	} else {
+		delete(t.pods, ref)
+	}
+	t.dirty[ref] = struct{}{}
+}
+
 // Node records this node's Node object (nil when deleted or absent). When
 // its addresses change, every Service with NodePorts is dirty.
 func (t *Tracker) Node(n *v1.Node) {
@@ -152,6 +177,9 @@ func (t *Tracker) Node(n *v1.Node) {
 		if svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer {
 			t.dirty[ref] = struct{}{}
 		}
+	}
+	for ref := range t.pods {
+		t.dirty[ref] = struct{}{}
 	}
 }
 
@@ -221,6 +249,10 @@ func (t *Tracker) drain(warn func(Warning)) *Change {
 				slices.SortFunc(ss, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
 			}
 			next = serviceFrontends(svc, ss, t.nodeName, t.nodeIPs, t.noLoopback, warn)
+		} else if pod := t.pods[ref]; pod != nil {
+			next = hostPortFrontends(pod, t.nodeName, t.nodeIPs, t.noLoopback, warn)
+		}
+		if len(next) > 0 {
 			// A key asked for twice by one Service: the first wins, as in
 			// Compute.
 			for i := 1; i < len(next); i++ {

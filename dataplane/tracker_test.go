@@ -16,6 +16,7 @@ import (
 type trackerWorld struct {
 	services map[string]*v1.Service
 	slices   map[string]*discoveryv1.EndpointSlice
+	pods     map[string]*v1.Pod
 	node     *v1.Node
 }
 
@@ -33,8 +34,12 @@ func (w *trackerWorld) compute(noLoopback bool) (*State, []Warning) {
 	if w.node != nil {
 		nodes = []*v1.Node{w.node}
 	}
+	var pods []*v1.Pod
+	for _, p := range w.pods {
+		pods = append(pods, p)
+	}
 	var warns []Warning
-	st := Compute("a", ss, es, nodes, ComputeOptions{NoLoopbackNodePorts: noLoopback, Warn: func(x Warning) { warns = append(warns, x) }})
+	st := Compute("a", ss, es, nodes, ComputeOptions{NoLoopbackNodePorts: noLoopback, Pods: pods, Warn: func(x Warning) { warns = append(warns, x) }})
 	return st, warns
 }
 
@@ -70,6 +75,24 @@ func randomService(rng *rand.Rand, name string) *v1.Service {
 	})
 }
 
+// randomHostPortPod is a pod of node "a" or "b" with a hostPort that may
+// collide with another pod's or a Service's NodePort, on every node address
+// or one address.
+func randomHostPortPod(rng *rand.Rand, name string) *v1.Pod {
+	hostIP := []string{"", "192.168.1.1", "127.0.0.1"}[rng.IntN(3)]
+	proto := []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP}[rng.IntN(2)]
+	p := &v1.Pod{}
+	p.Namespace, p.Name = "default", name
+	p.Spec.NodeName = []string{"a", "a", "b"}[rng.IntN(3)]
+	p.Spec.Containers = []v1.Container{{Name: "c", Ports: []v1.ContainerPort{
+		{HostPort: int32(30000 + rng.IntN(3)), ContainerPort: 8080, Protocol: proto, HostIP: hostIP}}}}
+	if rng.IntN(4) > 0 {
+		ip := fmt.Sprintf("10.244.0.%d", 100+rng.IntN(8))
+		p.Status.PodIP, p.Status.PodIPs = ip, []v1.PodIP{{IP: ip}}
+	}
+	return p
+}
+
 func randomSlice(rng *rand.Rand, svcName, name string) *discoveryv1.EndpointSlice {
 	var eps []epSpec
 	for range rng.IntN(4) {
@@ -97,12 +120,21 @@ func TestTrackerMatchesCompute(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		noLoopback := seed%2 == 1
 		tr := NewTracker("a", noLoopback)
-		w := &trackerWorld{services: map[string]*v1.Service{}, slices: map[string]*discoveryv1.EndpointSlice{}}
+		w := &trackerWorld{services: map[string]*v1.Service{}, slices: map[string]*discoveryv1.EndpointSlice{}, pods: map[string]*v1.Pod{}}
 		mirror := map[FrontendKey]Frontend{}
 		for step := range 200 {
 			for range 1 + rng.IntN(3) {
 				name := fmt.Sprintf("s%d", rng.IntN(8))
-				switch rng.IntN(7) {
+				switch rng.IntN(9) {
+				case 7:
+					p := randomHostPortPod(rng, "p"+name)
+					w.pods[p.Name] = p
+					tr.Pod(p, false)
+				case 8:
+					if p := w.pods["p"+name]; p != nil {
+						delete(w.pods, p.Name)
+						tr.Pod(p, true)
+					}
 				case 0, 1:
 					s := randomService(rng, name)
 					w.services[name] = s

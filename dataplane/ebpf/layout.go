@@ -106,7 +106,7 @@ func addr16(a netip.Addr) [16]uint8 { return a.As16() }
 func addrFrom16(b [16]uint8) netip.Addr { return netip.AddrFrom16(b).Unmap() }
 
 var kindNums = map[dataplane.FrontendKind]uint8{
-	dataplane.ClusterIP: 1, dataplane.NodePort: 2, dataplane.ExternalIP: 3, dataplane.LoadBalancer: 4,
+	dataplane.ClusterIP: 1, dataplane.NodePort: 2, dataplane.ExternalIP: 3, dataplane.LoadBalancer: 4, dataplane.HostPort: 5,
 }
 
 func kindName(n uint8) dataplane.FrontendKind {

@@ -137,7 +137,7 @@ func isPrime(n int) bool {
 // northSouthKind reports whether frontends of kind k are served to traffic
 // from outside the node.
 func northSouthKind(k dataplane.FrontendKind) bool {
-	return k == dataplane.NodePort || k == dataplane.ExternalIP || k == dataplane.LoadBalancer
+	return k == dataplane.NodePort || k == dataplane.ExternalIP || k == dataplane.LoadBalancer || k == dataplane.HostPort
 }
 
 // Maglev computes a Maglev lookup table (Eisenbud et al., NSDI 2016) of m

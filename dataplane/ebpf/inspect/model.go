@@ -303,7 +303,7 @@ type svcName struct {
 }
 
 var kindNames = map[byte]string{1: string(dataplane.ClusterIP), 2: string(dataplane.NodePort),
-	3: string(dataplane.ExternalIP), 4: string(dataplane.LoadBalancer)}
+	3: string(dataplane.ExternalIP), 4: string(dataplane.LoadBalancer), 5: string(dataplane.HostPort)}
 
 // decodeNames decodes the names map's raw entries (key: __u32 ID; value:
 // struct lb_svc_name, 256 bytes: u8 kind, pad[3], NUL-padded name[252]).
