@@ -15,7 +15,12 @@
 #              here:     Debian's busybox-static (sh, nc, wget, nslookup, ip, ...) + agnhost built
 #                        from k8s.io/kubernetes/test/images/agnhost (CGO_ENABLED=0); the same
 #                        users, /uploads, porter's certificate and the agnhost-2 link. Not here:
-#                        curl, iperf, socat, coredns and the fake registry's content.
+#                        iperf, socat, coredns and the fake registry's content.
+#              Also curl and nc as upstream's (Debian's curl and netcat-openbsd, with the libraries
+#              they load): the network specs' clients run `curl ...`, `nc -v -z -w 2 ...` and
+#              `nc -u ...`, which busybox's nc does not take. (Known gap: busybox-static's sh
+#              prefers its own applets, so `sh -c 'nc ...'` still runs busybox's nc; Debian's
+#              dynamic busybox, which does not, is the next step.)
 #              Also dig (Debian's bind9-dnsutils, as upstream's bind-tools) and getent (libc-bin),
 #              which the DNS specs' probers run.
 #   busybox    upstream: busybox 1.37;  here: Debian's busybox-static (1.35) with its applet links.
@@ -82,6 +87,13 @@ dnstools() {
 	rm -rf "$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/lintian" "$1/usr/share/locale" "$1/usr/share/info"
 }
 
+# nettools DIR: curl and OpenBSD's nc (as /bin/nc, over busybox's), with the libraries they load.
+nettools() {
+	unpack "$1" $(closure curl netcat-openbsd)
+	ln -sf nc.openbsd "$1/bin/nc"
+	rm -rf "$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/lintian" "$1/usr/share/locale" "$1/usr/share/info"
+}
+
 # base DIR: a minimal root file system with busybox's shell and tools, /etc files and /tmp.
 # glibc's shared files come too: the static busybox still loads the NSS modules (libnss_files,
 # libnss_dns) to resolve a host name, and crashes without them.
@@ -141,6 +153,7 @@ if [ ! -s "$out/agnhost.tar" ] || [ ! -s "$out/agnhost-prev.tar" ] || [ ! -s "$o
 	r="$work/agnhost"
 	base "$r"
 	dnstools "$r"
+	nettools "$r"
 	(cd "$module" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$r/agnhost" k8s.io/kubernetes/test/images/agnhost)
 	ln -s agnhost "$r/agnhost-2"
 	src="$ksrc/agnhost"
