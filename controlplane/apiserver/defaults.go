@@ -138,9 +138,9 @@ func defaultContainer(c *corev1.Container) {
 func defaultPod(p *corev1.Pod) {
 	_, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]
 	defaultPodSpec(&p.Spec, mirror)
-	if p.Spec.Priority == nil {
-		p.Spec.Priority = ptr(int32(0))
-	}
+	// spec.priority is not defaulted here: the Priority admission plugin
+	// sets it from the pod's PriorityClass (or the global default), as
+	// upstream, and refuses a value that differs from the class's.
 }
 
 func defaultPodTemplate(t *corev1.PodTemplateSpec) { defaultPodSpec(&t.Spec, false) }

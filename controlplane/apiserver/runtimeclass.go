@@ -75,9 +75,7 @@ func (p runtimeClassAdmission) Admit(ctx context.Context, a *AdmissionAttributes
 	return nil
 }
 
-// runtimeClass reads the pod's RuntimeClass (nil when it names none): the
-// watch cache first, then etcd, as upstream's lister-then-client read, so a
-// class created a moment before its pods counts.
+// runtimeClass reads the pod's RuntimeClass (nil when it names none).
 func (p runtimeClassAdmission) runtimeClass(ctx context.Context, a *AdmissionAttributes, pod *corev1.Pod) (*nodev1.RuntimeClass, error) {
 	if pod.Spec.RuntimeClassName == nil {
 		return nil, nil
@@ -87,10 +85,10 @@ func (p runtimeClassAdmission) runtimeClass(ctx context.Context, a *AdmissionAtt
 	if r == nil {
 		return nil, p.forbidden(a, fmt.Errorf("pod rejected: RuntimeClass %q not found", name))
 	}
-	o, err := r.get(ctx, "", name, "0")
-	if apierrors.IsNotFound(err) {
-		o, err = r.get(ctx, "", name, "")
-	}
+	// A consistent read: a class deleted a moment ago may still be in the
+	// watch cache, and its pods must be refused (pods naming a RuntimeClass
+	// are few, so the read costs little).
+	o, err := r.get(ctx, "", name, "")
 	if apierrors.IsNotFound(err) {
 		return nil, p.forbidden(a, fmt.Errorf("pod rejected: RuntimeClass %q not found", name))
 	}

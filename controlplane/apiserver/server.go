@@ -432,7 +432,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	// In kube-apiserver's order: mutating plugins here, the validating ones
 	// after defaulting and validation.
 	s.admission = []Admitter{namespaceLifecycle{s}}
-	for _, p := range []Admitter{limitRanger{s: s}, serviceAccountAdmission{s}, defaultTolerationSeconds{seconds: 300}, defaultStorageClass{s}, runtimeClassAdmission{s: s}} {
+	for _, p := range []Admitter{limitRanger{s: s}, serviceAccountAdmission{s}, priorityAdmission{s}, defaultTolerationSeconds{seconds: 300}, defaultStorageClass{s}, runtimeClassAdmission{s: s}} {
 		if !slices.Contains(cfg.DisableAdmissionPlugins, p.Name()) {
 			s.admission = append(s.admission, p)
 		}

@@ -2,14 +2,21 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 )
+
+// priorityClass names the PriorityClass prio-<v> the test creates.
+func priorityClass(v int32) podOpt {
+	return func(p *v1.Pod) { p.Spec.PriorityClassName = fmt.Sprintf("prio-%d", v) }
+}
 
 func disruptionTarget(p *v1.Pod) *v1.PodCondition {
 	for i := range p.Status.Conditions {
@@ -37,14 +44,23 @@ func TestRealAPIServerPreemption(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Pods get their priority from a PriorityClass: the API server's
+	// Priority admission refuses a spec.priority set directly.
+	for _, v := range []int32{1, 2, 50, 100} {
+		if _, err := c.cs.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("prio-%d", v)}, Value: v,
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// pa: db (priority 1, budgeted) + keep (priority 100); pb: lo-1
 	// (priority 1) + lo-2 (priority 2) + keep-b (priority 100).
 	existing := []*v1.Pod{
-		newPod("db", onNode("pa"), requests("2", "1Gi"), priority(1), podLabels("app", "db")),
-		newPod("keep", onNode("pa"), requests("2", "1Gi"), priority(100)),
-		newPod("lo-1", onNode("pb"), requests("1", "1Gi"), priority(1)),
-		newPod("lo-2", onNode("pb"), requests("1", "1Gi"), priority(2)),
-		newPod("keep-b", onNode("pb"), requests("2", "1Gi"), priority(100)),
+		newPod("db", onNode("pa"), requests("2", "1Gi"), priorityClass(1), podLabels("app", "db")),
+		newPod("keep", onNode("pa"), requests("2", "1Gi"), priorityClass(100)),
+		newPod("lo-1", onNode("pb"), requests("1", "1Gi"), priorityClass(1)),
+		newPod("lo-2", onNode("pb"), requests("1", "1Gi"), priorityClass(2)),
+		newPod("keep-b", onNode("pb"), requests("2", "1Gi"), priorityClass(100)),
 	}
 	for _, p := range existing {
 		c.create(t, p)
@@ -54,7 +70,7 @@ func TestRealAPIServerPreemption(t *testing.T) {
 		defer c.s.cache.mu.RUnlock()
 		return len(c.s.cache.pods) == len(existing)
 	})
-	c.create(t, newPod("hi", requests("2", "1Gi"), priority(50)))
+	c.create(t, newPod("hi", requests("2", "1Gi"), priorityClass(50)))
 	eventually(t, "hi nominated to pb", func() bool { return c.get(t, "hi").Status.NominatedNodeName == "pb" })
 	for _, name := range []string{"lo-1", "lo-2"} {
 		eventually(t, name+" preempted", func() bool {
