@@ -49,12 +49,14 @@ func runAPIServer(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.ServiceAccountMaxTokenExpiration, "service-account-max-token-expiration", 0, "longest lifetime a TokenRequest may get (0: no cap)")
 	fs.BoolVar(&cfg.ServiceAccountExtendTokenExpiration, "service-account-extend-token-expiration", true, "pods' projected tokens last a year, flagged stale after their hour (upstream's safe roll-out of bound tokens)")
 	fs.Var(&disabled, "disable-admission-plugins", "admission plugins to turn off, comma-separated: ServiceAccount, DefaultTolerationSeconds")
+	allowPrivileged := fs.Bool("allow-privileged", true, "admit pods that ask for securityContext.privileged (PodSecurity admission restricts them per namespace); false refuses them cluster-wide")
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg.AuthorizationModes = modes
+	cfg.DenyPrivileged = !*allowPrivileged
 	cfg.ServiceAccountIssuers, cfg.APIAudiences, cfg.ServiceAccountKeyFiles, cfg.DisableAdmissionPlugins = issuers, auds, saKeys, disabled
 	cfg.EtcdServers = etcd
 	return apiserver.Run(ctx, cfg)

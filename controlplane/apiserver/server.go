@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/kubernetes/pkg/capabilities"
 	"log/slog"
 	"net"
 	"net/http"
@@ -121,6 +122,13 @@ type Config struct {
 	// get (3607 s, API audiences) last a year, flagged stale after the
 	// hour; the commands default it on, as kube-apiserver.
 	ServiceAccountExtendTokenExpiration bool
+	// DenyPrivileged is --allow-privileged=false: pods asking for
+	// securityContext.privileged (or host namespaces' privileged use) are
+	// refused at validation. Privileged pods are allowed by default, as
+	// kubeadm's and k3s's clusters (and the conformance suite) expect;
+	// PodSecurity admission is where namespaces are restricted. Upstream's
+	// switch is process-wide: the first server of a process decides.
+	DenyPrivileged bool
 	// DisableAdmissionPlugins is --disable-admission-plugins: plugins by
 	// name (ServiceAccount, DefaultTolerationSeconds; NamespaceLifecycle and
 	// NodeRestriction cannot be turned off here).
@@ -283,6 +291,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("apiserver: --data-dir is required")
 	}
+	// Upstream's pod validation reads --allow-privileged from this
+	// process-wide setting, which is false until someone sets it.
+	capabilities.Setup(!cfg.DenyPrivileged, 0)
 	log := cfg.Log
 	if log == nil {
 		l, err := ops.NewLogger("apiserver", cfg.LogLevel)
