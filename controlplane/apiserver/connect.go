@@ -345,8 +345,16 @@ func (s *Server) podTarget(ctx context.Context, r *http.Request, req *request) (
 	return u, nil
 }
 
+// hasContainer reports whether the pod has a container of that name: an
+// init, app or ephemeral one (kubectl debug execs into and reads the logs
+// of ephemeral containers, as upstream allows).
 func hasContainer(p *corev1.Pod, name string) bool {
 	for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
+		if c.Name == name {
+			return true
+		}
+	}
+	for _, c := range p.Spec.EphemeralContainers {
 		if c.Name == name {
 			return true
 		}
