@@ -15,6 +15,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/authz"
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/decode"
+	"github.com/waggle-io/waggle/controlplane/apiserver/printers"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -249,7 +250,7 @@ func (s *Server) writeObject(w http.ResponseWriter, r *http.Request, reg *regist
 			return nil
 		}
 	}
-	if wantsTable(r) && (reg == nil || !reg.res.Virtual) {
+	if wantsTable(r) && (reg == nil || !reg.res.Virtual || printers.Has(obj)) {
 		if t, err := reg.table(r, obj, false); err == nil {
 			b, err := json.Marshal(t)
 			if err != nil {

@@ -171,6 +171,19 @@ func TestProtocolDetailsClientsDependOn(t *testing.T) {
 		}
 	})
 
+	t.Run("componentstatuses, virtual but with table conversion, is a Table", func(t *testing.T) {
+		resp, b := rawGet(t, srv.Config, "/api/v1/componentstatuses", map[string]string{"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+		var tbl metav1.Table
+		_ = json.Unmarshal(b, &tbl)
+		var cols []string
+		for _, c := range tbl.ColumnDefinitions {
+			cols = append(cols, c.Name)
+		}
+		if resp.StatusCode != 200 || tbl.Kind != "Table" || strings.Join(cols, " ") != "Name Status Message Error" {
+			t.Errorf("componentstatuses Table: %d %v %.300s", resp.StatusCode, cols, b)
+		}
+	})
+
 	t.Run("streaming list: initial events, then the end bookmark, then changes", func(t *testing.T) {
 		ns := "watchlist"
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

@@ -79,6 +79,21 @@ func Columns(obj runtime.Object) []metav1.TableColumnDefinition {
 	return printerFor(obj).columns
 }
 
+// Has reports whether obj's type (or, for a list, its items' type) has
+// columns of its own, not only the generic Name/Created At ones. A virtual
+// resource is served as a Table only when it has: kube-apiserver converts
+// componentstatuses but answers 406 for a review's Table.
+func Has(obj runtime.Object) bool {
+	if meta.IsListType(obj) {
+		obj = elemOfList(obj)
+	}
+	if _, ok := registry[reflect.TypeOf(obj)]; ok {
+		return true
+	}
+	_, ok := upstreamPrinter(obj)
+	return ok
+}
+
 func printerFor(obj runtime.Object) printer {
 	if p, ok := registry[reflect.TypeOf(obj)]; ok {
 		return p
