@@ -18,12 +18,11 @@
 #                        iperf, socat, coredns and the fake registry's content.
 #              Also curl and nc as upstream's (Debian's curl and netcat-openbsd, with the libraries
 #              they load): the network specs' clients run `curl ...`, `nc -v -z -w 2 ...` and
-#              `nc -u ...`, which busybox's nc does not take. (Known gap: busybox-static's sh
-#              prefers its own applets, so `sh -c 'nc ...'` still runs busybox's nc; Debian's
-#              dynamic busybox, which does not, is the next step.)
+#              `nc -u ...`, which busybox's nc does not take (the shell, bash, finds them in PATH).
 #              Also dig (Debian's bind9-dnsutils, as upstream's bind-tools) and getent (libc-bin),
 #              which the DNS specs' probers run.
-#   busybox    upstream: busybox 1.37;  here: Debian's busybox-static (1.35) with its applet links.
+#   busybox    upstream: busybox 1.37;  here: Debian's busybox-static (1.35) with its applet links,
+#              and Debian's bash as /bin/sh (see base below).
 #   glibc-dns-testing  upstream: Debian bookworm-slim + dnsutils (+ an unused coredns);  here: the
 #              busybox base + Debian's bind9-dnsutils and libc-bin (dig, getent on glibc).
 #   kitten, nautilus   upstream: agnhost + html/<animal>.jpg and html/data.json, CMD test-webserver;
@@ -94,16 +93,23 @@ nettools() {
 	rm -rf "$1/usr/share/doc" "$1/usr/share/man" "$1/usr/share/lintian" "$1/usr/share/locale" "$1/usr/share/info"
 }
 
-# base DIR: a minimal root file system with busybox's shell and tools, /etc files and /tmp.
+# base DIR: a minimal root file system with busybox's tools, a shell, /etc files and /tmp.
 # glibc's shared files come too: the static busybox still loads the NSS modules (libnss_files,
 # libnss_dns) to resolve a host name, and crashes without them.
+# /bin/sh is Debian's bash, not busybox 1.35's ash, for two behaviours of upstream's busybox 1.37
+# the specs rely on: ash 1.35 drops environment variables whose names are not shell names
+# (the env specs' "data-1", "p-data-1"), and busybox-static's shell runs its own applets before
+# PATH (`sh -c 'nc -v ...'` would get busybox's nc, not the image's OpenBSD nc). bash passes such
+# variables to the programs it runs and looks commands up in PATH; busybox's ash stays as ash.
 base() {
 	local dir=$1 a
-	unpack "$dir" busybox-static libc6
+	unpack "$dir" busybox-static libc6 bash libtinfo6
+	rm -rf "$dir/etc/skel" "$dir/etc/bash.bashrc" "$dir/usr/share/doc-base"
 	mkdir -p "$dir/bin" "$dir/tmp" "$dir/etc" "$dir/root" "$dir/var/run"
 	for a in $("$dir/bin/busybox" --list); do
 		[ -e "$dir/bin/$a" ] || ln -s busybox "$dir/bin/$a"
 	done
+	ln -sf bash "$dir/bin/sh"
 	rm -rf "$dir/usr/share/doc" "$dir/usr/share/man" "$dir/usr/share/lintian" "$dir/usr/share/locale" \
 		"$dir/usr/share/i18n" "$dir/usr/lib/x86_64-linux-gnu/gconv"
 	chmod 1777 "$dir/tmp"
