@@ -781,3 +781,35 @@ func TestResourceFieldRefAsUpstream(t *testing.T) {
 		t.Error("an unsupported resource gave no error")
 	}
 }
+
+// TestImageChangeRestartsAndStatusObservesGeneration: a new image in the
+// spec replaces the running container whatever the restart policy (as
+// upstream's "definition changed"), and the status says which generation
+// of the spec it describes, on the status and on each kubelet condition.
+func TestImageChangeRestartsAndStatusObservesGeneration(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(echoPod("p", func(p *v1.Pod) { p.Generation = 1; p.Spec.RestartPolicy = v1.RestartPolicyNever }))
+	p := h.waitPod("p", "running at generation 1", func(p *v1.Pod) bool { return running(p) && p.Status.ObservedGeneration == 1 })
+	if cond(p, v1.PodReadyToStartContainers) != v1.ConditionTrue {
+		t.Errorf("PodReadyToStartContainers = %q", cond(p, v1.PodReadyToStartContainers))
+	}
+	first := h.current("p", "echo")
+
+	p.Spec.Containers[0].Image = "waggle.local/waggle-echo:v2"
+	p.Generation = 2
+	if _, err := h.cs.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p = h.waitPod("p", "running v2 at generation 2", func(p *v1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return running(p) && p.Status.ObservedGeneration == 2 && len(cs) == 1 && cs[0].Image == "waggle.local/waggle-echo:v2"
+	})
+	if cs := p.Status.ContainerStatuses[0]; cs.RestartCount != 1 || cs.LastTerminationState.Terminated == nil || cs.ContainerID == "containerd://"+first.ID {
+		t.Errorf("after the image change: %+v", cs)
+	}
+	for _, c := range p.Status.Conditions {
+		if c.ObservedGeneration != 2 {
+			t.Errorf("condition %s observedGeneration %d, want 2", c.Type, c.ObservedGeneration)
+		}
+	}
+}

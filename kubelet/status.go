@@ -254,6 +254,18 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 		msg := fmt.Sprintf("containers with unready status: [%s]", strings.Join(unready, " "))
 		st.Conditions[1].Message, st.Conditions[2].Message = msg, msg
 	}
+	// PodReadyToStartContainers (upstream's, on since 1.29): the sandbox
+	// is up with its network, so containers can start.
+	st.Conditions = append([]v1.PodCondition{
+		cond(v1.PodReadyToStartContainers, w.sb != nil && !w.sb.Torn && !deleting, ""),
+	}, st.Conditions...)
+	// PodObservedGenerationTracking (GA upstream): the generation of the
+	// spec this status describes, on the status and on each condition the
+	// kubelet owns.
+	st.ObservedGeneration = pod.Generation
+	for i := range st.Conditions {
+		st.Conditions[i].ObservedGeneration = pod.Generation
+	}
 	if msg := w.teardownErr.Load(); msg != nil {
 		st.Reason, st.Message = "NetworkTeardownFailed", *msg
 	}
@@ -263,7 +275,7 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 // ownedConditions are the condition types the kubelet writes; others are
 // kept as other writers left them.
 var ownedConditions = map[v1.PodConditionType]bool{
-	v1.PodInitialized: true, v1.PodReady: true, v1.ContainersReady: true, v1.PodScheduled: true,
+	v1.PodReadyToStartContainers: true, v1.PodInitialized: true, v1.PodReady: true, v1.ContainersReady: true, v1.PodScheduled: true,
 }
 
 // mergeStatus puts the kubelet's status into cur, keeping other writers'
