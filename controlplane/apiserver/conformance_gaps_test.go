@@ -138,9 +138,12 @@ func TestDeviationsTheConformanceSuiteFound(t *testing.T) {
 				t.Errorf("events.k8s.io list by %s: %v %v", sel, err, l)
 			}
 		}
-		l, err := cs.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reportingComponent=test-controller"})
-		if err != nil || len(l.Items) != 1 {
-			t.Errorf("core list by reportingComponent: %v %v", err, l)
+		for _, sel := range []string{"reportingComponent=test-controller", "source=test-controller"} {
+			// source is source.component, else reportingController (upstream's fallback).
+			l, err := cs.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: sel})
+			if err != nil || len(l.Items) != 1 {
+				t.Errorf("core list by %s: %v %v", sel, err, l)
+			}
 		}
 		if _, err := cs.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"}); !apierrors.IsBadRequest(err) {
 			t.Errorf("a core field label on events.k8s.io: %v, want 400", err)

@@ -198,7 +198,12 @@ func eventStrategy(s *strategy) {
 		f["involvedObject.fieldPath"] = e.InvolvedObject.FieldPath
 		f["reason"] = e.Reason
 		f["reportingComponent"] = e.ReportingController
+		// source falls back to reportingController, as upstream: an
+		// events.k8s.io/v1 event has no deprecatedSource.
 		f["source"] = e.Source.Component
+		if f["source"] == "" {
+			f["source"] = e.ReportingController
+		}
 		f["type"] = e.Type
 		return f
 	}
