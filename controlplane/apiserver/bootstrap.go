@@ -15,7 +15,7 @@ import (
 )
 
 // bootstrap creates what exists from the first start: the four initial
-// namespaces, kube-public/cluster-info, and the default/kubernetes Service
+// namespaces, kube-public/cluster-info, the default ServiceCIDR, and the default/kubernetes Service
 // (the range's first ClusterIP, port 443) with its Endpoints and
 // EndpointSlice listing every live API server (see reconcileEndpoints),
 // refreshed at every start.
@@ -31,6 +31,9 @@ func (s *Server) bootstrap(ctx context.Context) error {
 		}
 	}
 	if err := s.bootstrapClusterInfo(ctx); err != nil {
+		return err
+	}
+	if err := s.bootstrapServiceCIDR(ctx); err != nil {
 		return err
 	}
 	port := int32(s.ln.Addr().(*net.TCPAddr).Port)

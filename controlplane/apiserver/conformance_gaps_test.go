@@ -6,7 +6,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -116,6 +118,16 @@ func TestDeviationsTheConformanceSuiteFound(t *testing.T) {
 			[]byte(`{"metadata":{"annotations":{"status-patched":"yes"}},"spec":{"type":"NodePort"}}`), metav1.PatchOptions{}, "status")
 		if err != nil || svc.Annotations["status-patched"] != "yes" || svc.Spec.Type != corev1.ServiceTypeClusterIP {
 			t.Errorf("service status patch: %v %v %v", err, svc.Annotations, svc.Spec.Type)
+		}
+	})
+	t.Run("the default ServiceCIDR", func(t *testing.T) {
+		// kube-apiserver keeps ServiceCIDR "kubernetes" for its Service range, Ready.
+		sc, err := cs.NetworkingV1().ServiceCIDRs().Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(sc.Spec.CIDRs) != 1 || sc.Spec.CIDRs[0] != "10.96.0.0/12" || !meta.IsStatusConditionTrue(sc.Status.Conditions, networkingv1.ServiceCIDRConditionReady) {
+			t.Errorf("default ServiceCIDR: %+v %+v", sc.Spec, sc.Status)
 		}
 	})
 	t.Run("events.k8s.io field selectors", func(t *testing.T) {
