@@ -159,7 +159,10 @@ type defaultTolerationSeconds struct{ seconds int64 }
 func (defaultTolerationSeconds) Name() string { return "DefaultTolerationSeconds" }
 
 func (p defaultTolerationSeconds) Admit(_ context.Context, a *AdmissionAttributes) error {
-	if a.Resource.Resource != "pods" || a.Operation != OpCreate || a.Subresource != "" {
+	// On create and on update, as upstream: an update that replaces the
+	// tolerations gets these back, so it only adds to the old ones (which
+	// pod update validation demands).
+	if a.Resource.Resource != "pods" || (a.Operation != OpCreate && a.Operation != OpUpdate) || a.Subresource != "" {
 		return nil
 	}
 	pod, ok := a.Object.(*corev1.Pod)
@@ -169,7 +172,7 @@ func (p defaultTolerationSeconds) Admit(_ context.Context, a *AdmissionAttribute
 	for _, key := range []string{corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable} {
 		tolerated := false
 		for _, t := range pod.Spec.Tolerations {
-			if (t.Key == key || (t.Key == "" && t.Operator == corev1.TolerationOpExists)) &&
+			if (t.Key == key || t.Key == "") &&
 				(t.Effect == "" || t.Effect == corev1.TaintEffectNoExecute) {
 				tolerated = true
 				break

@@ -120,6 +120,29 @@ func TestDeviationsTheConformanceSuiteFound(t *testing.T) {
 			t.Errorf("service status patch: %v %v %v", err, svc.Annotations, svc.Spec.Type)
 		}
 	})
+	t.Run("pod generation: tolerations replaced, graceful delete", func(t *testing.T) {
+		// The Pod Generation specs: an update that replaces the tolerations
+		// is admitted (DefaultTolerationSeconds adds its two back, so the
+		// old ones are kept) and bumps the generation; a graceful delete is
+		// 200 with the pod, not 202, and bumps it again.
+		pods := cs.CoreV1().Pods("default")
+		p, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gen", Generation: 100},
+			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}, metav1.CreateOptions{})
+		if err != nil || p.Generation != 1 || len(p.Spec.Tolerations) != 2 {
+			t.Fatalf("create: %v generation %d tolerations %v", err, p.Generation, p.Spec.Tolerations)
+		}
+		p.Spec.Tolerations = []corev1.Toleration{{Key: "foo", Operator: corev1.TolerationOpEqual, Value: "bar", Effect: corev1.TaintEffectNoSchedule}}
+		p, err = pods.Update(ctx, p, metav1.UpdateOptions{})
+		if err != nil || p.Generation != 2 || len(p.Spec.Tolerations) != 3 {
+			t.Fatalf("replacing tolerations: %v %+v", err, p)
+		}
+		var code int
+		var last corev1.Pod
+		err = cs.CoreV1().RESTClient().Delete().AbsPath("/api/v1/namespaces/default/pods/gen").Param("gracePeriodSeconds", "60").Do(ctx).StatusCode(&code).Into(&last)
+		if err != nil || code != 200 || last.DeletionTimestamp == nil || last.Generation != 3 {
+			t.Errorf("graceful delete: %v %d deletionTimestamp %v generation %d", err, code, last.DeletionTimestamp, last.Generation)
+		}
+	})
 	t.Run("the default ServiceCIDR", func(t *testing.T) {
 		// kube-apiserver keeps ServiceCIDR "kubernetes" for its Service range, Ready.
 		sc, err := cs.NetworkingV1().ServiceCIDRs().Get(ctx, "kubernetes", metav1.GetOptions{})

@@ -535,8 +535,12 @@ func (s *Server) serveDelete(ctx context.Context, w http.ResponseWriter, r *http
 	if err != nil {
 		return err
 	}
+	// 202 only for a deletion left pending with orphanDependents=false, as
+	// upstream (kept for old clients): a graceful pod deletion or a
+	// finalizer-held object is 200 with the object.
 	code := http.StatusOK
-	if !gone {
+	//nolint:staticcheck // OrphanDependents is deprecated; upstream still reads it here.
+	if !gone && opts.OrphanDependents != nil && !*opts.OrphanDependents {
 		code = http.StatusAccepted
 	}
 	return s.writeObject(w, r, req.reg, code, obj)
