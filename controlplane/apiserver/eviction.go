@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 )
 
 // maxDisruptedPods bounds a budget's status.disruptedPods, as upstream.
@@ -203,6 +204,35 @@ func (s *Server) evictDelete(ctx context.Context, w http.ResponseWriter, req *re
 	if opts.Preconditions.UID == nil {
 		uid := pod.UID
 		opts.Preconditions.UID = &uid
+	}
+	if !wo.dryRun {
+		// The pod says why it goes, as upstream: DisruptionTarget=True
+		// (EvictionByEvictionAPI) through pods/status, so a Job's
+		// podFailurePolicy can tell an eviction from a failure.
+		pre := opts.Preconditions
+		updated, err := req.reg.guaranteedUpdate(ctx, req.ns, req.name, "status", writeOpts{manager: "waggle-apiserver"}, func(cur runtime.Object) (runtime.Object, error) {
+			p := cur.(*corev1.Pod)
+			if p.UID != *pre.UID {
+				return nil, apierrors.NewConflict(corev1.Resource("pods"), p.Name, fmt.Errorf("the UID in the precondition (%s) does not match the UID in record (%s). The object might have been deleted and then recreated", *pre.UID, p.UID))
+			}
+			if pre.ResourceVersion != nil && *pre.ResourceVersion != "" && *pre.ResourceVersion != p.ResourceVersion {
+				return nil, apierrors.NewConflict(corev1.Resource("pods"), p.Name, fmt.Errorf("the ResourceVersion in the precondition (%s) does not match the ResourceVersion in record (%s). The object might have been modified", *pre.ResourceVersion, p.ResourceVersion))
+			}
+			if !podutil.UpdatePodCondition(&p.Status, &corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue,
+				Reason: "EvictionByEvictionAPI", Message: "Eviction API: evicting"}) {
+				return nil, nil
+			}
+			p.ResourceVersion = ""
+			return p, nil
+		})
+		if err != nil {
+			return err
+		}
+		if pre.ResourceVersion != nil && *pre.ResourceVersion != "" {
+			// This write moved the version the caller pinned.
+			rv := objectMeta(updated).GetResourceVersion()
+			pre.ResourceVersion = &rv
+		}
 	}
 	if _, _, err := req.reg.deleteObject(ctx, req.ns, req.name, opts, wo); err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 )
 
 // runningPod creates a pod and reports it Running and Ready through
@@ -30,6 +31,11 @@ func runningPod(t *testing.T, cs *kubernetes.Clientset, ns, name string, labels 
 		t.Fatal(err)
 	}
 	return p
+}
+
+func hasDisruptionTarget(p *corev1.Pod) bool {
+	_, c := podutil.GetPodCondition(&p.Status, corev1.DisruptionTarget)
+	return c != nil
 }
 
 func evict(cs *kubernetes.Clientset, ns, name string, opts *metav1.DeleteOptions) error {
@@ -66,6 +72,32 @@ func TestEvictionHonoursDryRunAndBudgets(t *testing.T) {
 		}
 		if _, err := pods.Get(ctx, "dry", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Fatalf("evicted pod still there: %v", err)
+		}
+	})
+
+	t.Run("a graceful eviction marks the pod DisruptionTarget", func(t *testing.T) {
+		// As upstream: the condition is written before the delete, so the
+		// kubelet's final status keeps it and a Job's podFailurePolicy sees
+		// an eviction, not a failure. A dry run writes nothing.
+		runningPod(t, cs, "default", "marked", nil)
+		if err := evict(cs, "default", "marked", &metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+			t.Fatal(err)
+		}
+		if p, _ := pods.Get(ctx, "marked", metav1.GetOptions{}); hasDisruptionTarget(p) {
+			t.Fatalf("a dry-run eviction wrote a condition: %+v", p.Status.Conditions)
+		}
+		if err := evict(cs, "default", "marked", nil); err != nil {
+			t.Fatal(err)
+		}
+		p, err := pods.Get(ctx, "marked", metav1.GetOptions{})
+		if err != nil || p.DeletionTimestamp == nil {
+			t.Fatalf("after a graceful eviction: %v %+v", err, p)
+		}
+		if _, c := podutil.GetPodCondition(&p.Status, corev1.DisruptionTarget); c == nil || c.Status != corev1.ConditionTrue || c.Reason != "EvictionByEvictionAPI" {
+			t.Errorf("conditions after the eviction: %+v", p.Status.Conditions)
+		}
+		if len(p.Status.Conditions) != 2 {
+			t.Errorf("the other conditions were not kept: %+v", p.Status.Conditions)
 		}
 	})
 
