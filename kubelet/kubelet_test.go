@@ -813,3 +813,30 @@ func TestImageChangeRestartsAndStatusObservesGeneration(t *testing.T) {
 		}
 	}
 }
+
+// TestHostPortConflictIsRejectedAtAdmission: a pod bound to the node whose
+// host port an active pod holds fails at once with upstream's reason and
+// message and never starts; another address or protocol is no conflict.
+func TestHostPortConflictIsRejectedAtAdmission(t *testing.T) {
+	h := newHarness(t, nil)
+	withPort := func(ip string, proto v1.Protocol) func(*v1.Pod) {
+		return func(p *v1.Pod) {
+			p.Spec.Containers[0].Ports = []v1.ContainerPort{{ContainerPort: 8080, HostPort: 18080, HostIP: ip, Protocol: proto}}
+		}
+	}
+	h.create(echoPod("first", withPort("", v1.ProtocolTCP)))
+	h.waitPod("first", "running", running)
+	h.create(echoPod("udp", withPort("10.0.0.1", v1.ProtocolUDP)))
+	h.create(echoPod("second", withPort("10.0.0.1", v1.ProtocolTCP)))
+	p := h.waitPod("second", "rejected", func(p *v1.Pod) bool { return p.Status.Phase == v1.PodFailed })
+	if p.Status.Reason != "NodePorts" || p.Status.Message != "Pod was rejected: node(s) didn't have free ports for the requested pod ports" {
+		t.Errorf("rejection: reason %q message %q", p.Status.Reason, p.Status.Message)
+	}
+	h.waitPod("udp", "running (UDP is another port)", running)
+	if n := len(h.containersOf("second")); n != 0 {
+		t.Errorf("the rejected pod has %d containers", n)
+	}
+	if len(h.events("second", "NodePorts")) == 0 {
+		t.Errorf("no NodePorts event for the rejected pod")
+	}
+}

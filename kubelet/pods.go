@@ -72,6 +72,9 @@ func (k *Kubelet) upsertWorker(p *v1.Pod, static bool) {
 	w := &podWorker{k: k, uid: p.UID, pod: p.DeepCopy(), static: static,
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
 		waiting: map[string]waitReason{}, pending: map[string]runtime.Container{}, removed: map[string]bool{}}
+	if !static {
+		w.rejected = k.admitLocked(p)
+	}
 	k.workers[p.UID] = w
 	go w.run(k.ctx)
 }
@@ -106,8 +109,11 @@ type podWorker struct {
 	k      *Kubelet
 	uid    types.UID
 	static bool
-	kick   chan struct{}
-	done   chan struct{}
+	// rejected: admission refused the pod (admitLocked); it never starts,
+	// its status says why. Set before the worker runs.
+	rejected *waitReason
+	kick     chan struct{}
+	done     chan struct{}
 
 	mu   sync.Mutex
 	pod  *v1.Pod
@@ -296,6 +302,16 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 		return true, nil
 	}
 
+	if w.rejected != nil {
+		// Failed at admission, as upstream's rejectPod: written once.
+		if w.lastStatus != nil {
+			return false, nil
+		}
+		k.event(pod, v1.EventTypeWarning, w.rejected.reason, "%s", w.rejected.message)
+		w.terminal = true
+		return false, w.writeStatus(ctx, pod, v1.PodStatus{Phase: v1.PodFailed, Reason: w.rejected.reason,
+			Message: w.rejected.message, QOSClass: qosClass(pod)})
+	}
 	if w.sb == nil {
 		if sb, err := k.loadSandbox(pod.UID); err == nil {
 			w.sb = sb
