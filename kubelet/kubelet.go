@@ -61,6 +61,8 @@ type Kubelet struct {
 	recorder   record.EventRecorder
 	health     *ops.Health
 	nodeIP     string
+	// hostNetNS is the network namespace hostNetwork pods join (hostNetNS()).
+	hostNetNS string
 	// tokens caches and renews the pods' projected service-account tokens.
 	tokens *token.Manager
 	// ctb serves clusterTrustBundle projections (upstream's lazy
@@ -163,6 +165,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 			k.prober = actionProber{k}
 		}
 	}
+	k.hostNetNS = hostNetNS()
 	k.nodeIP = cfg.NodeIP
 	if k.nodeIP == "" {
 		k.nodeIP = defaultNodeIP()

@@ -351,3 +351,20 @@ func (k *Kubelet) heartbeat(ctx context.Context) {
 		}
 	}
 }
+
+// hostNetNS is the network namespace hostNetwork pods join: "" (the
+// runtime's own, the host's) when the kubelet runs in the init network
+// namespace, as on a real node; else the kubelet's, the node's network as
+// the kubelet sees it (a `waggle lab` node is a network namespace while
+// containerd runs outside it, so "the host's" would be the wrong machine).
+func hostNetNS() string {
+	self, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
+		return ""
+	}
+	root, err := os.Stat("/proc/1/ns/net")
+	if err != nil || os.SameFile(self, root) {
+		return ""
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", os.Getpid())
+}

@@ -865,11 +865,15 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		}
 		mounts = append(mounts, m)
 	}
+	netns := w.sb.NetNS
+	if pod.Spec.HostNetwork {
+		netns = k.hostNetNS
+	}
 	cfg := runtime.ContainerConfig{
 		PodUID: string(pod.UID), PodNamespace: pod.Namespace, PodName: pod.Name,
 		Name: c.Name, Attempt: attempt, Init: init, Image: c.Image,
 		Command: c.Command, Args: c.Args, Env: env, WorkingDir: c.WorkingDir, Mounts: mounts,
-		NetNSPath: w.sb.NetNS, Hostname: podHostname(pod), CgroupParent: w.sb.Cgroup,
+		NetNSPath: netns, Hostname: podHostname(pod), CgroupParent: w.sb.Cgroup,
 		LogPath: logPath,
 		Stdin:   c.Stdin, StdinOnce: c.StdinOnce,
 		Security: containerSecurity(pod, c),
