@@ -296,3 +296,41 @@ func testIPAMPerNode(t *testing.T, e *env, nodes []string) {
 		t.Fatalf("no pod with an IP to check:\n%s", out)
 	}
 }
+
+// testHostNetworkPod: a hostNetwork pod is on its node's network, as on a
+// real node: it listens on the node's address (another node reaches it
+// there) even though the lab's containerd runs outside the node's
+// network namespace.
+func testHostNetworkPod(t *testing.T, e *env, nodes []string) {
+	e.apply(t, fmt.Sprintf(`
+apiVersion: v1
+kind: Pod
+metadata: {name: hostnet, namespace: default}
+spec:
+  nodeName: %s
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: echo
+    image: %s
+    imagePullPolicy: Never
+    env:
+    - {name: POD_NAME, value: hostnet}
+    - {name: HTTP_PORT, value: "0"}
+    - {name: UDP_PORT, value: "0"}
+    - {name: TCP_PORT, value: "19000"}
+`, nodes[0], echoImage))
+	t.Cleanup(func() { e.kubectlErr("delete", "pod", "hostnet", "--wait=false") })
+	e.kubectl(t, "wait", "--for=condition=Ready", "pod/hostnet", "--timeout=2m")
+	addr := fmt.Sprintf("%s:19000", e.cfg.NodeAddr(1).Addr())
+	eventually(t, 30*time.Second, "the hostNetwork pod answers on "+addr+" from "+nodes[1], func() error {
+		out, err := e.nodeExec(nodes[1], e.echoBin(), "dial", "-n", "1", "tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%v:\n%s", err, out)
+		}
+		if a := answering(out); len(a) != 1 || a[0] != "hostnet" {
+			return fmt.Errorf("answered: %q", out)
+		}
+		return nil
+	})
+}

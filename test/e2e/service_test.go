@@ -138,6 +138,7 @@ func TestLab(t *testing.T) {
 	t.Run("PortForward", func(t *testing.T) { testPortForward(t, e) })
 	t.Run("Attach", func(t *testing.T) { testAttach(t, e) })
 	t.Run("StaticPodAndItsMirror", func(t *testing.T) { testStaticPod(t, e, nodes[0]) })
+	t.Run("HostNetworkPodOnItsNode", func(t *testing.T) { testHostNetworkPod(t, e, nodes) })
 	t.Run("IPAMStatePerNode", func(t *testing.T) { testIPAMPerNode(t, e, nodes) })
 	t.Run("InClusterClientGoWithTheServiceAccountToken", func(t *testing.T) { testInClusterClientGo(t, e, nodes) })
 
