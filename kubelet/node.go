@@ -357,13 +357,17 @@ func (k *Kubelet) heartbeat(ctx context.Context) {
 // namespace, as on a real node; else the kubelet's, the node's network as
 // the kubelet sees it (a `waggle lab` node is a network namespace while
 // containerd runs outside it, so "the host's" would be the wrong machine).
+//
+// From another network namespace, /proc/1/ns/net cannot even be stat'ed
+// (EACCES): that, too, means the kubelet's own. Joining the kubelet's
+// namespace by path is right in every case; "" only keeps a real node's
+// containers independent of the kubelet's PID.
 func hostNetNS() string {
 	self, err := os.Stat("/proc/self/ns/net")
 	if err != nil {
 		return ""
 	}
-	root, err := os.Stat("/proc/1/ns/net")
-	if err != nil || os.SameFile(self, root) {
+	if root, err := os.Stat("/proc/1/ns/net"); err == nil && os.SameFile(self, root) {
 		return ""
 	}
 	return fmt.Sprintf("/proc/%d/ns/net", os.Getpid())
