@@ -687,22 +687,20 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 			continue
 		}
 		cur := l[0]
-		if cur.Image != c.Image {
-			// The container's image was changed in the spec: stop it and
-			// start the new image whatever the restart policy, as upstream.
-			if cur.State == runtime.StateRunning {
-				k.log.Info("container definition changed, will be restarted", "pod", pod.Name, "container", c.Name, "image", c.Image)
-				if err := w.terminate(ctx, pod, []runtime.Container{cur}, gracePeriod(pod)); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-			}
-			if cur.State != runtime.StateCreated && cur.State != runtime.StateUnknown {
-				if err := w.start(ctx, pod, c, cur.Attempt+1, false); err != nil {
-					errs = append(errs, err)
-				}
+		if cur.State == runtime.StateRunning && cur.Image != c.Image {
+			// The running container's image was changed in the spec: stop
+			// it and start the new image whatever the restart policy, as
+			// upstream ("definition changed"). An exited one restarts, with
+			// the new image, only as its policy says.
+			k.log.Info("container definition changed, will be restarted", "pod", pod.Name, "container", c.Name, "image", c.Image)
+			if err := w.terminate(ctx, pod, []runtime.Container{cur}, gracePeriod(pod)); err != nil {
+				errs = append(errs, err)
 				continue
 			}
+			if err := w.start(ctx, pod, c, cur.Attempt+1, false); err != nil {
+				errs = append(errs, err)
+			}
+			continue
 		}
 		switch cur.State {
 		case runtime.StateRunning:
