@@ -212,11 +212,8 @@ func (s *Server) evictDelete(ctx context.Context, w http.ResponseWriter, req *re
 		pre := opts.Preconditions
 		updated, err := req.reg.guaranteedUpdate(ctx, req.ns, req.name, "status", writeOpts{manager: "waggle-apiserver"}, func(cur runtime.Object) (runtime.Object, error) {
 			p := cur.(*corev1.Pod)
-			if p.UID != *pre.UID {
-				return nil, apierrors.NewConflict(corev1.Resource("pods"), p.Name, fmt.Errorf("the UID in the precondition (%s) does not match the UID in record (%s). The object might have been deleted and then recreated", *pre.UID, p.UID))
-			}
-			if pre.ResourceVersion != nil && *pre.ResourceVersion != "" && *pre.ResourceVersion != p.ResourceVersion {
-				return nil, apierrors.NewConflict(corev1.Resource("pods"), p.Name, fmt.Errorf("the ResourceVersion in the precondition (%s) does not match the ResourceVersion in record (%s). The object might have been modified", *pre.ResourceVersion, p.ResourceVersion))
+			if err := checkPreconditions(req.reg.gr, p.Name, pre, p); err != nil {
+				return nil, err
 			}
 			if !podutil.UpdatePodCondition(&p.Status, &corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue,
 				Reason: "EvictionByEvictionAPI", Message: "Eviction API: evicting"}) {
@@ -228,7 +225,7 @@ func (s *Server) evictDelete(ctx context.Context, w http.ResponseWriter, req *re
 		if err != nil {
 			return err
 		}
-		if pre.ResourceVersion != nil && *pre.ResourceVersion != "" {
+		if pre.ResourceVersion != nil {
 			// This write moved the version the caller pinned.
 			rv := objectMeta(updated).GetResourceVersion()
 			pre.ResourceVersion = &rv

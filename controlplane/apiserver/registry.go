@@ -735,13 +735,8 @@ func (r *registry) deleteObject(ctx context.Context, ns, name string, opts *meta
 		}
 		obj := cur.Obj.DeepCopyObject()
 		m := objectMeta(obj)
-		if pc := opts.Preconditions; pc != nil {
-			if pc.UID != nil && *pc.UID != m.GetUID() {
-				return nil, false, apierrors.NewConflict(r.gr, name, fmt.Errorf("precondition failed: UID in precondition: %v, UID in object meta: %v", *pc.UID, m.GetUID()))
-			}
-			if pc.ResourceVersion != nil && *pc.ResourceVersion != m.GetResourceVersion() {
-				return nil, false, apierrors.NewConflict(r.gr, name, fmt.Errorf("precondition failed: ResourceVersion in precondition: %v, ResourceVersion in object meta: %v", *pc.ResourceVersion, m.GetResourceVersion()))
-			}
+		if err := checkPreconditions(r.gr, name, opts.Preconditions, m); err != nil {
+			return nil, false, err
 		}
 		if err := r.srv.admit(ctx, &AdmissionAttributes{Operation: OpDelete, Resource: r.res, Namespace: ns, Name: name, OldObject: cur.Obj, DryRun: wo.dryRun}); err != nil {
 			return nil, false, err
@@ -809,4 +804,19 @@ func (r *registry) afterDelete(ctx context.Context, obj runtime.Object) {
 	if r.st.released != nil {
 		r.st.released(ctx, r.srv, obj)
 	}
+}
+
+// checkPreconditions refuses, with a 409, a write whose UID or
+// resourceVersion preconditions the stored object m does not meet.
+func checkPreconditions(gr schema.GroupResource, name string, pc *metav1.Preconditions, m metav1.Object) error {
+	if pc == nil {
+		return nil
+	}
+	if pc.UID != nil && *pc.UID != m.GetUID() {
+		return apierrors.NewConflict(gr, name, fmt.Errorf("precondition failed: UID in precondition: %v, UID in object meta: %v", *pc.UID, m.GetUID()))
+	}
+	if pc.ResourceVersion != nil && *pc.ResourceVersion != m.GetResourceVersion() {
+		return apierrors.NewConflict(gr, name, fmt.Errorf("precondition failed: ResourceVersion in precondition: %v, ResourceVersion in object meta: %v", *pc.ResourceVersion, m.GetResourceVersion()))
+	}
+	return nil
 }
