@@ -87,18 +87,20 @@ func Has(obj runtime.Object) bool {
 	if meta.IsListType(obj) {
 		obj = elemOfList(obj)
 	}
-	if _, ok := registry[reflect.TypeOf(obj)]; ok {
-		return true
-	}
-	_, ok := upstreamPrinter(obj)
+	_, ok := ownPrinter(obj)
 	return ok
 }
 
-func printerFor(obj runtime.Object) printer {
+// ownPrinter is obj's type's printer: Waggle's, else upstream's.
+func ownPrinter(obj runtime.Object) (printer, bool) {
 	if p, ok := registry[reflect.TypeOf(obj)]; ok {
-		return p
+		return p, true
 	}
-	if p, ok := upstreamPrinter(obj); ok {
+	return upstreamPrinter(obj)
+}
+
+func printerFor(obj runtime.Object) printer {
+	if p, ok := ownPrinter(obj); ok {
 		return p
 	}
 	return defaultPrinter
