@@ -61,8 +61,10 @@ type Kubelet struct {
 	recorder   record.EventRecorder
 	health     *ops.Health
 	nodeIP     string
-	// hostNetNS is the network namespace hostNetwork pods join (hostNetNS()).
-	hostNetNS string
+	// hostNetNS is the network namespace hostNetwork pods join (hostNetNS());
+	// hostNetNSFile holds it open.
+	hostNetNS     string
+	hostNetNSFile *os.File
 	// tokens caches and renews the pods' projected service-account tokens.
 	tokens *token.Manager
 	// ctb serves clusterTrustBundle projections (upstream's lazy
@@ -165,7 +167,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 			k.prober = actionProber{k}
 		}
 	}
-	k.hostNetNS = hostNetNS()
+	k.hostNetNS, k.hostNetNSFile = hostNetNS()
 	k.nodeIP = cfg.NodeIP
 	if k.nodeIP == "" {
 		k.nodeIP = defaultNodeIP()
@@ -269,6 +271,9 @@ func (k *Kubelet) runtimeHealthy() error {
 // Run runs the kubelet until ctx ends.
 func (k *Kubelet) Run(ctx context.Context) error {
 	k.ctx = ctx
+	if k.hostNetNSFile != nil {
+		defer k.hostNetNSFile.Close()
+	}
 	if err := os.MkdirAll(filepath.Join(k.cfg.RootDir, "pods"), 0o750); err != nil {
 		return fmt.Errorf("kubelet root dir: %w", err)
 	}

@@ -358,17 +358,31 @@ func (k *Kubelet) heartbeat(ctx context.Context) {
 // the kubelet sees it (a `waggle lab` node is a network namespace while
 // containerd runs outside it, so "the host's" would be the wrong machine).
 //
+// The kubelet's namespace is named by an open descriptor,
+// /proc/<pid>/fd/<n>, not by /proc/<pid>/ns/net: that is the main
+// thread's namespace at the moment runc reads it, and the main thread is
+// one the kubelet's in-process network code (CNI, probes) may have
+// switched into a pod's namespace for a moment. The descriptor is opened
+// on a locked thread, which no other goroutine can have switched; the
+// caller keeps the file open for the kubelet's life.
+//
 // From another network namespace, /proc/1/ns/net cannot even be stat'ed
-// (EACCES): that, too, means the kubelet's own. Joining the kubelet's
-// namespace by path is right in every case; "" only keeps a real node's
-// containers independent of the kubelet's PID.
-func hostNetNS() string {
-	self, err := os.Stat("/proc/self/ns/net")
+// (EACCES): that, too, means the kubelet's own.
+func hostNetNS() (string, *os.File) {
+	goruntime.LockOSThread()
+	defer goruntime.UnlockOSThread()
+	f, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
-		return ""
+		return "", nil
+	}
+	self, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return "", nil
 	}
 	if root, err := os.Stat("/proc/1/ns/net"); err == nil && os.SameFile(self, root) {
-		return ""
+		f.Close()
+		return "", nil
 	}
-	return fmt.Sprintf("/proc/%d/ns/net", os.Getpid())
+	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()), f
 }
