@@ -132,26 +132,20 @@ func Down(ctx context.Context, dataDir string, out io.Writer) error {
 	}
 	for _, n := range st.Servers {
 		errs = append(errs, removeNetNS(n.NetNS))
-		if l, err := netlink.LinkByName(n.HostVeth); err == nil {
-			errs = append(errs, netlink.LinkDel(l))
-		}
+		errs = append(errs, removeLink(n.HostVeth))
 	}
 	for _, n := range st.Nodes {
 		errs = append(errs, os.RemoveAll(n.PinDir))
 		if n.NetNS != "" {
 			errs = append(errs, removeNetNS(n.NetNS))
 		}
-		if l, err := netlink.LinkByName(n.HostVeth); err == nil {
-			errs = append(errs, netlink.LinkDel(l))
-		}
+		errs = append(errs, removeLink(n.HostVeth))
 	}
 	if st.CgroupDir != "" {
 		errs = append(errs, removeCgroupEverywhere(st.CgroupDir))
 	}
 	if st.Bridge != "" {
-		if l, err := netlink.LinkByName(st.Bridge); err == nil {
-			errs = append(errs, netlink.LinkDel(l))
-		}
+		errs = append(errs, removeLink(st.Bridge))
 	}
 	errs = append(errs, unmountUnder(dataDir))
 	if err := errors.Join(errs...); err != nil {
@@ -533,6 +527,21 @@ func rmdirTree(dir string) error {
 		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("remove cgroup %s: %w", d, err)
 		}
+	}
+	return nil
+}
+
+// removeLink deletes a link if it is still there. A node's host-side veth
+// goes by itself, a moment after its peer's namespace is removed (the
+// kernel destroys the pair when the namespace is freed, asynchronously):
+// found one instant and gone the next (ENODEV) is not an error.
+func removeLink(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil
+	}
+	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete link %s: %w", name, err)
 	}
 	return nil
 }

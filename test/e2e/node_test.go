@@ -256,11 +256,12 @@ func testStaticPod(t *testing.T, e *env, node string) {
 // configuration's IPAM dataDir; never the host's /var/lib/cni/networks),
 // and no address is reserved by two nodes; lab down removes the data dir.
 func testIPAMPerNode(t *testing.T, e *env, nodes []string) {
-	out := e.kubectl(t, "get", "pods", "-o", `jsonpath={range .items[?(@.status.podIP)]}{.spec.nodeName} {.status.podIP}{"\n"}{end}`)
+	// A hostNetwork pod's IP is its node's: nothing is reserved for it.
+	out := e.kubectl(t, "get", "pods", "-o", `jsonpath={range .items[?(@.status.podIP)]}{.spec.nodeName} {.status.podIP} {.spec.hostNetwork}{"\n"}{end}`)
 	checked := 0
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Fields(line)
-		if len(f) != 2 {
+		if len(f) < 2 || len(f) > 2 && f[2] == "true" {
 			continue
 		}
 		node, ip := f[0], f[1]
@@ -320,10 +321,20 @@ spec:
     - {name: UDP_PORT, value: "0"}
     - {name: TCP_PORT, value: "19000"}
 `, nodes[0], echoImage))
-	t.Cleanup(func() { e.kubectlErr("delete", "pod", "hostnet", "--wait=false") })
+	t.Cleanup(func() {
+		if t.Failed() {
+			// What the kubelet made of the pod, what the container said and
+			// what listens in the node's network namespace.
+			pod, _ := e.kubectlErr("get", "pod", "hostnet", "-o", "jsonpath={.status}")
+			logs, _ := e.kubectlErr("logs", "hostnet", "--all-containers", "--previous=false")
+			ss, _ := e.nodeExec(nodes[0], "ss", "-Htlnp")
+			t.Logf("pod status: %s\ncontainer log:\n%s\nlistening in %s:\n%s", pod, logs, nodes[0], ss)
+		}
+		e.kubectlErr("delete", "pod", "hostnet", "--wait=false")
+	})
 	e.kubectl(t, "wait", "--for=condition=Ready", "pod/hostnet", "--timeout=2m")
 	addr := fmt.Sprintf("%s:19000", e.cfg.NodeAddr(1).Addr())
-	eventually(t, 30*time.Second, "the hostNetwork pod answers on "+addr+" from "+nodes[1], func() error {
+	eventually(t, time.Minute, "the hostNetwork pod answers on "+addr+" from "+nodes[1], func() error {
 		out, err := e.nodeExec(nodes[1], e.echoBin(), "dial", "-n", "1", "tcp", addr)
 		if err != nil {
 			return fmt.Errorf("%v:\n%s", err, out)
