@@ -53,6 +53,7 @@ const (
 	LabelCgroup       = "waggle.io/cgroup"
 	LabelOOM          = "waggle.io/oom-killed"
 	LabelStdinOnce    = "waggle.io/stdin-once"
+	LabelResources    = "waggle.io/resources"
 )
 
 // oomGrace is how long an exit by SIGKILL waits for its OOM event before
@@ -353,6 +354,7 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 		}
 		opts = append(opts, oci.WithMounts(ms))
 	}
+	opts = append(opts, withCgroupfs(cfg))
 	opts = append(opts, securityOpts(cfg.Security)...)
 	if cfg.MemoryLimit > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(cfg.MemoryLimit)))
@@ -377,6 +379,9 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 		LabelImageID:      image.Target().Digest.String(),
 		LabelLogPath:      cfg.LogPath,
 		LabelCgroup:       cgroup,
+	}
+	if cfg.ResourcesRecord != "" {
+		labels[LabelResources] = cfg.ResourcesRecord
 	}
 	if cfg.Stdin && cfg.StdinOnce {
 		labels[LabelStdinOnce] = "true"
@@ -485,6 +490,73 @@ func (c *Containerd) StopContainer(ctx context.Context, id string, grace time.Du
 	}
 }
 
+// withCgroupfs gives the container its own cgroups at /sys/fs/cgroup, as a
+// CRI runtime does (containerd's default spec has no such mount): read-only
+// (a privileged container's is made writable by oci.WithPrivileged), its
+// own cgroup as the root — on cgroup v1 runc binds it per hierarchy, on a
+// unified host a private cgroup namespace does it — unless the pod mounts
+// something there itself.
+func withCgroupfs(cfg ContainerConfig) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		for _, m := range cfg.Mounts {
+			if filepath.Clean(m.ContainerPath) == "/sys/fs/cgroup" {
+				return nil
+			}
+		}
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup",
+			Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}})
+		if _, v1 := cgroupfs.V1Controller("cpu"); !v1 && !cfg.Security.Privileged {
+			if s.Linux == nil {
+				s.Linux = &specs.Linux{}
+			}
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.CgroupNamespace})
+		}
+		return nil
+	}
+}
+
+// UpdateResources implements Runtime: the task's cgroups change in place
+// (runc update), then the container's record label.
+func (c *Containerd) UpdateResources(ctx context.Context, id string, r Resources, record string) error {
+	ctx = c.ctx(ctx)
+	ctr, err := c.client.LoadContainer(ctx, id)
+	if err != nil {
+		return fmt.Errorf("%w: container %s", ErrNotFound, id)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("task of %s: %w", id, err)
+	}
+	if err := task.Update(ctx, containerd.WithResources(linuxResources(r))); err != nil {
+		return fmt.Errorf("update resources of %s: %w", id, err)
+	}
+	if _, err := ctr.SetLabels(ctx, map[string]string{LabelResources: record}); err != nil {
+		return fmt.Errorf("record resources of %s: %w", id, err)
+	}
+	return nil
+}
+
+// linuxResources are r as an update: a zero quota or memory limit is
+// unlimited (-1), shares are at least 2 (the kernel's minimum).
+func linuxResources(r Resources) *specs.LinuxResources {
+	shares := max(r.CPUShares, 2)
+	period := r.CPUPeriod
+	if period == 0 {
+		period = 100000
+	}
+	quota, mem := r.CPUQuota, r.MemoryLimit
+	if quota <= 0 {
+		quota = -1
+	}
+	if mem <= 0 {
+		mem = -1
+	}
+	return &specs.LinuxResources{
+		CPU:    &specs.LinuxCPU{Shares: &shares, Quota: &quota, Period: &period},
+		Memory: &specs.LinuxMemory{Limit: &mem},
+	}
+}
+
 // StdinDone implements Runtime.
 func (c *Containerd) StdinDone(ctx context.Context, id string) error {
 	ctx = c.ctx(ctx)
@@ -556,6 +628,7 @@ func fromLabels(info containers.Container) Container {
 		ID: info.ID, PodUID: l[LabelPodUID], PodName: l[LabelPodName], PodNamespace: l[LabelPodNamespace],
 		Name: l[LabelContainer], Attempt: attempt, Init: l[LabelInit] == "true",
 		Image: l[LabelImage], ImageID: l[LabelImageID], LogPath: l[LabelLogPath], CreatedAt: info.CreatedAt,
+		ResourcesRecord: l[LabelResources],
 	}
 	rc.StartedAt, _ = time.Parse(time.RFC3339Nano, l[LabelStartedAt])
 	return rc
