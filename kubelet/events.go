@@ -26,6 +26,10 @@ const (
 	EventNodeReady              = "NodeReady"
 	EventNodeNotReady           = "NodeNotReady"
 	EventDeadlineExceeded       = "DeadlineExceeded"
+	EventResizeDeferred         = "ResizeDeferred"
+	EventResizeInfeasible       = "ResizeInfeasible"
+	EventResizeCompleted        = "ResizeCompleted"
+	EventResizeError            = "ResizeError"
 )
 
 // startEvents makes the kubelet's recorder: client-go's broadcaster with its

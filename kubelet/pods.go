@@ -71,7 +71,7 @@ func (k *Kubelet) upsertWorker(p *v1.Pod, static bool) {
 	}
 	w := &podWorker{k: k, uid: p.UID, pod: p.DeepCopy(), static: static,
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
-		waiting: map[string]waitReason{}, pending: map[string]runtime.Container{}, removed: map[string]bool{}}
+		waiting: map[string]waitReason{}, pending: map[string]runtime.Container{}, removed: map[string]bool{}, resized: map[string]string{}}
 	if !static {
 		w.rejected = k.admitLocked(p)
 	}
@@ -120,12 +120,16 @@ type podWorker struct {
 	gone bool
 
 	// Owned by the run goroutine.
-	sb         *sandboxState
-	waiting    map[string]waitReason
-	pending    map[string]runtime.Container // started, not yet relisted
-	removed    map[string]bool              // removed, maybe still relisted
-	lastStatus *v1.PodStatus
-	terminal   bool
+	sb      *sandboxState
+	waiting map[string]waitReason
+	pending map[string]runtime.Container // started, not yet relisted
+	removed map[string]bool              // removed, maybe still relisted
+	resized map[string]string            // resized in place: new record, maybe not yet relisted
+	// resizePending and resizeError are the pod's resize conditions
+	// (resize.go); nil when there is none.
+	resizePending, resizeError *resizeCondition
+	lastStatus                 *v1.PodStatus
+	terminal                   bool
 	// deadlineExceeded: spec.activeDeadlineSeconds ran out (the pod
 	// fails with reason DeadlineExceeded); deadlineAt is the deadline a
 	// wake-up is set for.
@@ -213,11 +217,23 @@ func (w *podWorker) containers() []runtime.Container {
 		} else {
 			delete(w.pending, c.ID)
 		}
+		if r, ok := w.resized[c.ID]; ok {
+			if c.ResourcesRecord == r {
+				delete(w.resized, c.ID)
+			} else {
+				c.ResourcesRecord = r // resized by us, not yet relisted
+			}
+		}
 		out = append(out, c)
 	}
 	for id := range w.removed {
 		if !seen[id] {
 			delete(w.removed, id)
+		}
+	}
+	for id := range w.resized {
+		if !seen[id] {
+			delete(w.resized, id)
 		}
 	}
 	for id, c := range w.pending {
@@ -677,6 +693,7 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 		}
 		return errors.Join(append(errs, w.restart(ctx, pod, c, cur, true))...)
 	}
+	resizeNow := w.admitResize(pod, named)
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		l := named[c.Name]
@@ -701,6 +718,15 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 				errs = append(errs, err)
 			}
 			continue
+		}
+		if resizeNow && cur.State == runtime.StateRunning && needsResize(cur, c) {
+			restarted, err := w.resize(ctx, pod, c, cur)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if restarted {
+				continue
+			}
 		}
 		switch cur.State {
 		case runtime.StateRunning:
@@ -877,6 +903,7 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		Security: containerSecurity(pod, c),
 	}
 	applyResources(&cfg, c.Resources)
+	cfg.ResourcesRecord = resourcesRecord(c.Resources)
 	id, err := k.rt.StartContainer(ctx, cfg)
 	if err != nil {
 		k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)

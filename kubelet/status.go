@@ -41,7 +41,7 @@ func ctrState(c runtime.Container) v1.ContainerState {
 func (w *podWorker) containerStatuses(pod *v1.Pod, specs []v1.Container, named map[string][]runtime.Container, init, deleting bool, waitDefault string) []v1.ContainerStatus {
 	out := make([]v1.ContainerStatus, 0, len(specs))
 	for _, s := range specs {
-		cs := v1.ContainerStatus{Name: s.Name, Image: s.Image, ImageID: "", Started: new(bool)}
+		cs := v1.ContainerStatus{Name: s.Name, Image: s.Image, ImageID: "", Started: new(bool), AllocatedResources: s.Resources.Requests}
 		sidecar := init && podutil.IsRestartableInitContainer(&s)
 		l := named[s.Name]
 		if len(l) > 0 {
@@ -54,6 +54,12 @@ func (w *podWorker) containerStatuses(pod *v1.Pod, specs []v1.Container, named m
 			if len(l) > 1 {
 				cs.LastTerminationState = ctrState(l[1])
 				withTerminationMessage(&cs.LastTerminationState, l[1], &s)
+			}
+			if cur.State == runtime.StateRunning {
+				// The resources it runs with; their requests are what the
+				// kubelet allocated to it (in-place resize, resize.go).
+				have := runningResources(cur, &s)
+				cs.Resources, cs.AllocatedResources = &have, have.Requests
 			}
 			if cur.State == runtime.StateRunning {
 				started := w.k.probes.started(cur.ID)
@@ -259,6 +265,9 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	st.Conditions = append([]v1.PodCondition{
 		cond(v1.PodReadyToStartContainers, w.sb != nil && !w.sb.Torn && !deleting, ""),
 	}, st.Conditions...)
+	for _, c := range w.resizeConditions() {
+		st.Conditions = append(st.Conditions, v1.PodCondition{Type: c.typ, Status: v1.ConditionTrue, Reason: c.reason, Message: c.message})
+	}
 	// PodObservedGenerationTracking (GA upstream): the generation of the
 	// spec this status describes, on the status and on each condition the
 	// kubelet owns.
@@ -276,6 +285,7 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 // kept as other writers left them.
 var ownedConditions = map[v1.PodConditionType]bool{
 	v1.PodReadyToStartContainers: true, v1.PodInitialized: true, v1.PodReady: true, v1.ContainersReady: true, v1.PodScheduled: true,
+	v1.PodResizePending: true, v1.PodResizeInProgress: true,
 }
 
 // mergeStatus puts the kubelet's status into cur, keeping other writers'

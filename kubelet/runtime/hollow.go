@@ -59,8 +59,24 @@ func (h *Hollow) StartContainer(_ context.Context, cfg ContainerConfig) (string,
 		ID: id, PodUID: cfg.PodUID, PodName: cfg.PodName, PodNamespace: cfg.PodNamespace,
 		Name: cfg.Name, Attempt: cfg.Attempt, Init: cfg.Init, Image: cfg.Image, ImageID: "sha256:hollow-" + cfg.Image,
 		State: StateRunning, PID: uint32(1000 + h.next), CreatedAt: now, StartedAt: now, LogPath: cfg.LogPath,
+		ResourcesRecord: cfg.ResourcesRecord,
 	}
 	return id, nil
+}
+
+// UpdateResources implements Runtime: a hollow container keeps the record.
+func (h *Hollow) UpdateResources(_ context.Context, id string, _ Resources, record string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c, ok := h.containers[id]
+	if !ok {
+		return fmt.Errorf("container %s: %w", id, ErrNotFound)
+	}
+	if c.State != StateRunning {
+		return fmt.Errorf("container %s is not running", id)
+	}
+	c.ResourcesRecord = record
+	return nil
 }
 
 // Exit ends a running container with code and reason, as if its process

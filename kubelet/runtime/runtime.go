@@ -63,12 +63,12 @@ type ContainerConfig struct {
 	// CgroupParent is the pod's cgroup path (relative to the hierarchy
 	// roots, e.g. /waggle/node1/pod<uid>); the container gets a child.
 	CgroupParent string
-	// CPUShares, CPUQuota/CPUPeriod (µs) and MemoryLimit (bytes); zero means
-	// unset.
-	CPUShares   uint64
-	CPUQuota    int64
-	CPUPeriod   uint64
-	MemoryLimit int64
+	// Resources are the container's cgroup settings; ResourcesRecord is
+	// the kubelet's record of what they stand for (its spec's resources,
+	// opaque to the runtime), kept with the container and returned by
+	// ListContainers.
+	Resources
+	ResourcesRecord string
 	// LogPath receives the container's stdout and stderr.
 	LogPath string
 	// Security is how the container's process is confined: its user and
@@ -78,6 +78,17 @@ type ContainerConfig struct {
 	// (for attach); with StdinOnce it is closed once the first attach that
 	// wrote to it ends (StdinDone).
 	Stdin, StdinOnce bool
+}
+
+// Resources are a container's cgroup settings: CPUShares, CPUQuota and
+// CPUPeriod (µs) and MemoryLimit (bytes). When a container is started, zero
+// means unset; when it is updated, a zero quota or memory limit means
+// unlimited.
+type Resources struct {
+	CPUShares   uint64
+	CPUQuota    int64
+	CPUPeriod   uint64
+	MemoryLimit int64
 }
 
 // Security is a container's effective securityContext (the pod's merged
@@ -138,6 +149,9 @@ type Container struct {
 	// Reason is set when exited: Completed, Error or OOMKilled.
 	Reason  string
 	LogPath string
+	// ResourcesRecord is the record the container was started or last
+	// updated with (ContainerConfig.ResourcesRecord).
+	ResourcesRecord string
 }
 
 // TermSize is a terminal size for exec with a TTY.
@@ -186,6 +200,9 @@ type Runtime interface {
 	Exec(ctx context.Context, id string, cmd []string, opts ExecOptions) (int, error)
 	// Stats returns a running container's usage.
 	Stats(ctx context.Context, id string) (*ContainerStats, error)
+	// UpdateResources changes a running container's cgroup settings in
+	// place (in-place pod resize) and replaces its ResourcesRecord.
+	UpdateResources(ctx context.Context, id string, r Resources, record string) error
 	// StdinDone is told that an attach writing to the container's stdin
 	// ended: a StdinOnce container's stdin is then closed, as upstream.
 	StdinDone(ctx context.Context, id string) error

@@ -1,0 +1,137 @@
+package kubelet
+
+import (
+	"context"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func resources(req, lim map[v1.ResourceName]string) v1.ResourceRequirements {
+	list := func(m map[v1.ResourceName]string) v1.ResourceList {
+		if m == nil {
+			return nil
+		}
+		l := v1.ResourceList{}
+		for k, v := range m {
+			l[k] = resource.MustParse(v)
+		}
+		return l
+	}
+	return v1.ResourceRequirements{Requests: list(req), Limits: list(lim)}
+}
+
+// resizeTo writes the pod's new container resources as the pods/resize
+// subresource does: spec changed, generation up.
+func (h *harness) resizeTo(name string, r v1.ResourceRequirements, policy ...v1.ContainerResizePolicy) {
+	h.t.Helper()
+	p := h.pod(name)
+	p.Spec.Containers[0].Resources = r
+	if policy != nil {
+		p.Spec.Containers[0].ResizePolicy = policy
+	}
+	p.Generation++
+	if _, err := h.cs.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// resizedTo: the pod's status says its container runs with r (status
+// resources, allocatedResources), for the pod's current generation, with
+// no resize condition left.
+func resizedTo(r v1.ResourceRequirements) func(*v1.Pod) bool {
+	return func(p *v1.Pod) bool {
+		if len(p.Status.ContainerStatuses) != 1 || p.Status.ObservedGeneration != p.Generation {
+			return false
+		}
+		cs := p.Status.ContainerStatuses[0]
+		return cs.Resources != nil && apiequality.Semantic.DeepEqual(*cs.Resources, r) &&
+			apiequality.Semantic.DeepEqual(cs.AllocatedResources, r.Requests) &&
+			cond(p, v1.PodResizePending) == "" && cond(p, v1.PodResizeInProgress) == ""
+	}
+}
+
+// TestInPlaceResize: a running container's resources change in place
+// (same container, new record in the runtime, status.resources and
+// allocatedResources follow, events); a resource whose resizePolicy is
+// RestartContainer restarts it; a resize the node cannot hold waits as
+// PodResizePending — Infeasible beyond allocatable, Deferred while other
+// pods hold the room, actuated once they are gone.
+func TestInPlaceResize(t *testing.T) {
+	h := newHarness(t, nil)
+	orig := resources(map[v1.ResourceName]string{v1.ResourceCPU: "20m", v1.ResourceMemory: "35Mi"}, nil)
+	h.create(echoPod("p", func(p *v1.Pod) { p.Generation = 1; p.Spec.Containers[0].Resources = orig }))
+	h.waitPod("p", "running with its resources in the status", func(p *v1.Pod) bool { return running(p) && resizedTo(orig)(p) })
+	first := h.current("p", "echo")
+
+	// In place: CPU request up, a CPU limit added.
+	up := resources(map[v1.ResourceName]string{v1.ResourceCPU: "25m", v1.ResourceMemory: "35Mi"}, map[v1.ResourceName]string{v1.ResourceCPU: "35m"})
+	h.resizeTo("p", up)
+	p := h.waitPod("p", "resized in place", resizedTo(up))
+	if cs := p.Status.ContainerStatuses[0]; cs.RestartCount != 0 || cs.ContainerID != "containerd://"+first.ID {
+		t.Errorf("an in-place resize restarted the container: %+v", cs)
+	}
+	if got := h.current("p", "echo").ResourcesRecord; got != resourcesRecord(up) {
+		t.Errorf("runtime record %s, want %s", got, resourcesRecord(up))
+	}
+	if len(h.events("p", "ResizeCompleted")) == 0 {
+		t.Error("no ResizeCompleted event")
+	}
+
+	// Memory with resizePolicy RestartContainer: the next attempt runs
+	// with the new resources.
+	restart := resources(map[v1.ResourceName]string{v1.ResourceCPU: "25m", v1.ResourceMemory: "40Mi"}, map[v1.ResourceName]string{v1.ResourceCPU: "35m"})
+	h.resizeTo("p", restart, v1.ContainerResizePolicy{ResourceName: v1.ResourceMemory, RestartPolicy: v1.RestartContainer})
+	p = h.waitPod("p", "restarted with the new memory", func(p *v1.Pod) bool { return running(p) && resizedTo(restart)(p) })
+	if cs := p.Status.ContainerStatuses[0]; cs.RestartCount != 1 {
+		t.Errorf("restartCount %d after a RestartContainer resize, want 1", cs.RestartCount)
+	}
+
+	// More CPU than the node has: Infeasible, the container keeps its own.
+	node, err := h.cs.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := node.Status.Allocatable[v1.ResourceCPU]
+	huge := resources(map[v1.ResourceName]string{v1.ResourceCPU: "1000", v1.ResourceMemory: "40Mi"}, nil)
+	h.resizeTo("p", huge)
+	p = h.waitPod("p", "resize infeasible", func(p *v1.Pod) bool { return cond(p, v1.PodResizePending) == v1.ConditionTrue })
+	if c := resizeCond(p, v1.PodResizePending); c.Reason != v1.PodReasonInfeasible {
+		t.Errorf("PodResizePending %+v, want reason Infeasible", c)
+	}
+	if cs := p.Status.ContainerStatuses[0]; !apiequality.Semantic.DeepEqual(*cs.Resources, restart) {
+		t.Errorf("an infeasible resize changed status.resources: %+v", cs.Resources)
+	}
+	if len(h.events("p", "ResizeInfeasible")) == 0 {
+		t.Error("no ResizeInfeasible event")
+	}
+
+	// Fits the node, not beside another pod: Deferred until it is gone.
+	hogCPU := alloc.DeepCopy()
+	hogCPU.Sub(resource.MustParse("100m"))
+	h.create(echoPod("hog", func(p *v1.Pod) {
+		p.Spec.Containers[0].Resources = v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: hogCPU}}
+	}))
+	h.waitPod("hog", "running", running)
+	fits := resources(map[v1.ResourceName]string{v1.ResourceCPU: "500m", v1.ResourceMemory: "40Mi"}, nil)
+	h.resizeTo("p", fits)
+	p = h.waitPod("p", "resize deferred", func(p *v1.Pod) bool {
+		return resizeCond(p, v1.PodResizePending).Reason == v1.PodReasonDeferred && p.Status.ObservedGeneration == p.Generation
+	})
+	if err := h.cs.CoreV1().Pods("default").Delete(context.Background(), "hog", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitPod("p", "resized once the other pod is gone", resizedTo(fits))
+}
+
+func resizeCond(p *v1.Pod, t v1.PodConditionType) v1.PodCondition {
+	for _, c := range p.Status.Conditions {
+		if c.Type == t {
+			return c
+		}
+	}
+	return v1.PodCondition{}
+}
