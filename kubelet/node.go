@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
 	"k8s.io/utils/ptr"
 
 	"github.com/waggle-io/waggle/internal/version"
@@ -162,8 +163,18 @@ func (k *Kubelet) initialNode() (*v1.Node, error) {
 
 // fillStatus sets capacity, addresses, conditions, node info and the
 // daemon endpoint.
+//
+// Extended resources another writer put in the capacity (a device plugin's
+// stand-in, `kubectl patch --subresource=status`) are kept and mirrored in
+// allocatable, as upstream's kubelet does; the machine's own resources are
+// the kubelet's.
 func (k *Kubelet) fillStatus(n *v1.Node) {
 	capacity := machineCapacity(k.cfg.RootDir, k.cfg.MaxPods)
+	for name, q := range n.Status.Capacity {
+		if v1helper.IsExtendedResourceName(name) {
+			capacity[name] = q
+		}
+	}
 	n.Status.Capacity = capacity
 	n.Status.Allocatable = capacity.DeepCopy()
 	n.Status.Addresses = []v1.NodeAddress{

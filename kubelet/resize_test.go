@@ -3,6 +3,7 @@ package kubelet
 import (
 	"context"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -134,4 +135,34 @@ func resizeCond(p *v1.Pod, t v1.PodConditionType) v1.PodCondition {
 		}
 	}
 	return v1.PodCondition{}
+}
+
+// TestExtendedResourcesOfOthersSurviveStatusUpdates: an extended resource
+// another writer put in the node's capacity stays there, and in
+// allocatable, through the kubelet's status updates (upstream's e2e
+// AddExtendedResource relies on it); the machine's own resources stay the
+// kubelet's.
+func TestExtendedResourcesOfOthersSurviveStatusUpdates(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.NodeStatusUpdateFrequency = 50 * time.Millisecond })
+	nodes := h.cs.CoreV1().Nodes()
+	n, err := nodes.Get(context.Background(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Capacity["example.com/dongle"] = resource.MustParse("4")
+	n.Status.Capacity[v1.ResourcePods] = resource.MustParse("3")
+	if _, err := nodes.UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the kubelet's next status update", func() (bool, string) {
+		n, _ := nodes.Get(context.Background(), node, metav1.GetOptions{})
+		pods := n.Status.Capacity[v1.ResourcePods]
+		return pods.Value() != 3, pods.String()
+	})
+	n, _ = nodes.Get(context.Background(), node, metav1.GetOptions{})
+	for _, l := range []v1.ResourceList{n.Status.Capacity, n.Status.Allocatable} {
+		if q := l["example.com/dongle"]; q.Value() != 4 {
+			t.Errorf("example.com/dongle = %s after a status update, want 4 (capacity %v, allocatable %v)", q.String(), n.Status.Capacity, n.Status.Allocatable)
+		}
+	}
 }
