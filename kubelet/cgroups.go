@@ -63,6 +63,10 @@ func applyResources(cfg *runtime.ContainerConfig, r v1.ResourceRequirements) {
 		cfg.CPUShares = milliToShares(req.MilliValue())
 	case hasLim:
 		cfg.CPUShares = milliToShares(lim.MilliValue())
+	default:
+		// No CPU asked for: the minimum, as upstream (not the cgroup's
+		// default 1024, which would outweigh every container that asks).
+		cfg.CPUShares = milliToShares(0)
 	}
 	if hasLim {
 		cfg.CPUPeriod = 100000

@@ -601,6 +601,12 @@ func TestResourcesMapToCgroupSettings(t *testing.T) {
 	if cfg.CPUShares != 256 || cfg.CPUQuota != 50000 || cfg.CPUPeriod != 100000 || cfg.MemoryLimit != 64<<20 {
 		t.Errorf("cfg = shares %d quota %d period %d mem %d", cfg.CPUShares, cfg.CPUQuota, cfg.CPUPeriod, cfg.MemoryLimit)
 	}
+	// No CPU asked for: the minimum shares, as upstream, no quota.
+	var none runtime.ContainerConfig
+	applyResources(&none, v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceMemory: resource.MustParse("32Mi")}})
+	if none.CPUShares != 2 || none.CPUQuota != 0 || none.MemoryLimit != 0 {
+		t.Errorf("memory request only: shares %d quota %d mem %d, want 2 0 0", none.CPUShares, none.CPUQuota, none.MemoryLimit)
+	}
 }
 
 func TestConfigValidation(t *testing.T) {
