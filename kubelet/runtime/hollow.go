@@ -18,14 +18,16 @@ type Hollow struct {
 	mu         sync.Mutex
 	containers map[string]*Container
 	images     map[string]bool
-	next       int
+	// imageMounts: pod UID → target → image.
+	imageMounts map[string]map[string]string
+	next        int
 }
 
 var _ Runtime = (*Hollow)(nil)
 
 // NewHollow returns a hollow runtime whose image store holds images.
 func NewHollow(images ...string) *Hollow {
-	h := &Hollow{containers: map[string]*Container{}, images: map[string]bool{}}
+	h := &Hollow{containers: map[string]*Container{}, images: map[string]bool{}, imageMounts: map[string]map[string]string{}}
 	for _, i := range images {
 		h.images[i] = true
 	}
@@ -132,3 +134,46 @@ func (h *Hollow) Stats(_ context.Context, id string) (*ContainerStats, error) {
 
 // Close implements Runtime.
 func (h *Hollow) Close() error { return nil }
+
+// MountImage implements Runtime: a hollow container reads no files, so an
+// image volume is only recorded.
+func (h *Hollow) MountImage(_ context.Context, podUID, image, target string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.imageMounts[podUID] == nil {
+		h.imageMounts[podUID] = map[string]string{}
+	}
+	h.imageMounts[podUID][target] = image
+	return nil
+}
+
+// UnmountImages implements Runtime.
+func (h *Hollow) UnmountImages(_ context.Context, podUID string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.imageMounts, podUID)
+	return nil
+}
+
+// ImageMountPods implements Runtime.
+func (h *Hollow) ImageMountPods(context.Context) ([]string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]string, 0, len(h.imageMounts))
+	for uid := range h.imageMounts {
+		out = append(out, uid)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// ImageMounts returns the image mounted at each target for the pod.
+func (h *Hollow) ImageMounts(podUID string) map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string]string{}
+	for t, i := range h.imageMounts[podUID] {
+		out[t] = i
+	}
+	return out
+}
