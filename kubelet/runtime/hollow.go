@@ -3,6 +3,8 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -159,21 +161,12 @@ func (h *Hollow) UnmountImages(_ context.Context, podUID string) error {
 func (h *Hollow) ImageMountPods(context.Context) ([]string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]string, 0, len(h.imageMounts))
-	for uid := range h.imageMounts {
-		out = append(out, uid)
-	}
-	sort.Strings(out)
-	return out, nil
+	return slices.Sorted(maps.Keys(h.imageMounts)), nil
 }
 
 // ImageMounts returns the image mounted at each target for the pod.
 func (h *Hollow) ImageMounts(podUID string) map[string]string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := map[string]string{}
-	for t, i := range h.imageMounts[podUID] {
-		out[t] = i
-	}
-	return out
+	return maps.Clone(h.imageMounts[podUID])
 }
