@@ -100,6 +100,11 @@ type Config struct {
 
 	// ImageDir is imported into containerd at start ("" disables).
 	ImageDir string
+	// LocalRegistries are registries whose images this node has only from
+	// ImageDir (or `waggle images`), like waggle.local's: never pulled, and
+	// imagePullPolicy Always takes the node's copy (a node that cannot
+	// reach them, as the air-gapped conformance lab and registry.k8s.io).
+	LocalRegistries []string
 	// Address and Port of the kubelet API (Port 0 picks a free port).
 	Address string
 	Port    int

@@ -422,6 +422,7 @@ func (k *Kubelet) buildRuntime(ctx context.Context) error {
 	}
 	c, err := runtime.NewContainerd(runtime.ContainerdOptions{
 		Address: k.cfg.ContainerdAddress, Namespace: k.cfg.ContainerdNamespace, Log: k.log,
+		LocalRegistries: k.cfg.LocalRegistries,
 	})
 	if err != nil {
 		return err

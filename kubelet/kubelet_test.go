@@ -846,3 +846,87 @@ func TestHostPortConflictIsRejectedAtAdmission(t *testing.T) {
 		t.Errorf("no NodePorts event for the rejected pod")
 	}
 }
+
+func imageVolumePod(name, image string) *v1.Pod {
+	return echoPod(name, func(p *v1.Pod) {
+		p.Spec.Volumes = []v1.Volume{{Name: "vol", VolumeSource: v1.VolumeSource{Image: &v1.ImageVolumeSource{Reference: image, PullPolicy: v1.PullAlways}}}}
+		p.Spec.Containers[0].VolumeMounts = []v1.VolumeMount{{Name: "vol", MountPath: "/volume"}}
+	})
+}
+
+func TestImageVolumeIsPulledMountedReadOnlyAndReleased(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(imageVolumePod("iv", "example.com/kitten:1.8"))
+	h.waitPod("iv", "running", running)
+	mounts := h.rt.ImageMounts("uid-iv")
+	if len(mounts) != 1 {
+		t.Fatalf("image mounts of the pod: %v", mounts)
+	}
+	cfg, _ := h.rt.Config(h.current("iv", "echo").ID)
+	var got *runtime.Mount
+	for i, m := range cfg.Mounts {
+		if m.ContainerPath == "/volume" {
+			got = &cfg.Mounts[i]
+		}
+	}
+	if got == nil || !got.ReadOnly || mounts[got.HostPath] != "example.com/kitten:1.8" ||
+		!strings.HasPrefix(got.HostPath, filepath.Join(h.cfg.RootDir, "pods", "uid-iv", "image-volumes", "vol")+"/") {
+		t.Fatalf("container mount %+v, image mounts %v", got, mounts)
+	}
+	// The volume's pull is the pod's (as upstream), its policy Always.
+	waitFor(t, 5*time.Second, "Pulling event on the pod", func() (bool, string) {
+		for _, e := range h.events("iv", EventPulling) {
+			if e.InvolvedObject.FieldPath == "" && strings.Contains(e.Message, "example.com/kitten:1.8") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprint(h.events("iv", EventPulling))
+	})
+
+	p := h.pod("iv")
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+	p.DeletionGracePeriodSeconds = ptr.To(int64(1))
+	if _, err := h.cs.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "image volume released", func() (bool, string) {
+		_, err := h.cs.CoreV1().Pods("default").Get(context.Background(), "iv", metav1.GetOptions{})
+		return err != nil && len(h.rt.ImageMounts("uid-iv")) == 0, fmt.Sprint(h.rt.ImageMounts("uid-iv"))
+	})
+}
+
+func TestImageVolumePullFailureIsErrImagePullThenBackOff(t *testing.T) {
+	h := newHarness(t, nil)
+	h.create(imageVolumePod("ivbad", "example.com/notfound:1"))
+	waiting := func(reason string) func(*v1.Pod) bool {
+		return func(p *v1.Pod) bool {
+			return len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Waiting != nil &&
+				p.Status.ContainerStatuses[0].State.Waiting.Reason == reason
+		}
+	}
+	// ErrImagePull turns into ImagePullBackOff at the next sync.
+	h.waitPod("ivbad", "ImagePullBackOff", waiting("ImagePullBackOff"))
+	if len(h.containersOf("ivbad")) != 0 || len(h.rt.ImageMounts("uid-ivbad")) != 0 {
+		t.Errorf("started without its image volume: %v", h.containersOf("ivbad"))
+	}
+	var onPod, onContainer bool
+	for _, e := range h.events("ivbad", EventFailed) {
+		onPod = onPod || e.InvolvedObject.FieldPath == "" && strings.HasPrefix(e.Message, "Failed to pull image \"example.com/notfound:1\"")
+		onContainer = onContainer || e.InvolvedObject.FieldPath == "spec.containers{echo}" && strings.HasPrefix(e.Message, "Error: ")
+	}
+	if !onPod || !onContainer {
+		t.Errorf("Failed events %+v", h.events("ivbad", EventFailed))
+	}
+}
+
+func TestOrphanedImageVolumesAreReleased(t *testing.T) {
+	h := newHarness(t, nil)
+	if err := h.rt.MountImage(context.Background(), "ghost", "i", "/nonexistent/ghost/vol"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "orphaned image volume released", func() (bool, string) {
+		uids, _ := h.rt.ImageMountPods(context.Background())
+		return len(uids) == 0, fmt.Sprint(uids)
+	})
+}

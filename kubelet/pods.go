@@ -597,8 +597,11 @@ func (k *Kubelet) cleanupSandbox(ctx context.Context, uid types.UID, p network.P
 	} else if !os.IsNotExist(err) {
 		k.log.Warn("unreadable sandbox state; removing it", "pod", uid, "err", err)
 	}
-	// tmpfs volumes first: RemoveAll would empty them, then fail on
-	// their mount points.
+	// Image volumes (their snapshots and lease too), then tmpfs volumes:
+	// RemoveAll would empty them, then fail on their mount points.
+	if err := k.rt.UnmountImages(ctx, string(uid)); err != nil {
+		return fmt.Errorf("release image volumes of pod %s: %w", uid, err)
+	}
 	if err := unmountUnder(k.podDir(uid)); err != nil {
 		return fmt.Errorf("remove pod dir: %w", err)
 	}
@@ -794,8 +797,12 @@ func (w *podWorker) restart(ctx context.Context, pod *v1.Pod, c *v1.Container, c
 	return w.start(ctx, pod, c, cur.Attempt+1, init)
 }
 
-func pullPolicy(c *v1.Container) runtime.PullPolicy {
-	switch c.ImagePullPolicy {
+func pullPolicy(c *v1.Container) runtime.PullPolicy { return pullPolicyOf(c.ImagePullPolicy, c.Image) }
+
+// pullPolicyOf is the runtime's policy for a container's imagePullPolicy
+// or an image volume's pullPolicy.
+func pullPolicyOf(p v1.PullPolicy, image string) runtime.PullPolicy {
+	switch p {
 	case v1.PullAlways:
 		return runtime.PullAlways
 	case v1.PullNever:
@@ -804,10 +811,60 @@ func pullPolicy(c *v1.Container) runtime.PullPolicy {
 		return runtime.PullIfNotPresent
 	}
 	// Kubernetes' default: Always for :latest or untagged, else IfNotPresent.
-	if n, err := runtime.NormalizeImage(c.Image); err == nil && len(n) > 7 && n[len(n)-7:] == ":latest" {
+	if n, err := runtime.NormalizeImage(image); err == nil && strings.HasSuffix(n, ":latest") {
 		return runtime.PullAlways
 	}
 	return runtime.PullIfNotPresent
+}
+
+// eventFunc records an Event about the object a pull is for: a container,
+// or the pod (an image volume's pull, as upstream's).
+type eventFunc func(eventType, reason, format string, args ...any)
+
+// pullImage makes image present according to policy, as upstream's image
+// puller: the events (Pulled "already present", or Pulling, Pulled,
+// Failed), and after a failure a back-off under key. It returns the image's
+// ID; "" means the container must not start now, wait being the waiting
+// reason to show instead of prev (nil: leave it) and err the failure (nil
+// while in back-off).
+func (w *podWorker) pullImage(ctx context.Context, image string, policy runtime.PullPolicy, key string, prev waitReason, emit eventFunc) (string, *waitReason, error) {
+	k := w.k
+	t0 := time.Now()
+	if k.backoff.IsInBackOffSinceUpdate(key, t0) {
+		if prev.reason != "ErrImagePull" && prev.reason != "ImagePullBackOff" {
+			return "", nil, nil
+		}
+		if prev.reason == "ErrImagePull" {
+			emit(v1.EventTypeNormal, EventBackOff, "Back-off pulling image %q", image)
+		}
+		return "", &waitReason{"ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q", image)}, nil
+	}
+	// Present already (and not to be pulled again)? Otherwise say we pull.
+	imageID, err := "", error(nil)
+	if policy != runtime.PullAlways {
+		if imageID, err = k.rt.EnsureImage(ctx, image, runtime.PullNever); err == nil {
+			emit(v1.EventTypeNormal, EventPulled, "Container image %q already present on machine", image)
+		}
+	}
+	if imageID == "" && (policy != runtime.PullNever || err == nil) {
+		emit(v1.EventTypeNormal, EventPulling, "Pulling image %q", image)
+		imageID, err = k.rt.EnsureImage(ctx, image, policy)
+		if err == nil {
+			emit(v1.EventTypeNormal, EventPulled, "Successfully pulled image %q in %v", image, time.Since(t0).Round(time.Millisecond))
+		}
+	}
+	if err != nil {
+		emit(v1.EventTypeWarning, EventFailed, "Failed to pull image %q: %v", image, err)
+		reason := "ErrImagePull"
+		if errors.Is(err, runtime.ErrImageNotFound) {
+			reason = "ErrImageNeverPull"
+		}
+		k.backoff.Next(key, time.Now())
+		time.AfterFunc(k.backoff.Get(key)+10*time.Millisecond, w.poke)
+		return "", &waitReason{reason, err.Error()}, err
+	}
+	k.backoff.Reset(key)
+	return imageID, nil, nil
 }
 
 // start starts one attempt of a container.
@@ -822,51 +879,33 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		return ctx.Err()
 	}
 	defer func() { <-k.startSlots }()
-	pullKey := "pull/" + backoffKey(pod.UID, c.Name)
-	if k.backoff.IsInBackOffSinceUpdate(pullKey, time.Now()) {
-		if wr := w.waiting[c.Name]; wr.reason == "ErrImagePull" || wr.reason == "ImagePullBackOff" {
-			if wr.reason == "ErrImagePull" {
-				k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventBackOff, "Back-off pulling image %q", c.Image)
-			}
-			w.waiting[c.Name] = waitReason{"ImagePullBackOff", fmt.Sprintf("Back-off pulling image %q", c.Image)}
+	// Image volumes first, then the container's image, as upstream.
+	imageVols, wait, err := w.imageVolumes(ctx, pod, c)
+	if imageVols == nil {
+		if wait != nil {
+			w.waiting[c.Name] = *wait
 		}
-		return nil
-	}
-	// Present already (and not to be pulled again)? Otherwise say we pull.
-	policy := pullPolicy(c)
-	imageID, err := "", error(nil)
-	if policy != runtime.PullAlways {
-		if imageID, err = k.rt.EnsureImage(ctx, c.Image, runtime.PullNever); err == nil {
-			k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventPulled, "Container image %q already present on machine", c.Image)
-		}
-	}
-	if imageID == "" && (policy != runtime.PullNever || err == nil) {
-		k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventPulling, "Pulling image %q", c.Image)
-		imageID, err = k.rt.EnsureImage(ctx, c.Image, policy)
-		if err == nil {
-			k.containerEvent(pod, c.Name, v1.EventTypeNormal, EventPulled, "Successfully pulled image %q in %v", c.Image, time.Since(t0).Round(time.Millisecond))
-		}
-	}
-	tImage := time.Since(t0)
-	if err != nil {
-		k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Failed to pull image %q: %v", c.Image, err)
-		reason := "ErrImagePull"
-		if errors.Is(err, runtime.ErrImageNotFound) {
-			reason = "ErrImageNeverPull"
-		}
-		w.waiting[c.Name] = waitReason{reason, err.Error()}
-		k.backoff.Next(pullKey, time.Now())
-		time.AfterFunc(k.backoff.Get(pullKey)+10*time.Millisecond, w.poke)
 		return err
 	}
-	k.backoff.Reset(pullKey)
+	containerEvent := func(eventType, reason, format string, args ...any) {
+		k.containerEvent(pod, c.Name, eventType, reason, format, args...)
+	}
+	pullKey := "pull/" + backoffKey(pod.UID, c.Name)
+	imageID, wait, err := w.pullImage(ctx, c.Image, pullPolicy(c), pullKey, w.waiting[c.Name], containerEvent)
+	if imageID == "" {
+		if wait != nil {
+			w.waiting[c.Name] = *wait
+		}
+		return err
+	}
+	tImage := time.Since(t0)
 	env, err := k.makeEnv(ctx, pod, c, w.sb)
 	if err != nil {
 		k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)
 		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}
 		return err
 	}
-	mounts, err := k.makeMounts(pod, c, env)
+	mounts, err := k.makeMounts(pod, c, env, imageVols)
 	if err != nil {
 		k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)
 		w.waiting[c.Name] = waitReason{"CreateContainerConfigError", err.Error()}

@@ -129,4 +129,23 @@ func (k *Kubelet) cleanupOrphans(ctx context.Context, snap map[types.UID][]runti
 			k.log.Warn("remove orphaned sandbox", "pod", uid, "err", err)
 		}
 	}
+	// Image volumes whose pod dir is gone already (a kubelet stopped
+	// between the two) are released too.
+	uids, err := k.rt.ImageMountPods(ctx)
+	if err != nil {
+		k.log.Warn("list image volumes", "err", err)
+	}
+	for _, u := range uids {
+		uid := types.UID(u)
+		k.mu.Lock()
+		_, known := k.workers[uid]
+		k.mu.Unlock()
+		if _, err := os.Stat(k.podDir(uid)); known || err == nil {
+			continue
+		}
+		k.log.Info("releasing orphaned image volumes", "pod", uid)
+		if err := k.rt.UnmountImages(ctx, u); err != nil {
+			k.log.Warn("release orphaned image volumes", "pod", uid, "err", err)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package kubelet
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -196,6 +197,8 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 			return err
 		}
 		return writeFiles(dir, files)
+	case v.Image != nil:
+		return nil // pulled and mounted as its containers start (imageVolumes)
 	case v.Projected != nil:
 		var all []file
 		for _, s := range v.Projected.Sources {
@@ -222,7 +225,56 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 		}
 		return writeFiles(dir, all)
 	}
-	return fmt.Errorf("volume type not supported by this kubelet (supported: emptyDir, hostPath, persistentVolumeClaim of hostPath or local volumes, configMap, secret, downwardAPI, projected)")
+	return fmt.Errorf("volume type not supported by this kubelet (supported: emptyDir, hostPath, persistentVolumeClaim of hostPath or local volumes, configMap, secret, downwardAPI, projected, image)")
+}
+
+// imageVolumes makes ready the image volumes container c mounts, as
+// upstream's kubelet and containerd: each volume's image is pulled per its
+// pullPolicy (events on the pod, back-off per pod and image) and its root
+// filesystem mounted read-only under the pod's dir, one mount per volume
+// and image (a re-pull that brings a new image mounts it beside the one
+// running containers hold). It returns the host path of each by volume
+// name; nil means c must not start now, with the waiting reason to show
+// (ErrImagePull, ImagePullBackOff, ErrImageNeverPull, CreateContainerError)
+// and the error.
+func (w *podWorker) imageVolumes(ctx context.Context, pod *v1.Pod, c *v1.Container) (map[string]string, *waitReason, error) {
+	k := w.k
+	out := map[string]string{}
+	podEvent := func(eventType, reason, format string, args ...any) {
+		k.event(pod, eventType, reason, format, args...)
+	}
+	for _, m := range c.VolumeMounts {
+		var src *v1.ImageVolumeSource
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == m.Name {
+				src = v.Image
+			}
+		}
+		if src == nil || out[m.Name] != "" {
+			continue
+		}
+		if src.Reference == "" {
+			err := fmt.Errorf("image volume %q has no image reference", m.Name)
+			k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)
+			return nil, &waitReason{"CreateContainerConfigError", err.Error()}, err
+		}
+		key := "pull/" + string(pod.UID) + "/" + src.Reference
+		id, wait, err := w.pullImage(ctx, src.Reference, pullPolicyOf(src.PullPolicy, src.Reference), key, w.waiting[c.Name], podEvent)
+		if id == "" {
+			if err != nil {
+				k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)
+			}
+			return nil, wait, err
+		}
+		target := filepath.Join(k.podDir(pod.UID), "image-volumes", m.Name, fmt.Sprintf("%x", sha256.Sum256([]byte(id)))[:16])
+		if err := k.rt.MountImage(ctx, string(pod.UID), src.Reference, target); err != nil {
+			err = fmt.Errorf("mount image volume %q: %w", m.Name, err)
+			k.containerEvent(pod, c.Name, v1.EventTypeWarning, EventFailed, "Error: %v", err)
+			return nil, &waitReason{"CreateContainerError", err.Error()}, err
+		}
+		out[m.Name] = target
+	}
+	return out, nil, nil
 }
 
 // setUpEmptyDir makes an emptyDir volume's directory, as upstream's
@@ -418,8 +470,10 @@ func setUpHostPath(h *v1.HostPathVolumeSource) error {
 // unset or empty fails, as upstream's kubelet fails it, so the container
 // waits in CreateContainerConfigError until the pod is changed). A subPath
 // must be relative, without "..", and resolve (symlinks included) inside
-// its volume; a missing one is created as a directory.
-func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container, env []string) ([]runtime.Mount, error) {
+// its volume; a missing one is created as a directory, except in an image
+// volume (mounted from images, by volume name: read-only, and a subPath
+// must be a directory of the image, as containerd requires).
+func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container, env []string, images map[string]string) ([]runtime.Mount, error) {
 	vols := map[string]v1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		vols[v.Name] = v
@@ -441,6 +495,13 @@ func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container, env []string) ([]runt
 			}
 			src = p.(string)
 		}
+		if v.Image != nil {
+			p, ok := images[m.Name]
+			if !ok {
+				return nil, fmt.Errorf("volumeMount %q: image volume %q is not mounted", m.Name, v.Image.Reference)
+			}
+			src = p
+		}
 		subPath := m.SubPath
 		if m.SubPathExpr != "" {
 			var err error
@@ -449,13 +510,13 @@ func (k *Kubelet) makeMounts(pod *v1.Pod, c *v1.Container, env []string) ([]runt
 			}
 		}
 		if subPath != "" {
-			p, err := subPathSource(src, subPath)
+			p, err := subPathSource(src, subPath, v.Image == nil)
 			if err != nil {
 				return nil, fmt.Errorf("volumeMount %q: %w", m.Name, err)
 			}
 			src = p
 		}
-		ro := m.ReadOnly || (v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ReadOnly) || v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil
+		ro := m.ReadOnly || (v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ReadOnly) || v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil || v.Image != nil
 		out = append(out, runtime.Mount{HostPath: src, ContainerPath: m.MountPath, ReadOnly: ro})
 	}
 	return out, nil
@@ -488,8 +549,9 @@ func expandSubPath(expr string, env []string) (string, error) {
 // subPathSource is the host path of subPath inside the volume at root:
 // relative, no ".." component, and resolved within root even through
 // symlinks the pod's containers made in the volume (which must not lead a
-// bind mount out of it). A missing directory is created.
-func subPathSource(root, subPath string) (string, error) {
+// bind mount out of it). A missing directory is created when create is
+// set; otherwise (a read-only image) it must exist and be a directory.
+func subPathSource(root, subPath string, create bool) (string, error) {
 	if filepath.IsAbs(subPath) {
 		return "", fmt.Errorf("subPath %q must be a relative path", subPath)
 	}
@@ -501,6 +563,12 @@ func subPathSource(root, subPath string) (string, error) {
 	p, err := securejoin.SecureJoin(root, subPath)
 	if err != nil {
 		return "", fmt.Errorf("subPath %q: %w", subPath, err)
+	}
+	if !create {
+		if st, err := os.Stat(p); err != nil || !st.IsDir() {
+			return "", fmt.Errorf("subPath %q: only a directory of the image can be mounted", subPath)
+		}
+		return p, nil
 	}
 	if _, err := os.Lstat(p); os.IsNotExist(err) {
 		// Made with the volume's own mode (0777 for an emptyDir), as

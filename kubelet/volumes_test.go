@@ -55,12 +55,12 @@ func TestSubPathSourceStaysInTheVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, bad := range []string{"/etc", "../outside", "a/../../outside"} {
-		if p, err := subPathSource(vol, bad); err == nil {
+		if p, err := subPathSource(vol, bad, true); err == nil {
 			t.Errorf("subPath %q accepted as %s", bad, p)
 		}
 	}
 	for _, sub := range []string{"escape/x", "relescape/y"} {
-		p, err := subPathSource(vol, sub)
+		p, err := subPathSource(vol, sub, true)
 		if err != nil {
 			t.Errorf("subPath %q: %v", sub, err)
 			continue
@@ -72,7 +72,7 @@ func TestSubPathSourceStaysInTheVolume(t *testing.T) {
 	if ents, _ := os.ReadDir(outside); len(ents) > 0 {
 		t.Errorf("directories made outside the volume: %v", ents)
 	}
-	p, err := subPathSource(vol, "a..b/c")
+	p, err := subPathSource(vol, "a..b/c", true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,6 +164,7 @@ func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {
 		// a shorter grace (the e2e tests' 10 s) and the default 10 s renewal,
 		// one late renewal made a healthy node Unknown.
 		"--node-lease-duration", cfg.NodeMonitorGracePeriod.String(),
+		"--local-registries", strings.Join(cfg.LocalRegistries, ","),
 	}
 }
 

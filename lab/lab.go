@@ -58,6 +58,10 @@ type Config struct {
 	ProxyMode string
 	// ImageDir holds OCI image archives every node imports at start.
 	ImageDir string
+	// LocalRegistries are passed to every kubelet: registries whose images
+	// the nodes have only from ImageDir (imagePullPolicy Always then takes
+	// the imported copy instead of asking the registry).
+	LocalRegistries []string
 	// LoadBalancerIPPool is the controller-manager's --loadbalancer-ip-pool
 	// (default: DefaultLoadBalancerPool of the lab subnet).
 	LoadBalancerIPPool string

@@ -13,7 +13,7 @@ import (
 func runKubelet(ctx context.Context, args []string) error {
 	fs := cliflag.NewFlagSet("kubelet", "Run the node agent: register the node, run its pods on containerd, serve the kubelet API.")
 	var cfg kubelet.Config
-	var labels, taints, cniBin, clusterDNS cliflag.StringList
+	var labels, taints, cniBin, clusterDNS, localRegistries cliflag.StringList
 	logLevel := fs.String("log-level", "info", "log level (debug, info, warn, error)")
 	fs.StringVar(&cfg.NodeName, "hostname-override", "", "node name (default: the hostname)")
 	fs.StringVar(&cfg.NodeName, "node-name", "", "node name (alias of --hostname-override)")
@@ -37,6 +37,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.NetNSDir, "netns-dir", "/run/netns", "where pod network namespaces are bind-mounted")
 	fs.StringVar(&cfg.PodManifestPath, "pod-manifest-path", "", "static pod manifests dir")
 	fs.StringVar(&cfg.ImageDir, "image-dir", "", "dir of OCI/Docker image archives imported at start")
+	fs.Var(&localRegistries, "local-registries", "registries (e.g. registry.k8s.io) whose images the node has only from --image-dir, as waggle.local's: never pulled; imagePullPolicy Always takes the node's copy")
 	fs.StringVar(&cfg.Address, "address", "0.0.0.0", "kubelet API address")
 	fs.IntVar(&cfg.Port, "port", 10250, "kubelet API port (0 picks a free port)")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "kubelet API serving cert (default: self-signed under the root dir)")
@@ -67,6 +68,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	cfg.DisableTokenWebhook = !*tokenWebhook
 	cfg.CNIBinDirs = cniBin
 	cfg.ClusterDNS = clusterDNS
+	cfg.LocalRegistries = localRegistries
 	if cfg.Log, err = ops.NewLogger("kubelet", *logLevel); err != nil {
 		return err
 	}

@@ -36,6 +36,7 @@ func runLab(ctx context.Context, args []string) error {
 		fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "proxy mode of every node: auto, ebpf or iptables")
 		fs.DurationVar(&cfg.ReadyTimeout, "ready-timeout", cfg.ReadyTimeout, "how long to wait for the nodes to be Ready")
 		fs.StringVar(&cfg.ImageDir, "image-dir", "", "OCI image archives every node imports at start (e.g. bin/images)")
+		fs.Var((*cliflag.StringList)(&cfg.LocalRegistries), "local-registries", "registries whose images the nodes have only from --image-dir (passed to every kubelet: never pulled, imagePullPolicy Always takes the imported copy)")
 		fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may miss heartbeats before it is NotReady")
 		fs.StringVar(&cfg.LoadBalancerIPPool, "loadbalancer-ip-pool", "", "LoadBalancer Service addresses (CIDRs or first-last ranges; default: the last 16 addresses of --subnet; none: off)")
 		fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory holding the waggle CNI plugin (default: beside the waggle binary)")

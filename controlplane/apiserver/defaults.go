@@ -59,6 +59,8 @@ func defaultPodSpec(s *corev1.PodSpec, mirror bool) {
 			v.Secret.DefaultMode = ptr(corev1.SecretVolumeSourceDefaultMode)
 		case v.HostPath != nil && v.HostPath.Type == nil:
 			v.HostPath.Type = ptr(corev1.HostPathUnset)
+		case v.Image != nil && v.Image.PullPolicy == "":
+			v.Image.PullPolicy = defaultPullPolicy(v.Image.Reference)
 		}
 	}
 }
@@ -87,23 +89,26 @@ func defaultProbe(p *corev1.Probe) {
 	}
 }
 
+// defaultPullPolicy is a container's imagePullPolicy and an image
+// volume's pullPolicy when unset: Always for :latest or no tag,
+// IfNotPresent otherwise (a digest included).
+func defaultPullPolicy(img string) corev1.PullPolicy {
+	if strings.Contains(img, "@") {
+		return corev1.PullIfNotPresent
+	}
+	tag := ""
+	if i := strings.LastIndex(img, ":"); i >= 0 && !strings.Contains(img[i:], "/") {
+		tag = img[i+1:]
+	}
+	if tag == "" || tag == "latest" {
+		return corev1.PullAlways
+	}
+	return corev1.PullIfNotPresent
+}
+
 func defaultContainer(c *corev1.Container) {
 	if c.ImagePullPolicy == "" {
-		// Always for :latest or no tag, IfNotPresent otherwise.
-		img := c.Image
-		if i := strings.LastIndex(img, "@"); i >= 0 {
-			c.ImagePullPolicy = corev1.PullIfNotPresent
-		} else {
-			tag := ""
-			if i := strings.LastIndex(img, ":"); i >= 0 && !strings.Contains(img[i:], "/") {
-				tag = img[i+1:]
-			}
-			if tag == "" || tag == "latest" {
-				c.ImagePullPolicy = corev1.PullAlways
-			} else {
-				c.ImagePullPolicy = corev1.PullIfNotPresent
-			}
-		}
+		c.ImagePullPolicy = defaultPullPolicy(c.Image)
 	}
 	if c.TerminationMessagePath == "" {
 		c.TerminationMessagePath = corev1.TerminationMessagePathDefault

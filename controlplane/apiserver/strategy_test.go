@@ -75,6 +75,22 @@ func TestValidationNamesTheFieldAtFault(t *testing.T) {
 			p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 80, Protocol: "ICMP"}}
 			return p
 		}, "spec.containers[0].ports[0].protocol"},
+		{"valid image volume", "pods", func() runtime.Object {
+			p := validPod()
+			p.Spec.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "busybox:1.37"}}}}
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "v", MountPath: "/v"}}
+			return p
+		}, ""},
+		{"image volume without reference", "pods", func() runtime.Object {
+			p := validPod()
+			p.Spec.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{}}}}
+			return p
+		}, "spec.volumes[0].image.reference"},
+		{"image volume bad pull policy", "pods", func() runtime.Object {
+			p := validPod()
+			p.Spec.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "busybox", PullPolicy: "Sometimes"}}}}
+			return p
+		}, "spec.volumes[0].image.pullPolicy"},
 		{"bad restart policy", "pods", func() runtime.Object { p := validPod(); p.Spec.RestartPolicy = "Sometimes"; return p }, "spec.restartPolicy"},
 		{"label value too long", "pods", func() runtime.Object {
 			p := validPod()
@@ -152,6 +168,13 @@ func TestDefaultsUsersRelyOn(t *testing.T) {
 		defaultContainer(&c)
 		if c.ImagePullPolicy != want {
 			t.Errorf("%s: pull policy %s, want %s", img, c.ImagePullPolicy, want)
+		}
+		// An image volume's pullPolicy defaults as upstream's, by the same rule.
+		p := validPod()
+		p.Spec.Volumes = []corev1.Volume{{Name: "v", VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: img}}}}
+		defaultPod(p)
+		if got := p.Spec.Volumes[0].Image.PullPolicy; got != want {
+			t.Errorf("image volume %s: pull policy %s, want %s", img, got, want)
 		}
 	}
 	s := validService()

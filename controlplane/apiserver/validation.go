@@ -101,13 +101,23 @@ func validateContainers(cs []corev1.Container, p *field.Path, required bool, nam
 				errs = append(errs, field.Invalid(cp.Child("resources", "requests").Key(string(name)), q.String(), fmt.Sprintf("must be less than or equal to %s limit of %s", name, lim.String())))
 			}
 		}
-		switch c.ImagePullPolicy {
-		case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
-		default:
-			errs = append(errs, field.NotSupported(cp.Child("imagePullPolicy"), c.ImagePullPolicy, []string{"Always", "IfNotPresent", "Never"}))
+		if c.ImagePullPolicy != "" {
+			errs = append(errs, validatePullPolicy(c.ImagePullPolicy, cp.Child("imagePullPolicy"))...)
 		}
 	}
 	return errs
+}
+
+// validatePullPolicy checks a container's imagePullPolicy or an image
+// volume's pullPolicy (both defaulted before validation).
+func validatePullPolicy(policy corev1.PullPolicy, p *field.Path) field.ErrorList {
+	switch policy {
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+		return nil
+	case "":
+		return field.ErrorList{field.Required(p, "")}
+	}
+	return field.ErrorList{field.NotSupported(p, policy, []string{"Always", "IfNotPresent", "Never"})}
 }
 
 func validatePodSpec(s *corev1.PodSpec, p *field.Path) field.ErrorList {
@@ -144,6 +154,13 @@ func validatePodSpec(s *corev1.PodSpec, p *field.Path) field.ErrorList {
 			errs = append(errs, field.Duplicate(vp.Child("name"), v.Name))
 		}
 		vols.Insert(v.Name)
+		if v.Image != nil {
+			// As upstream's validateImageVolumeSource (after defaulting).
+			if v.Image.Reference == "" {
+				errs = append(errs, field.Required(vp.Child("image", "reference"), ""))
+			}
+			errs = append(errs, validatePullPolicy(v.Image.PullPolicy, vp.Child("image", "pullPolicy"))...)
+		}
 	}
 	for i, c := range s.Containers {
 		for j, vm := range c.VolumeMounts {

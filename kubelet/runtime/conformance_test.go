@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/namespaces"
+
 	"github.com/waggle-io/waggle/internal/testutil"
 	"github.com/waggle-io/waggle/kubelet/images"
 	"github.com/waggle-io/waggle/kubelet/internal/ktest"
@@ -163,6 +165,40 @@ func TestLocalOnlyImages(t *testing.T) {
 		if got := runtime.LocalOnly(ref); got != want {
 			t.Errorf("LocalOnly(%q) = %v, want %v", ref, got, want)
 		}
+	}
+}
+
+// TestLocalRegistriesAreNeverPulled: with LocalRegistries, an image of
+// such a registry imported on the node is its copy even under
+// imagePullPolicy Always (no registry is asked: none is reachable here),
+// and a missing one is refused at once as waggle.local's are.
+func TestLocalRegistriesAreNeverPulled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd runtime runs in the privileged tier (not -short)")
+	}
+	testutil.RequiresRoot(t)
+	c := ktest.StartContainerd(t)
+	ns := testutil.UniqueName("rt")
+	ctx := namespaces.WithNamespace(context.Background(), ns)
+	const ref = "registry.k8s.io/e2e-test-images/waggle-echo:1.0"
+	var buf bytes.Buffer
+	if err := images.Build(&buf, images.EchoSpec(ref, ktest.EchoBinary(t))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := images.Import(ctx, c.Client, &buf, ""); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := runtime.NewContainerd(runtime.ContainerdOptions{Address: c.Address(), Namespace: ns, LocalRegistries: []string{"registry.k8s.io"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	if _, err := rt.EnsureImage(context.Background(), ref, runtime.PullAlways); err != nil {
+		t.Errorf("imported image of a local registry with PullAlways: %v", err)
+	}
+	_, err = rt.EnsureImage(context.Background(), "registry.k8s.io/e2e-test-images/absent:1.0", runtime.PullAlways)
+	if err == nil || !errors.Is(err, runtime.ErrNotFound) || !strings.Contains(err.Error(), "never looked up in DNS") {
+		t.Errorf("missing image of a local registry: err = %v, want the local-only refusal", err)
 	}
 }
 

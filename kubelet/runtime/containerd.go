@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +72,12 @@ type ContainerdOptions struct {
 	Snapshotter string
 	// RuntimeName (default io.containerd.runc.v2).
 	RuntimeName string
+	// LocalRegistries are registries (as in the image reference, e.g.
+	// registry.k8s.io) whose images this node has only from imports
+	// (--image-dir), as it has those of LocalRegistry: never pulled, and
+	// imagePullPolicy Always takes the node's copy. For nodes without
+	// access to those registries (an air-gapped lab).
+	LocalRegistries []string
 	// Cgroup2Root and Cgroup1Root are where the cgroup hierarchies are
 	// mounted, for OOM detection (defaults from /proc/self/mounts).
 	Cgroup2Root, Cgroup1MemoryRoot string
@@ -235,9 +242,16 @@ func NormalizeImage(image string) (string, error) {
 const LocalRegistry = "waggle.local"
 
 // LocalOnly reports whether a normalized reference names a node-local image.
-func LocalOnly(ref string) bool {
+func LocalOnly(ref string) bool { return localOnly(ref, nil) }
+
+// localOnly reports whether ref is under LocalRegistry or one of others.
+func localOnly(ref string, others []string) bool {
 	n, err := reference.ParseNormalizedNamed(ref)
-	return err == nil && reference.Domain(n) == LocalRegistry
+	if err != nil {
+		return false
+	}
+	d := reference.Domain(n)
+	return d == LocalRegistry || slices.Contains(others, d)
 }
 
 // EnsureImage implements Runtime.
@@ -247,7 +261,7 @@ func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullP
 	if err != nil {
 		return "", err
 	}
-	local := LocalOnly(ref)
+	local := localOnly(ref, c.opts.LocalRegistries)
 	if local && policy == PullAlways {
 		// There is no registry to ask: the node's copy is the image.
 		policy = PullIfNotPresent
@@ -270,7 +284,7 @@ func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullP
 		}
 		if local {
 			return "", fmt.Errorf("pull image %s: %w: images under %s exist only where they were imported (--image-dir, waggle images) and are never looked up in DNS or pulled; check the name and tag",
-				ref, ErrNotFound, LocalRegistry)
+				ref, ErrNotFound, strings.Join(append([]string{LocalRegistry}, c.opts.LocalRegistries...), ", "))
 		}
 	}
 	v, err, _ := c.pulls.Do(ref, func() (any, error) {

@@ -3,6 +3,8 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -18,14 +20,16 @@ type Hollow struct {
 	mu         sync.Mutex
 	containers map[string]*Container
 	images     map[string]bool
-	next       int
+	// imageMounts: pod UID → target → image.
+	imageMounts map[string]map[string]string
+	next        int
 }
 
 var _ Runtime = (*Hollow)(nil)
 
 // NewHollow returns a hollow runtime whose image store holds images.
 func NewHollow(images ...string) *Hollow {
-	h := &Hollow{containers: map[string]*Container{}, images: map[string]bool{}}
+	h := &Hollow{containers: map[string]*Container{}, images: map[string]bool{}, imageMounts: map[string]map[string]string{}}
 	for _, i := range images {
 		h.images[i] = true
 	}
@@ -148,3 +152,37 @@ func (h *Hollow) Stats(_ context.Context, id string) (*ContainerStats, error) {
 
 // Close implements Runtime.
 func (h *Hollow) Close() error { return nil }
+
+// MountImage implements Runtime: a hollow container reads no files, so an
+// image volume is only recorded.
+func (h *Hollow) MountImage(_ context.Context, podUID, image, target string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.imageMounts[podUID] == nil {
+		h.imageMounts[podUID] = map[string]string{}
+	}
+	h.imageMounts[podUID][target] = image
+	return nil
+}
+
+// UnmountImages implements Runtime.
+func (h *Hollow) UnmountImages(_ context.Context, podUID string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.imageMounts, podUID)
+	return nil
+}
+
+// ImageMountPods implements Runtime.
+func (h *Hollow) ImageMountPods(context.Context) ([]string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Sorted(maps.Keys(h.imageMounts)), nil
+}
+
+// ImageMounts returns the image mounted at each target for the pod.
+func (h *Hollow) ImageMounts(podUID string) map[string]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.imageMounts[podUID])
+}

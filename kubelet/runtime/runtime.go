@@ -206,6 +206,16 @@ type Runtime interface {
 	// StdinDone is told that an attach writing to the container's stdin
 	// ended: a StdinOnce container's stdin is then closed, as upstream.
 	StdinDone(ctx context.Context, id string) error
+	// MountImage mounts the root filesystem of image (made present by
+	// EnsureImage) read-only at target, for the pod podUID (an image
+	// volume). It may be called again for a target already mounted.
+	MountImage(ctx context.Context, podUID, image, target string) error
+	// UnmountImages unmounts and releases every image MountImage mounted
+	// for the pod. Releasing a pod without any succeeds.
+	UnmountImages(ctx context.Context, podUID string) error
+	// ImageMountPods lists the pods holding image mounts (to release those
+	// of pods that are gone, after a restart).
+	ImageMountPods(ctx context.Context) ([]string, error)
 	// Close releases the runtime's connections (containers keep running).
 	Close() error
 }

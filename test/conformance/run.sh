@@ -137,7 +137,7 @@ start_lab=$(date +%s)
 if ! "$root/bin/waggle" lab up "${lab_flags[@]}" --nodes 3 --name "$name" --bridge "wgconf$slot" \
 	--subnet "10.213.$slot.0/24" --cluster-cidr "10.$((120 + slot)).0.0/16" --service-cidr "10.$((130 + slot)).0.0/16" \
 	--api-port $((17440 + slot)) --scheduler-port $((17250 + slot)) --controller-manager-port $((17260 + slot)) \
-	--image-dir "$images" >"$results/lab-up.log" 2>&1; then
+	--image-dir "$images" --local-registries registry.k8s.io >"$results/lab-up.log" 2>&1; then
 	cat "$results/lab-up.log" >&2
 	echo "lab up failed; its logs are in $data/logs" >&2
 	cp -r "$data/logs" "$results/lab-logs" 2>/dev/null || true

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
@@ -19,6 +20,9 @@ type Fake struct {
 	ExecFunc func(c runtime.Container, cmd []string) int
 	// StartErr, when set, makes StartContainer fail for that container name.
 	StartErr map[string]error
+
+	mu      sync.Mutex
+	configs map[string]runtime.ContainerConfig
 }
 
 var _ runtime.Runtime = (*Fake)(nil)
@@ -45,7 +49,24 @@ func (f *Fake) StartContainer(ctx context.Context, cfg runtime.ContainerConfig) 
 	if err := f.StartErr[cfg.Name]; err != nil {
 		return "", err
 	}
-	return f.Hollow.StartContainer(ctx, cfg)
+	id, err := f.Hollow.StartContainer(ctx, cfg)
+	if err == nil {
+		f.mu.Lock()
+		if f.configs == nil {
+			f.configs = map[string]runtime.ContainerConfig{}
+		}
+		f.configs[id] = cfg
+		f.mu.Unlock()
+	}
+	return id, err
+}
+
+// Config returns what the container was started with.
+func (f *Fake) Config(id string) (runtime.ContainerConfig, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.configs[id]
+	return c, ok
 }
 
 // Exec implements runtime.Runtime through ExecFunc.

@@ -26,7 +26,10 @@
 #   glibc-dns-testing  upstream: Debian bookworm-slim + dnsutils (+ an unused coredns);  here: the
 #              busybox base + Debian's bind9-dnsutils and libc-bin (dig, getent on glibc).
 #   kitten, nautilus   upstream: agnhost + html/<animal>.jpg and html/data.json, CMD test-webserver;
-#              here: the same files (from the suite's module) on this agnhost.
+#              here: the same files (from the suite's module) on this agnhost, and an
+#              /etc/os-release naming upstream's base, Alpine 3.21 (agnhost's BASEIMAGE): the
+#              ImageVolume spec mounts kitten as a volume and reads that file for "Alpine Linux".
+#              The busybox base has no os-release of its own; the rest is still Debian's.
 #   nonewprivs upstream: Alpine + nnp (prints its effective uid) installed setuid root;  here: nnp
 #              built from k8s.io/kubernetes/test/images/nonewprivs, setuid root, on the busybox base.
 #   nginx      upstream: nginx 1.27/1.28 on Alpine;  here: Debian's nginx (1.22) and the libraries
@@ -175,9 +178,12 @@ agnhost_args=(--rootfs "$work/agnhost" --entrypoint '["/agnhost"]'
 	--expose 80/tcp --expose 8080/tcp --expose 8081/tcp --expose 9376/tcp --expose 5000/tcp)
 build "$e2e/agnhost:2.66.1" agnhost.tar "${agnhost_args[@]}" --cmd '["pause"]'
 build "$e2e/agnhost:2.55" agnhost-prev.tar "${agnhost_args[@]}" --cmd '["pause"]'
+printf '%s\n' 'NAME="Alpine Linux"' 'ID=alpine' 'VERSION_ID=3.21' 'PRETTY_NAME="Alpine Linux v3.21"' \
+	'HOME_URL="https://alpinelinux.org/"' >"$work/alpine-os-release"
 for animal in kitten nautilus; do
 	build "$e2e/$animal:1.8" "$animal.tar" "${agnhost_args[@]}" --cmd '["test-webserver"]' \
-		--file "$ksrc/$animal/html/$animal.jpg:/$animal.jpg" --file "$ksrc/$animal/html/data.json:/data.json"
+		--file "$ksrc/$animal/html/$animal.jpg:/$animal.jpg" --file "$ksrc/$animal/html/data.json:/data.json" \
+		--file "$work/alpine-os-release:/etc/os-release"
 done
 
 # glibc-dns-testing (the DNS specs' glibc prober)
