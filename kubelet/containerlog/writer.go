@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -89,6 +90,27 @@ type LoggerConfig struct {
 	Stdout, Stderr string
 	// MaxLine is where lines are split (default MaxLineSize).
 	MaxLine int
+}
+
+// ParseLoggerArgs parses a container-logger's command line (after the
+// subcommand): [--stdout FIFO --stderr FIFO] PATH.
+func ParseLoggerArgs(args []string) (LoggerConfig, error) {
+	var cfg LoggerConfig
+	fs := flag.NewFlagSet(LoggerCommand, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&cfg.Stdout, "stdout", "", "FIFO of the container's stdout (default: fd 3, as a containerd shim passes it, with fd 5 closed when ready)")
+	fs.StringVar(&cfg.Stderr, "stderr", "", "FIFO of the container's stderr (default: fd 4)")
+	if err := fs.Parse(args); err != nil {
+		return cfg, fmt.Errorf("%s: %w", LoggerCommand, err)
+	}
+	if fs.NArg() != 1 {
+		return cfg, fmt.Errorf("%s: want one log file path, got %q", LoggerCommand, fs.Args())
+	}
+	if (cfg.Stdout == "") != (cfg.Stderr == "") {
+		return cfg, fmt.Errorf("%s: --stdout and --stderr go together", LoggerCommand)
+	}
+	cfg.Path = fs.Arg(0)
+	return cfg, nil
 }
 
 // LoggerArgs are the arguments of a container-logger writing path, in the
