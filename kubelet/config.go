@@ -69,6 +69,10 @@ type Config struct {
 	// namespace of this node's images and containers.
 	ContainerdAddress   string
 	ContainerdNamespace string
+	// ContainerLogger is the binary the containerd shim starts as
+	// `<ContainerLogger> container-logger <log>` to write each container's
+	// CRI-format log (default: this executable, the waggle binary).
+	ContainerLogger string
 	// CNIConfDir and CNIBinDirs are the CNI plugin's config and binaries;
 	// CNICacheDir libcni's cache (default under RootDir).
 	CNIConfDir  string

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/waggle-io/waggle/kubelet"
+	"github.com/waggle-io/waggle/kubelet/internal/ktest"
 )
 
 type certKeyPEM struct{ cert, key []byte }
@@ -94,6 +95,7 @@ func removeTree(dir string) {
 }
 
 func TestMain(m *testing.M) {
+	ktest.RunLoggerIfAsked()
 	code := m.Run()
 	if cniDir != "" {
 		os.RemoveAll(cniDir)

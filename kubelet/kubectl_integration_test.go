@@ -48,6 +48,22 @@ func TestKubectlLogsAndExecThroughAPIServer(t *testing.T) {
 			if err != nil || out != "line 4\nline 5\n" {
 				t.Errorf("kubectl logs --tail 2: %v %q", err, out)
 			}
+			// --timestamps prints each line's record time; --since-time in
+			// the future leaves nothing, an hour back everything.
+			out, err = run("logs", "kc", "-c", "logger", "--tail", "1", "--timestamps")
+			if ts, line, ok := strings.Cut(out, " "); err != nil || !ok || line != "line 5\n" {
+				t.Errorf("kubectl logs --timestamps: %v %q", err, out)
+			} else if _, err := time.Parse(time.RFC3339Nano, ts); err != nil {
+				t.Errorf("kubectl logs --timestamps: %q is not RFC 3339: %v", ts, err)
+			}
+			out, err = run("logs", "kc", "-c", "logger", "--since", "1h")
+			if err != nil || out != "line 1\nline 2\nline 3\nline 4\nline 5\n" {
+				t.Errorf("kubectl logs --since 1h: %v %q", err, out)
+			}
+			out, err = run("logs", "kc", "-c", "logger", "--since-time", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+			if err != nil || out != "" {
+				t.Errorf("kubectl logs --since-time <in an hour>: %v %q", err, out)
+			}
 			out, err = run("logs", "crashy", "--previous")
 			if err != nil || out != "line 1\nline 2\nline 3\n" {
 				t.Errorf("kubectl logs --previous: %v %q", err, out)

@@ -421,7 +421,7 @@ func (k *Kubelet) buildRuntime(ctx context.Context) error {
 		return nil
 	}
 	c, err := runtime.NewContainerd(runtime.ContainerdOptions{
-		Address: k.cfg.ContainerdAddress, Namespace: k.cfg.ContainerdNamespace, Log: k.log,
+		Address: k.cfg.ContainerdAddress, Namespace: k.cfg.ContainerdNamespace, Logger: k.cfg.ContainerLogger, Log: k.log,
 		LocalRegistries: k.cfg.LocalRegistries,
 	})
 	if err != nil {

@@ -1,7 +1,7 @@
 package kubelet
 
 import (
-	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -10,15 +10,17 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/waggle-io/waggle/kubelet/containerlog"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
 
 // Upstream's limits on a termination message: the file is read up to 4 KiB;
-// the log fallback takes the last 80 lines of at most the last 12 KiB.
+// the log fallback is the last 2 KiB of the log's last 80 lines
+// (MaxContainerTerminationMessageLogLines, ...LogLength).
 const (
 	maxTerminationMessage     = 4 << 10
 	maxTerminationLogLines    = 80
-	maxTerminationLogFallback = 12 << 10
+	maxTerminationLogFallback = 2 << 10
 )
 
 // terminationLogPath is the host file a container's terminationMessagePath
@@ -51,40 +53,43 @@ func withTerminationMessage(st *v1.ContainerState, c runtime.Container, spec *v1
 	if st.Terminated == nil || c.LogPath == "" || st.Terminated.Message != "" {
 		return
 	}
-	if b, err := readAtMost(terminationLogPath(c.LogPath), maxTerminationMessage, false); err == nil && len(b) > 0 {
+	if b, err := readAtMost(terminationLogPath(c.LogPath), maxTerminationMessage); err == nil && len(b) > 0 {
 		st.Terminated.Message = string(b)
 		return
 	}
 	if spec.TerminationMessagePolicy != v1.TerminationMessageFallbackToLogsOnError || c.ExitCode == 0 {
 		return
 	}
-	b, err := readAtMost(c.LogPath, maxTerminationLogFallback, true)
-	if err != nil {
+	// Both streams, partial records joined, without the CRI prefixes.
+	tail := &tailBuffer{max: maxTerminationLogFallback}
+	opts := containerlog.Options{TailLines: maxTerminationLogLines}
+	if err := containerlog.Read(context.Background(), c.LogPath, opts, tail, tail, nil); err != nil {
+		st.Terminated.Message = fmt.Sprintf("Error on reading termination message from logs: %v", err)
 		return
 	}
-	lines := bytes.SplitAfter(b, []byte("\n"))
-	if len(lines) > 0 && len(lines[len(lines)-1]) == 0 {
-		lines = lines[:len(lines)-1]
-	}
-	if len(lines) > maxTerminationLogLines {
-		lines = lines[len(lines)-maxTerminationLogLines:]
-	}
-	st.Terminated.Message = string(bytes.Join(lines, nil))
+	st.Terminated.Message = string(tail.b)
 }
 
-// readAtMost reads up to n bytes of a file: its head, or its tail.
-func readAtMost(path string, n int64, tail bool) ([]byte, error) {
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	b   []byte
+	max int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if over := len(t.b) - t.max; over > 0 {
+		t.b = append(t.b[:0], t.b[over:]...)
+	}
+	return len(p), nil
+}
+
+// readAtMost reads up to n bytes of the head of a file.
+func readAtMost(path string, n int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if tail {
-		if fi, err := f.Stat(); err == nil && fi.Size() > n {
-			if _, err := f.Seek(fi.Size()-n, io.SeekStart); err != nil {
-				return nil, err
-			}
-		}
-	}
 	return io.ReadAll(io.LimitReader(f, n))
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/waggle-io/waggle/internal/version"
+	"github.com/waggle-io/waggle/kubelet/containerlog"
 )
 
 // command is one subcommand of the binary.
@@ -47,6 +48,13 @@ func commands() []command {
 	}
 }
 
+// hiddenCommands are run by Waggle itself, not listed in the usage.
+func hiddenCommands() []command {
+	return []command{
+		{containerlog.LoggerCommand, "write a container's output as a CRI log (run by the containerd shim)", runContainerLogger},
+	}
+}
+
 // exitCoder lets a command choose its process exit code (waggle bpf does).
 type exitCoder interface{ ExitCode() int }
 
@@ -65,7 +73,7 @@ func run(args []string, stderr io.Writer) int {
 		}
 		return 0
 	}
-	for _, c := range commands() {
+	for _, c := range append(commands(), hiddenCommands()...) {
 		if c.name != args[0] {
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	utilproxy "k8s.io/apimachinery/pkg/util/proxy"
@@ -376,6 +377,13 @@ func logOptions(q url.Values) (*corev1.PodLogOptions, error) {
 			}
 			*dst = &n
 		}
+	}
+	if v := q.Get("sinceTime"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("sinceTime must be an RFC 3339 time, not %q", v))
+		}
+		opts.SinceTime = &metav1.Time{Time: t}
 	}
 	return opts, nil
 }

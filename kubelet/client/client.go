@@ -43,7 +43,7 @@ func Endpoint(node *v1.Node) (*url.URL, error) {
 }
 
 // LogURL is the kubelet URL serving a container's log with opts (follow,
-// previous, tailLines, limitBytes, timestamps, sinceSeconds).
+// previous, tailLines, limitBytes, timestamps, sinceSeconds, sinceTime).
 func LogURL(node *v1.Node, ns, pod string, opts *v1.PodLogOptions) (*url.URL, error) {
 	u, err := Endpoint(node)
 	if err != nil {
@@ -71,6 +71,9 @@ func LogURL(node *v1.Node, ns, pod string, opts *v1.PodLogOptions) (*url.URL, er
 	}
 	if opts.SinceSeconds != nil {
 		q.Set("sinceSeconds", strconv.FormatInt(*opts.SinceSeconds, 10))
+	}
+	if opts.SinceTime != nil {
+		q.Set("sinceTime", opts.SinceTime.UTC().Format(time.RFC3339))
 	}
 	u.RawQuery = q.Encode()
 	return u, nil

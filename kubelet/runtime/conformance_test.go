@@ -14,11 +14,19 @@ import (
 	"github.com/containerd/containerd/namespaces"
 
 	"github.com/waggle-io/waggle/internal/testutil"
+	"github.com/waggle-io/waggle/kubelet/containerlog"
 	"github.com/waggle-io/waggle/kubelet/images"
 	"github.com/waggle-io/waggle/kubelet/internal/ktest"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 	"github.com/waggle-io/waggle/kubelet/runtime/runtimetest"
 )
+
+// TestMain lets this test binary be the containers' log writer, as the
+// containerd runtime starts its own executable for that.
+func TestMain(m *testing.M) {
+	ktest.RunLoggerIfAsked()
+	os.Exit(m.Run())
+}
 
 // runtimes returns the implementations under test: the fake always, the
 // containerd one when privileged tests can run.
@@ -109,8 +117,14 @@ func TestRuntimeConformance(t *testing.T) {
 					}
 					time.Sleep(50 * time.Millisecond) // poll interval: the log file has no change notification here
 				}
-				if b, _ := os.ReadFile(logPath); !strings.Contains(string(b), "line 1\nline 2\n") {
-					t.Errorf("log file = %q", b)
+				// The shim's logger writes CRI records: stamped, by stream.
+				b, _ := os.ReadFile(logPath)
+				if first, err := containerlog.Parse(bytes.SplitAfter(b, []byte("\n"))[0]); err != nil || first.Stream != containerlog.Stdout || string(first.Content) != "line 1" {
+					t.Errorf("log file = %q: first record %+v, %v", b, first, err)
+				}
+				var logged bytes.Buffer
+				if err := containerlog.Read(ctx, logPath, containerlog.Options{TailLines: -1}, &logged, &logged, nil); err != nil || !strings.Contains(logged.String(), "line 1\nline 2\n") {
+					t.Errorf("log = %q, %v", logged.String(), err)
 				}
 			}
 			if err := rt.StopContainer(ctx, id, time.Second); err != nil {
@@ -219,5 +233,46 @@ func TestMissingLocalImageIsNeverPulled(t *testing.T) {
 	// The present image with PullAlways is the node's copy, not a pull.
 	if _, err := rt.EnsureImage(context.Background(), images.EchoImage, runtime.PullAlways); err != nil {
 		t.Errorf("present local image with PullAlways: %v", err)
+	}
+}
+
+// TestContainerdStdinContainerLogs: a container with stdin takes its input
+// from the stdin FIFO and its output still reaches a CRI log, through the
+// FIFO logger the runtime starts (the shim's binary logging passes no stdin).
+func TestContainerdStdinContainerLogs(t *testing.T) {
+	rt, ok := runtimes(t)["containerd"]
+	if !ok {
+		t.Skip("needs containerd (privileged tests)")
+	}
+	ctx := context.Background()
+	logPath := filepath.Join(t.TempDir(), "0.log")
+	id, err := rt.StartContainer(ctx, runtime.ContainerConfig{PodUID: "u2", PodNamespace: "ns", PodName: "p", Name: "in",
+		Image: images.EchoImage, Command: []string{"/waggle-echo", "stdin-echo"}, LogPath: logPath, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.RemoveContainer(ctx, id)
+	defer rt.StopContainer(ctx, id, 0)
+	fifo, err := os.OpenFile(runtime.StdinPath(logPath), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fifo.Close()
+	if _, err := fifo.Write([]byte("hello through stdin\n")); err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		logged.Reset()
+		containerlog.Read(ctx, logPath, containerlog.Options{TailLines: -1}, &logged, nil, nil)
+		if logged.String() == "hello through stdin\n" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval: the log file has no change notification here
+	}
+	if logged.String() != "hello through stdin\n" {
+		b, _ := os.ReadFile(logPath)
+		t.Errorf("stdout in the log = %q (file %q)", logged.String(), b)
 	}
 }

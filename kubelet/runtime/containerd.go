@@ -7,8 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/waggle-io/waggle/internal/cgroupfs"
+	"github.com/waggle-io/waggle/kubelet/containerlog"
 )
 
 // Labels the kubelet keeps on its containerd containers: everything it needs
@@ -81,7 +82,11 @@ type ContainerdOptions struct {
 	// Cgroup2Root and Cgroup1Root are where the cgroup hierarchies are
 	// mounted, for OOM detection (defaults from /proc/self/mounts).
 	Cgroup2Root, Cgroup1MemoryRoot string
-	Log                            *slog.Logger
+	// Logger is the binary that writes containers' CRI-format logs: run as
+	// `<Logger> container-logger ...` (default: this executable, the
+	// `waggle` binary; a test binary answers it from its TestMain).
+	Logger string
+	Log    *slog.Logger
 }
 
 // Containerd is the Runtime on containerd with runc.
@@ -97,16 +102,49 @@ type Containerd struct {
 	missing   map[string]time.Time
 }
 
-// logIO is a task's IO: stdout and stderr appended to a file by the shim,
-// stdin (when set) read by the shim from a FIFO. The shim holds the FIFO
-// open for writing itself, so the process's stdin stays open between
-// attaches (and across kubelet restarts) until StdinDone closes it.
-type logIO struct{ cfg cio.Config }
+// fifoIO is the IO of a task with stdin: the shim reads stdin from a FIFO
+// and copies stdout and stderr into two more FIFOs, read by a
+// container-logger the runtime starts. (The shim's binary:// logging passes
+// no stdin.) The shim holds the stdin FIFO open for writing itself, so the
+// process's stdin stays open between attaches (and across kubelet
+// restarts) until StdinDone closes it.
+type fifoIO struct{ cfg cio.Config }
 
-func (l *logIO) Config() cio.Config { return l.cfg }
-func (l *logIO) Cancel()            {}
-func (l *logIO) Wait()              {}
-func (l *logIO) Close() error       { return nil }
+func (l *fifoIO) Config() cio.Config { return l.cfg }
+func (l *fifoIO) Cancel()            {}
+func (l *fifoIO) Wait()              {}
+func (l *fifoIO) Close() error       { return nil }
+
+// stdinIO makes the FIFOs of a container with stdin and starts the
+// container-logger reading its output ones into logPath, in a session of
+// its own so that it outlives the kubelet; it ends when the shim closes the
+// streams (the container exited). stop kills it, for a container that did
+// not start.
+func (c *Containerd) stdinIO(logPath string) (cio.Creator, func(), error) {
+	base := strings.TrimSuffix(logPath, ".log")
+	stdin, stdout, stderr := StdinPath(logPath), base+".stdout", base+".stderr"
+	for _, f := range []string{stdin, stdout, stderr} {
+		os.Remove(f)
+		if err := syscall.Mkfifo(f, 0o600); err != nil {
+			return nil, nil, fmt.Errorf("FIFO %s: %w", f, err)
+		}
+	}
+	cmd := exec.Command(c.opts.Logger, containerlog.LoggerCommand, "--stdout", stdout, "--stderr", stderr, logPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start container logger: %w", err)
+	}
+	// Reaped here while the kubelet runs; by init after it restarts.
+	go func() {
+		if err := cmd.Wait(); err != nil {
+			c.log.Warn("container logger", "log", logPath, "err", err)
+		}
+	}()
+	creator := func(string) (cio.IO, error) {
+		return &fifoIO{cfg: cio.Config{Stdin: stdin, Stdout: stdout, Stderr: stderr}}, nil
+	}
+	return creator, func() { cmd.Process.Kill() }, nil
+}
 
 // missingTaskGrace is how long a started container may lack its task
 // before it counts as exited.
@@ -140,6 +178,13 @@ func NewContainerd(opts ContainerdOptions) (*Containerd, error) {
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Logger == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("container logger: find this executable: %w", err)
+		}
+		opts.Logger = self
 	}
 	if opts.Cgroup2Root == "" || opts.Cgroup1MemoryRoot == "" {
 		v2, v1mem := cgroupMounts()
@@ -424,16 +469,18 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 		if err := os.MkdirAll(filepath.Dir(cfg.LogPath), 0o755); err != nil {
 			return fail(fmt.Errorf("log dir: %w", err))
 		}
-		creator = cio.LogFile(cfg.LogPath)
+		creator = cio.BinaryIO(c.opts.Logger, containerlog.LoggerArgs(cfg.LogPath))
 		if cfg.Stdin {
-			fifo := StdinPath(cfg.LogPath)
-			os.Remove(fifo)
-			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
-				return fail(fmt.Errorf("stdin FIFO: %w", err))
+			var stopLogger func()
+			var err error
+			creator, stopLogger, err = c.stdinIO(cfg.LogPath)
+			if err != nil {
+				return fail(err)
 			}
-			uri := (&url.URL{Scheme: "file", Path: cfg.LogPath}).String()
-			creator = func(string) (cio.IO, error) {
-				return &logIO{cfg: cio.Config{Stdin: fifo, Stdout: uri, Stderr: uri}}, nil
+			inner := fail
+			fail = func(err error) (string, error) {
+				stopLogger()
+				return inner(err)
 			}
 		}
 	}

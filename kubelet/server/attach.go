@@ -12,28 +12,24 @@ import (
 	remotecommandconsts "k8s.io/apimachinery/pkg/util/remotecommand"
 	kremote "k8s.io/cri-streaming/pkg/streaming/remotecommand"
 
+	"github.com/waggle-io/waggle/kubelet/containerlog"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
 
 // attacher attaches to a running container's main process: its output is
-// the container's log from now on (stdout and stderr share the log file,
-// so both arrive on the stdout stream), its input goes to the stdin FIFO
-// the runtime made for a container with stdin: true. The attach ends when
-// the container stops or the client goes.
+// the container's log from now on (stdout records on the stdout stream,
+// stderr records on stderr; with a TTY, both on stdout), its input goes to
+// the stdin FIFO the runtime made for a container with stdin: true. The
+// attach ends when the container stops or the client goes.
 type attacher struct {
 	s             *Server
 	ns, pod, name string
 	c             runtime.Container
 }
 
-func (a attacher) AttachContainer(ctx context.Context, _, _, _ string, in io.Reader, out, errw io.WriteCloser, _ bool, _ <-chan kremote.TerminalSize) error {
-	f, err := os.Open(a.c.LogPath)
-	if err != nil {
+func (a attacher) AttachContainer(ctx context.Context, _, _, _ string, in io.Reader, out, errw io.WriteCloser, tty bool, _ <-chan kremote.TerminalSize) error {
+	if _, err := os.Stat(a.c.LogPath); err != nil {
 		return fmt.Errorf("container %s has no log to attach to: %w", a.name, err)
-	}
-	defer f.Close()
-	if _, err := f.Seek(0, io.SeekEnd); err != nil {
-		return err
 	}
 	if in != nil {
 		// Non-blocking: ENXIO means nobody reads the FIFO (the container
@@ -50,19 +46,17 @@ func (a attacher) AttachContainer(ctx context.Context, _, _, _ string, in io.Rea
 			}
 		}()
 	}
-	w := io.Writer(io.Discard)
-	switch {
-	case out != nil:
-		w = out
-	case errw != nil:
-		w = errw
+	// A nil writer (a stream the client did not ask for) drops its records.
+	var stdout, stderr io.Writer = out, errw
+	if tty {
+		stderr = stdout
 	}
 	running := func() bool {
 		cur, _, err := a.s.p.Container(a.ns, a.pod, a.name, false)
 		return err == nil && cur.ID == a.c.ID && cur.State == runtime.StateRunning
 	}
-	FollowLog(ctx, w, f, a.c.LogPath, true, running)
-	return nil
+	// From the log's end on: TailLines 0 with Follow.
+	return containerlog.Read(ctx, a.c.LogPath, containerlog.Options{Follow: true, TailLines: 0}, stdout, stderr, running)
 }
 
 func (s *Server) attach(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,7 @@
 // Package server is the kubelet API on port 10250: HTTPS with client
 // certificate authentication, serving /healthz, /pods, container logs
-// (/containerLogs, with follow, previous, tailLines and limitBytes), exec
+// (/containerLogs: CRI-format log files read with follow, previous,
+// tailLines, limitBytes, timestamps, sinceSeconds and sinceTime), exec
 // and attach (/exec, /attach and /run, in SPDY v1–v4 and WebSocket v4/v5 channel protocols, so
 // kubectl 1.27–1.33 work through the apiserver's proxy), /stats/summary,
 // /metrics, /metrics/resource (metrics-server's source) and /metrics/cadvisor.
@@ -36,6 +37,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/httpstream/wsstream"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
+	"github.com/waggle-io/waggle/kubelet/containerlog"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
 
@@ -199,12 +201,16 @@ func (s *Server) summary(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, sum)
 }
 
-// LogOptions are the query parameters of /containerLogs.
+// LogOptions are the query parameters of /containerLogs, checked as
+// upstream's ValidatePodLogOptions does.
 type LogOptions struct {
-	Follow, Previous bool
+	Follow, Previous, Timestamps bool
 	// TailLines < 0 means all.
 	TailLines  int64
 	LimitBytes int64
+	// SinceSeconds (0: unset) or SinceTime (zero: unset), not both.
+	SinceSeconds int64
+	SinceTime    time.Time
 }
 
 // ParseLogOptions validates the query of a logs request.
@@ -216,28 +222,52 @@ func ParseLogOptions(q map[string][]string) (LogOptions, error) {
 		}
 		return ""
 	}
-	var err error
-	if o.Follow, err = parseBool(get("follow")); err != nil {
-		return o, badRequest{"follow: " + err.Error()}
-	}
-	if o.Previous, err = parseBool(get("previous")); err != nil {
-		return o, badRequest{"previous: " + err.Error()}
-	}
-	if v := get("tailLines"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return o, badRequest{fmt.Sprintf("tailLines %q: want a non-negative integer", v)}
+	for name, dst := range map[string]*bool{"follow": &o.Follow, "previous": &o.Previous, "timestamps": &o.Timestamps} {
+		v, err := parseBool(get(name))
+		if err != nil {
+			return o, badRequest{name + ": " + err.Error()}
 		}
-		o.TailLines = n
+		*dst = v
 	}
-	if v := get("limitBytes"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			return o, badRequest{fmt.Sprintf("limitBytes %q: want a positive integer", v)}
+	for _, n := range []struct {
+		name string
+		dst  *int64
+		min  int64
+	}{{"tailLines", &o.TailLines, 0}, {"limitBytes", &o.LimitBytes, 1}, {"sinceSeconds", &o.SinceSeconds, 1}} {
+		v := get(n.name)
+		if v == "" {
+			continue
 		}
-		o.LimitBytes = n
+		i, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || i < n.min {
+			return o, badRequest{fmt.Sprintf("%s %q: want an integer of at least %d", n.name, v, n.min)}
+		}
+		*n.dst = i
+	}
+	if v := get("sinceTime"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return o, badRequest{fmt.Sprintf("sinceTime %q: want an RFC 3339 time", v)}
+		}
+		o.SinceTime = t
+	}
+	if o.SinceSeconds > 0 && !o.SinceTime.IsZero() {
+		return o, badRequest{"at most one of sinceTime or sinceSeconds may be specified"}
 	}
 	return o, nil
+}
+
+// read is what to read of the log at now, as upstream's kubelet converts
+// PodLogOptions (a previous container's log is not followed).
+func (o LogOptions) read(now time.Time) containerlog.Options {
+	r := containerlog.Options{Follow: o.Follow && !o.Previous, TailLines: o.TailLines, LimitBytes: o.LimitBytes, Timestamps: o.Timestamps}
+	if o.SinceSeconds > 0 {
+		r.Since = now.Add(-time.Duration(o.SinceSeconds) * time.Second)
+	}
+	if o.SinceTime.After(r.Since) {
+		r.Since = o.SinceTime
+	}
+	return r
 }
 
 func parseBool(s string) (bool, error) {
@@ -259,44 +289,21 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 		httpError(w, err)
 		return
 	}
-	f, err := os.Open(c.LogPath)
-	if err != nil {
-		if os.IsNotExist(err) {
-			// Started, nothing logged yet.
-			f = nil
-		} else {
-			httpError(w, fmt.Errorf("open log: %w", err))
-			return
-		}
-	}
-	var out io.Writer = w
-	if opts.LimitBytes > 0 {
-		out = &limitedWriter{w: w, n: opts.LimitBytes}
-	}
-	if f != nil {
-		defer f.Close()
-		if opts.TailLines >= 0 {
-			if err := seekTail(f, opts.TailLines); err != nil {
-				httpError(w, err)
-				return
-			}
-		}
+	if _, err := os.Stat(c.LogPath); err != nil && !os.IsNotExist(err) {
+		httpError(w, fmt.Errorf("open log: %w", err))
+		return
 	}
 	running := func() bool {
 		cur, _, err := s.p.Container(ns, pod, name, false)
 		return err == nil && cur.ID == c.ID && cur.State == runtime.StateRunning
 	}
+	read := opts.read(time.Now())
 	if wsstream.IsWebSocketRequest(r) {
 		// Logs over WebSocket, as upstream serves them to clients that ask
 		// (binary.k8s.io or base64.binary.k8s.io frames of the stream).
 		pr, pw := io.Pipe()
 		go func() {
-			var lw io.Writer = pw
-			if opts.LimitBytes > 0 {
-				lw = &limitedWriter{w: pw, n: opts.LimitBytes}
-			}
-			FollowLog(r.Context(), lw, f, c.LogPath, opts.Follow && !opts.Previous, running)
-			pw.Close()
+			pw.CloseWithError(containerlog.Read(r.Context(), c.LogPath, read, pw, pw, running))
 		}()
 		if err := wsstream.NewReader(pr, true, wsstream.NewDefaultReaderProtocols()).Copy(w, r); err != nil && s.cfg.Log != nil {
 			s.cfg.Log.Debug("log over WebSocket", "pod", ns+"/"+pod, "err", err)
@@ -306,124 +313,9 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain")
 	w.Header().Set("Transfer-Encoding", "chunked")
-	FollowLog(r.Context(), out, f, c.LogPath, opts.Follow && !opts.Previous, running)
-}
-
-type limitedWriter struct {
-	w io.Writer
-	n int64
-}
-
-var errLimit = errors.New("limit reached")
-
-func (l *limitedWriter) Write(p []byte) (int, error) {
-	if l.n <= 0 {
-		return 0, errLimit
-	}
-	q := p
-	if int64(len(q)) > l.n {
-		q = q[:l.n]
-	}
-	n, err := l.w.Write(q)
-	l.n -= int64(n)
-	if err == nil && len(q) < len(p) {
-		err = errLimit
-	}
-	return n, err
-}
-
-// seekTail positions f at the start of its last n lines.
-func seekTail(f *os.File, n int64) error {
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	size := st.Size()
-	if n == 0 {
-		_, err := f.Seek(size, io.SeekStart)
-		return err
-	}
-	const chunk = 8192
-	var lines int64
-	pos := size
-	buf := make([]byte, chunk)
-	// A trailing newline ends the last line; it does not start another.
-	first := true
-	for pos > 0 {
-		start := max(pos-chunk, 0)
-		b := buf[:pos-start]
-		if _, err := f.ReadAt(b, start); err != nil && err != io.EOF {
-			return err
-		}
-		for i := len(b) - 1; i >= 0; i-- {
-			if b[i] != '\n' {
-				first = false
-				continue
-			}
-			if first && start+int64(i) == size-1 {
-				first = false
-				continue
-			}
-			lines++
-			if lines == n {
-				_, err := f.Seek(start+int64(i)+1, io.SeekStart)
-				return err
-			}
-		}
-		pos = start
-	}
-	_, err = f.Seek(0, io.SeekStart)
-	return err
-}
-
-// FollowLog copies f to w; with follow it keeps copying what is appended
-// while running() holds and the client stays, flushing as it goes.
-func FollowLog(ctx context.Context, w io.Writer, f *os.File, path string, follow bool, running func() bool) {
-	flush := func() {
-		if fl, ok := w.(http.Flusher); ok {
-			fl.Flush()
-		} else if lw, ok := w.(*limitedWriter); ok {
-			if fl, ok := lw.w.(http.Flusher); ok {
-				fl.Flush()
-			}
-		}
-	}
-	copyAll := func() error {
-		if f == nil {
-			return nil
-		}
-		_, err := io.Copy(w, f)
-		return err
-	}
-	if err := copyAll(); err != nil {
-		return
-	}
-	flush()
-	if !follow {
-		return
-	}
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if f == nil {
-			if nf, err := os.Open(path); err == nil {
-				f = nf
-				defer nf.Close()
-			}
-		}
-		alive := running()
-		if err := copyAll(); err != nil {
-			return
-		}
-		flush()
-		if !alive {
-			return
-		}
+	// Both streams into the one response, as upstream's kubelet writes them.
+	if err := containerlog.Read(r.Context(), c.LogPath, read, w, w, running); err != nil {
+		s.cfg.Log.Debug("read log", "pod", ns+"/"+pod, "container", name, "err", err)
 	}
 }
 

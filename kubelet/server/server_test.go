@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/websocket"
 	v1 "k8s.io/api/core/v1"
@@ -23,6 +23,7 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
+	"github.com/waggle-io/waggle/kubelet/containerlog"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 	"github.com/waggle-io/waggle/kubelet/runtime/runtimetest"
 )
@@ -40,6 +41,12 @@ func TestParseLogOptions(t *testing.T) {
 		{"tailLines=x", LogOptions{}, true},
 		{"limitBytes=0", LogOptions{}, true},
 		{"follow=maybe", LogOptions{}, true},
+		{"timestamps=true&sinceSeconds=5", LogOptions{TailLines: -1, Timestamps: true, SinceSeconds: 5}, false},
+		{"sinceTime=2024-05-06T07:08:09Z", LogOptions{TailLines: -1, SinceTime: time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)}, false},
+		{"sinceSeconds=0", LogOptions{}, true},
+		{"sinceTime=yesterday", LogOptions{}, true},
+		{"sinceSeconds=5&sinceTime=2024-05-06T07:08:09Z", LogOptions{}, true},
+		{"timestamps=maybe", LogOptions{}, true},
 	} {
 		t.Run(tc.query, func(t *testing.T) {
 			q, _ := url.ParseQuery(tc.query)
@@ -68,41 +75,10 @@ func FuzzParseLogOptions(f *testing.F) {
 			return
 		}
 		o, err := ParseLogOptions(q)
-		if err == nil && (o.TailLines < -1 || o.LimitBytes < 0) {
+		if err == nil && (o.TailLines < -1 || o.LimitBytes < 0 || o.SinceSeconds < 0 || (o.SinceSeconds > 0 && !o.SinceTime.IsZero())) {
 			t.Fatalf("accepted invalid options %+v from %q", o, s)
 		}
 	})
-}
-
-func TestSeekTail(t *testing.T) {
-	dir := t.TempDir()
-	big := strings.Repeat("0123456789abcdef\n", 2000) + "last\n"
-	for _, tc := range []struct {
-		name, content string
-		n             int64
-		want          string
-	}{
-		{"last two", "a\nb\nc\n", 2, "b\nc\n"},
-		{"more than present", "a\nb\n", 5, "a\nb\n"},
-		{"zero", "a\nb\n", 0, ""},
-		{"no trailing newline", "a\nb\nc", 1, "c"},
-		{"empty", "", 3, ""},
-		{"across chunks", big, 2, "0123456789abcdef\nlast\n"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
-			os.WriteFile(p, []byte(tc.content), 0o644)
-			f, _ := os.Open(p)
-			defer f.Close()
-			if err := seekTail(f, tc.n); err != nil {
-				t.Fatal(err)
-			}
-			got, _ := io.ReadAll(f)
-			if string(got) != tc.want {
-				t.Errorf("got %q, want %q", got, tc.want)
-			}
-		})
-	}
 }
 
 // fakeProvider serves one pod with a current and a previous container.
@@ -167,8 +143,13 @@ func testAuth(allow map[string][]string) *Auth {
 func TestHandlerAuthAndLogs(t *testing.T) {
 	dir := t.TempDir()
 	cur, old := filepath.Join(dir, "1.log"), filepath.Join(dir, "0.log")
-	os.WriteFile(cur, []byte("one\ntwo\nthree\n"), 0o644)
-	os.WriteFile(old, []byte("previous run\n"), 0o644)
+	// Records at now-3600.5 s, -3599.5 s, -3598.5 s: half a second from
+	// where sinceSeconds cuts.
+	now := time.Now()
+	start := now.Add(-time.Hour - 500*time.Millisecond)
+	writeCRILog(t, cur, start, "one", "two", "three")
+	writeCRILog(t, old, now.Add(-2*time.Hour), "previous run")
+	stamp := start.Add(2 * time.Second).Format(containerlog.TimeFormatOut)
 	p := &fakeProvider{rt: runtimetest.NewFake(),
 		cur: runtime.Container{ID: "c1", State: runtime.StateExited, LogPath: cur},
 		old: runtime.Container{ID: "c0", State: runtime.StateExited, LogPath: old}}
@@ -204,6 +185,11 @@ func TestHandlerAuthAndLogs(t *testing.T) {
 		{"GET", "/containerLogs/default/web/echo?tailLines=1", "admin", 200, "three\n"},
 		{"GET", "/containerLogs/default/web/echo?limitBytes=4", "admin", 200, "one\n"},
 		{"GET", "/containerLogs/default/web/echo?previous=true", "admin", 200, "previous run\n"},
+		{"GET", "/containerLogs/default/web/echo?tailLines=1&timestamps=true", "admin", 200, stamp + " three\n"},
+		{"GET", "/containerLogs/default/web/echo?sinceSeconds=3599", "admin", 200, "three\n"},
+		{"GET", "/containerLogs/default/web/echo?sinceSeconds=86400", "admin", 200, "one\ntwo\nthree\n"},
+		{"GET", "/containerLogs/default/web/echo?sinceTime=" + start.Add(time.Second).UTC().Format(time.RFC3339Nano), "admin", 200, "two\nthree\n"},
+		{"GET", "/containerLogs/default/web/echo?sinceSeconds=1&sinceTime=" + now.UTC().Format(time.RFC3339), "admin", 400, ""},
 		{"GET", "/containerLogs/default/web/other", "admin", 404, ""},
 		{"GET", "/containerLogs/default/web/echo?tailLines=no", "admin", 400, ""},
 		{"GET", "/stats/summary", "metrics", 200, `"nodeName":"n1"`},
@@ -276,31 +262,12 @@ func TestRequestAttributes(t *testing.T) {
 	}
 }
 
-func TestFollowStopsWhenContainerStops(t *testing.T) {
-	f, _ := os.CreateTemp(t.TempDir(), "log")
-	f.WriteString("a\n")
-	var out bytes.Buffer
-	calls := 0
-	r, _ := os.Open(f.Name())
-	defer r.Close()
-	FollowLog(context.Background(), &out, r, f.Name(), true, func() bool {
-		calls++
-		if calls == 2 {
-			f.WriteString("b\n")
-		}
-		return calls < 3
-	})
-	if out.String() != "a\nb\n" {
-		t.Errorf("followed %q", out.String())
-	}
-}
-
 // TestLogsOverWebSocket: a WebSocket request for a log gets the log in
 // binary.k8s.io frames, as upstream serves newer clients.
 func TestLogsOverWebSocket(t *testing.T) {
 	dir := t.TempDir()
 	cur := filepath.Join(dir, "1.log")
-	os.WriteFile(cur, []byte("one\ntwo\n"), 0o644)
+	writeCRILog(t, cur, time.Now(), "one", "two")
 	p := &fakeProvider{rt: runtimetest.NewFake(), cur: runtime.Container{ID: "c1", State: runtime.StateExited, LogPath: cur}}
 	s := &Server{p: p, cfg: Config{Auth: testAuth(map[string][]string{"admin": {"proxy"}})}}
 	srv := httptest.NewServer(s.Handler())
@@ -326,5 +293,17 @@ func TestLogsOverWebSocket(t *testing.T) {
 	}
 	if string(got) != "one\ntwo\n" {
 		t.Errorf("log over WebSocket = %q", got)
+	}
+}
+
+// writeCRILog writes lines as stdout records a second apart from start.
+func writeCRILog(t *testing.T, path string, start time.Time, lines ...string) {
+	t.Helper()
+	var b []byte
+	for i, l := range lines {
+		b = containerlog.Record{Time: start.Add(time.Duration(i) * time.Second), Stream: containerlog.Stdout, Content: []byte(l)}.Append(b)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -6,11 +6,14 @@ package ktest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,8 +22,31 @@ import (
 
 	"github.com/waggle-io/waggle/internal/testutil"
 	"github.com/waggle-io/waggle/kubelet/containerd"
+	"github.com/waggle-io/waggle/kubelet/containerlog"
 	"github.com/waggle-io/waggle/kubelet/images"
 )
+
+// RunLoggerIfAsked makes a test binary answer `container-logger` as the
+// waggle binary does: the containerd runtime starts its own executable as a
+// container's log writer, which in a test is the test binary. Call it first
+// in TestMain; it exits when the binary was started as the logger.
+func RunLoggerIfAsked() {
+	if len(os.Args) < 2 || os.Args[1] != containerlog.LoggerCommand {
+		return
+	}
+	cfg, err := containerlog.ParseLoggerArgs(os.Args[2:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := containerlog.RunLogger(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
 
 var (
 	echoOnce sync.Once
