@@ -689,7 +689,7 @@ func fromLabels(info containers.Container) Container {
 		ID: info.ID, PodUID: l[LabelPodUID], PodName: l[LabelPodName], PodNamespace: l[LabelPodNamespace],
 		Name: l[LabelContainer], Attempt: attempt, Init: l[LabelInit] == "true",
 		Image: l[LabelImage], ImageID: l[LabelImageID], LogPath: l[LabelLogPath], CreatedAt: info.CreatedAt,
-		ResourcesRecord: l[LabelResources],
+		ResourcesRecord: l[LabelResources], StdinOnce: l[LabelStdinOnce] == "true",
 	}
 	rc.StartedAt, _ = time.Parse(time.RFC3339Nano, l[LabelStartedAt])
 	return rc

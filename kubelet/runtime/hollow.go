@@ -63,7 +63,7 @@ func (h *Hollow) StartContainer(_ context.Context, cfg ContainerConfig) (string,
 		ID: id, PodUID: cfg.PodUID, PodName: cfg.PodName, PodNamespace: cfg.PodNamespace,
 		Name: cfg.Name, Attempt: cfg.Attempt, Init: cfg.Init, Image: cfg.Image, ImageID: "sha256:hollow-" + cfg.Image,
 		State: StateRunning, PID: uint32(1000 + h.next), CreatedAt: now, StartedAt: now, LogPath: cfg.LogPath,
-		ResourcesRecord: cfg.ResourcesRecord,
+		ResourcesRecord: cfg.ResourcesRecord, StdinOnce: cfg.Stdin && cfg.StdinOnce,
 	}
 	return id, nil
 }

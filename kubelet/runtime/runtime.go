@@ -152,6 +152,8 @@ type Container struct {
 	// ResourcesRecord is the record the container was started or last
 	// updated with (ContainerConfig.ResourcesRecord).
 	ResourcesRecord string
+	// StdinOnce: started with Stdin and StdinOnce.
+	StdinOnce bool
 }
 
 // TermSize is a terminal size for exec with a TTY.

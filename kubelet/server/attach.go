@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"syscall"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/httpstream/wsstream"
 	remotecommandconsts "k8s.io/apimachinery/pkg/util/remotecommand"
@@ -20,12 +21,19 @@ import (
 // the container's log from now on (stdout records on the stdout stream,
 // stderr records on stderr; with a TTY, both on stdout), its input goes to
 // the stdin FIFO the runtime made for a container with stdin: true. The
-// attach ends when the container stops or the client goes.
+// attach ends when the container stops or the client goes, and, as under a
+// CRI runtime, when the client's input ends — except for a stdinOnce
+// container without a TTY, whose stdin is then closed while its output
+// keeps coming until it stops (kubectl run --attach -i).
 type attacher struct {
 	s             *Server
 	ns, pod, name string
 	c             runtime.Container
 }
+
+// attachDrain is how long an attach whose input ended keeps streaming the
+// log before it ends (five of the log reader's polls).
+const attachDrain = 500 * time.Millisecond
 
 func (a attacher) AttachContainer(ctx context.Context, _, _, _ string, in io.Reader, out, errw io.WriteCloser, tty bool, _ <-chan kremote.TerminalSize) error {
 	if _, err := os.Stat(a.c.LogPath); err != nil {
@@ -38,9 +46,18 @@ func (a attacher) AttachContainer(ctx context.Context, _, _, _ string, in io.Rea
 		if err != nil {
 			return fmt.Errorf("container %s does not take stdin (stdin: true in its spec is needed): %w", a.name, err)
 		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
 		go func() {
 			io.Copy(fifo, in)
 			fifo.Close()
+			if !a.c.StdinOnce || tty {
+				// What the process writes in reply to the last input still
+				// reaches the client: the log is read a few more times.
+				time.AfterFunc(attachDrain, cancel)
+				return
+			}
 			if err := a.s.p.Runtime().StdinDone(context.WithoutCancel(ctx), a.c.ID); err != nil && a.s.cfg.Log != nil {
 				a.s.cfg.Log.Warn("close stdin after attach", "container", a.c.ID, "err", err)
 			}

@@ -193,6 +193,24 @@ func testAttach(t *testing.T, e *env) {
 			})
 		})
 	}
+	// Without stdinOnce the attach ends with the client's input, as under a
+	// CRI runtime (kubectl run --attach --leave-stdin-open), and the
+	// container, its stdin still open, runs on.
+	t.Run("StdinLeftOpen", func(t *testing.T) {
+		name := "attach-open"
+		e.apply(t, strings.Replace(attachPod(name), "stdinOnce: true", "stdinOnce: false", 1))
+		t.Cleanup(func() { e.kubectlErr("delete", "pod", name, "--wait=false") })
+		e.kubectl(t, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=2m")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := e.kubectlWith(ctx, "kubectl", strings.NewReader("left open\n"), "attach", "-i", name, "-c", "cat").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "left open") {
+			t.Fatalf("kubectl attach (it must return once its input ended): %v\n%s", err, out)
+		}
+		if phase := e.kubectl(t, "get", "pod", name, "-o", "jsonpath={.status.phase}"); phase != "Running" {
+			t.Errorf("after the attach the pod is %q, want Running (its stdin stays open)", phase)
+		}
+	})
 }
 
 const staticManifest = `
