@@ -1,12 +1,13 @@
 package kubelet
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	resourcehelper "k8s.io/component-helpers/resource"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 
 	"github.com/waggle-io/waggle/internal/cgroupfs"
 	"github.com/waggle-io/waggle/kubelet/runtime"
@@ -42,17 +43,6 @@ func cgroupMountPoints() []string {
 	return out
 }
 
-// removeCgroup removes a pod's (empty) cgroup in every hierarchy. Its
-// container cgroups are gone already: runc removes them with the task.
-func removeCgroup(path string) {
-	if path == "" || path == "/" {
-		return
-	}
-	for _, m := range cgroupMountPoints() {
-		os.Remove(filepath.Join(m, path))
-	}
-}
-
 // applyResources maps requests and limits to CPU shares, CFS quota and the
 // memory limit, as the kubelet's cgroup manager does.
 func applyResources(cfg *runtime.ContainerConfig, r v1.ResourceRequirements) {
@@ -79,6 +69,55 @@ func applyResources(cfg *runtime.ContainerConfig, r v1.ResourceRequirements) {
 	if m, ok := r.Limits[v1.ResourceMemory]; ok {
 		cfg.MemoryLimit = m.Value()
 	}
+}
+
+// podResources are the pod cgroup's settings, as upstream's
+// ResourceConfigForPod computes them (with CFS quota enforced): shares from
+// the pod's summed requests; for a Guaranteed pod the summed CPU and memory
+// limits too, for a Burstable one each limit that every container (or the
+// pod-level resources) declares; a BestEffort pod only the minimum shares.
+func podResources(pod *v1.Pod) runtime.Resources {
+	reqs := resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})
+	lims := resourcehelper.PodLimits(pod, resourcehelper.PodResourcesOptions{})
+	cpuDeclared, memDeclared := true, true
+	for c := range podutil.ContainerIter(&pod.Spec, podutil.InitContainers|podutil.Containers) {
+		cpuDeclared = cpuDeclared && !c.Resources.Limits.Cpu().IsZero()
+		memDeclared = memDeclared && !c.Resources.Limits.Memory().IsZero()
+	}
+	if pr := pod.Spec.Resources; pr != nil {
+		cpuDeclared = cpuDeclared || !pr.Limits.Cpu().IsZero()
+		memDeclared = memDeclared || !pr.Limits.Memory().IsZero()
+	}
+	r := runtime.Resources{CPUShares: milliToShares(reqs.Cpu().MilliValue()), CPUPeriod: 100000}
+	quota := max(lims.Cpu().MilliValue()*100000/1000, 1000)
+	switch qosClass(pod) {
+	case v1.PodQOSGuaranteed:
+		r.CPUQuota, r.MemoryLimit = quota, lims.Memory().Value()
+	case v1.PodQOSBurstable:
+		if cpuDeclared {
+			r.CPUQuota = quota
+		}
+		if memDeclared {
+			r.MemoryLimit = lims.Memory().Value()
+		}
+	default:
+		r.CPUShares = milliToShares(0)
+	}
+	return r
+}
+
+// loosest is the larger of two cgroup settings, field by field (zero quota
+// or memory limit: unlimited): what a pod cgroup holds while its
+// containers move from one to the other.
+func loosest(a, b runtime.Resources) runtime.Resources {
+	out := runtime.Resources{CPUShares: max(a.CPUShares, b.CPUShares), CPUPeriod: max(a.CPUPeriod, b.CPUPeriod)}
+	if a.CPUQuota > 0 && b.CPUQuota > 0 {
+		out.CPUQuota = max(a.CPUQuota, b.CPUQuota)
+	}
+	if a.MemoryLimit > 0 && b.MemoryLimit > 0 {
+		out.MemoryLimit = max(a.MemoryLimit, b.MemoryLimit)
+	}
+	return out
 }
 
 func milliToShares(m int64) uint64 {

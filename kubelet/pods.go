@@ -425,6 +425,10 @@ func (w *podWorker) ensureSandbox(ctx context.Context, pod *v1.Pod) error {
 		}
 		sb.Sandbox = net
 	}
+	if err := k.rt.SetPodCgroup(ctx, sb.Cgroup, podResources(pod)); err != nil {
+		k.net.TearDown(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, sb.Sandbox)
+		return fmt.Errorf("pod cgroup: %w", err)
+	}
 	if err := k.saveSandbox(sb); err != nil {
 		k.net.TearDown(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, sb.Sandbox)
 		return fmt.Errorf("save sandbox: %w", err)
@@ -593,7 +597,9 @@ func (k *Kubelet) cleanupSandbox(ctx context.Context, uid types.UID, p network.P
 				return fmt.Errorf("tear down network of pod %s: %w", uid, err)
 			}
 		}
-		removeCgroup(sb.Cgroup)
+		if err := k.rt.RemovePodCgroup(ctx, sb.Cgroup); err != nil {
+			k.log.Warn("remove pod cgroup", "pod", uid, "err", err)
+		}
 	} else if !os.IsNotExist(err) {
 		k.log.Warn("unreadable sandbox state; removing it", "pod", uid, "err", err)
 	}
@@ -697,6 +703,20 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 		return errors.Join(append(errs, w.restart(ctx, pod, c, cur, true))...)
 	}
 	resizeNow := w.admitResize(pod, named)
+	if resizeNow {
+		// The pod cgroup holds both the old and the new settings while the
+		// containers move; it gets the new ones once they have.
+		from := podResources(runningPod(pod, named))
+		if err := k.rt.SetPodCgroup(ctx, w.sb.Cgroup, loosest(from, podResources(pod))); err != nil {
+			errs = append(errs, fmt.Errorf("pod cgroup: %w", err))
+			resizeNow = false
+		}
+		defer func() {
+			if err := k.rt.SetPodCgroup(ctx, w.sb.Cgroup, podResources(runningPod(pod, byName(w.containers())))); err != nil {
+				k.log.Warn("pod cgroup after resize", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+			}
+		}()
+	}
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		l := named[c.Name]

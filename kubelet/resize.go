@@ -27,11 +27,13 @@ import (
 // node is too small) and is retried at every sync; a resize the runtime
 // failed to apply shows as PodResizeInProgress with reason Error.
 //
-// Left out, as yet: resizing init and sidecar containers, pod-level
-// resources (spec.resources) and the pod cgroup (Waggle sets no pod-level
-// cgroup limits), and upstream's check that a memory limit is not cut
-// below current usage (the kernel reclaims or the update fails, which is
-// then reported as an Error).
+// The pod cgroup (podResources) holds the loosest of the old and new
+// settings while the containers move, then the new ones.
+//
+// Left out, as yet: resizing init and sidecar containers and pod-level
+// resources (spec.resources), and upstream's check that a memory limit is
+// not cut below current usage (the kernel reclaims or the update fails,
+// which is then reported as an Error).
 
 // resourcesRecord is how a container's resources are recorded with it.
 func resourcesRecord(r v1.ResourceRequirements) string {
@@ -61,6 +63,19 @@ func needsResize(cur runtime.Container, spec *v1.Container) bool {
 	have := runningResources(cur, spec)
 	return !apiequality.Semantic.DeepEqual(have.Requests, spec.Resources.Requests) ||
 		!apiequality.Semantic.DeepEqual(have.Limits, spec.Resources.Limits)
+}
+
+// runningPod is pod with its running app containers' resources replaced by
+// the ones they run with (what its pod cgroup must hold).
+func runningPod(pod *v1.Pod, named map[string][]runtime.Container) *v1.Pod {
+	p := pod.DeepCopy()
+	for i := range p.Spec.Containers {
+		c := &p.Spec.Containers[i]
+		if l := named[c.Name]; len(l) > 0 && l[0].State == runtime.StateRunning {
+			c.Resources = runningResources(l[0], c)
+		}
+	}
+	return p
 }
 
 // resizeCondition is a resize's pod condition: PodResizePending or

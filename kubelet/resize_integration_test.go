@@ -31,9 +31,14 @@ func TestInPlaceResizeChangesTheCgroups(t *testing.T) {
 	n.create(echoPod(n, "resize", func(p *v1.Pod) { p.Spec.Containers[0].Resources = res("100m", "200m", "64Mi") }))
 	p := n.waitPod("resize", "Running and Ready", 60*time.Second, runningReady)
 	id := strings.TrimPrefix(p.Status.ContainerStatuses[0].ContainerID, "containerd://")
-	read := cgroupReader(t, n, p, id)
+	podDir := filepath.Join(n.cfg.CgroupRoot, "pod"+strings.ReplaceAll(string(p.UID), "-", "_"))
+	read, readPod := cgroupReader(t, filepath.Join(podDir, id)), cgroupReader(t, podDir)
 	if q, s, m := read(); q != "20000" || s != "102" || m != "67108864" {
 		t.Fatalf("before the resize: quota %s shares %s memory %s", q, s, m)
+	}
+	// The pod's cgroup carries the pod's sums (one container: the same).
+	if q, s, m := readPod(); q != "20000" || s != "102" || m != "67108864" {
+		t.Fatalf("pod cgroup before the resize: quota %s shares %s memory %s", q, s, m)
 	}
 
 	p.Spec.Containers[0].Resources = res("300m", "500m", "128Mi")
@@ -51,6 +56,9 @@ func TestInPlaceResizeChangesTheCgroups(t *testing.T) {
 	if q, s, m := read(); q != "50000" || s != "307" || m != "134217728" {
 		t.Errorf("after the resize: quota %s shares %s memory %s, want 50000 307 134217728", q, s, m)
 	}
+	if q, s, m := readPod(); q != "50000" || s != "307" || m != "134217728" {
+		t.Errorf("pod cgroup after the resize: quota %s shares %s memory %s, want 50000 307 134217728", q, s, m)
+	}
 
 	// The container sees its own cgroups at /sys/fs/cgroup, read-only, as
 	// under a CRI runtime (upstream's resize tests read them from inside).
@@ -67,12 +75,11 @@ func TestInPlaceResizeChangesTheCgroups(t *testing.T) {
 	}
 }
 
-// cgroupReader reads the container's CFS quota, CPU shares and memory
-// limit from the host's cgroup filesystems: the v1 controllers' files, or
+// cgroupReader reads a cgroup's (rel, a cgroup path) CFS quota, CPU
+// shares and memory limit from the host's cgroup filesystems: the v1 controllers' files, or
 // on a pure v2 host cpu.max, cpu.weight (as the shares it stands for) and
 // memory.max.
-func cgroupReader(t *testing.T, n *node, p *v1.Pod, id string) func() (quota, shares, mem string) {
-	rel := filepath.Join(n.cfg.CgroupRoot, "pod"+strings.ReplaceAll(string(p.UID), "-", "_"), id)
+func cgroupReader(t *testing.T, rel string) func() (quota, shares, mem string) {
 	read := func(root, name string) string {
 		b, err := os.ReadFile(filepath.Join(root, rel, name))
 		if err != nil {

@@ -9,6 +9,8 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/waggle-io/waggle/kubelet/runtime"
 )
 
 func resources(req, lim map[v1.ResourceName]string) v1.ResourceRequirements {
@@ -65,13 +67,16 @@ func TestInPlaceResize(t *testing.T) {
 	h := newHarness(t, nil)
 	orig := resources(map[v1.ResourceName]string{v1.ResourceCPU: "20m", v1.ResourceMemory: "35Mi"}, nil)
 	h.create(echoPod("p", func(p *v1.Pod) { p.Generation = 1; p.Spec.Containers[0].Resources = orig }))
-	h.waitPod("p", "running with its resources in the status", func(p *v1.Pod) bool { return running(p) && resizedTo(orig)(p) })
+	p := h.waitPod("p", "running with its resources in the status", func(p *v1.Pod) bool { return running(p) && resizedTo(orig)(p) })
 	first := h.current("p", "echo")
+	if got, _ := h.rt.PodCgroup(podCgroup(h.k.cfg.CgroupRoot, p.UID)); got != (runtime.Resources{CPUShares: 20, CPUPeriod: 100000}) {
+		t.Errorf("pod cgroup of a Burstable pod without limits: %+v", got)
+	}
 
 	// In place: CPU request up, a CPU limit added.
 	up := resources(map[v1.ResourceName]string{v1.ResourceCPU: "25m", v1.ResourceMemory: "35Mi"}, map[v1.ResourceName]string{v1.ResourceCPU: "35m"})
 	h.resizeTo("p", up)
-	p := h.waitPod("p", "resized in place", resizedTo(up))
+	p = h.waitPod("p", "resized in place", resizedTo(up))
 	if cs := p.Status.ContainerStatuses[0]; cs.RestartCount != 0 || cs.ContainerID != "containerd://"+first.ID {
 		t.Errorf("an in-place resize restarted the container: %+v", cs)
 	}
@@ -80,6 +85,12 @@ func TestInPlaceResize(t *testing.T) {
 	}
 	if len(h.events("p", "ResizeCompleted")) == 0 {
 		t.Error("no ResizeCompleted event")
+	}
+	// The pod cgroup follows: shares from the requests, the quota now that
+	// every container declares a CPU limit, no memory limit (none declared).
+	podCg := podCgroup(h.k.cfg.CgroupRoot, p.UID)
+	if got, _ := h.rt.PodCgroup(podCg); got != (runtime.Resources{CPUShares: 25, CPUQuota: 3500, CPUPeriod: 100000}) {
+		t.Errorf("pod cgroup after the resize: %+v", got)
 	}
 
 	// Memory with resizePolicy RestartContainer: the next attempt runs

@@ -576,6 +576,16 @@ func withCgroupfs(cfg ContainerConfig) oci.SpecOpts {
 	}
 }
 
+// SetPodCgroup implements Runtime: the cgroup files, written directly.
+func (c *Containerd) SetPodCgroup(_ context.Context, path string, r Resources) error {
+	return writePodCgroup(path, r)
+}
+
+// RemovePodCgroup implements Runtime: the directory in every hierarchy.
+func (c *Containerd) RemovePodCgroup(_ context.Context, path string) error {
+	return removePodCgroup(path)
+}
+
 // UpdateResources implements Runtime: the task's cgroups change in place
 // (runc update), then the container's record label.
 func (c *Containerd) UpdateResources(ctx context.Context, id string, r Resources, record string) error {

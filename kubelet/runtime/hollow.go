@@ -19,6 +19,7 @@ import (
 type Hollow struct {
 	mu         sync.Mutex
 	containers map[string]*Container
+	podCgroups map[string]Resources
 	images     map[string]bool
 	// imageMounts: pod UID → target → image.
 	imageMounts map[string]map[string]string
@@ -66,6 +67,33 @@ func (h *Hollow) StartContainer(_ context.Context, cfg ContainerConfig) (string,
 		ResourcesRecord: cfg.ResourcesRecord, StdinOnce: cfg.Stdin && cfg.StdinOnce,
 	}
 	return id, nil
+}
+
+// SetPodCgroup implements Runtime: a hollow node only records it.
+func (h *Hollow) SetPodCgroup(_ context.Context, path string, r Resources) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.podCgroups == nil {
+		h.podCgroups = map[string]Resources{}
+	}
+	h.podCgroups[path] = r
+	return nil
+}
+
+// RemovePodCgroup implements Runtime: the record goes.
+func (h *Hollow) RemovePodCgroup(_ context.Context, path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.podCgroups, path)
+	return nil
+}
+
+// PodCgroup returns what SetPodCgroup last set for path.
+func (h *Hollow) PodCgroup(path string) (Resources, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r, ok := h.podCgroups[path]
+	return r, ok
 }
 
 // UpdateResources implements Runtime: a hollow container keeps the record.

@@ -5,8 +5,9 @@
 // in-memory Hollow runtime for hollow nodes (--runtime=hollow); the test
 // double lives in runtimetest.
 //
-// It is not the pod logic: sandboxes (network namespaces, CNI, cgroups) and
-// restart policies belong to the kubelet's pod workers.
+// It is not the pod logic: sandboxes (network namespaces, CNI, which cgroup
+// settings a pod gets) and restart policies belong to the kubelet's pod
+// workers; the runtime writes the pod cgroups they decide.
 package runtime
 
 import (
@@ -202,6 +203,12 @@ type Runtime interface {
 	Exec(ctx context.Context, id string, cmd []string, opts ExecOptions) (int, error)
 	// Stats returns a running container's usage.
 	Stats(ctx context.Context, id string) (*ContainerStats, error)
+	// SetPodCgroup creates or updates a pod's cgroup (path, the parent of
+	// its containers' cgroups) with r, the pod's aggregate settings.
+	SetPodCgroup(ctx context.Context, path string, r Resources) error
+	// RemovePodCgroup removes a pod's cgroup, empty once its containers are
+	// gone (their own cgroups go with them).
+	RemovePodCgroup(ctx context.Context, path string) error
 	// UpdateResources changes a running container's cgroup settings in
 	// place (in-place pod resize) and replaces its ResourcesRecord.
 	UpdateResources(ctx context.Context, id string, r Resources, record string) error

@@ -1,0 +1,103 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/waggle-io/waggle/internal/cgroupfs"
+)
+
+// writePodCgroup creates the cgroup path (a pod's, the parent of its
+// containers' cgroups) and sets r there, as the kubelet's cgroupfs driver
+// does: on cgroup v1 in the cpu and memory hierarchies, on a unified host
+// in the v2 hierarchy (cpu and memory enabled down to it). A zero quota or
+// memory limit is unlimited.
+func writePodCgroup(path string, r Resources) error {
+	period := r.CPUPeriod
+	if period == 0 {
+		period = 100000
+	}
+	quota, mem := r.CPUQuota, r.MemoryLimit
+	cpu, v1cpu := cgroupfs.V1Controller("cpu")
+	memory, v1mem := cgroupfs.V1Controller("memory")
+	if v1cpu && v1mem {
+		q, m := "-1", "-1"
+		if quota > 0 {
+			q = strconv.FormatInt(quota, 10)
+		}
+		if mem > 0 {
+			m = strconv.FormatInt(mem, 10)
+		}
+		return errors.Join(
+			writeCgroup(filepath.Join(cpu, path), "cpu.shares", strconv.FormatUint(max(r.CPUShares, 2), 10)),
+			writeCgroup(filepath.Join(cpu, path), "cpu.cfs_period_us", strconv.FormatUint(period, 10)),
+			writeCgroup(filepath.Join(cpu, path), "cpu.cfs_quota_us", q),
+			writeCgroup(filepath.Join(memory, path), "memory.limit_in_bytes", m))
+	}
+	root, err := cgroupfs.V2Root()
+	if err != nil {
+		return fmt.Errorf("pod cgroup %s: no cgroup v1 cpu and memory hierarchies and %w", path, err)
+	}
+	// Each ancestor hands cpu and memory down (runc does the same for the
+	// containers below).
+	dir := root
+	for _, part := range strings.Split(strings.Trim(filepath.Clean(path), "/"), "/") {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu +memory"), 0); err != nil {
+			return fmt.Errorf("enable cpu and memory in %s: %w", dir, err)
+		}
+		dir = filepath.Join(dir, part)
+		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+			return err
+		}
+	}
+	q, m := "max", "max"
+	if quota > 0 {
+		q = strconv.FormatInt(quota, 10)
+	}
+	if mem > 0 {
+		m = strconv.FormatInt(mem, 10)
+	}
+	return errors.Join(
+		writeCgroup(dir, "cpu.weight", strconv.FormatUint(sharesToWeight(max(r.CPUShares, 2)), 10)),
+		writeCgroup(dir, "cpu.max", q+" "+strconv.FormatUint(period, 10)),
+		writeCgroup(dir, "memory.max", m))
+}
+
+// removePodCgroup removes the (empty) cgroup path in every hierarchy.
+func removePodCgroup(path string) error {
+	if path == "" || path == "/" {
+		return nil
+	}
+	ms, err := cgroupfs.Mounts()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range ms {
+		if err := os.Remove(filepath.Join(m.Path, path)); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeCgroup makes the cgroup dir and writes one of its files.
+func writeCgroup(dir, file, value string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
+		return fmt.Errorf("cgroup %s: %w", file, err)
+	}
+	return nil
+}
+
+// sharesToWeight is runc's (and the kubelet's) conversion of cgroup v1 CPU
+// shares [2, 262144] to a v2 weight [1, 10000].
+func sharesToWeight(shares uint64) uint64 {
+	return 1 + ((shares-2)*9999)/262142
+}
