@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/kubernetes/pkg/kubelet/clustertrustbundle"
+	"k8s.io/kubernetes/pkg/kubelet/podcertificate"
 	"k8s.io/kubernetes/pkg/kubelet/token"
 
 	"github.com/waggle-io/waggle/internal/apilb"
@@ -71,6 +72,10 @@ type Kubelet struct {
 	// informer manager: it starts its informer on first use).
 	ctbOnce sync.Once
 	ctb     clustertrustbundle.Manager
+	// podCerts serves podCertificate projections (upstream's
+	// IssuingManager, started on first use: podCertificates()).
+	podCertsOnce sync.Once
+	podCerts     atomic.Pointer[podcertificate.IssuingManager]
 
 	mu       sync.Mutex
 	nodeObj  *v1.Node

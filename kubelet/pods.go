@@ -85,6 +85,8 @@ func (k *Kubelet) removeWorker(w *podWorker) {
 		delete(k.workers, w.uid)
 	}
 	k.mu.Unlock()
+	pod, _ := w.snapshot()
+	k.forgetPodCertificates(pod)
 }
 
 // worker returns the worker of a pod by namespace and name.

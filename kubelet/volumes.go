@@ -201,7 +201,7 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 		return nil // pulled and mounted as its containers start (imageVolumes)
 	case v.Projected != nil:
 		var all []file
-		for _, s := range v.Projected.Sources {
+		for i, s := range v.Projected.Sources {
 			var files []file
 			var err error
 			switch {
@@ -216,7 +216,7 @@ func (k *Kubelet) setUpVolume(ctx context.Context, pod *v1.Pod, v v1.Volume) err
 			case s.ClusterTrustBundle != nil:
 				files, err = k.trustBundleFile(ctx, s.ClusterTrustBundle, v.Projected.DefaultMode)
 			case s.PodCertificate != nil:
-				err = fmt.Errorf("podCertificate projected volume sources are not supported by this kubelet")
+				files, err = k.podCertificateFiles(ctx, pod, v.Name, i, s.PodCertificate, v.Projected.DefaultMode)
 			}
 			if err != nil {
 				return err

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -137,6 +138,18 @@ func (s *Server) setupAuthorization(ctx context.Context) error {
 			}
 		}); err != nil {
 			return err
+		}
+		if s.registries["podcertificaterequests"] != nil {
+			if err := s.follow(ctx, "podcertificaterequests", func(t watch.EventType, obj runtime.Object) {
+				r := obj.(*certificatesv1.PodCertificateRequest)
+				if t == watch.Deleted {
+					g.DeletePodCertificateRequest(r.Namespace, r.Name)
+				} else {
+					g.UpsertPodCertificateRequest(r.Namespace, r.Name, string(r.Spec.NodeName))
+				}
+			}); err != nil {
+				return err
+			}
 		}
 		if s.registries["persistentvolumeclaims"] != nil {
 			if err := s.follow(ctx, "persistentvolumeclaims", func(t watch.EventType, obj runtime.Object) {

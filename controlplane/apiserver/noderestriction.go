@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -21,8 +22,9 @@ import (
 // and update the status of only its pods, write only its own Node (adding
 // or changing no node-restriction.kubernetes.io/ labels, nor kubernetes.io
 // or k8s.io labels outside the kubelet's set, nor its taints once created)
-// and only its own Lease in kube-node-lease. Requests by other users pass
-// untouched.
+// and only its own Lease in kube-node-lease, and create only
+// PodCertificateRequests for its own pods (podcertificates.go). Requests by
+// other users pass untouched.
 type nodeRestriction struct{ s *Server }
 
 func (nodeRestriction) Name() string { return "NodeRestriction" }
@@ -136,6 +138,8 @@ func (p nodeRestriction) Admit(ctx context.Context, a *AdmissionAttributes) erro
 		if pod.Spec.NodeName != self {
 			return apierrors.NewForbidden(gr, a.Name, fmt.Errorf("node requested token bound to a pod scheduled on a different node"))
 		}
+	case a.Resource.Group == certificatesv1.GroupName && a.Resource.Resource == "podcertificaterequests":
+		return p.admitNodePodCertificateRequest(ctx, self, a)
 	case a.Resource.Group == coordinationv1.GroupName && a.Resource.Resource == "leases":
 		if a.Namespace == corev1.NamespaceNodeLease && a.Name != self {
 			return forbid("is not allowed to modify the lease of node %q", a.Name)

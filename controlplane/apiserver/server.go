@@ -448,7 +448,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			s.admission = append(s.admission, p)
 		}
 	}
-	s.validating = []Admitter{limitRanger{s: s, validate: true}}
+	// PodCertificateRequestSigning is part of upstream's status strategy,
+	// not a plugin one may disable.
+	s.validating = []Admitter{limitRanger{s: s, validate: true}, podCertificateSigning{s}}
 	if !slices.Contains(cfg.DisableAdmissionPlugins, "RuntimeClass") {
 		s.validating = append(s.validating, runtimeClassAdmission{s: s, validate: true})
 	}

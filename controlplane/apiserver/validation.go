@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/registry/upstream"
 )
 
 // Validation of the served types: the checks users meet most (names,
@@ -162,6 +164,9 @@ func validatePodSpec(s *corev1.PodSpec, p *field.Path) field.ErrorList {
 			errs = append(errs, validatePullPolicy(v.Image.PullPolicy, vp.Child("image", "pullPolicy"))...)
 		}
 	}
+	// Projected volumes (podCertificate's maxExpirationSeconds bounds among
+	// them) are checked by kube-apiserver's own code.
+	errs = append(errs, upstream.ValidateProjectedVolumes(s.Volumes, p.Child("volumes"))...)
 	for i, c := range s.Containers {
 		for j, vm := range c.VolumeMounts {
 			if !vols.Has(vm.Name) {

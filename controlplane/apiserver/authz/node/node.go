@@ -2,9 +2,12 @@
 // system:node:<name> in group system:nodes) as upstream's does. A node may
 // read only the Secrets, ConfigMaps, PersistentVolumeClaims and
 // PersistentVolumes of pods bound to it, and request tokens only for the
-// ServiceAccounts those pods run as; it may get, list and watch only its
-// own Node (list/watch with a metadata.name field selector) and list or
-// watch pods only with a spec.nodeName field selector naming itself; for
+// ServiceAccounts those pods run as (and get those ServiceAccounts); it
+// may create PodCertificateRequests, get those naming it, and list or
+// watch them only with a spec.nodeName field selector naming itself; it
+// may get, list and watch only its own Node (list/watch with a
+// metadata.name field selector) and list or watch pods only with a
+// spec.nodeName field selector naming itself; for
 // everything else it holds the rules of the system:node ClusterRole.
 // Which objects a write may touch (its own Node and Lease, its pods'
 // status, mirror pods only) is the NodeRestriction admission plugin's part,
@@ -77,6 +80,12 @@ func (z *Authorizer) Authorize(_ context.Context, a authz.Attributes) (bool, str
 				return false, "can only create tokens", nil
 			}
 			return z.related(node, a, "serviceaccounts", "create")
+		case a.APIGroup == "" && a.Resource == "serviceaccounts" && a.Subresource == "" && a.Verb == "get":
+			// The pod certificate manager reads the UID of its pods'
+			// ServiceAccounts.
+			return z.related(node, a, "serviceaccounts", "get")
+		case a.APIGroup == "certificates.k8s.io" && a.Resource == "podcertificaterequests":
+			return z.podCertificateRequest(node, a)
 		case a.APIGroup == "" && a.Resource == "nodes" && a.Subresource == "":
 			if (a.Verb == "get" || a.Verb == "list" || a.Verb == "watch") && a.Name != node {
 				return false, fmt.Sprintf("node %q can only read its own Node object", node), nil
@@ -97,6 +106,32 @@ func (z *Authorizer) Authorize(_ context.Context, a authz.Attributes) (bool, str
 		}
 	}
 	return false, "", nil
+}
+
+// podCertificateRequest decides as upstream's authorizePodCertificateRequest:
+// a node may create PodCertificateRequests (NodeRestriction then checks
+// they are for its own pods), get those naming it, and list or watch them
+// only with a spec.nodeName field selector naming itself; never their
+// status, which is the signer's.
+func (z *Authorizer) podCertificateRequest(node string, a authz.Attributes) (bool, string, error) {
+	if a.Subresource != "" {
+		return false, "nodes may not access the status subresource of PodCertificateRequests", nil
+	}
+	switch a.Verb {
+	case "create":
+		return true, "", nil
+	case "get":
+		if a.Name == "" || !z.g.podCertificateRequestOf(node, a.Namespace, a.Name) {
+			return false, fmt.Sprintf("no relationship found between node %q and this object", node), nil
+		}
+		return true, "", nil
+	case "list", "watch":
+		if !selects(a.FieldSelector, "spec.nodeName", node) {
+			return false, "can only list/watch podcertificaterequests with nodeName field selector", nil
+		}
+		return true, "", nil
+	}
+	return false, fmt.Sprintf("nodes may not %s podcertificaterequests", a.Verb), nil
 }
 
 func selects(raw, field, value string) bool {
@@ -131,6 +166,7 @@ type Graph struct {
 	pods   map[string]*podRefs            // ns/name → refs
 	byNode map[string]map[string]*podRefs // node → ns/name → refs
 	claims map[string]string              // ns/name of a PVC → its volumeName
+	pcrs   map[string]string              // ns/name of a PodCertificateRequest → its spec.nodeName
 }
 
 type podRefs struct {
@@ -143,7 +179,7 @@ type podRefs struct {
 
 // NewGraph returns an empty graph.
 func NewGraph() *Graph {
-	return &Graph{pods: map[string]*podRefs{}, byNode: map[string]map[string]*podRefs{}, claims: map[string]string{}}
+	return &Graph{pods: map[string]*podRefs{}, byNode: map[string]map[string]*podRefs{}, claims: map[string]string{}, pcrs: map[string]string{}}
 }
 
 // UpsertPod records (or replaces) a pod; unscheduled pods relate to no node.
@@ -198,6 +234,27 @@ func (g *Graph) DeleteClaim(namespace, name string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.claims, namespace+"/"+name)
+}
+
+// UpsertPodCertificateRequest records the node a PodCertificateRequest names.
+func (g *Graph) UpsertPodCertificateRequest(namespace, name, node string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pcrs[namespace+"/"+name] = node
+}
+
+// DeletePodCertificateRequest forgets a PodCertificateRequest.
+func (g *Graph) DeletePodCertificateRequest(namespace, name string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.pcrs, namespace+"/"+name)
+}
+
+func (g *Graph) podCertificateRequestOf(node, namespace, name string) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	n, ok := g.pcrs[namespace+"/"+name]
+	return ok && n == node
 }
 
 func (g *Graph) podOnNode(node, namespace, name string) bool {
