@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -42,12 +43,23 @@ func writePodCgroup(path string, r Resources) error {
 	if err != nil {
 		return fmt.Errorf("pod cgroup %s: no cgroup v1 cpu and memory hierarchies and %w", path, err)
 	}
-	// Each ancestor hands cpu and memory down (runc does the same for the
-	// containers below).
+	// Each ancestor hands down what the hierarchy offers of cpu and memory
+	// (runc does the same for the containers below); a controller the host
+	// does not delegate is left alone, as runc leaves it.
+	b, _ := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+	offered := strings.Fields(string(b))
+	var enable []string
+	for _, c := range []string{"cpu", "memory"} {
+		if slices.Contains(offered, c) {
+			enable = append(enable, "+"+c)
+		}
+	}
 	dir := root
 	for _, part := range strings.Split(strings.Trim(filepath.Clean(path), "/"), "/") {
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+cpu +memory"), 0); err != nil {
-			return fmt.Errorf("enable cpu and memory in %s: %w", dir, err)
+		if len(enable) > 0 {
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte(strings.Join(enable, " ")), 0); err != nil {
+				return fmt.Errorf("enable %s in %s: %w", strings.Join(enable, " "), dir, err)
+			}
 		}
 		dir = filepath.Join(dir, part)
 		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
@@ -61,10 +73,16 @@ func writePodCgroup(path string, r Resources) error {
 	if mem > 0 {
 		m = strconv.FormatInt(mem, 10)
 	}
-	return errors.Join(
-		writeCgroup(dir, "cpu.weight", strconv.FormatUint(sharesToWeight(max(r.CPUShares, 2)), 10)),
-		writeCgroup(dir, "cpu.max", q+" "+strconv.FormatUint(period, 10)),
-		writeCgroup(dir, "memory.max", m))
+	var errs []error
+	if slices.Contains(offered, "cpu") {
+		errs = append(errs,
+			writeCgroup(dir, "cpu.weight", strconv.FormatUint(sharesToWeight(max(r.CPUShares, 2)), 10)),
+			writeCgroup(dir, "cpu.max", q+" "+strconv.FormatUint(period, 10)))
+	}
+	if slices.Contains(offered, "memory") {
+		errs = append(errs, writeCgroup(dir, "memory.max", m))
+	}
+	return errors.Join(errs...)
 }
 
 // removePodCgroup removes the (empty) cgroup path in every hierarchy.
