@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/waggle-io/waggle/internal/testutil"
 )
 
 var t0 = time.Date(2024, 5, 6, 7, 8, 9, 123000000, time.UTC)
@@ -253,12 +255,12 @@ func TestReadFollowJoinsAppendedPiecesUntilStopped(t *testing.T) {
 	// A record cut mid-way is held until its end is written.
 	f.Write(rec[:10])
 	seen := eofs.Load()
-	waitFor(t, func() bool { return eofs.Load() >= seen+2 })
+	testutil.WaitFor(t, 10*time.Second, "two more reads at the end of the log", func() bool { return eofs.Load() >= seen+2 })
 	if got := out.String(); got != "" {
 		t.Fatalf("half a record written out: %q", got)
 	}
 	f.Write(rec[10:])
-	waitFor(t, func() bool { return out.String() == t0.Format(TimeFormatOut)+" first\n" })
+	testutil.WaitFor(t, 10*time.Second, "the first record, stamped", func() bool { return out.String() == t0.Format(TimeFormatOut)+" first\n" })
 	f.Write(Record{Time: t0.Add(time.Second), Stream: Stderr, Partial: true, Content: []byte("sec")}.Append(nil))
 	f.Write(Record{Time: t0.Add(2 * time.Second), Stream: Stderr, Content: []byte("ond")}.Append(nil))
 	running.Store(false)
@@ -285,19 +287,6 @@ func TestReadFollowEndsWithContext(t *testing.T) {
 	}
 }
 
-// waitFor polls cond with a deadline (the reader has no notification to
-// wait on).
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestRunLoggerFromFIFOs(t *testing.T) {
 	dir := t.TempDir()
 	so, se, path := filepath.Join(dir, "0.stdout"), filepath.Join(dir, "0.stderr"), filepath.Join(dir, "0.log")
@@ -319,7 +308,7 @@ func TestRunLoggerFromFIFOs(t *testing.T) {
 		t.Fatal(err)
 	}
 	wo.Write([]byte("out 1\n"))
-	waitFor(t, func() bool { b, _ := os.ReadFile(path); return bytes.Contains(b, []byte("out 1")) })
+	testutil.WaitFor(t, 10*time.Second, "out 1 in the log", func() bool { b, _ := os.ReadFile(path); return bytes.Contains(b, []byte("out 1")) })
 	we.Write([]byte("err " + strings.Repeat("z", 20) + "\n"))
 	wo.Write([]byte("no newline"))
 	wo.Close()

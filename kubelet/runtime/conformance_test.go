@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -110,13 +111,10 @@ func TestRuntimeConformance(t *testing.T) {
 				if _, err := rt.Stats(ctx, id); err != nil {
 					t.Errorf("stats: %v", err)
 				}
-				deadline := time.Now().Add(5 * time.Second)
-				for time.Now().Before(deadline) {
-					if b, _ := os.ReadFile(logPath); strings.Contains(string(b), "line 2") {
-						break
-					}
-					time.Sleep(50 * time.Millisecond) // poll interval: the log file has no change notification here
-				}
+				testutil.WaitFor(t, 5*time.Second, "line 2 in the log", func() bool {
+					b, _ := os.ReadFile(logPath)
+					return strings.Contains(string(b), "line 2")
+				})
 				// The shim's logger writes CRI records: stamped, by stream.
 				b, _ := os.ReadFile(logPath)
 				if first, err := containerlog.Parse(bytes.SplitAfter(b, []byte("\n"))[0]); err != nil || first.Stream != containerlog.Stdout || string(first.Content) != "line 1" {
@@ -261,18 +259,13 @@ func TestContainerdStdinContainerLogs(t *testing.T) {
 	if _, err := fifo.Write([]byte("hello through stdin\n")); err != nil {
 		t.Fatal(err)
 	}
-	var logged bytes.Buffer
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		logged.Reset()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		var logged bytes.Buffer
 		containerlog.Read(ctx, logPath, containerlog.Options{TailLines: -1}, &logged, nil, nil)
-		if logged.String() == "hello through stdin\n" {
-			break
+		if logged.String() != "hello through stdin\n" {
+			b, _ := os.ReadFile(logPath)
+			return fmt.Errorf("stdout in the log = %q (file %q)", logged.String(), b)
 		}
-		time.Sleep(50 * time.Millisecond) // poll interval: the log file has no change notification here
-	}
-	if logged.String() != "hello through stdin\n" {
-		b, _ := os.ReadFile(logPath)
-		t.Errorf("stdout in the log = %q (file %q)", logged.String(), b)
-	}
+		return nil
+	})
 }
