@@ -84,15 +84,18 @@ type Kubelet struct {
 	// sourcesReady is set once the API and static sources have listed:
 	// only then are unknown containers and sandboxes orphans.
 	sourcesReady atomic.Bool
-	relistMu     sync.Mutex
-	startSlots   chan struct{}
-	relistKick   chan struct{}
-	relistDone   chan struct{}
-	backoff      *flowcontrol.Backoff
-	probes       *probeManager
-	static       *staticSource
-	apiPortV     atomic.Int32
-	podLister    func(ns, name string) (*v1.Pod, bool)
+	// imageVolumesSwept: cleanupOrphans has released the image volumes a
+	// stopped kubelet left (once per start).
+	imageVolumesSwept atomic.Bool
+	relistMu          sync.Mutex
+	startSlots        chan struct{}
+	relistKick        chan struct{}
+	relistDone        chan struct{}
+	backoff           *flowcontrol.Backoff
+	probes            *probeManager
+	static            *staticSource
+	apiPortV          atomic.Int32
+	podLister         func(ns, name string) (*v1.Pod, bool)
 	// services lists every Service, for the pods' Service variables.
 	services corelisters.ServiceLister
 

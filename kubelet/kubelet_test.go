@@ -920,11 +920,15 @@ func TestImageVolumePullFailureIsErrImagePullThenBackOff(t *testing.T) {
 	}
 }
 
+// TestOrphanedImageVolumesAreReleased: an image volume a stopped kubelet
+// left behind, its pod dir gone, is released by the next kubelet.
 func TestOrphanedImageVolumesAreReleased(t *testing.T) {
 	h := newHarness(t, nil)
+	h.stop()
 	if err := h.rt.MountImage(context.Background(), "ghost", "i", "/nonexistent/ghost/vol"); err != nil {
 		t.Fatal(err)
 	}
+	h.start()
 	waitFor(t, 5*time.Second, "orphaned image volume released", func() (bool, string) {
 		uids, _ := h.rt.ImageMountPods(context.Background())
 		return len(uids) == 0, fmt.Sprint(uids)

@@ -130,11 +130,18 @@ func (k *Kubelet) cleanupOrphans(ctx context.Context, snap map[types.UID][]runti
 		}
 	}
 	// Image volumes whose pod dir is gone already (a kubelet stopped
-	// between the two) are released too.
+	// between the two) are released too. Only a stopped kubelet leaves
+	// them (cleanupSandbox releases them before the dir goes), so the
+	// runtime is asked once per start, not at every relist.
+	if k.imageVolumesSwept.Load() {
+		return
+	}
 	uids, err := k.rt.ImageMountPods(ctx)
 	if err != nil {
 		k.log.Warn("list image volumes", "err", err)
+		return
 	}
+	k.imageVolumesSwept.Store(true)
 	for _, u := range uids {
 		uid := types.UID(u)
 		k.mu.Lock()
