@@ -607,21 +607,9 @@ func (c *Containerd) UpdateResources(ctx context.Context, id string, r Resources
 	return nil
 }
 
-// linuxResources are r as an update: a zero quota or memory limit is
-// unlimited (-1), shares are at least 2 (the kernel's minimum).
+// linuxResources are r as an update (Resources.limits).
 func linuxResources(r Resources) *specs.LinuxResources {
-	shares := max(r.CPUShares, 2)
-	period := r.CPUPeriod
-	if period == 0 {
-		period = 100000
-	}
-	quota, mem := r.CPUQuota, r.MemoryLimit
-	if quota <= 0 {
-		quota = -1
-	}
-	if mem <= 0 {
-		mem = -1
-	}
+	shares, quota, period, mem := r.limits()
 	return &specs.LinuxResources{
 		CPU:    &specs.LinuxCPU{Shares: &shares, Quota: &quota, Period: &period},
 		Memory: &specs.LinuxMemory{Limit: &mem},

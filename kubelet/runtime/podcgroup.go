@@ -18,26 +18,15 @@ import (
 // in the v2 hierarchy (cpu and memory enabled down to it). A zero quota or
 // memory limit is unlimited.
 func writePodCgroup(path string, r Resources) error {
-	period := r.CPUPeriod
-	if period == 0 {
-		period = 100000
-	}
-	quota, mem := r.CPUQuota, r.MemoryLimit
+	shares, quota, period, mem := r.limits()
 	cpu, v1cpu := cgroupfs.V1Controller("cpu")
 	memory, v1mem := cgroupfs.V1Controller("memory")
 	if v1cpu && v1mem {
-		q, m := "-1", "-1"
-		if quota > 0 {
-			q = strconv.FormatInt(quota, 10)
-		}
-		if mem > 0 {
-			m = strconv.FormatInt(mem, 10)
-		}
 		return errors.Join(
-			writeCgroup(filepath.Join(cpu, path), "cpu.shares", strconv.FormatUint(max(r.CPUShares, 2), 10)),
+			writeCgroup(filepath.Join(cpu, path), "cpu.shares", strconv.FormatUint(shares, 10)),
 			writeCgroup(filepath.Join(cpu, path), "cpu.cfs_period_us", strconv.FormatUint(period, 10)),
-			writeCgroup(filepath.Join(cpu, path), "cpu.cfs_quota_us", q),
-			writeCgroup(filepath.Join(memory, path), "memory.limit_in_bytes", m))
+			writeCgroup(filepath.Join(cpu, path), "cpu.cfs_quota_us", strconv.FormatInt(quota, 10)),
+			writeCgroup(filepath.Join(memory, path), "memory.limit_in_bytes", strconv.FormatInt(mem, 10)))
 	}
 	root, err := cgroupfs.V2Root()
 	if err != nil {
@@ -76,7 +65,7 @@ func writePodCgroup(path string, r Resources) error {
 	var errs []error
 	if slices.Contains(offered, "cpu") {
 		errs = append(errs,
-			writeCgroup(dir, "cpu.weight", strconv.FormatUint(sharesToWeight(max(r.CPUShares, 2)), 10)),
+			writeCgroup(dir, "cpu.weight", strconv.FormatUint(sharesToWeight(shares), 10)),
 			writeCgroup(dir, "cpu.max", q+" "+strconv.FormatUint(period, 10)))
 	}
 	if slices.Contains(offered, "memory") {
@@ -101,6 +90,23 @@ func removePodCgroup(path string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// limits are r as cgroup values: shares at least 2 (the kernel's minimum),
+// the period defaulted to 100 ms, and -1 (unlimited) for an unset quota or
+// memory limit.
+func (r Resources) limits() (shares uint64, quota int64, period uint64, mem int64) {
+	shares, quota, period, mem = max(r.CPUShares, 2), r.CPUQuota, r.CPUPeriod, r.MemoryLimit
+	if period == 0 {
+		period = 100000
+	}
+	if quota <= 0 {
+		quota = -1
+	}
+	if mem <= 0 {
+		mem = -1
+	}
+	return shares, quota, period, mem
 }
 
 // writeCgroup makes the cgroup dir and writes one of its files.
