@@ -155,6 +155,10 @@ func resizeCond(p *v1.Pod, t v1.PodConditionType) v1.PodCondition {
 // kubelet's.
 func TestExtendedResourcesOfOthersSurviveStatusUpdates(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.NodeStatusUpdateFrequency = 50 * time.Millisecond })
+	// Written while the kubelet is stopped: the fake clientset has no
+	// optimistic concurrency, so a status update in flight would silently
+	// overwrite it (the real API server answers that with a conflict).
+	h.stop()
 	nodes := h.cs.CoreV1().Nodes()
 	n, err := nodes.Get(context.Background(), node, metav1.GetOptions{})
 	if err != nil {
@@ -165,6 +169,7 @@ func TestExtendedResourcesOfOthersSurviveStatusUpdates(t *testing.T) {
 	if _, err := nodes.UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	h.start()
 	waitFor(t, 10*time.Second, "the kubelet's next status update", func() (bool, string) {
 		n, _ := nodes.Get(context.Background(), node, metav1.GetOptions{})
 		pods := n.Status.Capacity[v1.ResourcePods]
