@@ -286,6 +286,9 @@ func Run(ctx context.Context, cfg Config) error {
 		// As kubeadm: the bootstrap token controllers on, and CSRs signed by
 		// the cluster CA.
 		cm.Controllers = []string{"*", controllers.BootstrapSignerName, controllers.TokenCleanerName}
+		// As kubeadm: each controller as its own ServiceAccount, holding
+		// only its system:controller:* role.
+		cm.UseServiceAccountCredentials = true
 		cm.ClusterSigningCertFile = filepath.Join(cfg.DataDir, "pki", "ca.crt")
 		cm.ClusterSigningKeyFile = filepath.Join(cfg.DataDir, "pki", "ca.key")
 		return supervise(gctx, log, "controller-manager", func() error { return controllers.Run(gctx, cm) })

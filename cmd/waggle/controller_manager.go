@@ -17,6 +17,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Port, "port", cfg.Port, "port to serve /healthz, /readyz and /metrics on (0: off)")
 	ctrls := cliflag.StringList{}
 	fs.Var(&ctrls, "controllers", "controllers to run: '*' all, 'foo' enable, '-foo' disable (default '*'); known: "+joinNames())
+	fs.BoolVar(&cfg.UseServiceAccountCredentials, "use-service-account-credentials", false, "run each controller as its own kube-system ServiceAccount (bound tokens through TokenRequest) instead of this process's identity")
 	cfg.LeaderElection.AddFlags(fs, "kube-controller-manager")
 	fs.IntVar(&cfg.ConcurrentReplicaSetSyncs, "concurrent-replicaset-syncs", cfg.ConcurrentReplicaSetSyncs, "ReplicaSet workers")
 	fs.IntVar(&cfg.ConcurrentDeploymentSyncs, "concurrent-deployment-syncs", cfg.ConcurrentDeploymentSyncs, "Deployment workers")

@@ -45,6 +45,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/keyutil"
+	"k8s.io/controller-manager/pkg/clientbuilder"
 	"k8s.io/kubernetes/pkg/controller/endpointslicemirroring"
 	sacontroller "k8s.io/kubernetes/pkg/controller/serviceaccount"
 	"k8s.io/kubernetes/pkg/controller/validatingadmissionpolicystatus"
@@ -102,6 +103,13 @@ type Config struct {
 	// --controllers does: "*" is every controller, "foo" enables foo,
 	// "-foo" disables it.
 	Controllers []string
+
+	// UseServiceAccountCredentials runs each controller as its own
+	// kube-system ServiceAccount (ControllerServiceAccount), with a bound
+	// token from TokenRequest, instead of the controller-manager's identity,
+	// as kube-controller-manager's --use-service-account-credentials (which
+	// kubeadm turns on): each holds only its system:controller:* role.
+	UseServiceAccountCredentials bool
 
 	LeaderElection leaderelect.Config
 
@@ -251,6 +259,9 @@ type Deps struct {
 	Config           *Config
 	// RootCA is the CA bundle to publish (see Config.RootCAFile).
 	RootCA []byte
+	// serviceAccounts, under --use-service-account-credentials, gives each
+	// controller its own ServiceAccount's clients (forController).
+	serviceAccounts clientbuilder.ControllerClientBuilder
 }
 
 // starter builds one controller and returns its run function.
@@ -416,7 +427,11 @@ func Run(ctx context.Context, cfg Config) error {
 	leErr := leaderelect.Run(ctx, log, cs, cfg.LeaderElection, func(ctx context.Context) {
 		leading.Store(true)
 		defer leading.Store(false)
-		runControllers(ctx, Deps{Client: cs, Dynamic: dyn, Metadata: meta, Log: log, Config: &cfg, RootCA: rootCA}, &synced)
+		d := Deps{Client: cs, Dynamic: dyn, Metadata: meta, Log: log, Config: &cfg, RootCA: rootCA}
+		if cfg.UseServiceAccountCredentials {
+			d.serviceAccounts = serviceAccountClients(rc, cs)
+		}
+		runControllers(ctx, d, &synced)
 	})
 	cancel()
 	wg.Wait()
@@ -441,7 +456,12 @@ func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 			d.Log.Info("controller disabled", "controller", s.name)
 			continue
 		}
-		run, err := s.build(d)
+		cd, err := d.forController(s.name)
+		if err != nil {
+			d.Log.Error("controller not started", "controller", s.name, "err", err)
+			continue
+		}
+		run, err := s.build(cd)
 		if err != nil {
 			d.Log.Info("controller not started", "controller", s.name, "reason", err)
 			continue
