@@ -56,7 +56,7 @@ func start(t *testing.T) *env {
 	done := make(chan error, 1)
 	cm := controllers.DefaultConfig()
 	cm.Kubeconfig = filepath.Join(srv.DataDir, "controller-manager.kubeconfig")
-	cm.Port = 0
+	cm.SecureServing.SecurePort = 0
 	cm.Controllers = []string{"*", controllers.BootstrapSignerName, controllers.TokenCleanerName}
 	cm.ClusterSigningCertFile = filepath.Join(srv.DataDir, "pki", "ca.crt")
 	cm.ClusterSigningKeyFile = filepath.Join(srv.DataDir, "pki", "ca.key")
