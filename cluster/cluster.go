@@ -38,6 +38,7 @@ import (
 	"github.com/waggle-io/waggle/dataplane/modes"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/internal/secureserving"
 	"github.com/waggle-io/waggle/kubelet"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
 )
@@ -69,7 +70,7 @@ type Config struct {
 	AdvertiseAddress string
 	// ComponentsBindAddress, SchedulerPort and ControllerManagerPort are
 	// where the scheduler and the controller-manager serve /healthz and
-	// /metrics; a lab binds them to its own bridge address so that several
+	// /metrics over HTTPS (internal/secureserving); a lab binds them to its own bridge address so that several
 	// control planes share one host namespace.
 	ComponentsBindAddress string
 	SchedulerPort         int
@@ -230,8 +231,14 @@ func Run(ctx context.Context, cfg Config) error {
 		EncryptionProviderConfig:            encConfig,
 		Audit:                               cfg.Audit,
 		PodSecurityConfigFile:               cfg.PodSecurityConfigFile,
-		LogLevel:                            cfg.LogLevel,
-		Log:                                 componentLog("apiserver", cfg.LogLevel),
+		// componentstatuses probes the ports this machine's components
+		// really serve on (a lab binds them to its bridge address).
+		ComponentProbes: map[string]string{
+			"scheduler":          "https://" + net.JoinHostPort(probeHost(cfg.ComponentsBindAddress), strconv.Itoa(cfg.SchedulerPort)) + "/healthz",
+			"controller-manager": "https://" + net.JoinHostPort(probeHost(cfg.ComponentsBindAddress), strconv.Itoa(cfg.ControllerManagerPort)) + "/healthz",
+		},
+		LogLevel: cfg.LogLevel,
+		Log:      componentLog("apiserver", cfg.LogLevel),
 	})
 	if err != nil {
 		return err
@@ -256,7 +263,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return scheduler.Run(gctx, scheduler.Config{
 				Kubeconfig:        kc("scheduler"),
 				SchedulerName:     scheduler.DefaultSchedulerName,
-				HealthAddr:        net.JoinHostPort(cfg.ComponentsBindAddress, strconv.Itoa(cfg.SchedulerPort)),
+				SecureServing:     componentServing(cfg, cfg.SchedulerPort),
 				LogLevel:          cfg.LogLevel,
 				QPS:               200,
 				Burst:             400,
@@ -271,8 +278,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cm := controllers.DefaultConfig()
 		cm.Kubeconfig = kc("controller-manager")
 		cm.ServiceAccountPrivateKeyFile = saKey
-		cm.BindAddress = cfg.ComponentsBindAddress
-		cm.Port = cfg.ControllerManagerPort
+		cm.SecureServing = componentServing(cfg, cfg.ControllerManagerPort)
 		cm.AllocateNodeCIDRs = true
 		cm.ClusterCIDR = cfg.ClusterCIDR
 		cm.NodeMonitorGracePeriod = cfg.NodeMonitorGracePeriod
@@ -494,4 +500,23 @@ resources:
 		return "", fmt.Errorf("secrets encryption config: %w", err)
 	}
 	return p, nil
+}
+
+// probeHost is where a component bound to addr is reached from this
+// machine: loopback for a wildcard address.
+func probeHost(addr string) string {
+	if ip := net.ParseIP(addr); ip == nil || ip.IsUnspecified() {
+		return "127.0.0.1"
+	}
+	return addr
+}
+
+// componentServing is where the scheduler or the controller-manager serves
+// HTTPS /healthz and /metrics: the components' bind address, a
+// self-signed certificate kept in memory (as upstream's components do with
+// no --cert-dir), and delegation through the component's own kubeconfig.
+func componentServing(cfg Config, port int) secureserving.Options {
+	o := secureserving.Defaults(port)
+	o.BindAddress = cfg.ComponentsBindAddress
+	return o
 }

@@ -52,6 +52,13 @@ type Config struct {
 	// where the key and certificate go (default <root-dir>/pki).
 	BootstrapKubeconfig string
 	CertDir             string
+	// RotateCertificates rotates the client certificate of Kubeconfig
+	// before it expires through new CSRs, and switches the kubelet's API
+	// client to each new certificate without a restart (kubelet
+	// --rotate-certificates; see rotatingClientConfig). `waggle kubelet`
+	// turns it on with a bootstrap kubeconfig. Only with Kubeconfig, not
+	// RestConfig.
+	RotateCertificates bool
 	// NodeIP is the node's InternalIP (default: the address of the default
 	// route's interface).
 	NodeIP string

@@ -125,8 +125,14 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.RestConfig == nil && cfg.Kubeconfig != "" {
-		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-		if err != nil {
+		var rc *rest.Config
+		var err error
+		if cfg.RotateCertificates {
+			rc, err = rotatingClientConfig(ctx, &cfg)
+			if err != nil {
+				return err
+			}
+		} else if rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig); err != nil {
 			return fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)
 		}
 		// Fail over between the API servers of an HA control plane.

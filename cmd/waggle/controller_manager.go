@@ -13,8 +13,8 @@ func runControllerManager(ctx context.Context, args []string) error {
 	cfg := controllers.DefaultConfig()
 	fs := cliflag.NewFlagSet("controller-manager", "Run the controllers (ReplicaSet, Deployment, DaemonSet, EndpointSlice, garbage collector, node and namespace controllers) under leader election.")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (empty: in-cluster)")
-	fs.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "IP address to serve /healthz, /readyz and /metrics on")
-	fs.IntVar(&cfg.Port, "port", cfg.Port, "port to serve /healthz, /readyz and /metrics on (0: off)")
+	cfg.SecureServing.AddFlags(fs)
+	fs.IntVar(&cfg.SecureServing.SecurePort, "port", cfg.SecureServing.SecurePort, "deprecated: the same as --secure-port (the port now serves HTTPS)")
 	ctrls := cliflag.StringList{}
 	fs.Var(&ctrls, "controllers", "controllers to run: '*' all, 'foo' enable, '-foo' disable (default '*'); known: "+joinNames())
 	fs.BoolVar(&cfg.UseServiceAccountCredentials, "use-service-account-credentials", false, "run each controller as its own kube-system ServiceAccount (bound tokens through TokenRequest) instead of this process's identity")

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/waggle-io/waggle/internal/cliflag"
@@ -20,6 +22,14 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server")
 	fs.StringVar(&cfg.BootstrapKubeconfig, "bootstrap-kubeconfig", "", "kubeconfig with a bootstrap token: while --kubeconfig has no valid client certificate, request one through a CertificateSigningRequest and write --kubeconfig (TLS bootstrap)")
 	fs.StringVar(&cfg.CertDir, "cert-dir", "", "where the TLS-bootstrapped key and certificate are kept (default <root-dir>/pki)")
+	rotate := ""
+	fs.BoolFunc("rotate-certificates", "rotate the client certificate through CSRs before it expires and switch to each new one without a restart (default: true with --bootstrap-kubeconfig)", func(v string) error {
+		if _, err := strconv.ParseBool(v); err != nil {
+			return fmt.Errorf("--rotate-certificates %q: %w", v, err)
+		}
+		rotate = v
+		return nil
+	})
 	fs.StringVar(&cfg.NodeIP, "node-ip", "", "the node's InternalIP (default: the default route's source address)")
 	fs.Var(&labels, "node-labels", "extra node labels, key=value[,key=value...]")
 	fs.Var(&taints, "register-with-taints", "taints set at registration, key=value:Effect[,...]")
@@ -60,6 +70,12 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.DisableRouteController, "disable-route-controller", false, "do not run the cross-node pod route controller")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
+	}
+	// As kubeadm's KubeletConfiguration (rotateCertificates: true) for a
+	// kubelet that bootstraps its certificate.
+	cfg.RotateCertificates = cfg.BootstrapKubeconfig != ""
+	if rotate != "" {
+		cfg.RotateCertificates, _ = strconv.ParseBool(rotate)
 	}
 	var err error
 	if cfg.NodeLabels, err = kubelet.ParseLabels(labels); err != nil {

@@ -6,7 +6,9 @@
 // disruption, root-ca-cert-publisher, resourcequota, lb-ipam, persistentvolume-binder, csrapproving, csrsigning, csrcleaner,
 // bootstrapsigner and tokencleaner (the last two only when named),
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
-// depth and work duration per controller) on --bind-address:--port.
+// depth and work duration per controller) over HTTPS with delegated
+// authentication and authorization on --bind-address:--secure-port
+// (internal/secureserving).
 //
 // The controllers' logic lives in the sub-packages; this package only wires
 // them, as kube-controller-manager does. It is not a library of controllers.
@@ -21,11 +23,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,12 +76,13 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/ttlafterfinished"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/internal/secureserving"
 )
 
 // ErrInvalidConfig wraps every configuration error Run reports.
 var ErrInvalidConfig = errors.New("invalid controller-manager config")
 
-// DefaultPort is the controller-manager's health and metrics port, as
+// DefaultPort is the controller-manager's HTTPS health and metrics port, as
 // kube-controller-manager's.
 const DefaultPort = 10257
 
@@ -94,10 +95,10 @@ type Config struct {
 	Kubeconfig string
 	RestConfig *rest.Config
 
-	// BindAddress and Port: where /healthz, /readyz and /metrics are served.
-	// Port 0 disables serving.
-	BindAddress string
-	Port        int
+	// SecureServing is where /healthz, /livez, /readyz and /metrics are
+	// served: HTTPS with delegated authentication and authorization, as
+	// kube-controller-manager serves port 10257 (SecurePort 0: off).
+	SecureServing secureserving.Options
 
 	// Controllers selects controllers as kube-controller-manager's
 	// --controllers does: "*" is every controller, "foo" enables foo,
@@ -202,8 +203,7 @@ type Config struct {
 // DefaultConfig returns the defaults the flags also use.
 func DefaultConfig() Config {
 	return Config{
-		BindAddress:                        "0.0.0.0",
-		Port:                               DefaultPort,
+		SecureServing:                      secureserving.Defaults(DefaultPort),
 		Controllers:                        []string{"*"},
 		LocalPathDir:                       localpath.DefaultDir,
 		ConcurrentReplicaSetSyncs:          5,
@@ -306,11 +306,8 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("--controllers: unknown controller %q (known: %s)", n, strings.Join(known, ", ")))
 		}
 	}
-	if c.Port < 0 || c.Port > 65535 {
-		errs = append(errs, fmt.Errorf("--port %d is out of range", c.Port))
-	}
-	if c.Port != 0 && net.ParseIP(c.BindAddress) == nil {
-		errs = append(errs, fmt.Errorf("--bind-address %q is not an IP address", c.BindAddress))
+	if err := c.SecureServing.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.ClusterDNSIP != "" {
 		if _, err := netip.ParseAddr(c.ClusterDNSIP); err != nil {
@@ -412,17 +409,18 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	serveErr := make(chan error, 1)
-	if cfg.Port != 0 {
-		addr := net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.Port))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := ops.Serve(ctx, log, addr, health.Handler()); err != nil {
-				serveErr <- err
-				cancel()
-			}
-		}()
+	srv, err := secureserving.New(cfg.SecureServing, "kube-controller-manager", rc, health.Handler(), log)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ctx); err != nil {
+			serveErr <- err
+			cancel()
+		}
+	}()
 
 	leErr := leaderelect.Run(ctx, log, cs, cfg.LeaderElection, func(ctx context.Context) {
 		leading.Store(true)
