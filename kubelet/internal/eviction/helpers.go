@@ -62,7 +62,7 @@ func makeSignalObservations(summary *statsapi.Summary) (signalObservations, stat
 	result := signalObservations{}
 	if memory := summary.Node.Memory; memory != nil && memory.AvailableBytes != nil && memory.WorkingSetBytes != nil {
 		result[evictionapi.SignalMemoryAvailable] = signalObservation{
-			available: resource.NewQuantity(int64(*memory.AvailableBytes), resource.BinarySI),                           //nolint:gosec // bytes fit
+			available: resource.NewQuantity(int64(*memory.AvailableBytes), resource.BinarySI),                         //nolint:gosec // bytes fit
 			capacity:  resource.NewQuantity(int64(*memory.AvailableBytes+*memory.WorkingSetBytes), resource.BinarySI), //nolint:gosec // bytes fit
 			time:      memory.Time,
 		}

@@ -28,8 +28,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	"k8s.io/klog/v2"
+	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	v1qos "k8s.io/kubernetes/pkg/apis/core/v1/helper/qos"
 	evictionapi "k8s.io/kubernetes/pkg/kubelet/eviction/api"
 )
