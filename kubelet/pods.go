@@ -137,15 +137,15 @@ type podWorker struct {
 	// fails with reason DeadlineExceeded); deadlineAt is the deadline a
 	// wake-up is set for.
 	deadlineExceeded bool
-	// evict is an eviction the eviction manager asked for (evictPod);
-	// evicted is it once the worker took it: the pod is stopped within its
-	// grace and fails with reason Evicted.
-	evict      atomic.Pointer[evictRequest]
-	evicted    *evictRequest
-	deadlineAt time.Time
-	firstSync  time.Time
-	reported   bool
-	volumesAt  time.Time
+	deadlineAt       time.Time
+	// evict is an eviction the eviction manager asked for (evictPod; set
+	// from its goroutine); evicted is it once the worker took it: the pod
+	// is stopped within its grace and fails with reason Evicted.
+	evict     atomic.Pointer[evictRequest]
+	evicted   *evictRequest
+	firstSync time.Time
+	reported  bool
+	volumesAt time.Time
 	// statusReset asks the run goroutine to rewrite the status.
 	statusReset atomic.Bool
 	// ips are the pod's addresses, readable from any goroutine.
