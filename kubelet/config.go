@@ -4,7 +4,10 @@
 // them on containerd: a network namespace and CNI per pod, a cgroup under the
 // node's cgroup root, init and app containers with restart policies and
 // back-off, probes, graceful termination, and status written through
-// pods/status. It serves the kubelet API on 10250 (kubelet/server).
+// pods/status. It reports node pressure (MemoryPressure, DiskPressure,
+// PIDPressure), refuses and evicts pods under it and collects unused images,
+// as upstream's eviction and image GC managers (kubelet/internal/eviction).
+// It serves the kubelet API on 10250 (kubelet/server).
 //
 // Config and Run let `waggle kubelet`, `waggle up` and the lab run it, as a
 // process or in-process. It is not the container runtime (kubelet/runtime),
