@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
+	"github.com/waggle-io/waggle/internal/testutil"
 	"github.com/waggle-io/waggle/kubelet"
 	"github.com/waggle-io/waggle/kubelet/images"
 	"github.com/waggle-io/waggle/kubelet/internal/ktest"
@@ -166,6 +167,7 @@ func grepLines(s, sub string) string {
 // nodefs.available<50% raises DiskPressure and refuses every pod; emptying
 // it clears the condition only once the transition period has passed.
 func TestEvictionDiskPressureHoldsForTransitionPeriod(t *testing.T) {
+	testutil.RequiresRoot(t) // before the tmpfs mount
 	root := filepath.Join(t.TempDir(), "kubelet")
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
