@@ -95,6 +95,7 @@ func (k *Kubelet) startEviction(ctx context.Context, wg *sync.WaitGroup) {
 		NodeRef:     k.nodeRef(),
 		Log:         k.log,
 		Evictions:   k.metrics.evictions,
+		StatsAge:    k.metrics.evictionStatsAge,
 	})
 	// A first look before the node registers, so its first status is true.
 	if _, err := k.eviction.Synchronize(ctx, nil); err != nil {

@@ -61,11 +61,26 @@ func guaranteed(p *v1.Pod) {
 // kubelet reports MemoryPressure as upstream, refuses a new BestEffort pod,
 // and evicts the running BestEffort pod before the Guaranteed one.
 func TestEvictionMemoryPressureRejectsAndEvictsBestEffort(t *testing.T) {
+	// A static pod (critical, as upstream counts it): never evicted.
+	manifests := t.TempDir()
+	os.WriteFile(filepath.Join(manifests, "ev-static.yaml"), []byte(`apiVersion: v1
+kind: Pod
+metadata:
+  name: ev-static
+spec:
+  containers:
+  - name: echo
+    image: waggle.local/waggle-echo:dev
+    imagePullPolicy: Never
+`), 0o644)
 	n := newNode(t, func(c *kubelet.Config) {
 		c.EvictionHard = map[string]string{"memory.available": "1Ki"}
 		c.EvictionMonitoringInterval = 500 * time.Millisecond
 		c.NodeStatusUpdateFrequency = time.Second
+		c.PodManifestPath = manifests
 	})
+	static := "ev-static-" + n.name
+	n.waitPod(static, "mirror running", 60*time.Second, runningReady)
 	if c := n.nodeCondition(v1.NodeMemoryPressure); c.Status != v1.ConditionFalse || c.Reason != "KubeletHasSufficientMemory" || c.Message != "kubelet has sufficient memory available" {
 		t.Fatalf("MemoryPressure without pressure = %+v", c)
 	}
@@ -134,13 +149,27 @@ func TestEvictionMemoryPressureRejectsAndEvictsBestEffort(t *testing.T) {
 	// Upstream's ranking goes on: the Guaranteed pod is next, and the
 	// counter shows both.
 	n.waitPod("ev-g", "evicted next", 60*time.Second, func(p *v1.Pod) bool { return p.Status.Reason == "Evicted" })
+	// Every pass that ranks pods observes the stats' age; two passes evicted,
+	// so a third one has ranked only the static pod.
+	waitFor(t, 30*time.Second, "a pass after the last eviction", func() (bool, string) {
+		_, metrics := n.httpGet("/metrics")
+		var count int
+		for _, l := range strings.Split(metrics, "\n") {
+			fmt.Sscanf(l, `kubelet_eviction_stats_age_seconds_count{eviction_signal="memory.available"} %d`, &count)
+		}
+		return count >= 3, grepLines(metrics, "eviction_stats_age_seconds_count")
+	})
 	_, metrics := n.httpGet("/metrics")
 	if !strings.Contains(metrics, `kubelet_evictions{eviction_signal="memory.available"} 2`) {
 		t.Errorf("kubelet_evictions not 2 for memory.available:\n%s", grepLines(metrics, "kubelet_evictions"))
 	}
+	if p := n.get(static); !runningReady(p) || p.Status.Reason == "Evicted" {
+		t.Errorf("the static pod was evicted: %s %s", p.Status.Phase, p.Status.Reason)
+	}
 
 	// Relaxed again: a restarted kubelet starts without pressure (upstream
 	// keeps no state across restarts), and says so.
+	before := len(n.events(n.name, "NodeHasSufficientMemory"))
 	n.stop()
 	n.cfg.EvictionHard = map[string]string{"memory.available": "1Ki"}
 	n.start()
@@ -148,9 +177,17 @@ func TestEvictionMemoryPressureRejectsAndEvictsBestEffort(t *testing.T) {
 		c := n.nodeCondition(v1.NodeMemoryPressure)
 		return c.Status == v1.ConditionFalse && c.Reason == "KubeletHasSufficientMemory", fmt.Sprintf("%+v", c)
 	})
-	waitFor(t, 30*time.Second, "NodeHasSufficientMemory event", func() (bool, string) {
-		return len(n.events(n.name, "NodeHasSufficientMemory")) > 0, ""
+	waitFor(t, 30*time.Second, "a new NodeHasSufficientMemory event", func() (bool, string) {
+		return len(n.events(n.name, "NodeHasSufficientMemory")) > before, ""
 	})
+	// The static pod goes with its file (the node's cleanup deletes only API
+	// pods), once this kubelet has read the file.
+	waitFor(t, 30*time.Second, "the static pod adopted", func() (bool, string) {
+		_, body := n.httpGet("/pods")
+		return strings.Contains(body, static), ""
+	})
+	os.Remove(filepath.Join(manifests, "ev-static.yaml"))
+	n.waitGone(static, 60*time.Second)
 }
 
 func grepLines(s, sub string) string {

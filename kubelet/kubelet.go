@@ -120,8 +120,10 @@ type metrics struct {
 	syncErrors  prometheus.Counter
 	running     prometheus.GaugeFunc
 	startupSecs prometheus.Histogram
-	// evictions is upstream's kubelet_evictions{eviction_signal}.
-	evictions *prometheus.CounterVec
+	// evictions and evictionStatsAge are upstream's kubelet_evictions and
+	// kubelet_eviction_stats_age_seconds (by eviction_signal).
+	evictions        *prometheus.CounterVec
+	evictionStatsAge *prometheus.HistogramVec
 }
 
 // Run runs a kubelet with cfg until ctx ends. Containers keep running when
@@ -242,7 +244,9 @@ func (k *Kubelet) registerMetrics() {
 	})
 	k.metrics.startupSecs = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "waggle_kubelet_pod_start_duration_seconds", Help: "From the first sync of a pod to all its containers running.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})
 	k.metrics.evictions = eviction.NewEvictionsCounter()
-	for _, c := range []prometheus.Collector{k.metrics.podStarts, k.metrics.syncs, k.metrics.syncErrors, k.metrics.running, k.metrics.startupSecs, k.metrics.evictions} {
+	k.metrics.evictionStatsAge = eviction.NewStatsAgeHistogram()
+	for _, c := range []prometheus.Collector{k.metrics.podStarts, k.metrics.syncs, k.metrics.syncErrors, k.metrics.running, k.metrics.startupSecs,
+		k.metrics.evictions, k.metrics.evictionStatsAge} {
 		k.health.Registry.Register(c)
 	}
 }

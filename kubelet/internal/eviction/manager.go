@@ -84,8 +84,11 @@ type Deps struct {
 	Log         *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// Evictions counts evictions by signal (kubelet_evictions).
+	// Evictions counts evictions by signal (kubelet_evictions); StatsAge
+	// observes, at each pass that ranks pods, how old the met signals are
+	// (kubelet_eviction_stats_age_seconds).
 	Evictions *prometheus.CounterVec
+	StatsAge  *prometheus.HistogramVec
 }
 
 // NewEvictionsCounter is upstream's kubelet_evictions counter.
@@ -93,6 +96,15 @@ func NewEvictionsCounter() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: "kubelet", Name: "evictions",
 		Help: "Cumulative number of pod evictions by eviction signal",
+	}, []string{"eviction_signal"})
+}
+
+// NewStatsAgeHistogram is upstream's kubelet_eviction_stats_age_seconds.
+func NewStatsAgeHistogram() *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: "kubelet", Name: "eviction_stats_age_seconds",
+		Help:    "Time between when stats are collected, and when pod is evicted based on those stats by eviction signal",
+		Buckets: prometheus.DefBuckets,
 	}, []string{"eviction_signal"})
 }
 
@@ -288,6 +300,13 @@ func (m *Manager) Synchronize(ctx context.Context, activePods []*v1.Pod) ([]*v1.
 	}
 	pods := append([]*v1.Pod(nil), activePods...)
 	rank(pods, stats)
+	if m.d.StatsAge != nil {
+		for _, t := range thresholds {
+			if at := observations[t.Signal].time; !at.IsZero() {
+				m.d.StatsAge.WithLabelValues(string(t.Signal)).Observe(m.d.Now().Sub(at.Time).Seconds())
+			}
+		}
+	}
 	for _, pod := range pods {
 		if IsCriticalPod(pod) {
 			m.d.Log.Warn("eviction manager: cannot evict a critical pod", "pod", pod.Namespace+"/"+pod.Name)
