@@ -68,6 +68,8 @@ func TestParseThresholdConfigRejectsBadInput(t *testing.T) {
 		{name: "over 100%", hard: map[string]string{"nodefs.available": "101%"}, want: "must be <= 100%"},
 		{name: "negative %", hard: map[string]string{"nodefs.available": "-5%"}, want: "must be >= 0%"},
 		{name: "bad %", hard: map[string]string{"nodefs.available": "ten%"}, want: "percentage"},
+		{name: "NaN %", hard: map[string]string{"nodefs.available": "NaN%"}, want: "is not a number"},
+		{name: "Inf %", hard: map[string]string{"nodefs.available": "Inf%"}, want: "is not a number"},
 		{name: "soft without grace", soft: map[string]string{"memory.available": "1Gi"}, want: "grace period must be specified"},
 		{name: "bad grace", soft: map[string]string{"memory.available": "1Gi"}, grace: map[string]string{"memory.available": "soon"}, want: "--eviction-soft-grace-period"},
 		{name: "negative grace", soft: map[string]string{"memory.available": "1Gi"}, grace: map[string]string{"memory.available": "-1s"}, want: "must be a positive value"},

@@ -2,6 +2,7 @@ package eviction
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -173,6 +174,10 @@ func parsePercentage(input string) (float32, error) {
 	value, err := strconv.ParseFloat(strings.TrimRight(input, "%"), 32)
 	if err != nil {
 		return 0, fmt.Errorf("percentage %q: %w", input, err)
+	}
+	if math.IsNaN(value) || math.IsInf(value, 0) {
+		// Stricter than upstream, whose parser lets "NaN%" through.
+		return 0, fmt.Errorf("percentage %q is not a number", input)
 	}
 	return float32(value) / 100, nil
 }
