@@ -41,6 +41,7 @@ import (
 	"github.com/waggle-io/waggle/internal/secureserving"
 	"github.com/waggle-io/waggle/kubelet"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
+	"github.com/waggle-io/waggle/kubelet/images"
 )
 
 // Config is `waggle up`'s configuration.
@@ -286,6 +287,8 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.LoadBalancerIPPools = cfg.LoadBalancerIPPools
 		// As k3s keeps its local-path volumes under its data dir.
 		cm.LocalPathDir = filepath.Join(cfg.DataDir, "storage")
+		// Every node of `waggle up` and the labs imports the echo image.
+		cm.LocalPathHelperImage = images.EchoImage
 		cm.LogLevel = cfg.LogLevel
 		cm.Log = componentLog("controller-manager", cfg.LogLevel)
 		cm.LeaderElection = leaderElection("kube-controller-manager", cfg.NodeName)

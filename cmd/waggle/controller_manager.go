@@ -55,6 +55,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	pools := cliflag.StringList{}
 	fs.Var(&pools, "loadbalancer-ip-pool", "addresses for Services of type LoadBalancer: CIDRs or first-last ranges, comma-separated or repeated (empty: no LoadBalancer IPAM)")
 	fs.StringVar(&cfg.LocalPathDir, "local-path-dir", cfg.LocalPathDir, "directory on every node holding the volumes of the built-in local-path provisioner (StorageClass local-path)")
+	fs.StringVar(&cfg.LocalPathHelperImage, "local-path-helper-image", cfg.LocalPathHelperImage, "image every node has, with /waggle-echo (waggle.local/waggle-echo:dev), for the helper pods that remove deleted local-path volumes' directories (empty: directories are left on the nodes)")
 	fs.DurationVar(&cfg.ResyncPeriod, "min-resync-period", cfg.ResyncPeriod, "informer resync period (0: none)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
 	if err := cliflag.Parse(fs, args); err != nil {

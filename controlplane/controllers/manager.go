@@ -185,6 +185,10 @@ type Config struct {
 	// LocalPathDir is --local-path-dir: the directory on every node under
 	// which the local-path provisioner puts its volumes.
 	LocalPathDir string
+	// LocalPathHelperImage is --local-path-helper-image: the image of the
+	// helper pods that remove deleted local-path volumes' directories on
+	// their nodes (localpath.Options.HelperImage; empty: left on the node).
+	LocalPathHelperImage string
 
 	// ServiceAccountPrivateKeyFile is --service-account-private-key-file:
 	// the key the serviceaccount-token controller signs legacy tokens of
@@ -682,7 +686,7 @@ func coreStarters() []starter {
 					return nil, err
 				}
 			}
-			c := localpath.New(d.Client, d.Factory, d.Log, localpath.Options{Dir: d.Config.LocalPathDir})
+			c := localpath.New(d.Client, d.Factory, d.Log, localpath.Options{Dir: d.Config.LocalPathDir, HelperImage: d.Config.LocalPathHelperImage})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: resourcequota.Name, build: func(d Deps) (func(context.Context), error) {

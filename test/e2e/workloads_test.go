@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +90,26 @@ func testStatefulSetVolume(t *testing.T, e *env) {
 	if vol := strings.TrimSpace(e.kubectl(t, "get", "pvc", "data-web-0", "-o", "jsonpath={.spec.volumeName}")); vol != pvc[1] {
 		t.Fatalf("claim now bound to %s, was %s", vol, pvc[1])
 	}
+
+	// Deleting the claim deletes the volume (reclaim Delete) and, through
+	// the provisioner's helper pod on the node, its directory. The lab's
+	// nodes share the host's filesystem, so the test looks at it directly.
+	dir := strings.TrimSpace(e.kubectl(t, "get", "pv", pvc[1], "-o", "jsonpath={.spec.hostPath.path}"))
+	if _, err := os.Stat(filepath.Join(dir, "greeting")); err != nil {
+		t.Fatalf("the volume's directory on the node: %v", err)
+	}
+	e.kubectl(t, "delete", "statefulset/web", "--wait=true", "--timeout=1m")
+	e.kubectl(t, "delete", "pvc", "data-web-0", "--wait=true", "--timeout=1m")
+	took := eventually(t, 90*time.Second, "volume "+pvc[1]+" and its directory removed", func() error {
+		if out, err := e.kubectlErr("get", "pv", pvc[1]); err == nil {
+			return fmt.Errorf("volume still there: %s", out)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			return fmt.Errorf("%s still on the node (%v)", dir, err)
+		}
+		return nil
+	})
+	t.Logf("claim deleted: volume and directory gone in %v", took.Round(time.Millisecond))
 }
 
 // testLoadBalancer exposes the echo Deployment as a LoadBalancer Service and
