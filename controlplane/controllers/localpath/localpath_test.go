@@ -89,7 +89,10 @@ func TestReleasedVolumeDirectoryIsRemovedByAHelperPodOnItsNode(t *testing.T) {
 			return nil
 		})
 	}
-	gone("volume pvc-1", func() error { _, err := cs.CoreV1().PersistentVolumes().Get(ctx, "pvc-1", metav1.GetOptions{}); return err })
+	gone("volume pvc-1", func() error {
+		_, err := cs.CoreV1().PersistentVolumes().Get(ctx, "pvc-1", metav1.GetOptions{})
+		return err
+	})
 	gone("helper of pvc-1", func() error { _, err := pods.Get(ctx, "local-path-delete-pvc-1", metav1.GetOptions{}); return err })
 
 	// A failing helper: event, volume kept, helper replaced.
@@ -119,7 +122,10 @@ func TestReleasedVolumeDirectoryIsRemovedByAHelperPodOnItsNode(t *testing.T) {
 	}
 
 	// A path this provisioner did not name: the object goes, no helper.
-	gone("volume pvc-3", func() error { _, err := cs.CoreV1().PersistentVolumes().Get(ctx, "pvc-3", metav1.GetOptions{}); return err })
+	gone("volume pvc-3", func() error {
+		_, err := cs.CoreV1().PersistentVolumes().Get(ctx, "pvc-3", metav1.GetOptions{})
+		return err
+	})
 	if _, err := pods.Get(ctx, "local-path-delete-pvc-3", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a helper was made for a directory the provisioner does not own: %v", err)
 	}
