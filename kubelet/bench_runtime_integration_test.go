@@ -3,7 +3,9 @@ package kubelet_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/waggle-io/waggle/kubelet"
 	"github.com/waggle-io/waggle/kubelet/images"
 )
 
@@ -30,7 +33,12 @@ import (
 //	WAGGLE_PRIVILEGED_TESTS=1 go test -run '^$' -bench PodStartupVsContainerd -benchtime 1x ./kubelet/
 func BenchmarkPodStartupVsContainerd(b *testing.B) {
 	const count = 100
-	n := newNode(b, nil)
+	n := newNode(b, func(c *kubelet.Config) {
+		if v, err := strconv.Atoi(os.Getenv("WAGGLE_BENCH_PARALLEL_STARTS")); err == nil && v > 0 {
+			c.ParallelStarts = v
+		}
+	})
+	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: the default, 4 per CPU)", n.cfg.ParallelStarts)
 	raw1 := rawContainerdBurst(b, n, count, "raw1")
 	pods := waggleBurst(b, n, count)
 	raw2 := rawContainerdBurst(b, n, count, "raw2")
