@@ -265,7 +265,7 @@ type Deps struct {
 	// RestConfig is the client configuration Client was built from (for
 	// clients of other API groups: scale, metrics).
 	RestConfig *rest.Config
-	Dynamic dynamic.Interface
+	Dynamic    dynamic.Interface
 	// Metadata is the metadata-only client (the ResourceQuota controller
 	// counts arbitrary resources through it).
 	Metadata metadata.Interface
