@@ -7,10 +7,12 @@ import (
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
+	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
 )
 
 // TestHPAManagedFieldsAcrossVersions: an HPA created through autoscaling/v1
@@ -65,5 +67,44 @@ func TestHPAManagedFieldsAcrossVersions(t *testing.T) {
 	}
 	if !managers["kubectl-edit"] || !managers["horizontal-pod-autoscaler"] || !managers["kubectl-autoscale"] {
 		t.Fatalf("managedFields after a v1 update: %v", managers)
+	}
+}
+
+// TestControllerManagerMayDoWhatTheHPAControllerNeeds: the
+// controller-manager runs the HPA controller under its own identity, which
+// the bootstrap policy binds to upstream's
+// system:controller:horizontal-pod-autoscaler: read HPAs and write their
+// status, get and update any /scale, list pods, read the resource, custom
+// and external metrics APIs, record Events; and nothing beyond (no HPA
+// spec writes through this role).
+func TestControllerManagerMayDoWhatTheHPAControllerNeeds(t *testing.T) {
+	s := apiservertest.Start(t, apiservertest.Options{})
+	cs := kubernetes.NewForConfigOrDie(s.Config)
+	ctx := context.Background()
+	for _, c := range []struct {
+		group, resource, sub, verb string
+	}{
+		{"autoscaling", "horizontalpodautoscalers", "", "list"},
+		{"autoscaling", "horizontalpodautoscalers", "", "watch"},
+		{"autoscaling", "horizontalpodautoscalers", "status", "update"},
+		{"apps", "deployments", "scale", "get"},
+		{"apps", "deployments", "scale", "update"},
+		{"example.com", "widgets", "scale", "update"},
+		{"", "pods", "", "list"},
+		{"metrics.k8s.io", "pods", "", "list"},
+		{"custom.metrics.k8s.io", "pods", "", "get"},
+		{"external.metrics.k8s.io", "queue_length", "", "list"},
+		{"", "events", "", "create"},
+	} {
+		sar, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: bootstrap.ControllerManagerUser,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: "default", Verb: c.verb, Group: c.group,
+				Resource: c.resource, Subresource: c.sub}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sar.Status.Allowed {
+			t.Errorf("%s may not %s %s/%s in %q: %s", bootstrap.ControllerManagerUser, c.verb, c.resource, c.sub, c.group, sar.Status.Reason)
+		}
 	}
 }
