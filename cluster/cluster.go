@@ -38,8 +38,10 @@ import (
 	"github.com/waggle-io/waggle/dataplane/modes"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/internal/secureserving"
 	"github.com/waggle-io/waggle/kubelet"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
+	"github.com/waggle-io/waggle/kubelet/images"
 )
 
 // Config is `waggle up`'s configuration.
@@ -69,7 +71,7 @@ type Config struct {
 	AdvertiseAddress string
 	// ComponentsBindAddress, SchedulerPort and ControllerManagerPort are
 	// where the scheduler and the controller-manager serve /healthz and
-	// /metrics; a lab binds them to its own bridge address so that several
+	// /metrics over HTTPS (internal/secureserving); a lab binds them to its own bridge address so that several
 	// control planes share one host namespace.
 	ComponentsBindAddress string
 	SchedulerPort         int
@@ -230,8 +232,14 @@ func Run(ctx context.Context, cfg Config) error {
 		EncryptionProviderConfig:            encConfig,
 		Audit:                               cfg.Audit,
 		PodSecurityConfigFile:               cfg.PodSecurityConfigFile,
-		LogLevel:                            cfg.LogLevel,
-		Log:                                 componentLog("apiserver", cfg.LogLevel),
+		// componentstatuses probes the ports this machine's components
+		// really serve on (a lab binds them to its bridge address).
+		ComponentProbes: map[string]string{
+			"scheduler":          "https://" + net.JoinHostPort(probeHost(cfg.ComponentsBindAddress), strconv.Itoa(cfg.SchedulerPort)) + "/healthz",
+			"controller-manager": "https://" + net.JoinHostPort(probeHost(cfg.ComponentsBindAddress), strconv.Itoa(cfg.ControllerManagerPort)) + "/healthz",
+		},
+		LogLevel: cfg.LogLevel,
+		Log:      componentLog("apiserver", cfg.LogLevel),
 	})
 	if err != nil {
 		return err
@@ -256,7 +264,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return scheduler.Run(gctx, scheduler.Config{
 				Kubeconfig:        kc("scheduler"),
 				SchedulerName:     scheduler.DefaultSchedulerName,
-				HealthAddr:        net.JoinHostPort(cfg.ComponentsBindAddress, strconv.Itoa(cfg.SchedulerPort)),
+				SecureServing:     componentServing(cfg, cfg.SchedulerPort),
 				LogLevel:          cfg.LogLevel,
 				QPS:               200,
 				Burst:             400,
@@ -271,8 +279,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cm := controllers.DefaultConfig()
 		cm.Kubeconfig = kc("controller-manager")
 		cm.ServiceAccountPrivateKeyFile = saKey
-		cm.BindAddress = cfg.ComponentsBindAddress
-		cm.Port = cfg.ControllerManagerPort
+		cm.SecureServing = componentServing(cfg, cfg.ControllerManagerPort)
 		cm.AllocateNodeCIDRs = true
 		cm.ClusterCIDR = cfg.ClusterCIDR
 		cm.NodeMonitorGracePeriod = cfg.NodeMonitorGracePeriod
@@ -280,12 +287,17 @@ func Run(ctx context.Context, cfg Config) error {
 		cm.LoadBalancerIPPools = cfg.LoadBalancerIPPools
 		// As k3s keeps its local-path volumes under its data dir.
 		cm.LocalPathDir = filepath.Join(cfg.DataDir, "storage")
+		// Every node of `waggle up` and the labs imports the echo image.
+		cm.LocalPathHelperImage = images.EchoImage
 		cm.LogLevel = cfg.LogLevel
 		cm.Log = componentLog("controller-manager", cfg.LogLevel)
 		cm.LeaderElection = leaderElection("kube-controller-manager", cfg.NodeName)
 		// As kubeadm: the bootstrap token controllers on, and CSRs signed by
 		// the cluster CA.
 		cm.Controllers = []string{"*", controllers.BootstrapSignerName, controllers.TokenCleanerName}
+		// As kubeadm: each controller as its own ServiceAccount, holding
+		// only its system:controller:* role.
+		cm.UseServiceAccountCredentials = true
 		cm.ClusterSigningCertFile = filepath.Join(cfg.DataDir, "pki", "ca.crt")
 		cm.ClusterSigningKeyFile = filepath.Join(cfg.DataDir, "pki", "ca.key")
 		return supervise(gctx, log, "controller-manager", func() error { return controllers.Run(gctx, cm) })
@@ -491,4 +503,23 @@ resources:
 		return "", fmt.Errorf("secrets encryption config: %w", err)
 	}
 	return p, nil
+}
+
+// probeHost is where a component bound to addr is reached from this
+// machine: loopback for a wildcard address.
+func probeHost(addr string) string {
+	if ip := net.ParseIP(addr); ip == nil || ip.IsUnspecified() {
+		return "127.0.0.1"
+	}
+	return addr
+}
+
+// componentServing is where the scheduler or the controller-manager serves
+// HTTPS /healthz and /metrics: the components' bind address, a
+// self-signed certificate kept in memory (as upstream's components do with
+// no --cert-dir), and delegation through the component's own kubeconfig.
+func componentServing(cfg Config, port int) secureserving.Options {
+	o := secureserving.Defaults(port)
+	o.BindAddress = cfg.ComponentsBindAddress
+	return o
 }

@@ -8,11 +8,19 @@ import (
 )
 
 // admitLocked is the kubelet's admission of a pod newly bound to this node,
-// the host-port part of upstream's (lifecycle.PredicateAdmitHandler's
-// GeneralPredicates): a pod asking for a host port, protocol and address
-// that an active pod of this node already holds is rejected, as a pod
-// placed with spec.nodeName, which no scheduler checked, can be. It
-// returns the rejection (reason and message, upstream's) or nil.
+// in upstream's order of admit handlers:
+//
+//   - the eviction manager's (eviction.Manager.Admit): under memory pressure
+//     a BestEffort pod (unless it tolerates the memory-pressure taint), under
+//     disk or PID pressure every pod, is rejected with reason Evicted and
+//     "The node had condition: [<conditions>]. "; critical pods pass;
+//   - the host-port part of upstream's lifecycle.PredicateAdmitHandler
+//     (GeneralPredicates): a pod asking for a host port, protocol and address
+//     that an active pod of this node already holds is rejected (NodePorts),
+//     as a pod placed with spec.nodeName, which no scheduler checked, can be.
+//
+// It returns the rejection (reason and message, upstream's; the status
+// message is "Pod was rejected: " and it) or nil.
 //
 // Left out, as yet: upstream's resource fit, node name, node affinity and
 // NoExecute-taint checks; the scheduler makes them for every pod it binds.
@@ -20,8 +28,16 @@ import (
 // Pods already running (a restarted kubelet adopting them) or finished
 // are admitted; k.mu is held.
 func (k *Kubelet) admitLocked(p *v1.Pod) *waitReason {
+	if p.DeletionTimestamp != nil || (p.Status.Phase != "" && p.Status.Phase != v1.PodPending) || len(k.snapshot[p.UID]) > 0 {
+		return nil
+	}
+	if k.eviction != nil {
+		if ok, reason, message := k.eviction.Admit(p); !ok {
+			return &waitReason{reason: reason, message: message}
+		}
+	}
 	want := schedutil.GetHostPorts(p)
-	if len(want) == 0 || p.DeletionTimestamp != nil || (p.Status.Phase != "" && p.Status.Phase != v1.PodPending) || len(k.snapshot[p.UID]) > 0 {
+	if len(want) == 0 {
 		return nil
 	}
 	used := fwk.HostPortInfo{}
@@ -41,7 +57,7 @@ func (k *Kubelet) admitLocked(p *v1.Pod) *waitReason {
 	}
 	for _, cp := range want {
 		if used.CheckConflict(cp.HostIP, string(cp.Protocol), cp.HostPort) {
-			return &waitReason{reason: nodeports.Name, message: "Pod was rejected: " + nodeports.ErrReason}
+			return &waitReason{reason: nodeports.Name, message: nodeports.ErrReason}
 		}
 	}
 	return nil

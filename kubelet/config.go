@@ -4,7 +4,10 @@
 // them on containerd: a network namespace and CNI per pod, a cgroup under the
 // node's cgroup root, init and app containers with restart policies and
 // back-off, probes, graceful termination, and status written through
-// pods/status. It serves the kubelet API on 10250 (kubelet/server).
+// pods/status. It reports node pressure (MemoryPressure, DiskPressure,
+// PIDPressure), refuses and evicts pods under it and collects unused images,
+// as upstream's eviction and image GC managers (kubelet/internal/eviction).
+// It serves the kubelet API on 10250 (kubelet/server).
 //
 // Config and Run let `waggle kubelet`, `waggle up` and the lab run it, as a
 // process or in-process. It is not the container runtime (kubelet/runtime),
@@ -16,11 +19,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"runtime"
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/waggle-io/waggle/kubelet/internal/eviction"
 )
 
 // ErrInvalidConfig marks a configuration the kubelet cannot run with.
@@ -52,6 +58,13 @@ type Config struct {
 	// where the key and certificate go (default <root-dir>/pki).
 	BootstrapKubeconfig string
 	CertDir             string
+	// RotateCertificates rotates the client certificate of Kubeconfig
+	// before it expires through new CSRs, and switches the kubelet's API
+	// client to each new certificate without a restart (kubelet
+	// --rotate-certificates; see rotatingClientConfig). `waggle kubelet`
+	// turns it on with a bootstrap kubeconfig. Only with Kubeconfig, not
+	// RestConfig.
+	RotateCertificates bool
 	// NodeIP is the node's InternalIP (default: the address of the default
 	// route's interface).
 	NodeIP string
@@ -148,6 +161,31 @@ type Config struct {
 	// StartNetwork starts the cross-node route controller (default true
 	// with the containerd runtime).
 	DisableRouteController bool
+	// Node pressure and eviction, upstream's flags (kubelet/eviction.go):
+	// EvictionHard, EvictionSoft ("signal" → "quantity" or "percent%") and
+	// EvictionSoftGracePeriod ("signal" → duration), EvictionMinimumReclaim
+	// ("signal" → quantity or percent). A nil EvictionHard is upstream's
+	// default (memory.available<100Mi, nodefs.available<10%,
+	// nodefs.inodesFree<5%, imagefs.available<15%, imagefs.inodesFree<5%);
+	// an empty one sets no hard threshold.
+	EvictionHard, EvictionSoft, EvictionSoftGracePeriod, EvictionMinimumReclaim map[string]string
+	// EvictionPressureTransitionPeriod is how long a pressure condition
+	// stays after its signal clears (default 5 m).
+	EvictionPressureTransitionPeriod time.Duration
+	// EvictionMaxPodGracePeriod bounds, in seconds, a soft eviction's grace
+	// period (0, upstream's default: the pod is killed at once).
+	EvictionMaxPodGracePeriod int32
+	// EvictionMonitoringInterval is how often the eviction manager looks
+	// (default 10 s, upstream's fixed period; tests shorten it).
+	EvictionMonitoringInterval time.Duration
+	// ImageGCHighThresholdPercent and ImageGCLowThresholdPercent: at or
+	// over the high disk usage of the image filesystem, unused images are
+	// removed down to the low one (defaults 85 and 80, a zero value takes
+	// the default; 100 disables). ImageMinimumGCAge is the age an unused
+	// image must have (default 2 m); ImageGCPeriod how often usage is
+	// checked (default 5 m, upstream's fixed period).
+	ImageGCHighThresholdPercent, ImageGCLowThresholdPercent int
+	ImageMinimumGCAge, ImageGCPeriod                        time.Duration
 	// Log is the logger (default: a discard logger).
 	Log *slog.Logger
 	// Ready, when set, receives the bound API port once serving (tests).
@@ -210,6 +248,27 @@ func (c Config) WithDefaults() Config {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
+	if c.EvictionHard == nil {
+		c.EvictionHard = maps.Clone(eviction.DefaultEvictionHard)
+	}
+	if c.EvictionPressureTransitionPeriod == 0 {
+		c.EvictionPressureTransitionPeriod = eviction.DefaultPressureTransitionPeriod
+	}
+	if c.EvictionMonitoringInterval == 0 {
+		c.EvictionMonitoringInterval = eviction.DefaultMonitoringInterval
+	}
+	if c.ImageGCHighThresholdPercent == 0 {
+		c.ImageGCHighThresholdPercent = eviction.DefaultImageGCHighThreshold
+	}
+	if c.ImageGCLowThresholdPercent == 0 {
+		c.ImageGCLowThresholdPercent = eviction.DefaultImageGCLowThreshold
+	}
+	if c.ImageMinimumGCAge == 0 {
+		c.ImageMinimumGCAge = eviction.DefaultImageMinimumGCAge
+	}
+	if c.ImageGCPeriod == 0 {
+		c.ImageGCPeriod = 5 * time.Minute
+	}
 	if c.AuthorizationMode == "" {
 		c.AuthorizationMode = AuthzWebhook
 	}
@@ -261,6 +320,21 @@ func (c Config) Validate() error {
 	}
 	if c.AuthorizationMode != AuthzWebhook && c.AuthorizationMode != AuthzAlwaysAllow {
 		return fmt.Errorf("%w: --authorization-mode=%q (want Webhook or AlwaysAllow)", ErrInvalidConfig, c.AuthorizationMode)
+	}
+	if _, err := eviction.ParseThresholdConfig(c.EvictionHard, c.EvictionSoft, c.EvictionSoftGracePeriod, c.EvictionMinimumReclaim); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	if c.ImageGCHighThresholdPercent < 0 || c.ImageGCHighThresholdPercent > 100 {
+		return fmt.Errorf("%w: --image-gc-high-threshold %d must be within [0, 100]", ErrInvalidConfig, c.ImageGCHighThresholdPercent)
+	}
+	if c.ImageGCLowThresholdPercent < 0 || c.ImageGCLowThresholdPercent > 100 {
+		return fmt.Errorf("%w: --image-gc-low-threshold %d must be within [0, 100]", ErrInvalidConfig, c.ImageGCLowThresholdPercent)
+	}
+	if c.ImageGCLowThresholdPercent > c.ImageGCHighThresholdPercent {
+		return fmt.Errorf("%w: --image-gc-low-threshold %d can not be higher than --image-gc-high-threshold %d", ErrInvalidConfig, c.ImageGCLowThresholdPercent, c.ImageGCHighThresholdPercent)
+	}
+	if c.ImageMinimumGCAge < 0 || c.EvictionPressureTransitionPeriod < 0 {
+		return fmt.Errorf("%w: --image-minimum-gc-age and --eviction-pressure-transition-period must not be negative", ErrInvalidConfig)
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		return fmt.Errorf("%w: --port %d", ErrInvalidConfig, c.Port)

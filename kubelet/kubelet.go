@@ -32,6 +32,7 @@ import (
 
 	"github.com/waggle-io/waggle/internal/apilb"
 	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/kubelet/internal/eviction"
 	"github.com/waggle-io/waggle/kubelet/network"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
@@ -101,6 +102,11 @@ type Kubelet struct {
 
 	runtimeErr atomic.Pointer[error]
 	metrics    metrics
+	// eviction is the eviction manager (node pressure conditions,
+	// admission under pressure, evictions); imageGC collects unused images
+	// by disk usage. Both are made in Run (startEviction).
+	eviction *eviction.Manager
+	imageGC  *imageGC
 	// startedAt is the node's start time in /stats/summary.
 	startedAt time.Time
 	// cpu turns cumulative CPU counters into rates for /stats/summary.
@@ -114,6 +120,10 @@ type metrics struct {
 	syncErrors  prometheus.Counter
 	running     prometheus.GaugeFunc
 	startupSecs prometheus.Histogram
+	// evictions and evictionStatsAge are upstream's kubelet_evictions and
+	// kubelet_eviction_stats_age_seconds (by eviction_signal).
+	evictions        *prometheus.CounterVec
+	evictionStatsAge *prometheus.HistogramVec
 }
 
 // Run runs a kubelet with cfg until ctx ends. Containers keep running when
@@ -125,8 +135,14 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.RestConfig == nil && cfg.Kubeconfig != "" {
-		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-		if err != nil {
+		var rc *rest.Config
+		var err error
+		if cfg.RotateCertificates {
+			rc, err = rotatingClientConfig(ctx, &cfg)
+			if err != nil {
+				return err
+			}
+		} else if rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig); err != nil {
 			return fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)
 		}
 		// Fail over between the API servers of an HA control plane.
@@ -233,7 +249,10 @@ func (k *Kubelet) registerMetrics() {
 		return float64(len(k.workers))
 	})
 	k.metrics.startupSecs = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "waggle_kubelet_pod_start_duration_seconds", Help: "From the first sync of a pod to all its containers running.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})
-	for _, c := range []prometheus.Collector{k.metrics.podStarts, k.metrics.syncs, k.metrics.syncErrors, k.metrics.running, k.metrics.startupSecs} {
+	k.metrics.evictions = eviction.NewEvictionsCounter()
+	k.metrics.evictionStatsAge = eviction.NewStatsAgeHistogram()
+	for _, c := range []prometheus.Collector{k.metrics.podStarts, k.metrics.syncs, k.metrics.syncErrors, k.metrics.running, k.metrics.startupSecs,
+		k.metrics.evictions, k.metrics.evictionStatsAge} {
 		k.health.Registry.Register(c)
 	}
 }
@@ -320,6 +339,8 @@ func (k *Kubelet) Run(ctx context.Context) error {
 			k.log.Error("health server", "err", err)
 		}
 	}()
+
+	k.startEviction(ctx, &wg)
 
 	n, err := k.registerNode(ctx)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -623,6 +624,13 @@ func TestConfigValidation(t *testing.T) {
 		{"bad node ip", Config{NodeName: "n", Kubeconfig: "k", NodeIP: "x"}, false},
 		{"bad taint", Config{NodeName: "n", Kubeconfig: "k", RegisterWithTaints: []string{"a=b:Sometimes"}}, false},
 		{"bad port", Config{NodeName: "n", Kubeconfig: "k", Port: 70000}, false},
+		{"eviction thresholds", Config{NodeName: "n", Kubeconfig: "k", EvictionHard: map[string]string{"memory.available": "1Gi"},
+			EvictionSoft: map[string]string{"nodefs.available": "20%"}, EvictionSoftGracePeriod: map[string]string{"nodefs.available": "1m"}}, true},
+		{"no hard thresholds", Config{NodeName: "n", Kubeconfig: "k", EvictionHard: map[string]string{}}, true},
+		{"bad eviction signal", Config{NodeName: "n", Kubeconfig: "k", EvictionHard: map[string]string{"swap.available": "1Gi"}}, false},
+		{"soft without grace", Config{NodeName: "n", Kubeconfig: "k", EvictionSoft: map[string]string{"memory.available": "1Gi"}}, false},
+		{"image gc low above high", Config{NodeName: "n", Kubeconfig: "k", ImageGCHighThresholdPercent: 50, ImageGCLowThresholdPercent: 60}, false},
+		{"image gc high over 100", Config{NodeName: "n", Kubeconfig: "k", ImageGCHighThresholdPercent: 101}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.WithDefaults().Validate()
@@ -633,6 +641,20 @@ func TestConfigValidation(t *testing.T) {
 				t.Errorf("err %v is not ErrInvalidConfig", err)
 			}
 		})
+	}
+}
+
+func TestConfigDefaultsAreUpstreamEvictionDefaults(t *testing.T) {
+	c := Config{NodeName: "n", Kubeconfig: "k"}.WithDefaults()
+	want := map[string]string{"memory.available": "100Mi", "nodefs.available": "10%", "nodefs.inodesFree": "5%",
+		"imagefs.available": "15%", "imagefs.inodesFree": "5%"}
+	if !reflect.DeepEqual(c.EvictionHard, want) {
+		t.Errorf("EvictionHard = %v", c.EvictionHard)
+	}
+	if c.EvictionPressureTransitionPeriod != 5*time.Minute || c.ImageGCHighThresholdPercent != 85 || c.ImageGCLowThresholdPercent != 80 ||
+		c.ImageMinimumGCAge != 2*time.Minute || c.EvictionMonitoringInterval != 10*time.Second {
+		t.Errorf("defaults: transition %s, image GC %d/%d age %s, interval %s", c.EvictionPressureTransitionPeriod,
+			c.ImageGCHighThresholdPercent, c.ImageGCLowThresholdPercent, c.ImageMinimumGCAge, c.EvictionMonitoringInterval)
 	}
 }
 

@@ -199,16 +199,27 @@ func (k *Kubelet) fillStatus(n *v1.Node) {
 	if err := k.runtimeHealthy(); err != nil {
 		ready.Status, ready.Reason, ready.Message = v1.ConditionFalse, "KubeletNotReady", err.Error()
 	}
-	conds := []v1.NodeCondition{
-		{Type: v1.NodeMemoryPressure, Status: v1.ConditionFalse, Reason: "KubeletHasSufficientMemory", Message: "kubelet has sufficient memory available"},
-		{Type: v1.NodeDiskPressure, Status: v1.ConditionFalse, Reason: "KubeletHasNoDiskPressure", Message: "kubelet has no disk pressure"},
-		{Type: v1.NodePIDPressure, Status: v1.ConditionFalse, Reason: "KubeletHasSufficientPID", Message: "kubelet has sufficient PID available"},
-		ready,
-	}
 	old := map[v1.NodeConditionType]v1.NodeCondition{}
 	for _, c := range n.Status.Conditions {
 		old[c.Type] = c
 	}
+	// The pressure conditions from the eviction manager, each with upstream's
+	// event when its status changes (or it is new).
+	var conds []v1.NodeCondition
+	if k.eviction != nil {
+		for _, p := range k.pressureConditions() {
+			var prev *v1.NodeCondition
+			if o, ok := old[p.typ]; ok {
+				prev = &o
+			}
+			c, event := p.condition(prev)
+			if event != "" {
+				k.nodeEvent(v1.EventTypeNormal, event, "Node %s status is now: %s", k.cfg.NodeName, event)
+			}
+			conds = append(conds, c)
+		}
+	}
+	conds = append(conds, ready)
 	if o, had := old[v1.NodeReady]; !had || o.Status != ready.Status {
 		if ready.Status == v1.ConditionTrue {
 			k.nodeEvent(v1.EventTypeNormal, EventNodeReady, "Node %s status is now: NodeReady", k.cfg.NodeName)

@@ -13,6 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	statsapi "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+	"k8s.io/kubernetes/pkg/kubelet/stats/pidlimit"
 
 	"github.com/waggle-io/waggle/internal/cgroupfs"
 )
@@ -78,8 +79,18 @@ func nodeMemory() (*statsapi.MemoryStats, bool) {
 		}
 	}
 	if usage == 0 {
+		// cgroup v2's root has no memory.current: usage from /proc/meminfo
+		// and inactive_file from the root's memory.stat, as runc's
+		// rootStatsFromMeminfo gives cAdvisor (meminfo's when absent).
 		usage = total - mi["MemFree"]
 		inactiveFile, rss = mi["Inactive(file)"], mi["AnonPages"]
+		if root, err := cgroupfs.V2Root(); err == nil {
+			if st, err := readKV(filepath.Join(root, "memory.stat")); err == nil {
+				if v, ok := st["inactive_file"]; ok {
+					inactiveFile = v
+				}
+			}
+		}
 		if vm, err := readKV("/proc/vmstat"); err == nil {
 			faults, major = vm["pgfault"], vm["pgmajfault"]
 		}
@@ -120,23 +131,15 @@ func fsStats(dir string, now metav1.Time) *statsapi.FsStats {
 		InodesFree: &free, Inodes: &inodes, InodesUsed: &iused}
 }
 
-// nodeRlimit reads the PID limit and the number of processes.
+// nodeRlimit is upstream's own figure (pkg/kubelet/stats/pidlimit): the
+// lower of kernel.pid_max and kernel.threads-max, and the number of tasks
+// (/proc/loadavg's total, else sysinfo's process count).
 func nodeRlimit(now metav1.Time) *statsapi.RlimitStats {
-	r := &statsapi.RlimitStats{Time: now}
-	if v, err := readUint("/proc/sys/kernel/pid_max"); err == nil {
-		n := int64(v) //nolint:gosec // pid_max is at most 2^22
-		r.MaxPID = &n
+	r, err := pidlimit.Stats()
+	if err != nil || r == nil {
+		return &statsapi.RlimitStats{Time: now}
 	}
-	// /proc/loadavg: "0.00 0.01 0.05 2/345 6789": running/total.
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		if f := strings.Fields(string(b)); len(f) >= 4 {
-			if _, tot, ok := strings.Cut(f[3], "/"); ok {
-				if n, err := strconv.ParseInt(tot, 10, 64); err == nil {
-					r.NumOfRunningProcesses = &n
-				}
-			}
-		}
-	}
+	r.Time = now
 	return r
 }
 

@@ -112,7 +112,8 @@ type podWorker struct {
 	uid    types.UID
 	static bool
 	// rejected: admission refused the pod (admitLocked); it never starts,
-	// its status says why. Set before the worker runs.
+	// its status says why ("Pod was rejected: " and the message, the Event
+	// the message alone, as upstream's rejectPod). Set before the worker runs.
 	rejected *waitReason
 	kick     chan struct{}
 	done     chan struct{}
@@ -137,9 +138,14 @@ type podWorker struct {
 	// wake-up is set for.
 	deadlineExceeded bool
 	deadlineAt       time.Time
-	firstSync        time.Time
-	reported         bool
-	volumesAt        time.Time
+	// evict is an eviction the eviction manager asked for (evictPod; set
+	// from its goroutine); evicted is it once the worker took it: the pod
+	// is stopped within its grace and fails with reason Evicted.
+	evict     atomic.Pointer[evictRequest]
+	evicted   *evictRequest
+	firstSync time.Time
+	reported  bool
+	volumesAt time.Time
 	// statusReset asks the run goroutine to rewrite the status.
 	statusReset atomic.Bool
 	// ips are the pod's addresses, readable from any goroutine.
@@ -328,12 +334,15 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 		k.event(pod, v1.EventTypeWarning, w.rejected.reason, "%s", w.rejected.message)
 		w.terminal = true
 		return false, w.writeStatus(ctx, pod, v1.PodStatus{Phase: v1.PodFailed, Reason: w.rejected.reason,
-			Message: w.rejected.message, QOSClass: qosClass(pod)})
+			Message: "Pod was rejected: " + w.rejected.message, QOSClass: qosClass(pod)})
 	}
 	if w.sb == nil {
 		if sb, err := k.loadSandbox(pod.UID); err == nil {
 			w.sb = sb
 		}
+	}
+	if e := w.evict.Load(); e != nil && w.evicted == nil && !w.terminal {
+		w.evicted, w.terminal = e, true
 	}
 	if !w.terminal && w.pastDeadline(pod) {
 		w.deadlineExceeded, w.terminal = true, true
@@ -343,7 +352,11 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 	// restarted kubelet must not rerun a completed pod).
 	if (isTerminalPhase(pod.Status.Phase) && !w.static) || w.terminal {
 		w.terminal = true
-		if err := w.terminate(ctx, pod, ctrs, gracePeriod(pod)); err != nil {
+		grace := gracePeriod(pod)
+		if w.evicted != nil {
+			grace = w.evicted.grace
+		}
+		if err := w.terminate(ctx, pod, ctrs, grace); err != nil {
 			return false, err
 		}
 		w.tearDownNetwork(ctx, pod)

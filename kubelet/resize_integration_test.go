@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/waggle-io/waggle/internal/cgroupfs"
 )
@@ -41,8 +42,17 @@ func TestInPlaceResizeChangesTheCgroups(t *testing.T) {
 		t.Fatalf("pod cgroup before the resize: quota %s shares %s memory %s", q, s, m)
 	}
 
-	p.Spec.Containers[0].Resources = res("300m", "500m", "128Mi")
-	if _, err := n.client.CoreV1().Pods("default").UpdateResize(context.Background(), p.Name, p, metav1.UpdateOptions{}); err != nil {
+	// The kubelet may still be writing the status (startedAt follows the
+	// relist after Running and Ready): resize the newest version.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := n.client.CoreV1().Pods("default").Get(context.Background(), p.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Spec.Containers[0].Resources = res("300m", "500m", "128Mi")
+		_, err = n.client.CoreV1().Pods("default").UpdateResize(context.Background(), p.Name, cur, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	p = n.waitPod("resize", "resized", 60*time.Second, func(p *v1.Pod) bool {

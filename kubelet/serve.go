@@ -295,6 +295,7 @@ func (p *provider) Summary(ctx context.Context) (*statsapi.Summary, error) {
 				CPU:       &statsapi.CPUStats{Time: t, UsageCoreNanoSeconds: &cpu, UsageNanoCores: rate},
 				Memory:    &statsapi.MemoryStats{Time: t, UsageBytes: &mem, WorkingSetBytes: &ws, RSSBytes: &rss},
 			}
+			k.podDiskStats(ctx, c, &cs)
 			if st.MemoryLimit > 0 && st.MemoryLimit < 1<<62 && st.MemoryLimit > ws {
 				avail := st.MemoryLimit - ws
 				cs.Memory.AvailableBytes = &avail
@@ -329,6 +330,7 @@ func (p *provider) Summary(ctx context.Context) (*statsapi.Summary, error) {
 		}
 		ps.CPU = &statsapi.CPUStats{Time: now, UsageCoreNanoSeconds: &podCPU, UsageNanoCores: podRate}
 		ps.Memory = &statsapi.MemoryStats{Time: now, UsageBytes: &podMem, WorkingSetBytes: &podWS, RSSBytes: &podRSS}
+		ps.ProcessStats = k.podProcesses(uid)
 		sum.Pods = append(sum.Pods, ps)
 	}
 	sort.Slice(sum.Pods, func(i, j int) bool {
@@ -342,7 +344,15 @@ func (p *provider) Summary(ctx context.Context) (*statsapi.Summary, error) {
 		sum.Node.Memory = mem
 	}
 	sum.Node.Fs = fsStats(k.cfg.RootDir, now)
-	sum.Node.Runtime = &statsapi.RuntimeStats{ImageFs: sum.Node.Fs}
+	// The image filesystem is the one holding the snapshotter's root (the
+	// node's own when they are the same, or the runtime cannot say).
+	imageFs := sum.Node.Fs
+	if dir := k.imageFsDir(ctx); dir != "" {
+		if st := fsStats(dir, now); st != nil {
+			imageFs = st
+		}
+	}
+	sum.Node.Runtime = &statsapi.RuntimeStats{ImageFs: imageFs}
 	sum.Node.Rlimit = nodeRlimit(now)
 	return sum, nil
 }

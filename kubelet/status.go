@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 
+	"github.com/waggle-io/waggle/kubelet/internal/eviction"
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
 
@@ -192,6 +193,9 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	}
 	n := len(pod.Spec.Containers)
 	switch {
+	case w.evicted != nil:
+		st.Phase = v1.PodFailed
+		st.Reason, st.Message = eviction.Reason, w.evicted.message
 	case w.deadlineExceeded:
 		st.Phase = v1.PodFailed
 		st.Reason, st.Message = "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
@@ -265,6 +269,10 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	st.Conditions = append([]v1.PodCondition{
 		cond(v1.PodReadyToStartContainers, w.sb != nil && !w.sb.Torn && !deleting, ""),
 	}, st.Conditions...)
+	if w.evicted != nil {
+		// Upstream's DisruptionTarget condition of a kubelet eviction.
+		st.Conditions = append(st.Conditions, w.evicted.condition)
+	}
 	for _, c := range w.resizeConditions() {
 		st.Conditions = append(st.Conditions, v1.PodCondition{Type: c.typ, Status: v1.ConditionTrue, Reason: c.reason, Message: c.message})
 	}
@@ -292,10 +300,16 @@ var ownedConditions = map[v1.PodConditionType]bool{
 // conditions and the transition times of unchanged conditions.
 func mergeStatus(cur *v1.PodStatus, st v1.PodStatus, now metav1.Time) {
 	old := map[v1.PodConditionType]v1.PodCondition{}
+	mine := map[v1.PodConditionType]bool{}
+	for _, c := range st.Conditions {
+		mine[c.Type] = true
+	}
 	var others []v1.PodCondition
 	for _, c := range cur.Conditions {
 		old[c.Type] = c
-		if !ownedConditions[c.Type] {
+		// A condition the kubelet shares with others (DisruptionTarget, as
+		// upstream's PodConditionSharedByKubelet) is its own once it writes it.
+		if !ownedConditions[c.Type] && !mine[c.Type] {
 			others = append(others, c)
 		}
 	}

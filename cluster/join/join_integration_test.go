@@ -46,6 +46,12 @@ type env struct {
 // controller-manager running the token and CSR controllers, as `waggle up`.
 func start(t *testing.T) *env {
 	t.Helper()
+	return startWith(t, nil)
+}
+
+// startWith is start with the controller-manager's config changed by mod.
+func startWith(t *testing.T, mod func(*controllers.Config)) *env {
+	t.Helper()
 	testutil.Privileged(t)
 	srv := apiservertest.Start(t, apiservertest.Options{Configure: func(c *apiserver.Config) { c.EnableBootstrapTokenAuth, c.AnonymousAuth = true, true }})
 	cs, err := kubernetes.NewForConfig(srv.Config)
@@ -56,12 +62,15 @@ func start(t *testing.T) *env {
 	done := make(chan error, 1)
 	cm := controllers.DefaultConfig()
 	cm.Kubeconfig = filepath.Join(srv.DataDir, "controller-manager.kubeconfig")
-	cm.Port = 0
+	cm.SecureServing.SecurePort = 0
 	cm.Controllers = []string{"*", controllers.BootstrapSignerName, controllers.TokenCleanerName}
 	cm.ClusterSigningCertFile = filepath.Join(srv.DataDir, "pki", "ca.crt")
 	cm.ClusterSigningKeyFile = filepath.Join(srv.DataDir, "pki", "ca.key")
 	cm.LeaderElection = leaderelect.Config{Enabled: true, LeaseName: "kube-controller-manager", LeaseNamespace: "kube-system",
 		Identity: "cm-0", LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: time.Second}
+	if mod != nil {
+		mod(&cm)
+	}
 	go func() { done <- controllers.Run(ctx, cm) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return &env{srv: srv, admin: cs, ca: srv.Bundle().CAPEM()}

@@ -314,7 +314,20 @@ var tools = map[string]func(args []string) int{
 		}
 		return 0
 	},
+	// rm [-r] FILE... removes files (missing ones are fine); -r removes
+	// whole trees and reports what it could not remove (the local-path
+	// provisioner's helper pods use it).
 	"rm": func(args []string) int {
+		if len(args) > 0 && args[0] == "-r" {
+			code := 0
+			for _, f := range args[1:] {
+				if err := os.RemoveAll(f); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					code = 1
+				}
+			}
+			return code
+		}
 		for _, f := range args {
 			os.Remove(f)
 		}

@@ -13,10 +13,11 @@ func runControllerManager(ctx context.Context, args []string) error {
 	cfg := controllers.DefaultConfig()
 	fs := cliflag.NewFlagSet("controller-manager", "Run the controllers (ReplicaSet, Deployment, DaemonSet, EndpointSlice, HorizontalPodAutoscaler, garbage collector, node and namespace controllers) under leader election.")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (empty: in-cluster)")
-	fs.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "IP address to serve /healthz, /readyz and /metrics on")
-	fs.IntVar(&cfg.Port, "port", cfg.Port, "port to serve /healthz, /readyz and /metrics on (0: off)")
+	cfg.SecureServing.AddFlags(fs)
+	fs.IntVar(&cfg.SecureServing.SecurePort, "port", cfg.SecureServing.SecurePort, "deprecated: the same as --secure-port (the port now serves HTTPS)")
 	ctrls := cliflag.StringList{}
 	fs.Var(&ctrls, "controllers", "controllers to run: '*' all, 'foo' enable, '-foo' disable (default '*'); known: "+joinNames())
+	fs.BoolVar(&cfg.UseServiceAccountCredentials, "use-service-account-credentials", false, "run each controller as its own kube-system ServiceAccount (bound tokens through TokenRequest) instead of this process's identity")
 	cfg.LeaderElection.AddFlags(fs, "kube-controller-manager")
 	fs.IntVar(&cfg.ConcurrentReplicaSetSyncs, "concurrent-replicaset-syncs", cfg.ConcurrentReplicaSetSyncs, "ReplicaSet workers")
 	fs.IntVar(&cfg.ConcurrentDeploymentSyncs, "concurrent-deployment-syncs", cfg.ConcurrentDeploymentSyncs, "Deployment workers")
@@ -60,6 +61,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	pools := cliflag.StringList{}
 	fs.Var(&pools, "loadbalancer-ip-pool", "addresses for Services of type LoadBalancer: CIDRs or first-last ranges, comma-separated or repeated (empty: no LoadBalancer IPAM)")
 	fs.StringVar(&cfg.LocalPathDir, "local-path-dir", cfg.LocalPathDir, "directory on every node holding the volumes of the built-in local-path provisioner (StorageClass local-path)")
+	fs.StringVar(&cfg.LocalPathHelperImage, "local-path-helper-image", cfg.LocalPathHelperImage, "image every node has, with /waggle-echo (waggle.local/waggle-echo:dev), for the helper pods that remove deleted local-path volumes' directories (empty: directories are left on the nodes)")
 	fs.DurationVar(&cfg.ResyncPeriod, "min-resync-period", cfg.ResyncPeriod, "informer resync period (0: none)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn, error")
 	if err := cliflag.Parse(fs, args); err != nil {

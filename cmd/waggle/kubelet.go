@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"time"
+
+	k8sflag "k8s.io/component-base/cli/flag"
 
 	"github.com/waggle-io/waggle/internal/cliflag"
 	"github.com/waggle-io/waggle/internal/ops"
@@ -20,6 +24,14 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server")
 	fs.StringVar(&cfg.BootstrapKubeconfig, "bootstrap-kubeconfig", "", "kubeconfig with a bootstrap token: while --kubeconfig has no valid client certificate, request one through a CertificateSigningRequest and write --kubeconfig (TLS bootstrap)")
 	fs.StringVar(&cfg.CertDir, "cert-dir", "", "where the TLS-bootstrapped key and certificate are kept (default <root-dir>/pki)")
+	rotate := ""
+	fs.BoolFunc("rotate-certificates", "rotate the client certificate through CSRs before it expires and switch to each new one without a restart (default: true with --bootstrap-kubeconfig)", func(v string) error {
+		if _, err := strconv.ParseBool(v); err != nil {
+			return fmt.Errorf("--rotate-certificates %q: %w", v, err)
+		}
+		rotate = v
+		return nil
+	})
 	fs.StringVar(&cfg.NodeIP, "node-ip", "", "the node's InternalIP (default: the default route's source address)")
 	fs.Var(&labels, "node-labels", "extra node labels, key=value[,key=value...]")
 	fs.Var(&taints, "register-with-taints", "taints set at registration, key=value:Effect[,...]")
@@ -57,9 +69,24 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.Var(&clusterDNS, "cluster-dns", "nameserver(s) of ClusterFirst pods, comma-separated: the kube-dns Service's ClusterIP (empty: pods use the node's resolvers)")
 	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain, for pods' search path")
 	fs.StringVar(&cfg.ResolvConf, "resolv-conf", "/etc/resolv.conf", "the node's resolver configuration, for dnsPolicy Default and ClusterFirst's search path (empty: none)")
+	fs.Var(k8sflag.NewLangleSeparatedMapStringString(&cfg.EvictionHard), "eviction-hard", "hard eviction thresholds, signal<quantity or percent (e.g. memory.available<1Gi); default memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<15%,imagefs.inodesFree<5%; given, it replaces the whole set")
+	fs.Var(k8sflag.NewLangleSeparatedMapStringString(&cfg.EvictionSoft), "eviction-soft", "soft eviction thresholds (e.g. memory.available<1.5Gi), each met for its --eviction-soft-grace-period before a pod is evicted")
+	fs.Var(k8sflag.NewMapStringString(&cfg.EvictionSoftGracePeriod), "eviction-soft-grace-period", "grace periods of the soft thresholds (e.g. memory.available=1m30s)")
+	fs.Var(k8sflag.NewMapStringString(&cfg.EvictionMinimumReclaim), "eviction-minimum-reclaim", "minimum reclaims (e.g. imagefs.available=2Gi): how far past a threshold the kubelet reclaims once it acts")
+	fs.DurationVar(&cfg.EvictionPressureTransitionPeriod, "eviction-pressure-transition-period", 5*time.Minute, "how long a pressure condition stays after its signal clears")
+	evictionMaxGrace := fs.Int("eviction-max-pod-grace-period", 0, "maximum grace period (seconds) of a pod evicted for a soft threshold (0: killed at once)")
+	fs.IntVar(&cfg.ImageGCHighThresholdPercent, "image-gc-high-threshold", 85, "image filesystem usage percent at which unused images are removed (100 disables image garbage collection)")
+	fs.IntVar(&cfg.ImageGCLowThresholdPercent, "image-gc-low-threshold", 80, "image filesystem usage percent image garbage collection frees down to")
+	fs.DurationVar(&cfg.ImageMinimumGCAge, "image-minimum-gc-age", 2*time.Minute, "minimum age of an unused image before it is garbage collected")
 	fs.BoolVar(&cfg.DisableRouteController, "disable-route-controller", false, "do not run the cross-node pod route controller")
 	if err := cliflag.Parse(fs, args); err != nil {
 		return err
+	}
+	// As kubeadm's KubeletConfiguration (rotateCertificates: true) for a
+	// kubelet that bootstraps its certificate.
+	cfg.RotateCertificates = cfg.BootstrapKubeconfig != ""
+	if rotate != "" {
+		cfg.RotateCertificates, _ = strconv.ParseBool(rotate)
 	}
 	var err error
 	if cfg.NodeLabels, err = kubelet.ParseLabels(labels); err != nil {
@@ -67,6 +94,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	}
 	cfg.RegisterWithTaints = taints
 	cfg.DisableTokenWebhook = !*tokenWebhook
+	cfg.EvictionMaxPodGracePeriod = int32(*evictionMaxGrace) //nolint:gosec // seconds
 	cfg.CNIBinDirs = cniBin
 	cfg.ClusterDNS = clusterDNS
 	cfg.LocalRegistries = localRegistries

@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/waggle-io/waggle/controlplane/scheduler"
 	"github.com/waggle-io/waggle/internal/cliflag"
+	"github.com/waggle-io/waggle/internal/secureserving"
 )
 
 // runScheduler runs `waggle scheduler`.
@@ -15,7 +19,11 @@ func runScheduler(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "path of the kubeconfig used to reach the API server")
 	fs.StringVar(&cfg.Master, "master", "", "API server URL (overrides the kubeconfig's server)")
 	fs.StringVar(&cfg.SchedulerName, "scheduler-name", scheduler.DefaultSchedulerName, "schedule only pods whose spec.schedulerName is this")
-	fs.StringVar(&cfg.HealthAddr, "health-addr", "127.0.0.1:10259", "address serving /healthz, /readyz and /metrics (empty or 0: off)")
+	cfg.SecureServing = secureserving.Defaults(scheduler.DefaultPort)
+	cfg.SecureServing.AddFlags(fs)
+	fs.Func("health-addr", "deprecated: host:port sets --bind-address and --secure-port (empty or 0: --secure-port=0)", func(v string) error {
+		return healthAddr(&cfg.SecureServing, v)
+	})
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	var qps float64
 	fs.Float64Var(&qps, "kube-api-qps", 200, "queries per second to the API server")
@@ -29,4 +37,26 @@ func runScheduler(ctx context.Context, args []string) error {
 	}
 	cfg.QPS = float32(qps)
 	return scheduler.Run(ctx, cfg)
+}
+
+// healthAddr maps the scheduler's former plain-HTTP --health-addr onto
+// the secure serving flags: the same address now serves HTTPS.
+func healthAddr(o *secureserving.Options, v string) error {
+	if v == "" || v == "0" {
+		o.SecurePort = 0
+		return nil
+	}
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return fmt.Errorf("--health-addr %q: %w", v, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("--health-addr %q: bad port", v)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	o.BindAddress, o.SecurePort = host, p
+	return nil
 }

@@ -169,7 +169,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		// A credential nobody recognizes is a 401, never anonymous (as
 		// upstream, where the token authenticators reject it).
 		if err == nil && !ok && s.cfg.AnonymousAuth && r.Header.Get("Authorization") == "" {
-			u, ok = &authn.User{Name: "system:anonymous", Groups: []string{"system:unauthenticated"}}, true
+			u, ok = &authn.User{Name: authn.UserAnonymous, Groups: []string{authn.GroupUnauthenticated}}, true
 		}
 		if err != nil || !ok {
 			msg := "Unauthorized"

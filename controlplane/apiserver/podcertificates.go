@@ -41,18 +41,25 @@ func (p podCertificateSigning) Admit(ctx context.Context, a *AdmissionAttributes
 		return nil // the server's own writes
 	}
 	signer := old.Spec.SignerName
-	allowed := func(name string) bool {
-		ok, _, err := p.s.authz.Authorize(ctx, authz.Attributes{User: u, Verb: "sign", APIGroup: certificatesv1.GroupName,
-			APIVersion: "*", Resource: "signers", Name: name, ResourceRequest: true})
-		return ok && err == nil
-	}
-	domain, _, _ := strings.Cut(signer, "/")
-	if allowed(signer) || allowed(domain+"/*") {
+	if p.s.authorizedForSigner(ctx, u, "sign", signer) {
 		return nil
 	}
 	return apierrors.NewInvalid(schema.GroupKind{Group: certificatesv1.GroupName, Kind: "PodCertificateRequest"}, a.Name, field.ErrorList{
 		field.Forbidden(field.NewPath("spec", "signerName"), fmt.Sprintf("User %q is not permitted to \"sign\" for signer %q", u.Name, signer)),
 	})
+}
+
+// authorizedForSigner is upstream's certauthorization.IsAuthorizedForSignerName:
+// verb on certificates.k8s.io "signers" named by the signer, or by its
+// domain's wildcard ("example.com/*").
+func (s *Server) authorizedForSigner(ctx context.Context, u *authn.User, verb, signer string) bool {
+	allowed := func(name string) bool {
+		ok, _, err := s.authz.Authorize(ctx, authz.Attributes{User: u, Verb: verb, APIGroup: certificatesv1.GroupName,
+			APIVersion: "*", Resource: "signers", Name: name, ResourceRequest: true})
+		return ok && err == nil
+	}
+	domain, _, _ := strings.Cut(signer, "/")
+	return allowed(signer) || allowed(domain+"/*")
 }
 
 // admitNodePodCertificateRequest is upstream NodeRestriction's check of a

@@ -454,6 +454,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if !slices.Contains(cfg.DisableAdmissionPlugins, "RuntimeClass") {
 		s.validating = append(s.validating, runtimeClassAdmission{s: s, validate: true})
 	}
+	if c := newCSRAdmission(s, cfg.DisableAdmissionPlugins); c != nil {
+		s.validating = append(s.validating, c)
+	}
 	if err := s.setupDynamicAdmission(); err != nil {
 		return nil, err
 	}

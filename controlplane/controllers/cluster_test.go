@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 func runChild(identity string) int {
 	cfg := DefaultConfig()
 	cfg.Kubeconfig = os.Getenv("KUBECONFIG")
-	cfg.Port = 0
+	cfg.SecureServing.SecurePort = 0
 	cfg.LeaderElection = fastLease(identity)
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("manager", identity)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -153,7 +153,7 @@ func (c *cluster) startManager(identity string, mod func(*Config)) *manager {
 	rc := rest.CopyConfig(c.rc)
 	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { cut.rt = rt; return cut }
 	cfg.RestConfig = rc
-	cfg.Port = 0
+	cfg.SecureServing.SecurePort = 0
 	cfg.LeaderElection = defaultLease(identity)
 	cfg.Log = testLogger(c.t, identity)
 	if mod != nil {

@@ -34,7 +34,7 @@ func TestLoadBalancerIPAM(t *testing.T) {
 	start := func(identity string) func() {
 		cfg := DefaultConfig()
 		cfg.RestConfig = srv.UserConfig(t, "system:kube-controller-manager")
-		cfg.Port = 0
+		cfg.SecureServing.SecurePort = 0
 		cfg.Controllers = []string{lbipam.Name}
 		cfg.LoadBalancerIPPools = []string{"192.0.2.10-192.0.2.12"}
 		cfg.LeaderElection = defaultLease(identity)

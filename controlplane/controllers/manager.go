@@ -7,7 +7,9 @@
 // csrapproving, csrsigning, csrcleaner,
 // bootstrapsigner and tokencleaner (the last two only when named),
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
-// depth and work duration per controller) on --bind-address:--port.
+// depth and work duration per controller) over HTTPS with delegated
+// authentication and authorization on --bind-address:--secure-port
+// (internal/secureserving).
 //
 // The controllers' logic lives in the sub-packages; this package only wires
 // them, as kube-controller-manager does. It is not a library of controllers.
@@ -22,11 +24,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +46,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/keyutil"
+	"k8s.io/controller-manager/pkg/clientbuilder"
 	"k8s.io/kubernetes/pkg/controller/endpointslicemirroring"
 	sacontroller "k8s.io/kubernetes/pkg/controller/serviceaccount"
 	"k8s.io/kubernetes/pkg/controller/validatingadmissionpolicystatus"
@@ -76,12 +77,13 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/ttlafterfinished"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/internal/secureserving"
 )
 
 // ErrInvalidConfig wraps every configuration error Run reports.
 var ErrInvalidConfig = errors.New("invalid controller-manager config")
 
-// DefaultPort is the controller-manager's health and metrics port, as
+// DefaultPort is the controller-manager's HTTPS health and metrics port, as
 // kube-controller-manager's.
 const DefaultPort = 10257
 
@@ -94,15 +96,22 @@ type Config struct {
 	Kubeconfig string
 	RestConfig *rest.Config
 
-	// BindAddress and Port: where /healthz, /readyz and /metrics are served.
-	// Port 0 disables serving.
-	BindAddress string
-	Port        int
+	// SecureServing is where /healthz, /livez, /readyz and /metrics are
+	// served: HTTPS with delegated authentication and authorization, as
+	// kube-controller-manager serves port 10257 (SecurePort 0: off).
+	SecureServing secureserving.Options
 
 	// Controllers selects controllers as kube-controller-manager's
 	// --controllers does: "*" is every controller, "foo" enables foo,
 	// "-foo" disables it.
 	Controllers []string
+
+	// UseServiceAccountCredentials runs each controller as its own
+	// kube-system ServiceAccount (ControllerServiceAccount), with a bound
+	// token from TokenRequest, instead of the controller-manager's identity,
+	// as kube-controller-manager's --use-service-account-credentials (which
+	// kubeadm turns on): each holds only its system:controller:* role.
+	UseServiceAccountCredentials bool
 
 	LeaderElection leaderelect.Config
 
@@ -194,6 +203,10 @@ type Config struct {
 	// LocalPathDir is --local-path-dir: the directory on every node under
 	// which the local-path provisioner puts its volumes.
 	LocalPathDir string
+	// LocalPathHelperImage is --local-path-helper-image: the image of the
+	// helper pods that remove deleted local-path volumes' directories on
+	// their nodes (localpath.Options.HelperImage; empty: left on the node).
+	LocalPathHelperImage string
 
 	// ServiceAccountPrivateKeyFile is --service-account-private-key-file:
 	// the key the serviceaccount-token controller signs legacy tokens of
@@ -212,8 +225,7 @@ type Config struct {
 // DefaultConfig returns the defaults the flags also use.
 func DefaultConfig() Config {
 	return Config{
-		BindAddress:                        "0.0.0.0",
-		Port:                               DefaultPort,
+		SecureServing:                      secureserving.Defaults(DefaultPort),
 		Controllers:                        []string{"*"},
 		LocalPathDir:                       localpath.DefaultDir,
 		ConcurrentReplicaSetSyncs:          5,
@@ -278,6 +290,9 @@ type Deps struct {
 	Config           *Config
 	// RootCA is the CA bundle to publish (see Config.RootCAFile).
 	RootCA []byte
+	// serviceAccounts, under --use-service-account-credentials, gives each
+	// controller its own ServiceAccount's clients (forController).
+	serviceAccounts clientbuilder.ControllerClientBuilder
 }
 
 // starter builds one controller and returns its run function.
@@ -322,11 +337,8 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("--controllers: unknown controller %q (known: %s)", n, strings.Join(known, ", ")))
 		}
 	}
-	if c.Port < 0 || c.Port > 65535 {
-		errs = append(errs, fmt.Errorf("--port %d is out of range", c.Port))
-	}
-	if c.Port != 0 && net.ParseIP(c.BindAddress) == nil {
-		errs = append(errs, fmt.Errorf("--bind-address %q is not an IP address", c.BindAddress))
+	if err := c.SecureServing.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.ClusterDNSIP != "" {
 		if _, err := netip.ParseAddr(c.ClusterDNSIP); err != nil {
@@ -438,22 +450,27 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	serveErr := make(chan error, 1)
-	if cfg.Port != 0 {
-		addr := net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.Port))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := ops.Serve(ctx, log, addr, health.Handler()); err != nil {
-				serveErr <- err
-				cancel()
-			}
-		}()
+	srv, err := secureserving.New(cfg.SecureServing, "kube-controller-manager", rc, health.Handler(), log)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ctx); err != nil {
+			serveErr <- err
+			cancel()
+		}
+	}()
 
 	leErr := leaderelect.Run(ctx, log, cs, cfg.LeaderElection, func(ctx context.Context) {
 		leading.Store(true)
 		defer leading.Store(false)
-		runControllers(ctx, Deps{Client: cs, RestConfig: rc, Dynamic: dyn, Metadata: meta, Log: log, Config: &cfg, RootCA: rootCA}, &synced)
+		d := Deps{Client: cs, RestConfig: rc, Dynamic: dyn, Metadata: meta, Log: log, Config: &cfg, RootCA: rootCA}
+		if cfg.UseServiceAccountCredentials {
+			d.serviceAccounts = serviceAccountClients(rc, cs)
+		}
+		runControllers(ctx, d, &synced)
 	})
 	cancel()
 	wg.Wait()
@@ -478,7 +495,12 @@ func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 			d.Log.Info("controller disabled", "controller", s.name)
 			continue
 		}
-		run, err := s.build(d)
+		cd, err := d.forController(s.name)
+		if err != nil {
+			d.Log.Error("controller not started", "controller", s.name, "err", err)
+			continue
+		}
+		run, err := s.build(cd)
 		if err != nil {
 			d.Log.Info("controller not started", "controller", s.name, "reason", err)
 			continue
@@ -701,7 +723,7 @@ func coreStarters() []starter {
 					return nil, err
 				}
 			}
-			c := localpath.New(d.Client, d.Factory, d.Log, localpath.Options{Dir: d.Config.LocalPathDir})
+			c := localpath.New(d.Client, d.Factory, d.Log, localpath.Options{Dir: d.Config.LocalPathDir, HelperImage: d.Config.LocalPathHelperImage})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
 		{name: resourcequota.Name, build: func(d Deps) (func(context.Context), error) {

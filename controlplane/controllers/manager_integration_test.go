@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 
 	"github.com/waggle-io/waggle/internal/leaderelect"
 )
@@ -579,7 +581,7 @@ func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
 	c.startKubelets(ctx, 1, nil)
 	port := freePort(t)
 	a := c.startManager("cm-a", func(cfg *Config) {
-		cfg.BindAddress, cfg.Port = "127.0.0.1", port
+		cfg.SecureServing.BindAddress, cfg.SecureServing.SecurePort = "127.0.0.1", port
 		cfg.LeaderElection = fastLease("cm-a")
 	})
 	holder := func() string {
@@ -595,9 +597,12 @@ func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
 		}
 		return nil
 	})
-	// The leader serves health and queue metrics.
+	// The leader serves health and queue metrics over HTTPS (a
+	// self-signed certificate), /metrics to the admin's client
+	// certificate (system:masters).
+	hc := adminHTTPSClient(t, c.rc)
 	eventually(t, 45*time.Second, func() error {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/metrics", port))
 		if err != nil {
 			return err
 		}
@@ -607,7 +612,7 @@ func TestLeaderFailoverHandsOverTheControllers(t *testing.T) {
 			return fmt.Errorf("metrics lack the work queue series")
 		}
 		for _, p := range []string{"/healthz", "/readyz"} {
-			r, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, p))
+			r, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d%s", port, p))
 			if err != nil {
 				return err
 			}
@@ -825,4 +830,17 @@ func TestForegroundDeletionOfAnOwnershipCycle(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// adminHTTPSClient presents rc's client certificate and accepts any
+// serving certificate, as a Prometheus scrape of a self-signed component
+// port does.
+func adminHTTPSClient(t *testing.T, rc *rest.Config) *http.Client {
+	t.Helper()
+	cert, err := tls.X509KeyPair(rc.CertData, rc.KeyData)
+	if err != nil {
+		t.Fatalf("admin client certificate: %v", err)
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{ //nolint:gosec // self-signed test port
+		InsecureSkipVerify: true, Certificates: []tls.Certificate{cert}}}}
 }

@@ -52,8 +52,8 @@ func TestRunRejectsBadConfigBeforeContactingAnything(t *testing.T) {
 		want string
 	}{
 		{"unknown controller", func(c *Config) { c.Controllers = []string{"*", "-bogus"} }, `unknown controller "bogus"`},
-		{"bad bind address", func(c *Config) { c.BindAddress = "localhost:1" }, "--bind-address"},
-		{"port out of range", func(c *Config) { c.Port = 70000 }, "--port"},
+		{"bad bind address", func(c *Config) { c.SecureServing.BindAddress = "localhost:1" }, "--bind-address"},
+		{"port out of range", func(c *Config) { c.SecureServing.SecurePort = 70000 }, "--secure-port"},
 		{"slice size", func(c *Config) { c.MaxEndpointsPerSlice = 0 }, "--max-endpoints-per-slice"},
 		{"node CIDRs without a cluster CIDR", func(c *Config) { c.AllocateNodeCIDRs = true }, "--cluster-cidr"},
 		{"bad dual-stack CIDR", func(c *Config) {
@@ -85,7 +85,7 @@ func TestRunRejectsBadConfigBeforeContactingAnything(t *testing.T) {
 func TestRunReportsAnUnreadableKubeconfig(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Kubeconfig = "/nonexistent/kubeconfig"
-	cfg.Port = 0
+	cfg.SecureServing.SecurePort = 0
 	// A valid dual-stack configuration gets past validation.
 	cfg.AllocateNodeCIDRs, cfg.ClusterCIDR = true, "10.244.0.0/16,fd00:10:244::/56"
 	err := Run(context.Background(), cfg)

@@ -95,7 +95,7 @@ func TestPersistentVolumeBinder(t *testing.T) {
 
 	cfg := DefaultConfig()
 	cfg.RestConfig = srv.UserConfig(t, "system:kube-controller-manager")
-	cfg.Port = 0
+	cfg.SecureServing.SecurePort = 0
 	cfg.Controllers = []string{persistentvolume.Name}
 	cfg.LeaderElection = defaultLease("cm-pv")
 	cfg.Log = testLogger(t, "cm-pv")
@@ -174,7 +174,7 @@ func TestLocalPathProvisioner(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.RestConfig = srv.UserConfig(t, "system:kube-controller-manager")
-	cfg.Port = 0
+	cfg.SecureServing.SecurePort = 0
 	cfg.Controllers = []string{persistentvolume.Name, localpath.Name}
 	cfg.LocalPathDir = "/tmp/workloads-storage"
 	cfg.LeaderElection = defaultLease("cm-localpath")

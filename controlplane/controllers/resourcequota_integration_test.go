@@ -96,7 +96,7 @@ func TestResourceQuotaControllerTracksUsage(t *testing.T) {
 
 	cfg := DefaultConfig()
 	cfg.RestConfig = srv.UserConfig(t, "system:kube-controller-manager")
-	cfg.Port = 0
+	cfg.SecureServing.SecurePort = 0
 	cfg.Controllers = []string{resourcequota.Name}
 	cfg.LeaderElection = defaultLease("cm-quota")
 	cfg.Log = testLogger(t, "cm-quota")

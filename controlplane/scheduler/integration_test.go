@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -11,15 +12,17 @@ import (
 	"testing"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
 	"github.com/waggle-io/waggle/internal/leaderelect"
+	"github.com/waggle-io/waggle/internal/secureserving"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
@@ -294,7 +297,7 @@ func TestRealAPIServerSchedulerFailover(t *testing.T) {
 	c := realCluster{cs: cs}
 	cfg := func(id string) Config {
 		return Config{
-			RestConfig: rc, HealthAddr: "0", Log: quietLog(),
+			RestConfig: rc, Log: quietLog(),
 			PodInitialBackoff: 100 * time.Millisecond, PodMaxBackoff: time.Second,
 			LeaderElection: leaderelect.Config{Enabled: true, LeaseName: "kube-scheduler", LeaseNamespace: "kube-system", Identity: id,
 				LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond},
@@ -332,19 +335,26 @@ func TestRealAPIServerSchedulerFailover(t *testing.T) {
 	eventually(t, "pod scheduled by the new leader", func() bool { return c.get(t, "after").Spec.NodeName == "n1" })
 }
 
-func TestRealAPIServerDaemonServesHealthAndMetrics(t *testing.T) {
+// TestRealAPIServerDaemonServesAuthenticatedHTTPS runs the daemon as
+// `waggle scheduler` does, with its own kubeconfig (system:kube-scheduler),
+// and checks its port as kube-scheduler's behaves: HTTPS with a
+// self-signed certificate, the health paths open to anyone, /metrics
+// only to identities that RBAC lets get the nonResourceURL, judged by the
+// API server through TokenReview and SubjectAccessReview (which the
+// scheduler's bootstrap role lets it create).
+func TestRealAPIServerDaemonServesAuthenticatedHTTPS(t *testing.T) {
 	testutil.Privileged(t)
-	_, dir, _ := apiservertest.StartTestServer(t)
+	srv := apiservertest.Start(t, apiservertest.Options{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, Config{Kubeconfig: filepath.Join(dir, "admin.kubeconfig"), HealthAddr: addr, LogLevel: "error",
+		done <- Run(ctx, Config{Kubeconfig: filepath.Join(srv.DataDir, "scheduler.kubeconfig"), LogLevel: "error",
+			SecureServing:  secureserving.Options{Listener: ln, AlwaysAllowPaths: []string{"/healthz", "/readyz", "/livez"}},
 			LeaderElection: leaderelect.Config{Enabled: false}})
 	}()
 	t.Cleanup(func() {
@@ -353,8 +363,19 @@ func TestRealAPIServerDaemonServesHealthAndMetrics(t *testing.T) {
 			t.Errorf("Run = %v", err)
 		}
 	})
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
+	client := func(mod func(*tls.Config)) *http.Client {
+		c := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // a self-signed component port, as upstream's probes
+		if mod != nil {
+			mod(c)
+		}
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: c}}
+	}
+	get := func(c *http.Client, path, token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+addr+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := c.Do(req)
 		if err != nil {
 			return 0, err.Error()
 		}
@@ -362,24 +383,89 @@ func TestRealAPIServerDaemonServesHealthAndMetrics(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	eventually(t, "/readyz ok", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
-	if code, body := get("/healthz"); code != http.StatusOK || body != "ok" {
-		t.Fatalf("/healthz = %d %q", code, body)
+	anon := client(nil)
+	eventually(t, "/readyz ok to anonymous over HTTPS", func() bool { code, _ := get(anon, "/readyz", ""); return code == http.StatusOK })
+	for _, p := range []string{"/healthz", "/livez"} {
+		if code, body := get(anon, p, ""); code != http.StatusOK || body != "ok" {
+			t.Fatalf("%s = %d %q", p, code, body)
+		}
+	}
+	if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("plain HTTP /healthz = %d, want the TLS server's 400", resp.StatusCode)
+		}
+	}
+	// The serving certificate is the generated one, for localhost.
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // inspecting it
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := conn.ConnectionState().PeerCertificates[0]
+	conn.Close()
+	if err := leaf.VerifyHostname("localhost"); err != nil {
+		t.Fatalf("serving certificate: %v", err)
 	}
 
-	rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "admin.kubeconfig"))
+	// Anonymous is authenticated as system:anonymous and forbidden (403);
+	// a token the API server does not accept is 401, as upstream.
+	if code, body := get(anon, "/metrics", ""); code != http.StatusForbidden || !strings.Contains(body, `User \"system:anonymous\" cannot get path \"/metrics\"`) {
+		t.Fatalf("anonymous /metrics = %d %s", code, body)
+	}
+	if code, body := get(anon, "/metrics", "not-a-token"); code != http.StatusUnauthorized {
+		t.Fatalf("bad token /metrics = %d %s", code, body)
+	}
+
+	admin, err := kubernetes.NewForConfig(srv.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	c := realCluster{cs: admin}
+	bg := context.Background()
+	sa := &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "sp-metrics-reader", Namespace: "default"}}
+	if _, err := admin.CoreV1().ServiceAccounts("default").Create(bg, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := admin.CoreV1().ServiceAccounts("default").CreateToken(bg, sa.Name, &authnv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := realCluster{cs: cs}
+	token := tr.Status.Token
+	// A client certificate of the cluster CA (the client-ca-file of
+	// kube-system/extension-apiserver-authentication) is a user too.
+	uc := srv.UserConfig(t, "sp-cert-user")
+	cert, err := tls.X509KeyPair(uc.CertData, uc.KeyData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certClient := client(func(c *tls.Config) { c.Certificates = []tls.Certificate{cert} })
+	if code, body := get(anon, "/metrics", token); code != http.StatusForbidden || !strings.Contains(body, "system:serviceaccount:default:sp-metrics-reader") {
+		t.Fatalf("ungranted ServiceAccount /metrics = %d %s", code, body)
+	}
+	if code, body := get(certClient, "/metrics", ""); code != http.StatusForbidden || !strings.Contains(body, "sp-cert-user") {
+		t.Fatalf("ungranted client certificate /metrics = %d %s", code, body)
+	}
+
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "sp-metrics-reader"},
+		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}
+	if _, err := admin.RbacV1().ClusterRoles().Create(bg, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "sp-metrics-reader"},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: sa.Name},
+			{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "sp-cert-user"}}}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(bg, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The delegating authorizer caches a denial for 10 s.
+	eventually(t, "granted ServiceAccount reads /metrics", func() bool { code, _ := get(anon, "/metrics", token); return code == http.StatusOK })
+	eventually(t, "granted client certificate reads /metrics", func() bool { code, _ := get(certClient, "/metrics", ""); return code == http.StatusOK })
+
 	c.create(t, newNode("n1"), newPod("p"))
 	eventually(t, "pod bound by the daemon", func() bool { return c.get(t, "p").Spec.NodeName == "n1" })
 	eventually(t, "metrics", func() bool {
-		_, body := get("/metrics")
+		_, body := get(anon, "/metrics", token)
 		return strings.Contains(body, `scheduler_schedule_attempts_total{result="scheduled"} 1`) &&
 			strings.Contains(body, `scheduler_pending_pods{queue="unschedulable"} 0`) &&
 			strings.Contains(body, "scheduler_scheduling_attempt_duration_seconds_bucket")

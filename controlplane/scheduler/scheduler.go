@@ -32,7 +32,12 @@ import (
 
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/internal/secureserving"
 )
+
+// DefaultPort is the scheduler's HTTPS health and metrics port, as
+// kube-scheduler's.
+const DefaultPort = 10259
 
 // Config is `waggle scheduler`'s configuration, one field per flag.
 type Config struct {
@@ -43,8 +48,10 @@ type Config struct {
 	RestConfig         *rest.Config
 	// SchedulerName is the spec.schedulerName served (default-scheduler).
 	SchedulerName string
-	// HealthAddr serves /healthz, /readyz and /metrics ("" or "0": off).
-	HealthAddr string
+	// SecureServing is where /healthz, /livez, /readyz and /metrics are
+	// served: HTTPS with delegated authentication and authorization, as
+	// kube-scheduler serves port 10259 (SecurePort 0: off).
+	SecureServing secureserving.Options
 	// LogLevel is debug, info, warn or error; Log, when set, is used
 	// instead of a logger built from it.
 	LogLevel string
@@ -93,8 +100,8 @@ func (c Config) restConfig() (*rest.Config, error) {
 	return rc, nil
 }
 
-// Run runs the scheduler until ctx ends: the health and metrics server at
-// once, the scheduling loop while this instance is the leader.
+// Run runs the scheduler until ctx ends: the HTTPS health and metrics
+// server (delegated authentication and authorization) at once, the scheduling loop while this instance is the leader.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.LogLevel == "" {
 		cfg.LogLevel = "info"
@@ -129,9 +136,13 @@ func Run(ctx context.Context, cfg Config) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	srv, err := secureserving.New(cfg.SecureServing, "kube-scheduler", rc, health.Handler(), log)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	serveErr := make(chan error, 1)
 	go func() {
-		err := ops.Serve(ctx, log, cfg.HealthAddr, health.Handler())
+		err := srv.Serve(ctx)
 		if err != nil {
 			cancel()
 		}

@@ -62,12 +62,23 @@ type Balancer struct {
 
 // Wrap returns a copy of rc whose connections go through a Balancer seeded
 // with rc.Host, and runs the balancer's refresh and probes until ctx ends.
-// A config that already sets a dialer, or a non-https host, is returned
-// unchanged.
+// A config with its own *http.Transport (the kubelet's rotating client
+// certificate transport) keeps it: a copy of it dials through the balancer
+// with the transport's own dialer, so closing that dialer's connections
+// still closes them all. A config that already sets a dialer, another kind
+// of transport, or a non-https host is returned unchanged.
 func Wrap(ctx context.Context, rc *rest.Config, log *slog.Logger) *rest.Config {
 	u, err := url.Parse(rc.Host)
 	if err != nil || u.Scheme != "https" || rc.Dial != nil {
 		return rc
+	}
+	var own *http.Transport
+	if rc.Transport != nil {
+		t, ok := rc.Transport.(*http.Transport)
+		if !ok || t.DialContext == nil {
+			return rc
+		}
+		own = t
 	}
 	seed := u.Host
 	if u.Port() == "" {
@@ -78,6 +89,20 @@ func Wrap(ctx context.Context, rc *rest.Config, log *slog.Logger) *rest.Config {
 	}
 	b := &Balancer{log: log, seed: seed, servers: []string{seed}, ready: map[string]bool{seed: true}, current: seed}
 	out := rest.CopyConfig(rc)
+	if own != nil {
+		t := own.Clone()
+		if t.TLSClientConfig == nil {
+			t.TLSClientConfig = &tls.Config{}
+		}
+		if t.TLSClientConfig.ServerName == "" {
+			t.TLSClientConfig.ServerName = ServerName
+		}
+		dial := own.DialContext
+		t.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) { return b.dial(ctx, network, dial) }
+		out.Transport = t
+		go b.run(ctx, out)
+		return out
+	}
 	if out.TLSClientConfig.ServerName == "" {
 		out.TLSClientConfig.ServerName = ServerName
 	}
@@ -96,6 +121,12 @@ func (b *Balancer) Servers() (all []string, current string) {
 // DialContext dials the current server if it is ready, else the first ready
 // one, else each in turn; the address client-go asks for is ignored.
 func (b *Balancer) DialContext(ctx context.Context, network, _ string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}
+	return b.dial(ctx, network, d.DialContext)
+}
+
+// dial is DialContext with the given dialer (which gets 3 s a server).
+func (b *Balancer) dial(ctx context.Context, network string, dialer func(ctx context.Context, network, addr string) (net.Conn, error)) (net.Conn, error) {
 	b.mu.Lock()
 	order := []string{b.current}
 	for _, s := range b.servers {
@@ -114,8 +145,9 @@ func (b *Balancer) DialContext(ctx context.Context, network, _ string) (net.Conn
 	b.mu.Unlock()
 	var lastErr error
 	for _, s := range order {
-		d := net.Dialer{Timeout: 3 * time.Second, KeepAlive: 15 * time.Second}
-		c, err := d.DialContext(ctx, network, s)
+		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		c, err := dialer(dctx, network, s)
+		cancel()
 		if err == nil {
 			b.mu.Lock()
 			if b.current != s {

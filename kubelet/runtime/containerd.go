@@ -91,7 +91,10 @@ type ContainerdOptions struct {
 
 // Containerd is the Runtime on containerd with runc.
 type Containerd struct {
-	opts   ContainerdOptions
+	opts ContainerdOptions
+	// fsDir is the snapshotter's root (ImageFsDir), once known.
+	fsMu   sync.Mutex
+	fsDir  string
 	client *containerd.Client
 	log    *slog.Logger
 	pulls  singleflight.Group

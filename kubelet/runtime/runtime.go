@@ -228,3 +228,31 @@ type Runtime interface {
 	// Close releases the runtime's connections (containers keep running).
 	Close() error
 }
+
+// Image is one image of the runtime's store, as image garbage collection
+// sees it: ID is what Container.ImageID holds (every name of the same image
+// shares it), Size its bytes on disk.
+type Image struct {
+	ID       string
+	RepoTags []string
+	Size     int64
+	// CreatedAt is when the store first held the image (its oldest name).
+	CreatedAt time.Time
+}
+
+// Storage is the disk side of a runtime, for image garbage collection and
+// disk-pressure eviction. Containerd implements it; a runtime without a
+// disk (Hollow) does not, and the kubelet then collects no images.
+type Storage interface {
+	// ListImages lists the store's images, one per ID.
+	ListImages(ctx context.Context) ([]Image, error)
+	// RemoveImage removes every name of the image with id and waits for
+	// its content and snapshots to be released. A missing image succeeds.
+	RemoveImage(ctx context.Context, id string) error
+	// ImageFsDir is a directory on the filesystem that holds the images'
+	// unpacked layers (the snapshotter's root): the imagefs.
+	ImageFsDir(ctx context.Context) (string, error)
+	// WritableLayerUsage is the bytes and inodes a container's writable
+	// layer uses.
+	WritableLayerUsage(ctx context.Context, id string) (bytes, inodes uint64, err error)
+}

@@ -181,6 +181,9 @@ func TestLab(t *testing.T) {
 		}
 	})
 
+	t.Run("LoadBalancerFromANodeAndFromOutside", func(t *testing.T) { testLoadBalancer(t, e, nodes) })
+	t.Run("StatefulSetClaimOutlivesItsPod", func(t *testing.T) { testStatefulSetVolume(t, e) })
+
 	t.Run("ScalingChangesTheBackends", func(t *testing.T) {
 		for _, replicas := range []int{5, 1, 3} {
 			e.kubectl(t, "scale", "deployment/echo", fmt.Sprintf("--replicas=%d", replicas))

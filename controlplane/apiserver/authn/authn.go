@@ -28,8 +28,12 @@ import (
 
 // Well-known groups.
 const (
-	GroupAuthenticated = "system:authenticated"
-	GroupMasters       = "system:masters"
+	GroupAuthenticated   = "system:authenticated"
+	GroupUnauthenticated = "system:unauthenticated"
+	GroupMasters         = "system:masters"
+	// UserAnonymous is the user of a request without credentials (when
+	// anonymous requests are allowed).
+	UserAnonymous = "system:anonymous"
 )
 
 // ErrInvalidCredentials is wrapped by every error for a credential that is

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/history"
@@ -28,8 +29,8 @@ func (c *Controller) syncRevisions(ctx context.Context, ds *appsv1.DaemonSet, se
 	}
 	cl := &ctrlutil.Claimer[*appsv1.ControllerRevision]{
 		Owner: ds, APIVersion: "apps/v1", Kind: "DaemonSet", Selector: sel,
-		Update: func(ctx context.Context, r *appsv1.ControllerRevision) error {
-			_, err := c.client.AppsV1().ControllerRevisions(r.Namespace).Update(ctx, r, metav1.UpdateOptions{})
+		Patch: func(ctx context.Context, name string, data []byte) error {
+			_, err := c.client.AppsV1().ControllerRevisions(ds.Namespace).Patch(ctx, name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
 			return err
 		},
 		Copy: func(r *appsv1.ControllerRevision) *appsv1.ControllerRevision { return r.DeepCopy() },

@@ -224,8 +224,8 @@ func (c *Controller) claimReplicaSets(ctx context.Context, d *appsv1.Deployment,
 		CanAdopt: ctrlutil.RecheckOwner(d, func(ctx context.Context) (metav1.Object, error) {
 			return c.client.AppsV1().Deployments(d.Namespace).Get(ctx, d.Name, metav1.GetOptions{})
 		}),
-		Update: func(ctx context.Context, rs *appsv1.ReplicaSet) error {
-			_, err := c.client.AppsV1().ReplicaSets(rs.Namespace).Update(ctx, rs, metav1.UpdateOptions{})
+		Patch: func(ctx context.Context, name string, data []byte) error {
+			_, err := c.client.AppsV1().ReplicaSets(d.Namespace).Patch(ctx, name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
 			return err
 		},
 		Copy: func(rs *appsv1.ReplicaSet) *appsv1.ReplicaSet { return rs.DeepCopy() },

@@ -386,8 +386,8 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		CanAdopt: ctrlutil.RecheckOwner(job, func(ctx context.Context) (metav1.Object, error) {
 			return c.client.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
 		}),
-		Update: func(ctx context.Context, p *corev1.Pod) error {
-			_, err := c.client.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{})
+		Patch: func(ctx context.Context, name string, data []byte) error {
+			_, err := c.client.CoreV1().Pods(ns).Patch(ctx, name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
 			return err
 		},
 		Copy: func(p *corev1.Pod) *corev1.Pod { return p.DeepCopy() },

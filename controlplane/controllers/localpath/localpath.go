@@ -15,9 +15,14 @@
 //
 // It runs in the controller-manager, not on the nodes, so nodes need no
 // right to create PersistentVolumes (upstream's Node authorizer gives them
-// none). What that costs: a released volume of reclaim policy Delete has its
-// PersistentVolume object deleted, but its directory stays on the node (a
-// node-side cleanup, as rancher's helper pod, is not done yet).
+// none). A released volume of reclaim policy Delete is removed from its node
+// as rancher's provisioner does it: a helper pod (Options.HelperImage, in
+// kube-system, pinned to the volume's node, tolerating every taint) mounts
+// the parent directory and removes the volume's directory; once it has
+// succeeded the PersistentVolume object is deleted, and the helper pod
+// after it. A failed helper leaves the volume Released with a
+// VolumeFailedDelete event and is retried with back-off. Without a helper
+// image the object alone is deleted and the directory stays on the node.
 //
 // Binding itself is upstream's persistentvolume-binder: it hands a
 // WaitForFirstConsumer claim to this provisioner by setting
@@ -30,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -74,6 +80,14 @@ const (
 const (
 	ReasonProvisioningSucceeded = "ProvisioningSucceeded"
 	ReasonProvisioningFailed    = "ProvisioningFailed"
+	ReasonVolumeFailedDelete    = "VolumeFailedDelete"
+)
+
+// HelperNamespace holds the helper pods that remove volumes' directories,
+// labelled HelperLabel=<volume name>.
+const (
+	HelperNamespace = "kube-system"
+	HelperLabel     = "waggle.io/local-path-delete"
 )
 
 // Options configure the controller.
@@ -82,6 +96,12 @@ type Options struct {
 	Dir string
 	// NoDefaultClass skips creating the local-path StorageClass.
 	NoDefaultClass bool
+	// HelperImage runs the helper pods that remove a deleted volume's
+	// directory on its node: an image every node has, whose
+	// /waggle-echo rm -r removes a tree (Waggle's own echo image, which
+	// `waggle up` and the labs import on every node). Empty: directories
+	// are left on the nodes.
+	HelperImage string
 }
 
 // Controller provisions and deletes local-path volumes.
@@ -93,6 +113,7 @@ type Controller struct {
 	volumes  corelisters.PersistentVolumeLister
 	classes  storagelisters.StorageClassLister
 	nodes    corelisters.NodeLister
+	helpers  corelisters.PodLister // with a HelperImage
 	synced   []cache.InformerSynced
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
@@ -123,6 +144,17 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 		}
 	}
 	pvInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: volKey, UpdateFunc: func(_, cur any) { volKey(cur) }})
+	if opts.HelperImage != "" {
+		podInf := factory.Core().V1().Pods()
+		c.helpers = podInf.Lister()
+		c.synced = append(c.synced, podInf.Informer().HasSynced)
+		helperKey := func(obj any) {
+			if p, ok := ctrlutil.Unwrap(obj).(*corev1.Pod); ok && p.Namespace == HelperNamespace && p.Labels[HelperLabel] != "" {
+				c.queue.Add("pv/" + p.Labels[HelperLabel])
+			}
+		}
+		podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: helperKey, UpdateFunc: func(_, cur any) { helperKey(cur) }})
+	}
 	return c
 }
 
@@ -290,11 +322,120 @@ func (c *Controller) syncVolume(ctx context.Context, name string) error {
 		pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete || pv.Status.Phase != corev1.VolumeReleased {
 		return nil
 	}
+	// Only a directory this provisioner named (<volume>_<ns>_<claim>) is
+	// removed; any other path of a volume carrying the annotation is left.
+	if c.opts.HelperImage != "" && pv.Spec.HostPath != nil && strings.HasPrefix(filepath.Base(pv.Spec.HostPath.Path), pv.Name+"_") {
+		done, err := c.removeDirectory(ctx, pv)
+		if err != nil || !done {
+			return err
+		}
+	}
 	uid := pv.UID
 	err = c.client.CoreV1().PersistentVolumes().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &pv.ResourceVersion}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("delete released volume %s: %w", name, err)
 	}
 	c.log.Info("deleted released volume", "volume", name)
+	if c.helpers != nil {
+		err := c.client.CoreV1().Pods(HelperNamespace).Delete(ctx, helperName(name), metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete helper pod of %s: %w", name, err)
+		}
+	}
 	return nil
+}
+
+func helperName(volume string) string { return "local-path-delete-" + volume }
+
+// removeDirectory runs (or waits for) the helper pod that removes pv's
+// directory on its node: done once it has succeeded. A failed helper is
+// reported on the volume and deleted, and the error retries with back-off.
+func (c *Controller) removeDirectory(ctx context.Context, pv *corev1.PersistentVolume) (done bool, err error) {
+	pod, err := c.helpers.Pods(HelperNamespace).Get(helperName(pv.Name))
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, c.createHelper(ctx, pv)
+	case err != nil:
+		return false, err
+	case pod.Status.Phase == corev1.PodSucceeded:
+		return true, nil
+	case pod.Status.Phase == corev1.PodFailed:
+		msg := pod.Status.Message
+		for _, st := range pod.Status.ContainerStatuses {
+			if t := st.State.Terminated; t != nil {
+				msg = fmt.Sprintf("exit code %d: %s %s", t.ExitCode, t.Reason, t.Message)
+			}
+		}
+		c.recorder.Eventf(pv, corev1.EventTypeWarning, ReasonVolumeFailedDelete, "removing %s on its node failed (helper pod %s/%s: %s)",
+			pv.Spec.HostPath.Path, HelperNamespace, pod.Name, msg)
+		if err := c.client.CoreV1().Pods(HelperNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		return false, fmt.Errorf("helper pod removing %s failed: %s", pv.Spec.HostPath.Path, msg)
+	}
+	for _, st := range pod.Status.ContainerStatuses {
+		if w := st.State.Waiting; w != nil && imageUnavailable[w.Reason] {
+			// The node cannot run the helper: the object goes, the
+			// directory stays, as without a helper image.
+			c.recorder.Eventf(pv, corev1.EventTypeWarning, ReasonVolumeFailedDelete, "helper image %s is not available on node %s (%s): %s is left on the node",
+				c.opts.HelperImage, pod.Spec.NodeName, w.Reason, pv.Spec.HostPath.Path)
+			return true, nil
+		}
+	}
+	return false, nil // running; its next status change requeues the volume
+}
+
+// imageUnavailable are the waiting reasons of a helper that will not start.
+var imageUnavailable = map[string]bool{"ErrImagePull": true, "ImagePullBackOff": true, "ErrImageNeverPull": true, "InvalidImageName": true}
+
+// createHelper starts the pod that removes pv's directory: on the node its
+// affinity names, the parent directory mounted, the volume's directory
+// removed by name.
+func (c *Controller) createHelper(ctx context.Context, pv *corev1.PersistentVolume) error {
+	node := volumeNode(pv)
+	if node == "" {
+		return fmt.Errorf("volume %s names no node", pv.Name)
+	}
+	// The affinity holds the hostname label; the pod needs the node's name.
+	if nodes, err := c.nodes.List(labels.SelectorFromSet(labels.Set{hostnameLabel: node})); err == nil && len(nodes) == 1 {
+		node = nodes[0].Name
+	}
+	parent, dir := filepath.Dir(pv.Spec.HostPath.Path), filepath.Base(pv.Spec.HostPath.Path)
+	no, dirType := false, corev1.HostPathDirectoryOrCreate
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: helperName(pv.Name), Namespace: HelperNamespace, Labels: map[string]string{HelperLabel: pv.Name}},
+		Spec: corev1.PodSpec{
+			NodeName:                     node,
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: &no,
+			Tolerations:                  []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Volumes: []corev1.Volume{{Name: "parent", VolumeSource: corev1.VolumeSource{
+				HostPath: &corev1.HostPathVolumeSource{Path: parent, Type: &dirType}}}},
+			Containers: []corev1.Container{{
+				Name: "remove", Image: c.opts.HelperImage, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command:      []string{"/waggle-echo", "rm", "-r", filepath.Join("/parent", dir)},
+				VolumeMounts: []corev1.VolumeMount{{Name: "parent", MountPath: "/parent"}},
+			}},
+		},
+	}
+	if _, err := c.client.CoreV1().Pods(HelperNamespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create helper pod for %s: %w", pv.Name, err)
+	}
+	c.log.Info("removing a released volume's directory", "volume", pv.Name, "node", node, "path", pv.Spec.HostPath.Path)
+	return nil
+}
+
+// volumeNode is the hostname a local volume's required affinity pins it to.
+func volumeNode(pv *corev1.PersistentVolume) string {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return ""
+	}
+	for _, t := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, e := range t.MatchExpressions {
+			if e.Key == hostnameLabel && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
+				return e.Values[0]
+			}
+		}
+	}
+	return ""
 }

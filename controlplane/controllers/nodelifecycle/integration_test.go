@@ -181,3 +181,85 @@ func TestRealAPIServerNodeFailureEvictsPodsAndRecoveryRemovesTaints(t *testing.T
 	}
 	wait("taints removed after recovery", func() bool { return len(node("failing").Spec.Taints) == 0 })
 }
+
+// TaintNodesByCondition: the kubelet's pressure conditions become NoSchedule
+// taints while True and go once False; the Ready taints, a user's taint and
+// the pods on the node are left alone.
+func TestRealAPIServerPressureConditionsTaintNodeNoSchedule(t *testing.T) {
+	testutil.Privileged(t)
+	rc, _, _ := apiservertest.StartTestServer(t)
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	simulateNode(t, cs, "pressured")
+	n, err := cs.CoreV1().Nodes().Get(ctx, "pressured", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Taints = []corev1.Taint{{Key: "example.com/mine", Value: "x", Effect: corev1.TaintEffectNoSchedule}}
+	if _, err := cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "resident", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: "pressured", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	f := informers.NewSharedInformerFactory(cs, 0)
+	c := New(cs, f, slog.New(slog.DiscardHandler), Options{NodeMonitorPeriod: 200 * time.Millisecond})
+	cctx, cancel := context.WithCancel(ctx)
+	f.Start(cctx.Done())
+	done := make(chan struct{})
+	go func() { c.Run(cctx, 2); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
+
+	// The kubelet posts its conditions (and so its heartbeat).
+	post := func(mem, disk, pid corev1.ConditionStatus) {
+		t.Helper()
+		n, err := cs.CoreV1().Nodes().Get(ctx, "pressured", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := metav1.Now()
+		n.Status.Conditions = []corev1.NodeCondition{
+			{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now},
+			{Type: corev1.NodeMemoryPressure, Status: mem, LastHeartbeatTime: now, LastTransitionTime: now},
+			{Type: corev1.NodeDiskPressure, Status: disk, LastHeartbeatTime: now, LastTransitionTime: now},
+			{Type: corev1.NodePIDPressure, Status: pid, LastHeartbeatTime: now, LastTransitionTime: now},
+		}
+		if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := renewLease(cs, "pressured"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	taints := func() []string {
+		n, err := cs.CoreV1().Nodes().Get(ctx, "pressured", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return taintKeys(n)
+	}
+	wait := func(what string, want ...string) {
+		t.Helper()
+		testutil.WaitFor(t, 30*time.Second, what, func() bool { return slices.Equal(taints(), want) })
+	}
+
+	post(corev1.ConditionTrue, corev1.ConditionTrue, corev1.ConditionFalse)
+	wait("memory and disk pressure taints", "example.com/mine:NoSchedule",
+		"node.kubernetes.io/disk-pressure:NoSchedule", "node.kubernetes.io/memory-pressure:NoSchedule")
+	post(corev1.ConditionFalse, corev1.ConditionTrue, corev1.ConditionTrue)
+	wait("memory-pressure gone, pid-pressure added", "example.com/mine:NoSchedule",
+		"node.kubernetes.io/disk-pressure:NoSchedule", "node.kubernetes.io/pid-pressure:NoSchedule")
+	post(corev1.ConditionFalse, corev1.ConditionFalse, corev1.ConditionFalse)
+	wait("pressure taints removed", "example.com/mine:NoSchedule")
+	// NoSchedule taints never evict: the pod is still there.
+	got, err := cs.CoreV1().Pods("default").Get(ctx, "resident", metav1.GetOptions{})
+	if err != nil || got.DeletionTimestamp != nil {
+		t.Fatalf("the pod on the pressured node was evicted: %v %v", err, got.DeletionTimestamp)
+	}
+}

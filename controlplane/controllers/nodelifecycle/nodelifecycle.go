@@ -5,7 +5,10 @@
 // Unknown. From the Ready condition it keeps the node's NoExecute and
 // NoSchedule taints: node.kubernetes.io/unreachable when Unknown,
 // node.kubernetes.io/not-ready when False, none when True (so the taints go
-// when the node comes back). Pods on a node that is not Ready get their
+// when the node comes back); and, as upstream's TaintNodesByCondition, a
+// NoSchedule taint node.kubernetes.io/memory-pressure, disk-pressure,
+// pid-pressure or network-unavailable while that condition is True. Pods on
+// a node that is not Ready get their
 // Ready condition set to False at once, so EndpointSlices drop them; pods on
 // a node with NoExecute taints they do not tolerate are evicted at once, and
 // pods that tolerate them for tolerationSeconds that long after the taint
@@ -353,19 +356,44 @@ func (c *Controller) markUnknown(ctx context.Context, node *corev1.Node, now tim
 	return out, nil
 }
 
-// syncTaints keeps the not-ready/unreachable taints in line with Ready.
+// conditionTaints is upstream's TaintNodesByCondition
+// (nodeConditionToTaintKeyStatusMap) beside Ready: a NoSchedule taint while
+// the condition is True, removed once it is not.
+var conditionTaints = map[corev1.NodeConditionType]string{
+	corev1.NodeMemoryPressure:     corev1.TaintNodeMemoryPressure,
+	corev1.NodeDiskPressure:       corev1.TaintNodeDiskPressure,
+	corev1.NodePIDPressure:        corev1.TaintNodePIDPressure,
+	corev1.NodeNetworkUnavailable: corev1.TaintNodeNetworkUnavailable,
+}
+
+// syncTaints keeps the not-ready/unreachable taints in line with Ready, and
+// the condition taints (memory-pressure, disk-pressure, pid-pressure,
+// network-unavailable: NoSchedule) in line with their conditions.
 func (c *Controller) syncTaints(ctx context.Context, node *corev1.Node, now time.Time) error {
 	var want []corev1.Taint
 	if r := readyCondition(node); r != nil {
 		switch r.Status {
 		case corev1.ConditionFalse:
-			want = notReadyTaints
+			want = append(want, notReadyTaints...)
 		case corev1.ConditionUnknown:
-			want = unreachableTaints
+			want = append(want, unreachableTaints...)
+		}
+	}
+	for _, cond := range node.Status.Conditions {
+		if key, ok := conditionTaints[cond.Type]; ok && cond.Status == corev1.ConditionTrue {
+			want = append(want, corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule})
 		}
 	}
 	owned := func(t corev1.Taint) bool {
-		return t.Key == corev1.TaintNodeUnreachable || t.Key == corev1.TaintNodeNotReady
+		if t.Key == corev1.TaintNodeUnreachable || t.Key == corev1.TaintNodeNotReady {
+			return true
+		}
+		for _, key := range conditionTaints {
+			if t.Key == key && t.Effect == corev1.TaintEffectNoSchedule {
+				return true
+			}
+		}
+		return false
 	}
 	var next []corev1.Taint
 	for _, t := range node.Spec.Taints {

@@ -13,6 +13,7 @@ package podgc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -226,12 +228,18 @@ func (c *Controller) outOfService(ctx context.Context, pods []*corev1.Pod) error
 // message msg), as upstream does.
 func (c *Controller) forceDelete(ctx context.Context, p *corev1.Pod, msg string) error {
 	if msg != "" && !ctrlutil.IsPodTerminal(p) {
-		cp := p.DeepCopy()
-		cp.Status.Phase = corev1.PodFailed
-		now := metav1.NewTime(c.now())
-		cp.Status.Conditions = append(cp.Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue,
-			Reason: "DeletionByPodGC", Message: msg, LastTransitionTime: now})
-		if _, err := c.client.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		// A strategic-merge patch of the status (conditions merge by
+		// type): system:controller:pod-garbage-collector may patch
+		// pods/status, not update it.
+		patch, err := json.Marshal(map[string]any{"status": map[string]any{
+			"phase": corev1.PodFailed,
+			"conditions": []corev1.PodCondition{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue,
+				Reason: "DeletionByPodGC", Message: msg, LastTransitionTime: metav1.NewTime(c.now())}},
+		}})
+		if err != nil {
+			return err
+		}
+		if _, err := c.client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil && !apierrors.IsNotFound(err) {
 			c.log.Debug("could not mark pod failed before deleting it", "pod", p.Namespace+"/"+p.Name, "err", err)
 		}
 	}

@@ -28,6 +28,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -240,8 +241,8 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		CanAdopt: ctrlutil.RecheckOwner(rs, func(ctx context.Context) (metav1.Object, error) {
 			return c.b.getLive(ctx, ns, name)
 		}),
-		Update: func(ctx context.Context, p *corev1.Pod) error {
-			_, err := c.client.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{})
+		Patch: func(ctx context.Context, name string, data []byte) error {
+			_, err := c.client.CoreV1().Pods(ns).Patch(ctx, name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
 			return err
 		},
 		Copy: func(p *corev1.Pod) *corev1.Pod { return p.DeepCopy() },

@@ -34,6 +34,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/informers"
@@ -217,8 +218,8 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		CanAdopt: ctrlutil.RecheckOwner(set, func(ctx context.Context) (metav1.Object, error) {
 			return c.client.AppsV1().StatefulSets(ns).Get(ctx, name, metav1.GetOptions{})
 		}),
-		Update: func(ctx context.Context, p *corev1.Pod) error {
-			_, err := c.client.CoreV1().Pods(ns).Update(ctx, p, metav1.UpdateOptions{})
+		Patch: func(ctx context.Context, name string, data []byte) error {
+			_, err := c.client.CoreV1().Pods(ns).Patch(ctx, name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
 			return err
 		},
 		Copy: func(p *corev1.Pod) *corev1.Pod { return p.DeepCopy() },
@@ -270,8 +271,8 @@ func (c *Controller) ownedRevisions(ctx context.Context, set *appsv1.StatefulSet
 	}
 	cl := &ctrlutil.Claimer[*appsv1.ControllerRevision]{
 		Owner: set, APIVersion: "apps/v1", Kind: "StatefulSet", Selector: sel,
-		Update: func(ctx context.Context, r *appsv1.ControllerRevision) error {
-			_, err := c.client.AppsV1().ControllerRevisions(r.Namespace).Update(ctx, r, metav1.UpdateOptions{})
+		Patch: func(ctx context.Context, name string, data []byte) error {
+			_, err := c.client.AppsV1().ControllerRevisions(set.Namespace).Patch(ctx, name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
 			return err
 		},
 		Copy: func(r *appsv1.ControllerRevision) *appsv1.ControllerRevision { return r.DeepCopy() },

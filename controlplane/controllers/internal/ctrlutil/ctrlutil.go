@@ -10,6 +10,7 @@ package ctrlutil
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/dump"
 	"k8s.io/apimachinery/pkg/util/rand"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -316,8 +318,11 @@ type Claimer[T metav1.Object] struct {
 	// CanAdopt is checked once before the first adoption: it re-reads the
 	// owner uncached and fails if it is being deleted or was replaced.
 	CanAdopt func(ctx context.Context) error
-	// Update writes a modified copy of an object (ownerReferences changed).
-	Update func(ctx context.Context, obj T) error
+	// Patch applies a strategic-merge patch to the named object (the
+	// owner reference added or removed, with the object's UID as a
+	// precondition), as upstream's ControllerRefManager patches rather
+	// than updates: the controllers' roles grant patch, not update.
+	Patch func(ctx context.Context, name string, patch []byte) error
 	// Copy returns a deep copy.
 	Copy func(T) T
 }
@@ -342,9 +347,8 @@ func (c *Claimer[T]) Claim(ctx context.Context, objs []T) ([]T, error) {
 			if o.GetDeletionTimestamp() != nil {
 				continue
 			}
-			cp := c.Copy(o)
-			cp.SetOwnerReferences(removeRef(cp.GetOwnerReferences(), c.Owner.GetUID()))
-			if err := c.Update(ctx, cp); err != nil && !apierrors.IsNotFound(err) {
+			if err := c.patch(ctx, o, releasePatch{Metadata: patchMeta[releaseRef]{
+				OwnerReferences: []releaseRef{{Patch: "delete", UID: c.Owner.GetUID()}}, UID: o.GetUID()}}); err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, fmt.Errorf("release %s: %w", o.GetName(), err))
 			}
 		default:
@@ -360,9 +364,10 @@ func (c *Claimer[T]) Claim(ctx context.Context, objs []T) ([]T, error) {
 			if adoptErr != nil {
 				continue
 			}
+			ref := NewControllerRef(c.Owner, c.APIVersion, c.Kind)
 			cp := c.Copy(o)
-			cp.SetOwnerReferences(append(cp.GetOwnerReferences(), NewControllerRef(c.Owner, c.APIVersion, c.Kind)))
-			if err := c.Update(ctx, cp); err != nil {
+			cp.SetOwnerReferences(append(cp.GetOwnerReferences(), ref))
+			if err := c.patch(ctx, o, adoptPatch{Metadata: patchMeta[metav1.OwnerReference]{OwnerReferences: []metav1.OwnerReference{ref}, UID: o.GetUID()}}); err != nil {
 				if !apierrors.IsNotFound(err) {
 					errs = append(errs, fmt.Errorf("adopt %s: %w", o.GetName(), err))
 				}
@@ -380,14 +385,34 @@ func (c *Claimer[T]) Claim(ctx context.Context, objs []T) ([]T, error) {
 	return claimed, nil
 }
 
-func removeRef(refs []metav1.OwnerReference, uid any) []metav1.OwnerReference {
-	out := refs[:0:0]
-	for _, r := range refs {
-		if r.UID != uid {
-			out = append(out, r)
-		}
+// The strategic-merge patches of upstream's ControllerRefManager: the
+// ownerReferences list merges by uid, so adopting adds one entry and
+// releasing deletes one ($patch: delete) without touching the others; the
+// object's own uid makes a patch of a re-created namesake fail.
+type patchMeta[R any] struct {
+	OwnerReferences []R       `json:"ownerReferences"`
+	UID             types.UID `json:"uid"`
+}
+
+type releaseRef struct {
+	Patch string    `json:"$patch"`
+	UID   types.UID `json:"uid"`
+}
+
+type releasePatch struct {
+	Metadata patchMeta[releaseRef] `json:"metadata"`
+}
+
+type adoptPatch struct {
+	Metadata patchMeta[metav1.OwnerReference] `json:"metadata"`
+}
+
+func (c *Claimer[T]) patch(ctx context.Context, o T, p any) error {
+	data, err := json.Marshal(p)
+	if err != nil {
+		return err
 	}
-	return out
+	return c.Patch(ctx, o.GetName(), data)
 }
 
 // RecheckOwner returns a CanAdopt function that fetches the owner with get

@@ -2,7 +2,10 @@ package ctrlutil
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 )
 
 func TestSlowStartBatchGrowsBatchesAndStopsAfterAFailedBatch(t *testing.T) {
@@ -81,7 +86,7 @@ func TestClaimAdoptsReleasesAndLeavesOthersAlone(t *testing.T) {
 	other := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "x", UID: "x", Controller: ptrTrue()}
 	mine := NewControllerRef(owner, "v1", "Pod")
 	mk := func(name string, lbl string, ref *metav1.OwnerReference) *corev1.Pod {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{"app": lbl}}}
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name), Labels: map[string]string{"app": lbl}}}
 		if ref != nil {
 			p.OwnerReferences = []metav1.OwnerReference{*ref}
 		}
@@ -94,13 +99,37 @@ func TestClaimAdoptsReleasesAndLeavesOthersAlone(t *testing.T) {
 		mk("mine-nomatch", "b", &mine),
 		mk("theirs", "a", &other),
 	}
+	// The patches are applied as the API server applies them (strategic
+	// merge, ownerReferences merged by uid) to the objects above.
 	updated := map[string]*corev1.Pod{}
+	byName := map[string]*corev1.Pod{}
+	for _, o := range objs {
+		byName[o.Name] = o
+	}
 	var rechecks atomic.Int32
 	cl := &Claimer[*corev1.Pod]{
 		Owner: owner, APIVersion: "v1", Kind: "Pod", Selector: labels.SelectorFromSet(labels.Set{"app": "a"}),
 		CanAdopt: func(context.Context) error { rechecks.Add(1); return nil },
-		Update:   func(_ context.Context, p *corev1.Pod) error { updated[p.Name] = p; return nil },
-		Copy:     func(p *corev1.Pod) *corev1.Pod { return p.DeepCopy() },
+		Patch: func(_ context.Context, name string, patch []byte) error {
+			orig, err := json.Marshal(byName[name])
+			if err != nil {
+				return err
+			}
+			merged, err := strategicpatch.StrategicMergePatch(orig, patch, &corev1.Pod{})
+			if err != nil {
+				return err
+			}
+			var p corev1.Pod
+			if err := json.Unmarshal(merged, &p); err != nil {
+				return err
+			}
+			if p.UID != byName[name].UID {
+				return fmt.Errorf("patch of %s changed its uid to %s", name, p.UID)
+			}
+			updated[name] = &p
+			return nil
+		},
+		Copy: func(p *corev1.Pod) *corev1.Pod { return p.DeepCopy() },
 	}
 	claimed, err := cl.Claim(context.Background(), objs)
 	if err != nil {
@@ -115,6 +144,9 @@ func TestClaimAdoptsReleasesAndLeavesOthersAlone(t *testing.T) {
 	}
 	if ref := metav1.GetControllerOf(updated["orphan-match"]); ref == nil || ref.UID != "owner" {
 		t.Fatal("orphan not adopted")
+	}
+	if refs := updated["orphan-match"].OwnerReferences; len(refs) != 1 || !reflect.DeepEqual(refs[0], mine) {
+		t.Fatalf("adopted orphan's references: %+v, want exactly %+v", refs, mine)
 	}
 	if len(updated["mine-nomatch"].OwnerReferences) != 0 {
 		t.Fatal("non-matching pod not released")

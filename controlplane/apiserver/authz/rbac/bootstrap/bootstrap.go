@@ -162,11 +162,17 @@ func meta(name string) metav1.ObjectMeta {
 
 // extra adds what Waggle's components need beyond upstream's policy:
 //
-//   - The controller-manager runs every controller under its own identity
-//     (it does not yet mint per-controller ServiceAccount credentials), so
-//     each system:controller:* role upstream binds to a kube-system
+//   - Without --use-service-account-credentials the controller-manager
+//     runs every controller under its own identity, so each
+//     system:controller:* role upstream binds to a kube-system
 //     ServiceAccount is also bound to system:kube-controller-manager, by a
-//     binding named waggle:controller-manager:<controller>.
+//     binding named waggle:controller-manager:<controller>. With it (as
+//     `waggle up` runs), each controller runs as the ServiceAccount
+//     upstream's binding names; Waggle's endpointslice controller, which
+//     also writes Endpoints, gets system:controller:endpoint-controller too
+//     (waggle:endpointslice-controller:endpoints), and the roles of
+//     Waggle's own controllers below name their ServiceAccounts
+//     (persistent-volume-binder runs the local-path provisioner; clusterdns).
 //   - Waggle's proxy enforces NetworkPolicy at each pod's veth, so beyond
 //     system:node-proxier it reads pods, namespaces and NetworkPolicies
 //     (ClusterRole waggle:proxy).
@@ -266,8 +272,14 @@ func extra(p *Policy) {
 			{APIGroups: []string{"storage.k8s.io"}, Resources: []string{"storageclasses"}, Verbs: []string{"get", "list", "watch", "create"}},
 		},
 	})
-	p.ClusterRoleBindings = append(p.ClusterRoleBindings, crb("waggle:controller:local-path-provisioner", "waggle:controller:local-path-provisioner",
-		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}))
+	controllerSA := func(name string) rbacv1.Subject {
+		return rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: "kube-system", Name: name}
+	}
+	localPath := crb("waggle:controller:local-path-provisioner", "waggle:controller:local-path-provisioner",
+		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser})
+	localPath.Subjects = append(localPath.Subjects, controllerSA("persistent-volume-binder"))
+	p.ClusterRoleBindings = append(p.ClusterRoleBindings, localPath,
+		crb("waggle:endpointslice-controller:endpoints", "system:controller:endpoint-controller", controllerSA("endpointslice-controller")))
 	p.Roles = append(p.Roles, rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: withNamespace(meta("waggle:controller:clusterdns"), "kube-system"),
@@ -280,7 +292,7 @@ func extra(p *Policy) {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
 		ObjectMeta: withNamespace(meta("waggle:controller:clusterdns"), "kube-system"),
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "waggle:controller:clusterdns"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ControllerManagerUser}, controllerSA("clusterdns")},
 	})
 	for _, r := range p.ClusterRoles {
 		ctrl, ok := strings.CutPrefix(r.Name, "system:controller:")
