@@ -104,9 +104,16 @@ func (k *loadKubelet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // computed 8 (DesiredWithinRange, 50%/50%). A target whose pods have no
 // metrics, and a custom (Pods) metric with no custom metrics API, give
 // ScalingActive=False with upstream's reasons. `kubectl get hpa` prints
-// upstream's columns.
+// upstream's columns. It runs as the controller-manager's own identity and,
+// with --use-service-account-credentials, as kube-system/horizontal-pod-autoscaler
+// (upstream's role, bound by the bootstrap policy).
 func TestHorizontalPodAutoscalerScalesOnResourceMetrics(t *testing.T) {
 	testutil.Privileged(t)
+	t.Run("ControllerManagerIdentity", func(t *testing.T) { testHPAScales(t, false) })
+	t.Run("ServiceAccountCredentials", func(t *testing.T) { testHPAScales(t, true) })
+}
+
+func testHPAScales(t *testing.T, serviceAccounts bool) {
 	srv := apiservertest.Start(t, apiservertest.Options{Configure: func(c *apiserver.Config) {
 		c.MetricsAPI, c.MetricsResolution = "native", 500*time.Millisecond
 	}})
@@ -143,6 +150,7 @@ func TestHorizontalPodAutoscalerScalesOnResourceMetrics(t *testing.T) {
 		cfg.RestConfig = srv.UserConfig(t, "system:kube-controller-manager")
 		cfg.Controllers = []string{deployment.Name, replicaset.Name, HPAName}
 		cfg.HPASyncPeriod = time.Second
+		cfg.UseServiceAccountCredentials = serviceAccounts
 	})
 
 	for _, name := range []string{"hpa-web", "hpa-idle", "hpa-custom"} {
@@ -268,6 +276,13 @@ func TestHorizontalPodAutoscalerScalesOnResourceMetrics(t *testing.T) {
 	waitHPA("hpa-custom", 0, 0,
 		want{autoscalingv2.AbleToScale, corev1.ConditionTrue, "SucceededGetScale", ""},
 		want{autoscalingv2.ScalingActive, corev1.ConditionFalse, "FailedGetPodsMetric", "unable to get metric requests_per_second"})
+	if serviceAccounts {
+		// The controller asked for its own credentials (the client
+		// builder made its ServiceAccount) and scaled with them.
+		if _, err := cs.CoreV1().ServiceAccounts(ServiceAccountNamespace).Get(ctx, ControllerServiceAccount(HPAName), metav1.GetOptions{}); err != nil {
+			t.Errorf("ServiceAccount %s/%s: %v", ServiceAccountNamespace, ControllerServiceAccount(HPAName), err)
+		}
+	}
 	for _, name := range []string{"hpa-idle", "hpa-custom"} {
 		if d, err := cs.AppsV1().Deployments("default").Get(ctx, name, metav1.GetOptions{}); err != nil || *d.Spec.Replicas != 1 {
 			t.Errorf("%s was scaled without metrics: %v", name, err)
