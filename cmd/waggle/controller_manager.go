@@ -11,7 +11,7 @@ import (
 // kube-controller-manager's) into controllers.Config and runs it.
 func runControllerManager(ctx context.Context, args []string) error {
 	cfg := controllers.DefaultConfig()
-	fs := cliflag.NewFlagSet("controller-manager", "Run the controllers (ReplicaSet, Deployment, DaemonSet, EndpointSlice, garbage collector, node and namespace controllers) under leader election.")
+	fs := cliflag.NewFlagSet("controller-manager", "Run the controllers (ReplicaSet, Deployment, DaemonSet, EndpointSlice, HorizontalPodAutoscaler, garbage collector, node and namespace controllers) under leader election.")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (empty: in-cluster)")
 	cfg.SecureServing.AddFlags(fs)
 	fs.IntVar(&cfg.SecureServing.SecurePort, "port", cfg.SecureServing.SecurePort, "deprecated: the same as --secure-port (the port now serves HTTPS)")
@@ -35,6 +35,12 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.JobPodFailureBackoff, "job-pod-failure-backoff", cfg.JobPodFailureBackoff, "delay before a Job's first failed pod is replaced (doubles per consecutive failure, at most 10m)")
 	fs.IntVar(&cfg.ConcurrentResourceQuotaSyncs, "concurrent-resource-quota-syncs", cfg.ConcurrentResourceQuotaSyncs, "ResourceQuota workers")
 	fs.DurationVar(&cfg.ResourceQuotaSyncPeriod, "resource-quota-sync-period", cfg.ResourceQuotaSyncPeriod, "how often every quota's usage is recalculated in full")
+	fs.IntVar(&cfg.ConcurrentHPASyncs, "concurrent-horizontal-pod-autoscaler-syncs", cfg.ConcurrentHPASyncs, "HorizontalPodAutoscaler workers")
+	fs.DurationVar(&cfg.HPASyncPeriod, "horizontal-pod-autoscaler-sync-period", cfg.HPASyncPeriod, "how often every HorizontalPodAutoscaler is synced")
+	fs.DurationVar(&cfg.HPADownscaleStabilization, "horizontal-pod-autoscaler-downscale-stabilization", cfg.HPADownscaleStabilization, "the autoscaler scales down no lower than any recommendation it made this far back")
+	fs.Float64Var(&cfg.HPATolerance, "horizontal-pod-autoscaler-tolerance", cfg.HPATolerance, "smallest change (from 1.0) of the desired-to-actual metrics ratio the autoscaler acts on")
+	fs.DurationVar(&cfg.HPACPUInitializationPeriod, "horizontal-pod-autoscaler-cpu-initialization-period", cfg.HPACPUInitializationPeriod, "after a pod starts, its CPU samples count only once it has been ready a whole metrics window, for this long")
+	fs.DurationVar(&cfg.HPAInitialReadinessDelay, "horizontal-pod-autoscaler-initial-readiness-delay", cfg.HPAInitialReadinessDelay, "readiness changes this soon after a pod starts are taken as its initial readiness")
 	fs.IntVar(&cfg.ConcurrentServiceAccountSyncs, "concurrent-serviceaccount-syncs", cfg.ConcurrentServiceAccountSyncs, "service account workers")
 	fs.IntVar(&cfg.MaxEndpointsPerSlice, "max-endpoints-per-slice", cfg.MaxEndpointsPerSlice, "most endpoints in one EndpointSlice")
 	fs.BoolVar(&cfg.AllocateNodeCIDRs, "allocate-node-cidrs", cfg.AllocateNodeCIDRs, "allocate a podCIDR to every node from --cluster-cidr")

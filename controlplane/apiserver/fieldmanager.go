@@ -10,9 +10,11 @@ import (
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/extensions/crd"
+	"github.com/waggle-io/waggle/controlplane/apiserver/registry/upstream"
 	apiextensionsac "k8s.io/apiextensions-apiserver/pkg/client/applyconfiguration"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/managedfields"
 	"k8s.io/client-go/applyconfigurations"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
@@ -123,7 +125,7 @@ func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeCon
 			fm, err = managedfields.NewDefaultCRDFieldManager(tc, conv, defaulter(st.defaults), crd.Creater{},
 				res.GroupVersionKind(), gv, sub, rf)
 		} else {
-			fm, err = managedfields.NewDefaultFieldManager(tc, catalog.Scheme, defaulter(st.defaults), catalog.Scheme,
+			fm, err = managedfields.NewDefaultFieldManager(tc, versionConvertor{catalog.Scheme}, defaulter(st.defaults), catalog.Scheme,
 				res.GroupVersionKind(), gv, sub, rf)
 		}
 		if err != nil {
@@ -132,6 +134,47 @@ func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeCon
 		out[sub] = fm
 	}
 	return out, nil
+}
+
+// versionConvertor is catalog.Scheme, which holds only the versioned types,
+// plus what it cannot do alone: converting between two versions of a kind
+// whose conversion goes through kube-apiserver's internal type
+// (autoscaling/v1 ⇄ v2 HorizontalPodAutoscalers). The field manager needs
+// it to carry an object's managedFields entries of another version (an HPA
+// made by `kubectl autoscale` through v1, whose status the controller
+// writes through v2); it converts to a hub version first, and for a
+// versioned-only scheme an object is its own hub.
+type versionConvertor struct{ *runtime.Scheme }
+
+func (c versionConvertor) ConvertToVersion(in runtime.Object, target runtime.GroupVersioner) (runtime.Object, error) {
+	out, err := c.Scheme.ConvertToVersion(in, target)
+	if err == nil {
+		return out, nil
+	}
+	gv, ok := target.(schema.GroupVersion)
+	if !ok {
+		return nil, err
+	}
+	typed := in
+	if u, ok := in.(runtime.Unstructured); ok {
+		t, nerr := c.Scheme.New(in.GetObjectKind().GroupVersionKind())
+		if nerr != nil {
+			return nil, err
+		}
+		if cerr := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), t); cerr != nil {
+			return nil, fmt.Errorf("%w (and from unstructured: %w)", err, cerr)
+		}
+		t.GetObjectKind().SetGroupVersionKind(in.GetObjectKind().GroupVersionKind())
+		typed = t
+	}
+	if gv.Version == runtime.APIVersionInternal {
+		return typed, nil
+	}
+	conv, cerr := upstream.Convert(typed, gv)
+	if cerr != nil {
+		return nil, fmt.Errorf("%w (and through the internal type: %w)", err, cerr)
+	}
+	return conv, nil
 }
 
 // fieldManagerName is the manager a write is recorded under: the

@@ -285,6 +285,12 @@ func (k *kubelets) handle(ctx context.Context, pod *corev1.Pod) {
 		p.Status.PodIP = ip
 		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
 	}
+	if p.Status.StartTime == nil {
+		// As a kubelet: the pod's start, which the HPA's CPU
+		// initialization period counts from.
+		now := metav1.Now()
+		p.Status.StartTime = &now
+	}
 	st := corev1.ConditionFalse
 	if ready {
 		st = corev1.ConditionTrue

@@ -73,6 +73,7 @@ var controllerServiceAccounts = map[string]string{
 	localpath.Name:                                "persistent-volume-binder", // and waggle:controller:local-path-provisioner
 	resourcequota.Name:                            "resourcequota-controller",
 	garbagecollector.Name:                         "generic-garbage-collector",
+	HPAName:                                       "horizontal-pod-autoscaler",
 	BootstrapSignerName:                           "bootstrap-signer",
 	TokenCleanerName:                              "token-cleaner",
 	CSRApprovingName:                              "certificate-controller",
@@ -97,6 +98,7 @@ func (d Deps) forController(controller string) (Deps, error) {
 	if err != nil {
 		return d, fmt.Errorf("credentials of ServiceAccount %s/%s: %w", ServiceAccountNamespace, sa, err)
 	}
+	d.RestConfig = rc
 	if d.Client, err = kubernetes.NewForConfig(rc); err != nil {
 		return d, err
 	}

@@ -3,7 +3,8 @@
 // leader Lease, runs every enabled controller (replicaset,
 // replicationcontroller, deployment,
 // daemonset, statefulset, endpointslice, endpoints, endpointslicemirroring, job, cronjob, ttl-after-finished, podgc,
-// disruption, root-ca-cert-publisher, resourcequota, lb-ipam, persistentvolume-binder, csrapproving, csrsigning, csrcleaner,
+// disruption, root-ca-cert-publisher, resourcequota, horizontalpodautoscaling, lb-ipam, persistentvolume-binder,
+// csrapproving, csrsigning, csrcleaner,
 // bootstrapsigner and tokencleaner (the last two only when named),
 // garbagecollector, and the node and namespace controllers), serving /healthz, /readyz and /metrics (work queue
 // depth and work duration per controller) over HTTPS with delegated
@@ -131,6 +132,23 @@ type Config struct {
 	ConcurrentCronJobSyncs             int
 	ConcurrentTTLSyncs                 int
 	ConcurrentResourceQuotaSyncs       int
+	// ConcurrentHPASyncs are the HorizontalPodAutoscaler workers (5).
+	ConcurrentHPASyncs int
+
+	// The HorizontalPodAutoscaler controller's tuning, upstream's flags and
+	// defaults: every HPA is synced each HPASyncPeriod (15s); a scale-down
+	// goes no lower than the highest recommendation of the last
+	// HPADownscaleStabilization (5m, an HPA's behavior may override it); a
+	// usage ratio within HPATolerance (0.1) of 1 changes nothing; CPU
+	// samples of pods started less than HPACPUInitializationPeriod (5m) ago
+	// count only once the pod has been ready a whole metrics window; a pod
+	// whose readiness last changed within HPAInitialReadinessDelay (30s) of
+	// its start is taken as not yet ready.
+	HPASyncPeriod              time.Duration
+	HPADownscaleStabilization  time.Duration
+	HPATolerance               float64
+	HPACPUInitializationPeriod time.Duration
+	HPAInitialReadinessDelay   time.Duration
 
 	// ResourceQuotaSyncPeriod: every quota's usage is recalculated in full
 	// this often (5m), besides on every change.
@@ -226,6 +244,12 @@ func DefaultConfig() Config {
 		ConcurrentTTLSyncs:                 5,
 		ConcurrentResourceQuotaSyncs:       resourcequota.DefaultWorkers,
 		ResourceQuotaSyncPeriod:            resourcequota.DefaultResyncPeriod,
+		ConcurrentHPASyncs:                 5,
+		HPASyncPeriod:                      15 * time.Second,
+		HPADownscaleStabilization:          5 * time.Minute,
+		HPATolerance:                       0.1,
+		HPACPUInitializationPeriod:         5 * time.Minute,
+		HPAInitialReadinessDelay:           30 * time.Second,
 		JobPodFailureBackoff:               job.DefaultPodFailureBackoff,
 		TerminatedPodGCThreshold:           podgc.DefaultThreshold,
 		PodGCPeriod:                        podgc.DefaultPeriod,
@@ -248,9 +272,12 @@ func DefaultConfig() Config {
 // Deps is what a controller is started with.
 type Deps struct {
 	// Ctx is the leader's context (upstream's constructors take one).
-	Ctx     context.Context
-	Client  kubernetes.Interface
-	Dynamic dynamic.Interface
+	Ctx    context.Context
+	Client kubernetes.Interface
+	// RestConfig is the client configuration Client was built from (for
+	// clients of other API groups: scale, metrics).
+	RestConfig *rest.Config
+	Dynamic    dynamic.Interface
 	// Metadata is the metadata-only client (the ResourceQuota controller
 	// counts arbitrary resources through it).
 	Metadata metadata.Interface
@@ -339,6 +366,16 @@ func (c *Config) validate() error {
 	}
 	if c.NodeMonitorGracePeriod <= 0 || c.NodeMonitorPeriod <= 0 {
 		errs = append(errs, fmt.Errorf("--node-monitor-grace-period (%v) and --node-monitor-period (%v) must be positive", c.NodeMonitorGracePeriod, c.NodeMonitorPeriod))
+	}
+	if c.ConcurrentHPASyncs < 1 {
+		errs = append(errs, fmt.Errorf("--concurrent-horizontal-pod-autoscaler-syncs must be greater than 0, but got %d", c.ConcurrentHPASyncs))
+	}
+	if c.HPASyncPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("--horizontal-pod-autoscaler-sync-period %v must be positive", c.HPASyncPeriod))
+	}
+	if c.HPATolerance < 0 || c.HPADownscaleStabilization < 0 || c.HPACPUInitializationPeriod < 0 || c.HPAInitialReadinessDelay < 0 {
+		errs = append(errs, fmt.Errorf("--horizontal-pod-autoscaler-tolerance (%v), -downscale-stabilization (%v), -cpu-initialization-period (%v) and -initial-readiness-delay (%v) must not be negative",
+			c.HPATolerance, c.HPADownscaleStabilization, c.HPACPUInitializationPeriod, c.HPAInitialReadinessDelay))
 	}
 	if err := c.LeaderElection.Validate(); err != nil {
 		errs = append(errs, err)
@@ -429,7 +466,7 @@ func Run(ctx context.Context, cfg Config) error {
 	leErr := leaderelect.Run(ctx, log, cs, cfg.LeaderElection, func(ctx context.Context) {
 		leading.Store(true)
 		defer leading.Store(false)
-		d := Deps{Client: cs, Dynamic: dyn, Metadata: meta, Log: log, Config: &cfg, RootCA: rootCA}
+		d := Deps{Client: cs, RestConfig: rc, Dynamic: dyn, Metadata: meta, Log: log, Config: &cfg, RootCA: rootCA}
 		if cfg.UseServiceAccountCredentials {
 			d.serviceAccounts = serviceAccountClients(rc, cs)
 		}
@@ -492,7 +529,7 @@ func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 }
 
 func starters() []starter {
-	return append(coreStarters(), certificateStarters()...)
+	return slices.Concat(coreStarters(), autoscalingStarters(), certificateStarters())
 }
 
 func coreStarters() []starter {

@@ -37,7 +37,8 @@ func TestControllersFlagSelectsAsKubeControllerManager(t *testing.T) {
 func TestKnownControllersIncludeTheWorkloadControllers(t *testing.T) {
 	known := strings.Join(KnownControllers(), ",")
 	for _, n := range []string{"replicaset", "deployment", "daemonset", "endpointslice", "endpointslicemirroring", "garbagecollector",
-		"namespace", "nodeipam", "nodelifecycle", "serviceaccount", "job", "cronjob", "ttl-after-finished", "statefulset", "podgc"} {
+		"namespace", "nodeipam", "nodelifecycle", "serviceaccount", "job", "cronjob", "ttl-after-finished", "statefulset", "podgc",
+		"horizontalpodautoscaling"} {
 		if !strings.Contains(known, n) {
 			t.Errorf("%s missing from %s", n, known)
 		}
@@ -61,6 +62,9 @@ func TestRunRejectsBadConfigBeforeContactingAnything(t *testing.T) {
 		{"node mask out of range", func(c *Config) {
 			c.AllocateNodeCIDRs, c.ClusterCIDR, c.NodeCIDRMaskSize = true, "10.244.0.0/16", 200
 		}, "--node-cidr-mask-size"},
+		{"no HPA workers", func(c *Config) { c.ConcurrentHPASyncs = 0 }, "--concurrent-horizontal-pod-autoscaler-syncs must be greater than 0"},
+		{"no HPA sync period", func(c *Config) { c.HPASyncPeriod = 0 }, "--horizontal-pod-autoscaler-sync-period"},
+		{"negative HPA tolerance", func(c *Config) { c.HPATolerance = -0.1 }, "--horizontal-pod-autoscaler-tolerance"},
 		{"lease shorter than renew deadline", func(c *Config) { c.LeaderElection.LeaseDuration = time.Second }, "lease duration"},
 	}
 	for _, tc := range tests {

@@ -135,6 +135,7 @@ func TestLab(t *testing.T) {
 	t.Run("ClusterDNSFromPodsOnEveryNode", func(t *testing.T) { testClusterDNS(t, e, nodes, vip) })
 	t.Run("CrashLoopingPodsEvents", func(t *testing.T) { testCrashLoopEvents(t, e) })
 	t.Run("KubectlTop", func(t *testing.T) { testKubectlTop(t, e, nodes) })
+	t.Run("HPAScaleUp", func(t *testing.T) { testHPAScaleUp(t, e) })
 	t.Run("PortForward", func(t *testing.T) { testPortForward(t, e) })
 	t.Run("Attach", func(t *testing.T) { testAttach(t, e) })
 	t.Run("StaticPodAndItsMirror", func(t *testing.T) { testStaticPod(t, e, nodes[0]) })

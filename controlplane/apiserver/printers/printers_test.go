@@ -15,6 +15,8 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -467,4 +469,62 @@ func FuzzTable(f *testing.F) {
 			t.Fatalf("%s: %d rows, %d cells for %d columns", r.Resource, len(tbl.Rows), len(tbl.Rows[0].Cells), len(tbl.ColumnDefinitions))
 		}
 	})
+}
+
+// TestHorizontalPodAutoscalerColumnsAreUpstreams: `kubectl get hpa` shows
+// kube-apiserver's columns (REFERENCE, TARGETS as "cpu: 80%/50%", MINPODS,
+// MAXPODS, REPLICAS, AGE) for autoscaling/v2 and v1 objects alike.
+func TestHorizontalPodAutoscalerColumnsAreUpstreams(t *testing.T) {
+	v2 := &autoscalingv2.HorizontalPodAutoscalerList{Items: []autoscalingv2.HorizontalPodAutoscaler{
+		{ObjectMeta: om("web", time.Hour), Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "web"},
+			MinReplicas:    ptr.To[int32](1), MaxReplicas: 5,
+			Metrics: []autoscalingv2.MetricSpec{{Type: autoscalingv2.ResourceMetricSourceType, Resource: &autoscalingv2.ResourceMetricSource{
+				Name: corev1.ResourceCPU, Target: autoscalingv2.MetricTarget{Type: autoscalingv2.UtilizationMetricType, AverageUtilization: ptr.To[int32](50)}}}}},
+			Status: autoscalingv2.HorizontalPodAutoscalerStatus{CurrentReplicas: 3, DesiredReplicas: 5,
+				CurrentMetrics: []autoscalingv2.MetricStatus{{Type: autoscalingv2.ResourceMetricSourceType, Resource: &autoscalingv2.ResourceMetricStatus{
+					Name: corev1.ResourceCPU, Current: autoscalingv2.MetricValueStatus{AverageUtilization: ptr.To[int32](80)}}}}}},
+		{ObjectMeta: om("fresh", time.Second), Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "api"},
+			MaxReplicas:    3,
+			Metrics: []autoscalingv2.MetricSpec{{Type: autoscalingv2.ResourceMetricSourceType, Resource: &autoscalingv2.ResourceMetricSource{
+				Name: corev1.ResourceMemory, Target: autoscalingv2.MetricTarget{Type: autoscalingv2.UtilizationMetricType, AverageUtilization: ptr.To[int32](70)}}}}}},
+	}}
+	v1 := &autoscalingv1.HorizontalPodAutoscalerList{Items: []autoscalingv1.HorizontalPodAutoscaler{
+		{ObjectMeta: om("web", time.Hour), Spec: autoscalingv1.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv1.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "web"},
+			MinReplicas:    ptr.To[int32](1), MaxReplicas: 5, TargetCPUUtilizationPercentage: ptr.To[int32](50)},
+			Status: autoscalingv1.HorizontalPodAutoscalerStatus{CurrentReplicas: 3, DesiredReplicas: 5, CurrentCPUUtilizationPercentage: ptr.To[int32](80)}},
+	}}
+	for _, tc := range []struct {
+		name string
+		list runtime.Object
+		want [][]any
+	}{
+		{"v2", v2, [][]any{{"web", "Deployment/web", "cpu: 80%/50%", int64(1), int64(5), int64(3)}, {"fresh", "Deployment/api", "memory: <unknown>/70%", "<unset>", int64(3), int64(0)}}},
+		{"v1", v1, [][]any{{"web", "Deployment/web", "cpu: 80%/50%", int64(1), int64(5), int64(3)}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, err := Table(tc.list, Options{Now: now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, c := range tbl.ColumnDefinitions {
+				names = append(names, c.Name)
+			}
+			if want := []string{"Name", "Reference", "Targets", "MinPods", "MaxPods", "Replicas", "Age"}; !slices.Equal(names, want) {
+				t.Fatalf("columns %v, want %v", names, want)
+			}
+			if len(tbl.Rows) != len(tc.want) {
+				t.Fatalf("%d rows, want %d", len(tbl.Rows), len(tc.want))
+			}
+			for i, w := range tc.want {
+				got := tbl.Rows[i].Cells[:len(w)]
+				if fmt.Sprint(got) != fmt.Sprint(w) {
+					t.Errorf("row %d: %v, want %v", i, got, w)
+				}
+			}
+		})
+	}
 }
