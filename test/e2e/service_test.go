@@ -167,16 +167,7 @@ func TestLab(t *testing.T) {
 		for i := range nodes {
 			addr := fmt.Sprintf("%s:30080", e.cfg.NodeAddr(i+1).Addr())
 			eventually(t, 30*time.Second, "NodePort "+addr+" answers the host with all 3 backends", func() error {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				out, err := exec.CommandContext(ctx, e.echoBin(), "dial", "-n", "30", "tcp", addr).CombinedOutput()
-				if err != nil {
-					return fmt.Errorf("%v:\n%s", err, out)
-				}
-				if b := answering(string(out)); len(b) != 3 {
-					return fmt.Errorf("%d distinct backends answered:\n%s", len(b), out)
-				}
-				return nil
+				return e.hostReaches(addr, 3)
 			})
 		}
 	})
@@ -286,6 +277,22 @@ func TestLab(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// hostReaches dials addr 30 times from the host, on the lab bridge outside
+// every node (an external client), and wants exactly backends distinct
+// pods to answer.
+func (e *env) hostReaches(addr string, backends int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, e.echoBin(), "dial", "-n", "30", "tcp", addr).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%v:\n%s", err, out)
+	}
+	if b := answering(string(out)); len(b) != backends {
+		return fmt.Errorf("%d distinct backends answered:\n%s", len(b), out)
+	}
+	return nil
 }
 
 // echoBin is the waggle-echo binary built for the image, used as a client

@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -150,15 +148,6 @@ spec:
 		return nil
 	})
 	eventually(t, 30*time.Second, "LoadBalancer "+addr+" answers the host with all 3 backends", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, e.echoBin(), "dial", "-n", "30", "tcp", addr).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%v:\n%s", err, out)
-		}
-		if b := answering(string(out)); len(b) != 3 {
-			return fmt.Errorf("%d distinct backends answered:\n%s", len(b), out)
-		}
-		return nil
+		return e.hostReaches(addr, 3)
 	})
 }
