@@ -256,7 +256,7 @@ func (g containerGC) DeleteAllUnusedContainers(ctx context.Context) error {
 // pod's process count, for disk and PID ranking.
 func (k *Kubelet) podDiskStats(ctx context.Context, c runtime.Container, cs *statsapi.ContainerStats) {
 	if s, ok := k.rt.(runtime.Storage); ok {
-		if b, n, err := s.WritableLayerUsage(ctx, c.ID); err == nil {
+		if b, n, err := k.layerUsage.get(ctx, s, c.ID, time.Now()); err == nil {
 			cs.Rootfs = &statsapi.FsStats{Time: cs.StartTime, UsedBytes: &b, InodesUsed: &n}
 		}
 	}
@@ -285,4 +285,46 @@ func (k *Kubelet) podProcesses(uid types.UID) *statsapi.ProcessStats {
 		return nil
 	}
 	return &statsapi.ProcessStats{ProcessCount: &n}
+}
+
+// layerUsageTTL is how long a measured writable layer's usage is reused:
+// measuring walks the layer (containerd's snapshot Usage), and the summary
+// is built every 10 s for the eviction manager, so each container's layer is
+// walked at most once a minute, as cAdvisor's disk-usage housekeeping does.
+const layerUsageTTL = time.Minute
+
+// layerUsageCache remembers each container's last writable-layer usage.
+type layerUsageCache struct {
+	mu sync.Mutex
+	m  map[string]layerUsage
+}
+
+type layerUsage struct {
+	bytes, inodes uint64
+	at            time.Time
+}
+
+func (c *layerUsageCache) get(ctx context.Context, s runtime.Storage, id string, now time.Time) (bytes, inodes uint64, err error) {
+	c.mu.Lock()
+	u, ok := c.m[id]
+	c.mu.Unlock()
+	if ok && now.Sub(u.at) < layerUsageTTL {
+		return u.bytes, u.inodes, nil
+	}
+	if bytes, inodes, err = s.WritableLayerUsage(ctx, id); err != nil {
+		return 0, 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]layerUsage{}
+	}
+	// Entries of containers long gone are dropped as new ones come.
+	for other, o := range c.m {
+		if now.Sub(o.at) > 10*layerUsageTTL {
+			delete(c.m, other)
+		}
+	}
+	c.m[id] = layerUsage{bytes: bytes, inodes: inodes, at: now}
+	return bytes, inodes, nil
 }

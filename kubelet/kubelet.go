@@ -112,6 +112,9 @@ type Kubelet struct {
 	// cpu turns cumulative CPU counters into rates for /stats/summary.
 	cpu cpuRates
 	ctx context.Context
+	// layerUsage caches the containers' writable-layer usage for the
+	// stats summary (eviction.go).
+	layerUsage layerUsageCache
 }
 
 type metrics struct {
