@@ -30,7 +30,7 @@ const restMapperResetPeriod = 30 * time.Second
 
 func autoscalingStarters() []starter {
 	return []starter{
-		{name: HPAName, build: buildHPA},
+		{name: HPAName, serviceAccount: "horizontal-pod-autoscaler", build: buildHPA},
 	}
 }
 

@@ -46,28 +46,28 @@ const (
 //   - csrcleaner deletes old approved, denied and pending CSRs.
 func certificateStarters() []starter {
 	return []starter{
-		{name: BootstrapSignerName, off: true, build: func(d Deps) (func(context.Context), error) {
+		{name: BootstrapSignerName, serviceAccount: "bootstrap-signer", off: true, build: func(d Deps) (func(context.Context), error) {
 			s, err := bootstrap.NewSigner(d.Client, d.Factory.Core().V1().Secrets(), d.Factory.Core().V1().ConfigMaps(), bootstrap.DefaultSignerOptions())
 			if err != nil {
 				return nil, err
 			}
 			return s.Run, nil
 		}},
-		{name: TokenCleanerName, off: true, build: func(d Deps) (func(context.Context), error) {
+		{name: TokenCleanerName, serviceAccount: "token-cleaner", off: true, build: func(d Deps) (func(context.Context), error) {
 			c, err := bootstrap.NewTokenCleaner(d.Client, d.Factory.Core().V1().Secrets(), bootstrap.DefaultTokenCleanerOptions())
 			if err != nil {
 				return nil, err
 			}
 			return c.Run, nil
 		}},
-		{name: CSRApprovingName, build: func(d Deps) (func(context.Context), error) {
+		{name: CSRApprovingName, serviceAccount: "certificate-controller", build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "certificates.k8s.io/v1", "certificatesigningrequests"); err != nil {
 				return nil, err
 			}
 			c := approver.NewCSRApprovingController(d.Ctx, d.Client, d.Factory.Certificates().V1().CertificateSigningRequests())
 			return func(ctx context.Context) { c.Run(ctx, 5) }, nil
 		}},
-		{name: CSRSigningName, build: func(d Deps) (func(context.Context), error) {
+		{name: CSRSigningName, serviceAccount: "certificate-controller", build: func(d Deps) (func(context.Context), error) {
 			cert, key := d.Config.ClusterSigningCertFile, d.Config.ClusterSigningKeyFile
 			if cert == "" || key == "" {
 				return nil, errors.New("--cluster-signing-cert-file and --cluster-signing-key-file are not set")
@@ -100,7 +100,7 @@ func certificateStarters() []starter {
 				}
 			}, nil
 		}},
-		{name: CSRCleanerName, build: func(d Deps) (func(context.Context), error) {
+		{name: CSRCleanerName, serviceAccount: "certificate-controller", build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "certificates.k8s.io/v1", "certificatesigningrequests"); err != nil {
 				return nil, err
 			}

@@ -298,6 +298,17 @@ type Deps struct {
 // starter builds one controller and returns its run function.
 type starter struct {
 	name string
+	// serviceAccount is the kube-system ServiceAccount the controller runs
+	// as under --use-service-account-credentials: the one
+	// kube-controller-manager uses for the same controller, whose
+	// system:controller:<name> ClusterRole upstream's bootstrap policy
+	// binds to it. Where one Waggle controller does the work of two
+	// upstream ones it runs as the first, and the bootstrap policy
+	// (controlplane/apiserver/authz/rbac/bootstrap) binds the second role
+	// to it too; Waggle's own controllers have their roles bound there.
+	// Empty (serviceaccount-token, which mints the tokens): the
+	// controller-manager's own credentials, as upstream's root client.
+	serviceAccount string
 	// off: disabled unless named explicitly (as kube's "bootstrapsigner").
 	off   bool
 	build func(d Deps) (run func(ctx context.Context), err error)
@@ -495,7 +506,7 @@ func runControllers(ctx context.Context, d Deps, synced *atomic.Bool) {
 			d.Log.Info("controller disabled", "controller", s.name)
 			continue
 		}
-		cd, err := d.forController(s.name)
+		cd, err := d.forController(s.serviceAccount)
 		if err != nil {
 			d.Log.Error("controller not started", "controller", s.name, "err", err)
 			continue
@@ -534,31 +545,31 @@ func starters() []starter {
 
 func coreStarters() []starter {
 	return []starter{
-		{name: replicaset.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: replicaset.Name, serviceAccount: "replicaset-controller", build: func(d Deps) (func(context.Context), error) {
 			c := replicaset.New(d.Client, d.Factory, d.Log, replicaset.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentReplicaSetSyncs) }, nil
 		}},
-		{name: replicaset.RCName, build: func(d Deps) (func(context.Context), error) {
+		{name: replicaset.RCName, serviceAccount: "replication-controller", build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "v1", "replicationcontrollers"); err != nil {
 				return nil, err
 			}
 			c := replicaset.NewReplicationController(d.Client, d.Factory, d.Log, replicaset.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentRCSyncs) }, nil
 		}},
-		{name: deployment.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: deployment.Name, serviceAccount: "deployment-controller", build: func(d Deps) (func(context.Context), error) {
 			c := deployment.New(d.Client, d.Factory, d.Log, deployment.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentDeploymentSyncs) }, nil
 		}},
-		{name: daemonset.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: daemonset.Name, serviceAccount: "daemon-set-controller", build: func(d Deps) (func(context.Context), error) {
 			c := daemonset.New(d.Client, d.Factory, d.Log, daemonset.Options{Revisions: served(d, "apps/v1", "controllerrevisions") == nil})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentDaemonSetSyncs) }, nil
 		}},
-		{name: endpointslice.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: endpointslice.Name, serviceAccount: "endpointslice-controller", build: func(d Deps) (func(context.Context), error) {
 			c := endpointslice.New(d.Client, d.Factory, d.Log, endpointslice.Options{
 				MaxEndpointsPerSlice: d.Config.MaxEndpointsPerSlice, EndpointsWorkers: d.Config.ConcurrentEndpointSyncs})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentEndpointSliceSyncs) }, nil
 		}},
-		{name: "endpointslicemirroring", build: func(d Deps) (func(context.Context), error) {
+		{name: "endpointslicemirroring", serviceAccount: "endpointslicemirroring-controller", build: func(d Deps) (func(context.Context), error) {
 			// kube-controller-manager's own controller: it mirrors the
 			// Endpoints of Services without a selector (custom Endpoints)
 			// into EndpointSlices managed by
@@ -571,18 +582,18 @@ func coreStarters() []starter {
 				1000, d.Client, 0)
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentEndpointSliceSyncs) }, nil
 		}},
-		{name: clusterroleaggregation.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: clusterroleaggregation.Name, serviceAccount: "clusterrole-aggregation-controller", build: func(d Deps) (func(context.Context), error) {
 			c := clusterroleaggregation.New(d.Client, d.Factory, d.Log)
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: rootcacertpublisher.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: rootcacertpublisher.Name, serviceAccount: "root-ca-cert-publisher", build: func(d Deps) (func(context.Context), error) {
 			c, err := rootcacertpublisher.New(d.Client, d.Factory, d.Log, d.RootCA)
 			if err != nil {
 				return nil, err
 			}
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: "validatingadmissionpolicy-status-controller", build: func(d Deps) (func(context.Context), error) {
+		{name: "validatingadmissionpolicy-status-controller", serviceAccount: "validatingadmissionpolicy-status-controller", build: func(d Deps) (func(context.Context), error) {
 			// kube-controller-manager's own controller: it type-checks each
 			// ValidatingAdmissionPolicy's expressions against the OpenAPI
 			// schemas the API server publishes and writes status.typeChecking.
@@ -599,7 +610,7 @@ func coreStarters() []starter {
 			}
 			return func(ctx context.Context) { c.Run(ctx, 5) }, nil
 		}},
-		{name: serviceaccount.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: serviceaccount.Name, serviceAccount: "service-account-controller", build: func(d Deps) (func(context.Context), error) {
 			c := serviceaccount.New(d.Client, d.Factory, d.Log, serviceaccount.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentServiceAccountSyncs) }, nil
 		}},
@@ -625,11 +636,11 @@ func coreStarters() []starter {
 			}
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentServiceAccountTokenSyncs) }, nil
 		}},
-		{name: namespace.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: namespace.Name, serviceAccount: "namespace-controller", build: func(d Deps) (func(context.Context), error) {
 			c := namespace.New(d.Client, d.Factory, d.Log, namespace.Options{Dynamic: d.Dynamic})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentNamespaceSyncs) }, nil
 		}},
-		{name: nodeipam.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: nodeipam.Name, serviceAccount: "node-controller", build: func(d Deps) (func(context.Context), error) {
 			if !d.Config.AllocateNodeCIDRs {
 				return nil, errors.New("--allocate-node-cidrs is off")
 			}
@@ -637,13 +648,13 @@ func coreStarters() []starter {
 				NodeCIDRMaskSize: d.Config.NodeCIDRMaskSize, NodeCIDRMaskSizeIPv6: d.Config.NodeCIDRMaskSizeIPv6})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: nodelifecycle.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: nodelifecycle.Name, serviceAccount: "node-controller", build: func(d Deps) (func(context.Context), error) {
 			c := nodelifecycle.New(d.Client, d.Factory, d.Log, nodelifecycle.Options{
 				NodeMonitorGracePeriod: d.Config.NodeMonitorGracePeriod, NodeMonitorPeriod: d.Config.NodeMonitorPeriod,
 				NodeStartupGracePeriod: d.Config.NodeStartupGracePeriod})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: statefulset.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: statefulset.Name, serviceAccount: "statefulset-controller", build: func(d Deps) (func(context.Context), error) {
 			for _, r := range []struct{ gv, res string }{{"apps/v1", "statefulsets"}, {"apps/v1", "controllerrevisions"}, {"v1", "persistentvolumeclaims"}} {
 				if err := served(d, r.gv, r.res); err != nil {
 					return nil, err
@@ -652,35 +663,35 @@ func coreStarters() []starter {
 			c := statefulset.New(d.Client, d.Factory, d.Log)
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentStatefulSetSyncs) }, nil
 		}},
-		{name: job.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: job.Name, serviceAccount: "job-controller", build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "batch/v1", "jobs"); err != nil {
 				return nil, err
 			}
 			c := job.New(d.Client, d.Factory, d.Log, job.Options{PodFailureBackoff: d.Config.JobPodFailureBackoff})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentJobSyncs) }, nil
 		}},
-		{name: cronjob.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: cronjob.Name, serviceAccount: "cronjob-controller", build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "batch/v1", "cronjobs"); err != nil {
 				return nil, err
 			}
 			c := cronjob.New(d.Client, d.Factory, d.Log, cronjob.Options{})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentCronJobSyncs) }, nil
 		}},
-		{name: ttlafterfinished.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: ttlafterfinished.Name, serviceAccount: "ttl-after-finished-controller", build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "batch/v1", "jobs"); err != nil {
 				return nil, err
 			}
 			c := ttlafterfinished.New(d.Client, d.Factory, d.Log)
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentTTLSyncs) }, nil
 		}},
-		{name: clusterdns.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: clusterdns.Name, serviceAccount: "clusterdns", build: func(d Deps) (func(context.Context), error) {
 			if d.Config.ClusterDNSIP == "" {
 				return nil, errors.New("--cluster-dns-ip is not set")
 			}
 			c := clusterdns.New(d.Client, d.Factory, d.Log, clusterdns.Options{ClusterIP: d.Config.ClusterDNSIP, Port: d.Config.ClusterDNSPort})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: disruption.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: disruption.Name, serviceAccount: "disruption-controller", build: func(d Deps) (func(context.Context), error) {
 			for _, r := range []struct{ gv, res string }{{"policy/v1", "poddisruptionbudgets"}, {"apps/v1", "statefulsets"}, {"v1", "replicationcontrollers"}} {
 				if err := served(d, r.gv, r.res); err != nil {
 					return nil, err
@@ -689,12 +700,12 @@ func coreStarters() []starter {
 			c := disruption.New(d.Client, d.Factory, d.Log)
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: podgc.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: podgc.Name, serviceAccount: "pod-garbage-collector", build: func(d Deps) (func(context.Context), error) {
 			c := podgc.New(d.Client, d.Factory, d.Log, podgc.Options{TerminatedPodThreshold: d.Config.TerminatedPodGCThreshold,
 				Period: d.Config.PodGCPeriod, Quarantine: d.Config.PodGCQuarantine})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: lbipam.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: lbipam.Name, serviceAccount: "service-controller", build: func(d Deps) (func(context.Context), error) {
 			pools, err := lbipam.ParsePools(d.Config.LoadBalancerIPPools)
 			if err != nil {
 				return nil, err
@@ -705,7 +716,7 @@ func coreStarters() []starter {
 			c := lbipam.New(d.Client, d.Factory, d.Log, lbipam.Options{Pools: pools})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: persistentvolume.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: persistentvolume.Name, serviceAccount: "persistent-volume-binder", build: func(d Deps) (func(context.Context), error) {
 			for _, r := range []struct{ gv, res string }{{"v1", "persistentvolumes"}, {"v1", "persistentvolumeclaims"}, {"storage.k8s.io/v1", "storageclasses"}} {
 				if err := served(d, r.gv, r.res); err != nil {
 					return nil, err
@@ -717,7 +728,7 @@ func coreStarters() []starter {
 			}
 			return c.Run, nil
 		}},
-		{name: localpath.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: localpath.Name, serviceAccount: "persistent-volume-binder", build: func(d Deps) (func(context.Context), error) {
 			for _, r := range []struct{ gv, res string }{{"v1", "persistentvolumes"}, {"v1", "persistentvolumeclaims"}, {"storage.k8s.io/v1", "storageclasses"}} {
 				if err := served(d, r.gv, r.res); err != nil {
 					return nil, err
@@ -726,7 +737,7 @@ func coreStarters() []starter {
 			c := localpath.New(d.Client, d.Factory, d.Log, localpath.Options{Dir: d.Config.LocalPathDir, HelperImage: d.Config.LocalPathHelperImage})
 			return func(ctx context.Context) { c.Run(ctx, 1) }, nil
 		}},
-		{name: resourcequota.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: resourcequota.Name, serviceAccount: "resourcequota-controller", build: func(d Deps) (func(context.Context), error) {
 			if err := served(d, "v1", "resourcequotas"); err != nil {
 				return nil, err
 			}
@@ -737,7 +748,7 @@ func coreStarters() []starter {
 			}
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentResourceQuotaSyncs) }, nil
 		}},
-		{name: garbagecollector.Name, build: func(d Deps) (func(context.Context), error) {
+		{name: garbagecollector.Name, serviceAccount: "generic-garbage-collector", build: func(d Deps) (func(context.Context), error) {
 			c := garbagecollector.New(d.Client, d.Factory, d.Log, garbagecollector.Options{Dynamic: d.Dynamic, Resources: gcResources()})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentGCSyncs) }, nil
 		}},
