@@ -442,9 +442,14 @@ func TestRealAPIServerDaemonServesAuthenticatedHTTPS(t *testing.T) {
 	if code, body := get(anon, "/metrics", token); code != http.StatusForbidden || !strings.Contains(body, "system:serviceaccount:default:sp-metrics-reader") {
 		t.Fatalf("ungranted ServiceAccount /metrics = %d %s", code, body)
 	}
-	if code, body := get(certClient, "/metrics", ""); code != http.StatusForbidden || !strings.Contains(body, "sp-cert-user") {
-		t.Fatalf("ungranted client certificate /metrics = %d %s", code, body)
-	}
+	// The client CA is loaded from the ConfigMap asynchronously after the
+	// server starts: until then a certificate reads as anonymous.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if code, body := get(certClient, "/metrics", ""); code != http.StatusForbidden || !strings.Contains(body, "sp-cert-user") {
+			return fmt.Errorf("ungranted client certificate /metrics = %d %s", code, body)
+		}
+		return nil
+	})
 
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "sp-metrics-reader"},
 		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}
