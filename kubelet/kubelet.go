@@ -418,7 +418,15 @@ func (k *Kubelet) Run(ctx context.Context) error {
 		if err := os.MkdirAll(k.cfg.PodManifestPath, 0o755); err != nil {
 			k.log.Warn("pod manifest dir", "dir", k.cfg.PodManifestPath, "err", err)
 		}
-		k.static = newStaticSource(k)
+		k.static = newStaticSource(k, func() []*v1.Pod {
+			var ms []*v1.Pod
+			for _, o := range inf.GetStore().List() {
+				if p := o.(*v1.Pod); isMirror(p) {
+					ms = append(ms, p)
+				}
+			}
+			return ms
+		})
 		k.static.scan(ctx)
 		wg.Add(1)
 		go func() { defer wg.Done(); k.static.run(ctx) }()

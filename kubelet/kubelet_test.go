@@ -18,6 +18,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -539,6 +540,36 @@ spec:
 		_, err := h.cs.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
 		return len(h.containersOf(name)) == 0 && err != nil, "still there"
 	})
+}
+
+// TestOrphanedMirrorPodIsDeleted: a manifest removed while the kubelet is
+// down leaves a mirror pod behind; the restarted kubelet deletes it, as
+// upstream's pod cleanup does, and keeps the mirror of a static pod that is
+// still there.
+func TestOrphanedMirrorPodIsDeleted(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"keep", "gone"} {
+		m := "apiVersion: v1\nkind: Pod\nmetadata:\n  name: " + n + "\nspec:\n  containers:\n  - name: echo\n    image: waggle.local/waggle-echo:dev\n"
+		if err := os.WriteFile(filepath.Join(dir, n+".yaml"), []byte(m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHarness(t, func(c *Config) { c.PodManifestPath = dir })
+	keep, gone := "keep-"+node, "gone-"+node
+	h.waitPod(keep, "mirror running", running)
+	h.waitPod(gone, "mirror running", running)
+	h.stop()
+	if err := os.Remove(filepath.Join(dir, "gone.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	waitFor(t, 15*time.Second, "orphaned mirror deleted", func() (bool, string) {
+		_, err := h.cs.CoreV1().Pods("default").Get(context.Background(), gone, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	if _, err := h.cs.CoreV1().Pods("default").Get(context.Background(), keep, metav1.GetOptions{}); err != nil {
+		t.Errorf("the mirror of a present static pod: %v", err)
+	}
 }
 
 // TestReadinessProbeGatesReady runs a readiness probe through the runtime's

@@ -22,15 +22,19 @@ import (
 
 // staticSource reads static pods from the manifest dir and keeps a mirror
 // pod of each in the API. Deleting a mirror pod does not stop its static
-// pod: the mirror is made again.
+// pod: the mirror is made again. A mirror pod on this node whose static pod
+// is gone (its manifest removed while the kubelet was down, say) is deleted,
+// as upstream's pod cleanup deletes orphaned mirror pods.
 type staticSource struct {
 	k    *Kubelet
 	mu   sync.Mutex
 	pods map[types.UID]*v1.Pod // by static UID
+	// mirrors lists the mirror pods bound to this node (from the pod informer).
+	mirrors func() []*v1.Pod
 }
 
-func newStaticSource(k *Kubelet) *staticSource {
-	return &staticSource{k: k, pods: map[types.UID]*v1.Pod{}}
+func newStaticSource(k *Kubelet, mirrors func() []*v1.Pod) *staticSource {
+	return &staticSource{k: k, pods: map[types.UID]*v1.Pod{}, mirrors: mirrors}
 }
 
 // DecodeManifest decodes one static pod manifest (YAML or JSON) and gives
@@ -153,6 +157,34 @@ func (s *staticSource) scan(ctx context.Context) {
 	for _, p := range seen {
 		s.ensureMirror(ctx, p)
 	}
+	for _, m := range s.mirrors() {
+		if m.DeletionTimestamp == nil && s.orphaned(m) {
+			s.deleteOrphan(ctx, m)
+		}
+	}
+}
+
+// orphaned tells whether a mirror pod has no static pod of its name.
+func (s *staticSource) orphaned(m *v1.Pod) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pods {
+		if p.Namespace == m.Namespace && p.Name == m.Name {
+			return false
+		}
+	}
+	return true
+}
+
+// deleteOrphan deletes a mirror pod whose static pod is gone; the UID
+// precondition spares a mirror made again meanwhile.
+func (s *staticSource) deleteOrphan(ctx context.Context, m *v1.Pod) {
+	s.k.log.Info("deleting orphaned mirror pod", "pod", m.Namespace+"/"+m.Name)
+	err := s.k.client.CoreV1().Pods(m.Namespace).Delete(ctx, m.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: new(int64), Preconditions: metav1.NewUIDPreconditions(string(m.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		s.k.log.Warn("delete orphaned mirror pod", "pod", m.Namespace+"/"+m.Name, "err", err)
+	}
 }
 
 // mirrorFor returns the mirror pod of a static pod.
@@ -210,8 +242,13 @@ func (s *staticSource) deleteMirror(ctx context.Context, p *v1.Pod) {
 }
 
 // mirrorSeen is told of every mirror pod event; a mirror being deleted is
-// finished off so it can be made again.
+// finished off so it can be made again, and one without a static pod is
+// deleted.
 func (s *staticSource) mirrorSeen(m *v1.Pod) {
+	if m.DeletionTimestamp == nil && s.orphaned(m) && s.k.ctx != nil {
+		go s.deleteOrphan(s.k.ctx, m)
+		return
+	}
 	if m.DeletionTimestamp != nil {
 		s.k.client.CoreV1().Pods(m.Namespace).Delete(context.Background(), m.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: new(int64), Preconditions: metav1.NewUIDPreconditions(string(m.UID))})
