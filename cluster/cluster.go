@@ -357,25 +357,9 @@ func leaderElection(name, nodeName string) leaderelect.Config {
 
 // runNode starts containerd (when needed), the kubelet and the proxy.
 func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logger, kc func(string) string, dnsIP netip.Addr) error {
-	addr := cfg.ContainerdAddress
-	if addr == "" && serves(systemContainerd) {
-		addr = systemContainerd
-	}
-	if addr == "" {
-		d, err := ctrdsup.Start(ctx, ctrdsup.Options{Dir: filepath.Join(cfg.DataDir, "containerd"), Log: componentLog("containerd", cfg.LogLevel)})
-		if err != nil {
-			return fmt.Errorf("start containerd: %w", err)
-		}
-		log.Info("supervising containerd", "pid", d.PID(), "address", d.Address())
-		addr = d.Address()
-		g.Go(func() error {
-			select {
-			case <-ctx.Done():
-				return d.Stop(context.WithoutCancel(ctx))
-			case <-d.Done():
-				return fmt.Errorf("containerd exited; see %s", d.Log())
-			}
-		})
+	addr, err := Containerd(ctx, g, cfg.ContainerdAddress, cfg.DataDir, cfg.LogLevel, log)
+	if err != nil {
+		return err
 	}
 	cniBin := cfg.CNIBinDir
 	if cniBin == "" {
@@ -448,6 +432,32 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		})
 	})
 	return nil
+}
+
+// Containerd returns the containerd a node uses: addr if given, else the
+// system's if it serves, else one supervised under <dataDir>/containerd
+// (stopped when ctx ends; its exit fails g).
+func Containerd(ctx context.Context, g *errgroup.Group, addr, dataDir, logLevel string, log *slog.Logger) (string, error) {
+	if addr == "" && serves(systemContainerd) {
+		addr = systemContainerd
+	}
+	if addr != "" {
+		return addr, nil
+	}
+	d, err := ctrdsup.Start(ctx, ctrdsup.Options{Dir: filepath.Join(dataDir, "containerd"), Log: componentLog("containerd", logLevel)})
+	if err != nil {
+		return "", fmt.Errorf("start containerd: %w", err)
+	}
+	log.Info("supervising containerd", "pid", d.PID(), "address", d.Address())
+	g.Go(func() error {
+		select {
+		case <-ctx.Done():
+			return d.Stop(context.WithoutCancel(ctx))
+		case <-d.Done():
+			return fmt.Errorf("containerd exited; see %s", d.Log())
+		}
+	})
+	return d.Address(), nil
 }
 
 func serves(sock string) bool {

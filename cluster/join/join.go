@@ -231,3 +231,60 @@ func WriteKubeconfig(path, server string, caPEM []byte, tok string) error {
 }
 
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+// Node is what a machine that joined as a node keeps in its data dir.
+type Node struct {
+	// CAFile is the cluster CA discovery validated (the kubelet API's
+	// client CA too: the API server's kubelet client is signed by it).
+	CAFile string
+	// BootstrapKubeconfig holds the bootstrap token; the kubelet uses it
+	// only when its own certificate is missing or expired.
+	BootstrapKubeconfig string
+	// Kubeconfig names the node's own client certificate
+	// (system:node:<name>), which the kubelet rotates in CertDir.
+	Kubeconfig string
+	CertDir    string
+}
+
+// NodeFiles returns where a node keeps its join files under dataDir.
+func NodeFiles(dataDir string) Node {
+	return Node{
+		CAFile:              filepath.Join(dataDir, "pki", "ca.crt"),
+		BootstrapKubeconfig: filepath.Join(dataDir, "bootstrap.kubeconfig"),
+		Kubeconfig:          filepath.Join(dataDir, "kubelet.kubeconfig"),
+		CertDir:             filepath.Join(dataDir, "pki"),
+	}
+}
+
+// Joined tells whether dataDir holds a node that joined already: its
+// kubeconfig and CA are there, so it needs no token to run again.
+func (n Node) Joined() bool {
+	for _, f := range []string{n.CAFile, n.Kubeconfig} {
+		if _, err := os.Stat(f); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// Bootstrap is a node's first join: discovery through server with the
+// token (the CA pinned by caHashes), then the CA and a bootstrap
+// kubeconfig written under dataDir. The kubelet's TLS bootstrap, which
+// needs them, comes after.
+func Bootstrap(ctx context.Context, dataDir, server, tok string, caHashes []string, unsafeSkipCAVerification bool) (Node, error) {
+	n := NodeFiles(dataDir)
+	d, err := Discover(ctx, server, tok, caHashes, unsafeSkipCAVerification, 0)
+	if err != nil {
+		return n, err
+	}
+	if err := os.MkdirAll(filepath.Dir(n.CAFile), 0o700); err != nil {
+		return n, err
+	}
+	if err := os.WriteFile(n.CAFile, d.CAPEM, 0o644); err != nil {
+		return n, err
+	}
+	if err := WriteKubeconfig(n.BootstrapKubeconfig, d.Server, d.CAPEM, tok); err != nil {
+		return n, err
+	}
+	return n, os.Chmod(n.BootstrapKubeconfig, 0o600)
+}

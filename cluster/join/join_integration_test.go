@@ -11,6 +11,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -303,4 +304,76 @@ func contains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// TestJoinedNodeRunsItsProxyAsItself: a machine joined with join.Bootstrap
+// and the kubelet's TLS bootstrap keeps what it needs to run again without
+// the token, and the node's own identity may do what its proxy and cluster
+// DNS server do (read Services, EndpointSlices, Pods, Namespaces,
+// NetworkPolicies and Nodes; hold the L2 announcement Leases), while the
+// Node authorizer still keeps it from other things (Secrets).
+func TestJoinedNodeRunsItsProxyAsItself(t *testing.T) {
+	e := start(t)
+	ctx := context.Background()
+	tok, err := join.CreateToken(ctx, e.admin, join.TokenOptions{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, err := join.CACertHash(e.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if join.NodeFiles(dir).Joined() {
+		t.Fatal("an empty data dir reads as joined")
+	}
+	n, err := join.Bootstrap(ctx, dir, e.srv.Config.Host, tok, []string{hash}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := kubelet.TLSBootstrap(bctx, kubelet.Config{NodeName: "j1", Kubeconfig: n.Kubeconfig, BootstrapKubeconfig: n.BootstrapKubeconfig, CertDir: n.CertDir}); err != nil {
+		t.Fatal(err)
+	}
+	if !join.NodeFiles(dir).Joined() {
+		t.Fatal("after the TLS bootstrap the data dir does not read as joined")
+	}
+	// The token is gone: the node runs on its own certificate.
+	if err := join.DeleteToken(ctx, e.admin, tok); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", n.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, list := range map[string]func() error{
+		"services": func() error { _, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{}); return err },
+		"endpointslices": func() error {
+			_, err := cs.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"pods":       func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
+		"namespaces": func() error { _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); return err },
+		"networkpolicies": func() error {
+			_, err := cs.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"nodes": func() error { _, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); return err },
+		"an L2 announcement lease": func() error {
+			_, err := cs.CoordinationV1().Leases("kube-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "waggle-l2-test"}}, metav1.CreateOptions{})
+			return err
+		},
+	} {
+		if err := list(); err != nil {
+			t.Errorf("the joined node, as its proxy, %s: %v", what, err)
+		}
+	}
+	if _, err := cs.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the joined node listed kube-system's Secrets: %v", err)
+	}
 }

@@ -38,11 +38,12 @@ func commands() []command {
 		{"controller-manager", "run the controllers", runControllerManager},
 		{"kubelet", "run the node agent", runKubelet},
 		{"proxy", "run the service proxy (eBPF, iptables or IPVS)", runProxy},
+		{"join", "join this machine to a running cluster as a node (bootstrap token, TLS bootstrap, kubelet and proxy)", runJoin},
 		{"bpf", "inspect the eBPF dataplane's pinned maps and programs", runBPF},
 		{"server", "manage the servers of an HA control plane (remove)", runServer},
 		{"token", "manage bootstrap tokens that machines join with (create, list, delete)", runToken},
 		{"images", "manage the node's container images (import)", runImages},
-		{"lab", "run a multi-node lab on this machine (up, status, stop, restart, down)", runLab},
+		{"lab", "run a multi-node lab on this machine (up, status, join, stop, restart, down)", runLab},
 		{"bench", "run Waggle's benchmarks (dataplane, apiserver, ...)", runBench},
 		{"version", "print the version", runVersion},
 	}

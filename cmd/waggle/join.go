@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/waggle-io/waggle/cluster"
+	"github.com/waggle-io/waggle/cluster/join"
+	"github.com/waggle-io/waggle/clusterdns"
+	"github.com/waggle-io/waggle/internal/cliflag"
+	"github.com/waggle-io/waggle/internal/ops"
+	"github.com/waggle-io/waggle/kubelet"
+)
+
+// runJoin runs `waggle join`: this machine becomes a node of a running
+// cluster, as `kubeadm join` or k3s's agent make one. The first run
+// discovers the cluster through any server with a bootstrap token and pins
+// its CA, then the kubelet's TLS bootstrap gets the node its own client
+// certificate (system:node:<name>) through a CertificateSigningRequest;
+// the kubelet, the proxy and the node's cluster DNS server then run in
+// this process as that node. Run again on the same --data-dir, it resumes
+// without a token (the kubelet rotates the certificate).
+func runJoin(ctx context.Context, args []string) error {
+	def := cluster.Defaults()
+	fs := cliflag.NewFlagSet("join", "Join this machine to a running Waggle cluster as a node: discover the cluster with a bootstrap token and pin its CA, get the node's own certificate through a CSR (TLS bootstrap), run the kubelet and the proxy.")
+	server := fs.String("server", "", "any server of the cluster, https://<host>:6443 (first join only)")
+	token := fs.String("token", "", "bootstrap token from waggle token create (first join only)")
+	var hashes cliflag.StringList
+	fs.Var(&hashes, "discovery-token-ca-cert-hash", "pin of the cluster CA's public key, sha256:<hex> (printed by waggle token create)")
+	unsafeSkip := fs.Bool("discovery-token-unsafe-skip-ca-verification", false, "join without pinning the cluster CA (trust the first answer)")
+	dataDir := fs.String("data-dir", def.DataDir, "the node's state: CA, certificates, kubelet, CNI; the same dir resumes the same node")
+	nodeName := fs.String("node-name", "", "this node's name (default: the hostname, lower-cased)")
+	nodeIP := fs.String("node-ip", "", "this node's InternalIP (default: the default route's address)")
+	containerd := fs.String("containerd-address", "", "containerd socket (default: the system's if it runs, else a supervised one under the data dir)")
+	cniBin := fs.String("cni-bin-dir", "", "directory of the waggle CNI plugin (default: cni/ beside this binary)")
+	imageDir := fs.String("image-dir", "", "OCI image archives imported at start")
+	clusterCIDR := fs.String("cluster-cidr", def.ClusterCIDR, "the cluster's pod network (the servers' --cluster-cidr)")
+	serviceRange := fs.String("service-cluster-ip-range", def.ServiceClusterIPRange, "the cluster's Service range (the servers'); its tenth address is the cluster DNS Service")
+	clusterDomain := fs.String("cluster-domain", def.ClusterDomain, "the cluster DNS zone")
+	proxyMode := fs.String("proxy-mode", def.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")
+	logLevel := fs.String("log-level", def.LogLevel, "log level: debug, info, warn or error")
+	var kubeletArgs, proxyArgs passThrough
+	fs.Var(&kubeletArgs, "kubelet-arg", "a further waggle kubelet flag as name=value (repeatable); it overrides join's own choice")
+	fs.Var(&proxyArgs, "proxy-arg", "a further waggle proxy flag as name=value (repeatable); it overrides join's own choice")
+	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	log, err := ops.NewLogger("join", *logLevel)
+	if err != nil {
+		return err
+	}
+	svc, err := netip.ParsePrefix(*serviceRange)
+	if err != nil {
+		return fmt.Errorf("--service-cluster-ip-range %q: %w", *serviceRange, err)
+	}
+	if _, err := netip.ParsePrefix(*clusterCIDR); err != nil {
+		return fmt.Errorf("--cluster-cidr %q: %w", *clusterCIDR, err)
+	}
+	name := *nodeName
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("no --node-name and no host name: %w", err)
+		}
+		name = strings.ToLower(h)
+	}
+	cni := *cniBin
+	if cni == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cni = filepath.Join(filepath.Dir(exe), "cni")
+	}
+
+	n := join.NodeFiles(*dataDir)
+	if n.Joined() {
+		log.Info("this machine joined already; resuming as the node it is (no token needed)", "dataDir", *dataDir, "node", name)
+	} else {
+		if *server == "" || *token == "" {
+			return errors.New("the first join needs --server https://<server>:6443 and --token (from waggle token create on a server)")
+		}
+		log.Info("discovering the cluster and pinning its CA", "server", *server)
+		if n, err = join.Bootstrap(ctx, *dataDir, *server, *token, hashes, *unsafeSkip); err != nil {
+			return err
+		}
+		log.Info("TLS bootstrap: asking for the node's client certificate (CSR)", "node", name)
+		if err := kubelet.TLSBootstrap(ctx, kubelet.Config{NodeName: name, Kubeconfig: n.Kubeconfig,
+			BootstrapKubeconfig: n.BootstrapKubeconfig, CertDir: n.CertDir, Log: log}); err != nil {
+			return err
+		}
+		log.Info("joined: the node has its own certificate", "node", name, "kubeconfig", n.Kubeconfig)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	addr, err := cluster.Containerd(gctx, g, *containerd, *dataDir, *logLevel, log)
+	if err != nil {
+		return err
+	}
+	kubeletFlags := map[string]string{
+		"node-name":            name,
+		"kubeconfig":           n.Kubeconfig,
+		"bootstrap-kubeconfig": n.BootstrapKubeconfig,
+		"cert-dir":             n.CertDir,
+		"client-ca-file":       n.CAFile,
+		"root-dir":             filepath.Join(*dataDir, "kubelet"),
+		"containerd-address":   addr,
+		"cni-conf-dir":         filepath.Join(*dataDir, "cni", "net.d"),
+		"cni-bin-dir":          cni,
+		"cluster-cidr":         *clusterCIDR,
+		"cluster-dns":          clusterdns.ServiceIP(svc).String(),
+		"cluster-domain":       *clusterDomain,
+		"pod-manifest-path":    filepath.Join(*dataDir, "manifests"),
+		"log-level":            *logLevel,
+	}
+	if *nodeIP != "" {
+		kubeletFlags["node-ip"] = *nodeIP
+	}
+	if *imageDir != "" {
+		kubeletFlags["image-dir"] = *imageDir
+	}
+	// The proxy and the cluster DNS server run as the node: its rotating
+	// certificate (client-go reloads the files), which the default RBAC
+	// policy gives what system:kube-proxy has (docs/security.md).
+	proxyFlags := map[string]string{
+		"kubeconfig":     n.Kubeconfig,
+		"node-name":      name,
+		"mode":           *proxyMode,
+		"cluster-cidr":   *clusterCIDR,
+		"cluster-domain": *clusterDomain,
+		"log-level":      *logLevel,
+	}
+	kargs, pargs := kubeletArgs.over(kubeletFlags), proxyArgs.over(proxyFlags)
+	log.Info("starting the kubelet and the proxy", "node", name, "containerd", addr)
+	g.Go(func() error { return runKubelet(gctx, kargs) })
+	g.Go(func() error { return runProxy(gctx, pargs) })
+	return g.Wait()
+}
+
+// passThrough is a repeatable name=value flag whose values are handed to
+// another command's flags verbatim (commas included), as k3s's
+// --kubelet-arg.
+type passThrough []string
+
+func (p *passThrough) String() string { return strings.Join(*p, " ") }
+
+func (p *passThrough) Set(v string) error {
+	name, _, ok := strings.Cut(strings.TrimLeft(v, "-"), "=")
+	if !ok || name == "" {
+		return fmt.Errorf("%q: want name=value", v)
+	}
+	*p = append(*p, strings.TrimLeft(v, "-"))
+	return nil
+}
+
+// over returns defaults with p's values over them, as --name=value flags
+// in a stable order.
+func (p passThrough) over(defaults map[string]string) []string {
+	flags := make(map[string]string, len(defaults)+len(p))
+	for k, v := range defaults {
+		flags[k] = v
+	}
+	for _, a := range p {
+		k, v, _ := strings.Cut(a, "=")
+		flags[k] = v
+	}
+	names := make([]string, 0, len(flags))
+	for k := range flags {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	out := make([]string, 0, len(names))
+	for _, k := range names {
+		out = append(out, "--"+k+"="+flags[k])
+	}
+	return out
+}
