@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/waggle-io/waggle/cluster/join"
 	"github.com/waggle-io/waggle/internal/cgroupfs"
 	"github.com/waggle-io/waggle/internal/procfs"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
@@ -42,7 +43,7 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o755); err != nil {
 		return err
 	}
-	st := &State{Initialized: true}
+	st := &State{Initialized: true, Config: &cfg}
 	if err := st.save(cfg.DataDir); err != nil {
 		return err
 	}
@@ -109,8 +110,9 @@ func Down(ctx context.Context, dataDir string, out io.Writer) error {
 		return err
 	}
 	var errs []error
-	// Node agents first, so nothing restarts what is being removed.
-	for _, name := range []string{"proxy", "kubelet", "control-plane"} {
+	// Node agents first (a joined node's are one process, join), so
+	// nothing restarts what is being removed.
+	for _, name := range []string{"proxy", "kubelet", "join", "control-plane"} {
 		for _, p := range st.Processes {
 			if p.Name == name {
 				fmt.Fprintf(out, "stopping %s %s (pid %d)\n", p.Node, p.Name, p.PID)
@@ -295,6 +297,27 @@ func ensureBridge(name string, addr netip.Prefix) error {
 }
 
 func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
+	n, nodeDir, err := makeNode(ctx, cfg, st, i)
+	if err != nil {
+		return err
+	}
+	kubeletKC, err := nodeKubeletKubeconfig(cfg, n.Name, nodeDir)
+	if err != nil {
+		return err
+	}
+	proxyKC, err := nodeKubeconfig(cfg, "proxy", nodeDir)
+	if err != nil {
+		return err
+	}
+	return startNodeProcesses(cfg, st, n, map[string][]string{
+		"kubelet": kubeletArgs(cfg, n, nodeDir, kubeletKC),
+		"proxy":   proxyArgs(cfg, n, proxyKC),
+	})
+}
+
+// makeNode makes node i's network namespace (on the lab bridge), cgroup and
+// directory, recorded in st as each is made.
+func makeNode(ctx context.Context, cfg *Config, st *State, i int) (NodeState, string, error) {
 	name := cfg.NodeName(i)
 	ns := "waggle-" + name
 	n := NodeState{
@@ -307,37 +330,31 @@ func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
 	}
 	st.Nodes = append(st.Nodes, n)
 	if err := st.save(cfg.DataDir); err != nil {
-		return err
+		return n, "", err
 	}
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns add %s: %v: %s", ns, err, out)
+		return n, "", fmt.Errorf("ip netns add %s: %v: %s", ns, err, out)
 	}
 	if err := plugNode(cfg, n, cfg.NodeAddr(i)); err != nil {
-		return err
+		return n, "", err
 	}
 	if err := os.MkdirAll(n.CgroupDir, 0o755); err != nil {
-		return fmt.Errorf("node cgroup: %w", err)
+		return n, "", fmt.Errorf("node cgroup: %w", err)
 	}
 	nodeDir := filepath.Join(cfg.DataDir, "nodes", name)
-	if err := os.MkdirAll(nodeDir, 0o755); err != nil {
-		return err
+	return n, nodeDir, os.MkdirAll(nodeDir, 0o755)
+}
+
+// startNodeProcesses starts a node's processes (by name: their argument
+// lists) in its namespace, in name order, each recorded in st.
+func startNodeProcesses(cfg *Config, st *State, n NodeState, procs map[string][]string) error {
+	names := make([]string, 0, len(procs))
+	for name := range procs {
+		names = append(names, name)
 	}
-	kubeletKC, err := nodeKubeletKubeconfig(cfg, name, nodeDir)
-	if err != nil {
-		return err
-	}
-	proxyKC, err := nodeKubeconfig(cfg, "proxy", nodeDir)
-	if err != nil {
-		return err
-	}
-	for _, c := range []struct {
-		name string
-		args []string
-	}{
-		{"kubelet", kubeletArgs(cfg, n, nodeDir, kubeletKC)},
-		{"proxy", proxyArgs(cfg, n, proxyKC)},
-	} {
-		p, err := startProcess(cfg, c.name, name, ns, c.args)
+	sort.Strings(names)
+	for _, name := range names {
+		p, err := startProcess(cfg, name, n.Name, n.NetNS, procs[name])
 		if err != nil {
 			return err
 		}
@@ -347,6 +364,80 @@ func addNode(ctx context.Context, cfg *Config, st *State, i int) error {
 		}
 	}
 	return nil
+}
+
+// Join adds to the lab under dataDir one node that joins as a new machine
+// does: `waggle join` with a fresh bootstrap token and the CA pin, its
+// kubelet bootstrapping the node's own certificate through a CSR, the
+// proxy running as that node. The node takes the next number and the
+// lab's settings; it returns once the node is Ready. `waggle lab down`
+// removes it with the rest.
+func Join(ctx context.Context, dataDir string, out io.Writer) (string, error) {
+	st, err := LoadState(dataDir)
+	if err != nil {
+		return "", err
+	}
+	if !st.Initialized || st.Kubeconfig == "" {
+		return "", fmt.Errorf("the lab under %s is not up", dataDir)
+	}
+	if st.Config == nil {
+		return "", fmt.Errorf("the lab under %s was made by an older waggle: make it again to join nodes to it", dataDir)
+	}
+	cfg := *st.Config
+	cs, err := clientFor(st.Kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	tok, err := join.CreateToken(ctx, cs, join.TokenOptions{TTL: time.Hour, Description: "waggle lab join"})
+	if err != nil {
+		return "", err
+	}
+	ca, err := os.ReadFile(filepath.Join(controlPlaneDir(cfg.DataDir), "pki", "ca.crt"))
+	if err != nil {
+		return "", err
+	}
+	hash, err := join.CACertHash(ca)
+	if err != nil {
+		return "", err
+	}
+	i := len(st.Nodes) + 1
+	n, nodeDir, err := makeNode(ctx, &cfg, st, i)
+	if err != nil {
+		return n.Name, err
+	}
+	fmt.Fprintf(out, "node %s at %s joins with a bootstrap token\n", n.Name, n.Addr)
+	args := []string{cfg.Binary, "join", "--server", cfg.APIServer(), "--token", tok, "--discovery-token-ca-cert-hash", hash,
+		"--data-dir", nodeDir, "--node-name", n.Name, "--node-ip", n.Addr,
+		"--containerd-address", containerdSocket(cfg.DataDir), "--cni-bin-dir", cfg.CNIBinDir,
+		"--cluster-cidr", cfg.ClusterCIDR.String(), "--service-cluster-ip-range", cfg.ServiceCIDR.String(),
+		"--proxy-mode", cfg.ProxyMode}
+	if cfg.ImageDir != "" {
+		args = append(args, "--image-dir", cfg.ImageDir)
+	}
+	// The lab's own choices for a node (its netns dir, containerd
+	// namespace, cgroup, pin dir, ...), passed through as a user passes
+	// --kubelet-arg and --proxy-arg; join sets the credentials.
+	for flag, from := range map[string][]string{
+		"--kubelet-arg": kubeletArgs(&cfg, n, nodeDir, ""),
+		"--proxy-arg":   proxyArgs(&cfg, n, ""),
+	} {
+		for j := 2; j+1 < len(from); j += 2 {
+			k := strings.TrimPrefix(from[j], "--")
+			switch k {
+			case "kubeconfig", "client-ca-file", "node-name", "node-ip", "containerd-address", "cni-conf-dir", "cni-bin-dir",
+				"cluster-cidr", "cluster-dns", "root-dir", "image-dir", "mode":
+				continue // join's own, from the flags above
+			}
+			args = append(args, flag, k+"="+from[j+1])
+		}
+	}
+	if err := startNodeProcesses(&cfg, st, n, map[string][]string{"join": args}); err != nil {
+		return n.Name, err
+	}
+	if err := waitNodesReady(ctx, st.Kubeconfig, len(st.Nodes), cfg.ReadyTimeout, out); err != nil {
+		return n.Name, err
+	}
+	return n.Name, routePodCIDRs(ctx, &cfg, st)
 }
 
 // plugNode joins the node's namespace to the lab bridge with a veth whose

@@ -20,6 +20,9 @@ func Down(context.Context, string, io.Writer) error { return errLinuxOnly }
 // Status is Linux-only.
 func Status(context.Context, string, io.Writer) error { return errLinuxOnly }
 
+// Join is Linux-only.
+func Join(context.Context, string, io.Writer) (string, error) { return "", errLinuxOnly }
+
 // Stop is Linux-only.
 func Stop(string, string, string) error { return errLinuxOnly }
 

@@ -20,6 +20,8 @@ type State struct {
 	// CgroupDir and PinDir unused).
 	Servers     []NodeState `json:"servers,omitempty"`
 	Initialized bool        `json:"initialized"`
+	// Config is the configuration the lab was made with (for Join).
+	Config *Config `json:"config,omitempty"`
 }
 
 // NodeState is what the lab made for one node.

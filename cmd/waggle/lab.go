@@ -16,7 +16,7 @@ import (
 
 func runLab(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: waggle lab up|status|stop|restart|down [flags]")
+		return errors.New("usage: waggle lab up|status|join|stop|restart|down [flags]")
 	}
 	cfg := lab.Defaults()
 	fs := cliflag.NewFlagSet("lab "+args[0], "Run a multi-node Waggle lab on this machine: a control plane and N nodes in network namespaces.")
@@ -61,6 +61,13 @@ func runLab(ctx context.Context, args []string) error {
 			cfg.CNIBinDir = filepath.Join(filepath.Dir(cfg.Binary), "cni")
 		}
 		return lab.Up(ctx, cfg, os.Stdout)
+	case "join":
+		// One more node, joining as a new machine does (waggle join).
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
+			return err
+		}
+		_, err := lab.Join(ctx, cfg.DataDir, os.Stdout)
+		return err
 	case "status":
 		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return err

@@ -277,6 +277,47 @@ func TestLab(t *testing.T) {
 			return nil
 		})
 	})
+
+	// Last: it adds a node the other subtests do not expect.
+	t.Run("NodeJoinsWithABootstrapToken", func(t *testing.T) { testNodeJoins(t, e, vip) })
+}
+
+// testNodeJoins adds a node as a new machine joins (`waggle lab join` runs
+// `waggle join` with a bootstrap token in a fresh node namespace): it gets
+// its own certificate through an automatically approved CSR, becomes
+// Ready, runs a pod, and its proxy and cluster DNS server, running as the
+// node, serve that pod the Service.
+func testNodeJoins(t *testing.T, e *env, vip string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, e.bin, "lab", "join", "--data-dir", e.dataDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("lab join: %v\n%s", err, out)
+	}
+	joined := e.cfg.NodeName(labNodes + 1)
+	csrs := e.kubectl(t, "get", "csr", "-o", "jsonpath={range .items[*]}{.spec.signerName} {.spec.username} {.status.conditions[*].type} {.status.certificate}{\"\\n\"}{end}")
+	issued := false
+	for _, l := range strings.Split(csrs, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 4 && f[0] == "kubernetes.io/kube-apiserver-client-kubelet" && strings.HasPrefix(f[1], "system:bootstrap:") && f[2] == "Approved" {
+			issued = true
+		}
+	}
+	if !issued {
+		t.Errorf("no approved and issued kubelet client CSR from a bootstrap token:\n%s", csrs)
+	}
+	e.apply(t, clientPod(joined))
+	e.kubectl(t, "wait", "--for=condition=Ready", "pod", "client-"+joined, "--timeout=3m")
+	eventually(t, 30*time.Second, "every connect from the joined node to the Service succeeds", func() error {
+		out, err := e.kubectlErr("exec", "client-"+joined, "--", "/waggle-echo", "dial", "-n", "20", "tcp", vip+":80")
+		if err != nil {
+			return fmt.Errorf("%v:\n%s", err, out)
+		}
+		return nil
+	})
+	if out := strings.TrimSpace(e.kubectl(t, "exec", "client-"+joined, "--", "/waggle-echo", "nslookup", "echo")); out != vip {
+		t.Errorf("from the joined node, echo resolves to %q, want %s", out, vip)
+	}
 }
 
 // hostReaches dials addr 30 times from the host, on the lab bridge outside
