@@ -3,6 +3,7 @@ package apiserver
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"unicode"
@@ -147,6 +148,9 @@ func fieldManagers(res *catalog.Resource, st *strategy, tc managedfields.TypeCon
 type versionConvertor struct{ *runtime.Scheme }
 
 func (c versionConvertor) ConvertToVersion(in runtime.Object, target runtime.GroupVersioner) (runtime.Object, error) {
+	if c.inVersion(in, target) {
+		return in, nil
+	}
 	out, err := c.Scheme.ConvertToVersion(in, target)
 	if err == nil {
 		return out, nil
@@ -175,6 +179,29 @@ func (c versionConvertor) ConvertToVersion(in runtime.Object, target runtime.Gro
 		return nil, fmt.Errorf("%w (and through the internal type: %w)", err, cerr)
 	}
 	return conv, nil
+}
+
+// inVersion reports whether in is a typed object that already is, with its
+// kind set, what the scheme would convert it to for target. The scheme's
+// conversion would return a deep copy of it with the same kind set; the
+// field manager only reads the objects it converts (it converts the live
+// and the new object of every write to its version, the kind's own, to read
+// their fields), so it gets in itself, unchanged, and a write no longer
+// deep-copies both objects for nothing.
+func (c versionConvertor) inVersion(in runtime.Object, target runtime.GroupVersioner) bool {
+	if _, ok := in.(runtime.Unstructured); ok {
+		return false
+	}
+	gvk := in.GetObjectKind().GroupVersionKind()
+	if gvk.Empty() {
+		return false
+	}
+	kinds, _, err := c.Scheme.ObjectKinds(in)
+	if err != nil {
+		return false
+	}
+	want, ok := target.KindForGroupVersionKinds(kinds)
+	return ok && want == gvk && slices.Contains(kinds, gvk)
 }
 
 // fieldManagerName is the manager a write is recorded under: the

@@ -363,13 +363,22 @@ func (r *registry) trackFields(obj, old runtime.Object, sub string, wo writeOpts
 		return obj
 	}
 	if old == nil {
-		old = r.res.New()
+		old = emptyLive(r.res)
 	}
 	manager := wo.manager
 	if manager == "" {
 		manager = "waggle-apiserver" // the server's own writes (bootstrap)
 	}
 	return fm.UpdateNoErrors(old, obj, manager)
+}
+
+// emptyLive is the live object of a create for the field manager: a new
+// object of the kind, with its kind set (the field manager's conversion to
+// the kind's version would set it on a copy).
+func emptyLive(res *catalog.Resource) runtime.Object {
+	o := res.New()
+	o.GetObjectKind().SetGroupVersionKind(res.GroupVersionKind())
+	return o
 }
 
 type userInfo struct {

@@ -14,8 +14,10 @@ package authn
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/x509"
+	"encoding/binary"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -24,6 +26,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 )
 
 // Well-known groups.
@@ -130,34 +134,106 @@ func withAuthenticated(u *User) *User {
 }
 
 // x509Auth authenticates verified client certificates.
-type x509Auth struct{ pool *x509.CertPool }
+type x509Auth struct {
+	pool *x509.CertPool
+	// now is the clock the chains are verified against (time.Now).
+	now func() time.Time
+
+	// verified remembers the chains that verified, by the digest of the
+	// certificates the client presented, with the time window in which the
+	// chain found stays valid: a client sends the same certificates on
+	// every request of a connection (and of every connection it makes), and
+	// verifying them again (an ECDSA or RSA signature check per
+	// certificate) cost as much as the rest of the authentication and
+	// authorization of a create. Only successes are kept; the pool is
+	// fixed, so what verified once verifies again inside its window.
+	mu       sync.Mutex
+	verified map[[sha256.Size]byte]validity
+}
+
+// validity is the window in which every certificate of a verified chain is
+// valid.
+type validity struct{ notBefore, notAfter time.Time }
+
+// maxVerified bounds the remembered chains; past it the memory starts over.
+const maxVerified = 4096
 
 // NewX509 authenticates requests whose TLS client certificate chains to pool:
 // the subject's common name is the user, its organizations the groups.
 // Verification happens here (not only in the TLS handshake) so that the
 // authenticator stays correct behind any TLS configuration.
-func NewX509(pool *x509.CertPool) Authenticator { return &x509Auth{pool: pool} }
+func NewX509(pool *x509.CertPool) Authenticator { return newX509(pool, time.Now) }
+
+func newX509(pool *x509.CertPool, now func() time.Time) *x509Auth {
+	return &x509Auth{pool: pool, now: now, verified: map[[sha256.Size]byte]validity{}}
+}
 
 func (a *x509Auth) Authenticate(r *http.Request) (*User, bool, error) {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 		return nil, false, nil
 	}
+	if err := a.verify(r.TLS.PeerCertificates); err != nil {
+		return nil, false, err
+	}
 	leaf := r.TLS.PeerCertificates[0]
-	inter := x509.NewCertPool()
-	for _, c := range r.TLS.PeerCertificates[1:] {
-		inter.AddCert(c)
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{
-		Roots:         a.pool,
-		Intermediates: inter,
-		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}); err != nil {
-		return nil, false, fmt.Errorf("%w: client certificate %q: %v", ErrInvalidCredentials, leaf.Subject.CommonName, err)
-	}
 	if leaf.Subject.CommonName == "" {
 		return nil, false, fmt.Errorf("%w: client certificate has no common name", ErrInvalidCredentials)
 	}
 	return withAuthenticated(&User{Name: leaf.Subject.CommonName, Groups: slices.Clone(leaf.Subject.Organization)}), true, nil
+}
+
+// verify checks that the presented certificates (leaf first, then
+// intermediates) chain to the pool for client authentication now.
+func (a *x509Auth) verify(certs []*x509.Certificate) error {
+	now := a.now()
+	h := sha256.New()
+	var n [8]byte
+	for _, c := range certs {
+		binary.BigEndian.PutUint64(n[:], uint64(len(c.Raw)))
+		h.Write(n[:])
+		h.Write(c.Raw)
+	}
+	var key [sha256.Size]byte
+	h.Sum(key[:0])
+	a.mu.Lock()
+	v, ok := a.verified[key]
+	a.mu.Unlock()
+	if ok && !now.Before(v.notBefore) && !now.After(v.notAfter) {
+		return nil
+	}
+	leaf := certs[0]
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	chains, err := leaf.Verify(x509.VerifyOptions{
+		Roots:         a.pool,
+		Intermediates: inter,
+		CurrentTime:   now,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return fmt.Errorf("%w: client certificate %q: %v", ErrInvalidCredentials, leaf.Subject.CommonName, err)
+	}
+	if len(chains) == 0 {
+		return nil
+	}
+	v = validity{notBefore: chains[0][0].NotBefore, notAfter: chains[0][0].NotAfter}
+	for _, c := range chains[0][1:] {
+		if c.NotBefore.After(v.notBefore) {
+			v.notBefore = c.NotBefore
+		}
+		if c.NotAfter.Before(v.notAfter) {
+			v.notAfter = c.NotAfter
+		}
+	}
+	a.mu.Lock()
+	if len(a.verified) >= maxVerified {
+		clear(a.verified)
+	}
+	a.verified[key] = v
+	a.mu.Unlock()
+	return nil
 }
 
 type tokenEntry struct {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
 )
@@ -121,6 +122,56 @@ func TestX509RejectsCertificateOfAnotherCA(t *testing.T) {
 	_, ok, err := NewX509(b.CAPool()).Authenticate(r)
 	if ok || !errors.Is(err, ErrInvalidCredentials) {
 		t.Errorf("foreign certificate: ok=%v err=%v, want ErrInvalidCredentials", ok, err)
+	}
+}
+
+// A verified chain is remembered, but only inside the window in which all
+// its certificates are valid: once the clock leaves it, the same
+// certificates are refused as expired (or not yet valid), and accepted
+// again when it comes back.
+func TestX509RemembersVerifiedChainsOnlyWhileValid(t *testing.T) {
+	b, err := pki.Ensure(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _, err := b.IssueClient("alice", []string{"dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(cert)
+	leaf, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	a := newX509(b.CAPool(), func() time.Time { return now })
+	auth := func() (*User, error) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}}
+		u, ok, err := a.Authenticate(r)
+		if err == nil && !ok {
+			t.Fatal("a client certificate did not apply")
+		}
+		return u, err
+	}
+	for i := 0; i < 2; i++ {
+		u, err := auth()
+		if err != nil || u.Name != "alice" || !slices.Equal(u.Groups, []string{"dev", GroupAuthenticated}) {
+			t.Fatalf("request %d: user %+v, err %v", i, u, err)
+		}
+	}
+	if len(a.verified) != 1 {
+		t.Fatalf("%d chains remembered, want 1", len(a.verified))
+	}
+	for _, at := range []time.Time{leaf.NotAfter.Add(time.Second), leaf.NotBefore.Add(-time.Second)} {
+		now = at
+		if _, err := auth(); !errors.Is(err, ErrInvalidCredentials) || !strings.Contains(err.Error(), "expired or is not yet valid") {
+			t.Errorf("at %s (certificate valid %s to %s): err %v, want an expired certificate refused", at, leaf.NotBefore, leaf.NotAfter, err)
+		}
+	}
+	now = leaf.NotAfter
+	if _, err := auth(); err != nil {
+		t.Errorf("at the last valid instant: %v", err)
 	}
 }
 
