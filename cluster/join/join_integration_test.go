@@ -77,6 +77,20 @@ func startWith(t *testing.T, mod func(*controllers.Config)) *env {
 	return &env{srv: srv, admin: cs, ca: srv.Bundle().CAPEM()}
 }
 
+// nodeToken creates a node join token and returns it with the CA's pin.
+func (e *env) nodeToken(t *testing.T) (string, string) {
+	t.Helper()
+	tok, err := join.CreateToken(context.Background(), e.admin, join.TokenOptions{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, err := join.CACertHash(e.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok, hash
+}
+
 func whoami(t *testing.T, rc *rest.Config) (*authenticationv1.UserInfo, error) {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(rc)
@@ -180,14 +194,7 @@ func TestExpiredTokenIsRefusedAndCleanedUp(t *testing.T) {
 func TestNodeJoinsWithToken(t *testing.T) {
 	e := start(t)
 	ctx := context.Background()
-	tok, err := join.CreateToken(ctx, e.admin, join.TokenOptions{TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hash, err := join.CACertHash(e.ca)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok, hash := e.nodeToken(t)
 	server := e.srv.Config.Host
 	if _, err := join.Discover(ctx, server, tok, []string{"sha256:" + strings.Repeat("0", 64)}, false, 20*time.Second); err == nil {
 		t.Fatal("discovery with a wrong CA pin succeeded")
@@ -315,14 +322,7 @@ func contains(s []string, v string) bool {
 func TestJoinedNodeRunsItsProxyAsItself(t *testing.T) {
 	e := start(t)
 	ctx := context.Background()
-	tok, err := join.CreateToken(ctx, e.admin, join.TokenOptions{TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hash, err := join.CACertHash(e.ca)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok, hash := e.nodeToken(t)
 	dir := t.TempDir()
 	if join.NodeFiles(dir).Joined() {
 		t.Fatal("an empty data dir reads as joined")
