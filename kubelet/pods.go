@@ -674,6 +674,22 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 	// containers never run again, sidecars no longer hold anything up.
 	initialized := regularStarted(pod, named)
 	var errs []error
+	// A resize of running sidecars and app containers (resize.go).
+	resizeNow := w.admitResize(pod, named)
+	if resizeNow {
+		// The pod cgroup holds both the old and the new settings while the
+		// containers move; it gets the new ones once they have.
+		from := podResources(runningPod(pod, named))
+		if err := k.rt.SetPodCgroup(ctx, w.sb.Cgroup, loosest(from, podResources(pod))); err != nil {
+			errs = append(errs, fmt.Errorf("pod cgroup: %w", err))
+			resizeNow = false
+		}
+		defer func() {
+			if err := k.rt.SetPodCgroup(ctx, w.sb.Cgroup, podResources(runningPod(pod, byName(w.containers())))); err != nil {
+				k.log.Warn("pod cgroup after resize", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+			}
+		}()
+	}
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		l := named[c.Name]
@@ -683,6 +699,9 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 			switch {
 			case len(l) == 0:
 				err = w.start(ctx, pod, c, 0, true)
+			case l[0].State == runtime.StateRunning && resizeNow && needsResize(l[0], c):
+				// Resized now; a restart for it is checked at the next sync.
+				_, err = w.resize(ctx, pod, c, l[0])
 			case l[0].State == runtime.StateRunning:
 				k.probes.ensure(pod, c, l[0])
 				err = w.restartIfUnhealthy(ctx, pod, c, l[0])
@@ -716,21 +735,6 @@ func (w *podWorker) syncContainers(ctx context.Context, pod *v1.Pod, ctrs []runt
 			return errors.Join(errs...) // pod fails (computeStatus)
 		}
 		return errors.Join(append(errs, w.restart(ctx, pod, c, cur, true))...)
-	}
-	resizeNow := w.admitResize(pod, named)
-	if resizeNow {
-		// The pod cgroup holds both the old and the new settings while the
-		// containers move; it gets the new ones once they have.
-		from := podResources(runningPod(pod, named))
-		if err := k.rt.SetPodCgroup(ctx, w.sb.Cgroup, loosest(from, podResources(pod))); err != nil {
-			errs = append(errs, fmt.Errorf("pod cgroup: %w", err))
-			resizeNow = false
-		}
-		defer func() {
-			if err := k.rt.SetPodCgroup(ctx, w.sb.Cgroup, podResources(runningPod(pod, byName(w.containers())))); err != nil {
-				k.log.Warn("pod cgroup after resize", "pod", pod.Namespace+"/"+pod.Name, "err", err)
-			}
-		}()
 	}
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]

@@ -9,12 +9,14 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	resourcehelper "k8s.io/component-helpers/resource"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
 
 // In-place pod resize (KEP-1287, GA upstream), the kubelet's part: a
-// running app container whose spec resources (changed through the
+// running app or sidecar container (an init container with restartPolicy
+// Always, which upstream resizes too) whose spec resources (changed through the
 // pods/resize subresource) differ from the ones it runs with is resized
 // when the node can hold the pod's new requests: its cgroups change in
 // place (runc update), or it is restarted when its resizePolicy says
@@ -30,8 +32,8 @@ import (
 // The pod cgroup (podResources) holds the loosest of the old and new
 // settings while the containers move, then the new ones.
 //
-// Left out, as yet: resizing init and sidecar containers and pod-level
-// resources (spec.resources), and upstream's check that a memory limit is
+// Left out, as yet: resizing pod-level resources (spec.resources; alpha
+// upstream, InPlacePodLevelResourcesVerticalScaling), and upstream's check that a memory limit is
 // not cut below current usage (the kernel reclaims or the update fails,
 // which is then reported as an Error).
 
@@ -65,12 +67,26 @@ func needsResize(cur runtime.Container, spec *v1.Container) bool {
 		!apiequality.Semantic.DeepEqual(have.Limits, spec.Resources.Limits)
 }
 
-// runningPod is pod with its running app containers' resources replaced by
-// the ones they run with (what its pod cgroup must hold).
+// resizable lists the pod's containers a resize may change: its sidecars
+// (restartable init containers) and its app containers.
+func resizable(pod *v1.Pod) []*v1.Container {
+	var out []*v1.Container
+	for i := range pod.Spec.InitContainers {
+		if c := &pod.Spec.InitContainers[i]; podutil.IsRestartableInitContainer(c) {
+			out = append(out, c)
+		}
+	}
+	for i := range pod.Spec.Containers {
+		out = append(out, &pod.Spec.Containers[i])
+	}
+	return out
+}
+
+// runningPod is pod with its running sidecar and app containers' resources
+// replaced by the ones they run with (what its pod cgroup must hold).
 func runningPod(pod *v1.Pod, named map[string][]runtime.Container) *v1.Pod {
 	p := pod.DeepCopy()
-	for i := range p.Spec.Containers {
-		c := &p.Spec.Containers[i]
+	for _, c := range resizable(p) {
 		if l := named[c.Name]; len(l) > 0 && l[0].State == runtime.StateRunning {
 			c.Resources = runningResources(l[0], c)
 		}
@@ -85,16 +101,16 @@ type resizeCondition struct {
 	reason, message string
 }
 
-// admitResize decides whether the pod's pending resize (its running app
-// containers whose resources differ from their spec) can be actuated now:
+// admitResize decides whether the pod's pending resize (its running sidecar
+// and app containers whose resources differ from their spec) can be
+// actuated now:
 // the node's allocatable must hold the pod's new requests beside every
 // other active pod's. It records a refusal as w.resizePending (with an
 // event when it is new) and returns whether any container is to be
 // resized now.
 func (w *podWorker) admitResize(pod *v1.Pod, named map[string][]runtime.Container) bool {
 	pending := false
-	for i := range pod.Spec.Containers {
-		c := &pod.Spec.Containers[i]
+	for _, c := range resizable(pod) {
 		if l := named[c.Name]; len(l) > 0 && l[0].State == runtime.StateRunning && needsResize(l[0], c) {
 			pending = true
 		}

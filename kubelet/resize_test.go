@@ -9,6 +9,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/waggle-io/waggle/kubelet/runtime"
 )
@@ -180,5 +181,50 @@ func TestExtendedResourcesOfOthersSurviveStatusUpdates(t *testing.T) {
 		if q := l["example.com/dongle"]; q.Value() != 4 {
 			t.Errorf("example.com/dongle = %s after a status update, want 4 (capacity %v, allocatable %v)", q.String(), n.Status.Capacity, n.Status.Allocatable)
 		}
+	}
+}
+
+// TestInPlaceResizeOfASidecar: a sidecar (an init container with
+// restartPolicy Always) is resized in place as an app container is: the
+// same container runs with the new resources, its init container status
+// says so, and the pod cgroup holds the sum with the app container's.
+func TestInPlaceResizeOfASidecar(t *testing.T) {
+	h := newHarness(t, nil)
+	app := resources(map[v1.ResourceName]string{v1.ResourceCPU: "20m"}, nil)
+	side := resources(map[v1.ResourceName]string{v1.ResourceCPU: "10m"}, nil)
+	h.create(echoPod("s", func(p *v1.Pod) {
+		p.Generation = 1
+		p.Spec.Containers[0].Resources = app
+		p.Spec.InitContainers = []v1.Container{{Name: "side", Image: "waggle.local/waggle-echo:dev",
+			RestartPolicy: ptr.To(v1.ContainerRestartPolicyAlways), Resources: side}}
+	}))
+	sideRuns := func(r v1.ResourceRequirements) func(*v1.Pod) bool {
+		return func(p *v1.Pod) bool {
+			if !running(p) || len(p.Status.InitContainerStatuses) != 1 || p.Status.ObservedGeneration != p.Generation {
+				return false
+			}
+			cs := p.Status.InitContainerStatuses[0]
+			return cs.Resources != nil && apiequality.Semantic.DeepEqual(*cs.Resources, r) &&
+				apiequality.Semantic.DeepEqual(cs.AllocatedResources, r.Requests) && cond(p, v1.PodResizeInProgress) == ""
+		}
+	}
+	p := h.waitPod("s", "running with the sidecar's resources in its status", sideRuns(side))
+	first := h.current("s", "side")
+
+	bigger := resources(map[v1.ResourceName]string{v1.ResourceCPU: "30m"}, nil)
+	p.Spec.InitContainers[0].Resources = bigger
+	p.Generation++
+	if _, err := h.cs.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p = h.waitPod("s", "the sidecar resized in place", sideRuns(bigger))
+	if cs := p.Status.InitContainerStatuses[0]; cs.RestartCount != 0 || cs.ContainerID != "containerd://"+first.ID {
+		t.Errorf("an in-place resize restarted the sidecar: %+v", cs)
+	}
+	if got := h.current("s", "side").ResourcesRecord; got != resourcesRecord(bigger) {
+		t.Errorf("runtime record %s, want %s", got, resourcesRecord(bigger))
+	}
+	if got, _ := h.rt.PodCgroup(podCgroup(h.k.cfg.CgroupRoot, p.UID)); got.CPUShares != 51 {
+		t.Errorf("pod cgroup after the sidecar's resize: %+v, want the shares of 50m", got)
 	}
 }
