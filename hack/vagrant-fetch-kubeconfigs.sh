@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Run on the host by the Vagrantfile's trigger once the control-plane VM is up:
-# copies the kubeconfigs it wrote into .waggle/ (rsynced to the workers),
-# pointed at the control plane's private-network address.
+# copies the admin kubeconfig it wrote into .waggle/, pointed at the control
+# plane's private-network address, and the workers' join command (rsynced to
+# them).
 set -euo pipefail
 cp_ip=$1
 mkdir -p .waggle && chmod 0700 .waggle
-for c in admin bootstrap proxy; do
-  vagrant ssh control-plane -c "sudo cat /var/lib/waggle/$c.kubeconfig" 2>/dev/null |
-    sed "s#server: https://.*#server: https://$cp_ip:6443#" > ".waggle/$c.kubeconfig"
-  [ -s ".waggle/$c.kubeconfig" ] || { echo "could not fetch $c.kubeconfig from the control plane" >&2; exit 1; }
-done
-echo "kubeconfigs in .waggle/ (kubectl --kubeconfig .waggle/admin.kubeconfig get nodes)"
+vagrant ssh control-plane -c "sudo cat /var/lib/waggle/admin.kubeconfig" 2>/dev/null |
+  sed "s#server: https://.*#server: https://$cp_ip:6443#" > .waggle/admin.kubeconfig
+[ -s .waggle/admin.kubeconfig ] || { echo "could not fetch admin.kubeconfig from the control plane" >&2; exit 1; }
+vagrant ssh control-plane -c "sudo cat /var/lib/waggle/join-command" 2>/dev/null > .waggle/join-command
+grep -q '^waggle join ' .waggle/join-command || { echo "could not fetch the join command from the control plane" >&2; exit 1; }
+echo "admin kubeconfig and join command in .waggle/ (kubectl --kubeconfig .waggle/admin.kubeconfig get nodes)"

@@ -29,8 +29,9 @@ func runToken(ctx context.Context, args []string) error {
 	var ttl time.Duration
 	var desc string
 	var groups cliflag.StringList
-	var server bool
+	var server, printJoin bool
 	if verb == "create" {
+		fs.BoolVar(&printJoin, "print-join-command", false, "print the whole join command (waggle join, or waggle up --server with --server) instead of the token alone, as kubeadm token create --print-join-command")
 		fs.BoolVar(&server, "server", false, "a token for further servers of the control plane (they read the shared certificates; group "+bootstrap.BootstrapServerGroup+")")
 		fs.DurationVar(&ttl, "ttl", join.DefaultTTL, "lifetime of the token (0: never expires); the tokencleaner controller deletes it after")
 		fs.StringVar(&desc, "description", "", "what the token is for")
@@ -56,23 +57,33 @@ func runToken(ctx context.Context, args []string) error {
 		if server {
 			groups = append(groups, bootstrap.BootstrapServerGroup)
 		}
-		tok, err := join.CreateToken(ctx, cs, join.TokenOptions{Token: tok, TTL: ttl, Groups: groups, Description: desc})
-		if err != nil {
-			return err
-		}
 		ca := rc.TLSClientConfig.CAData
 		if len(ca) == 0 && rc.TLSClientConfig.CAFile != "" {
 			if ca, err = os.ReadFile(rc.TLSClientConfig.CAFile); err != nil {
 				return err
 			}
 		}
+		hash, err := join.CACertHash(ca)
+		if err != nil {
+			return fmt.Errorf("the kubeconfig's CA: %w", err)
+		}
+		tok, err = join.CreateToken(ctx, cs, join.TokenOptions{Token: tok, TTL: ttl, Groups: groups, Description: desc})
+		if err != nil {
+			return err
+		}
+		cmd := fmt.Sprintf("waggle join --server %s --token %s --discovery-token-ca-cert-hash %s", rc.Host, tok, hash)
+		if server {
+			cmd = fmt.Sprintf("waggle up --server %s --token %s --discovery-token-ca-cert-hash %s --advertise-address <its IP>", rc.Host, tok, hash)
+		}
+		if printJoin {
+			fmt.Println(cmd)
+			return nil
+		}
 		fmt.Println(tok)
-		if hash, err := join.CACertHash(ca); err == nil {
-			if server {
-				fmt.Fprintf(os.Stderr, "join a server with:\n  waggle up --server %s --token %s --discovery-token-ca-cert-hash %s --advertise-address <its IP>\n", rc.Host, tok, hash)
-			} else {
-				fmt.Fprintf(os.Stderr, "join a node with:\n  waggle kubelet --bootstrap-kubeconfig <kubeconfig with this token> (discovery: --discovery-token-ca-cert-hash %s)\n", hash)
-			}
+		if server {
+			fmt.Fprintf(os.Stderr, "join a server with:\n  %s\n", cmd)
+		} else {
+			fmt.Fprintf(os.Stderr, "join a node with:\n  %s\n", cmd)
 		}
 		return nil
 	case "list":

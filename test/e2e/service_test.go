@@ -295,6 +295,12 @@ func testNodeJoins(t *testing.T, e *env, vip string) {
 		t.Fatalf("lab join: %v\n%s", err, out)
 	}
 	joined := e.cfg.NodeName(labNodes + 1)
+	// What a user copies to the next machine.
+	cmd := strings.Fields(run(t, e.bin, "token", "create", "--print-join-command", "--kubeconfig", e.kubeconfig))
+	if len(cmd) != 8 || strings.Join(cmd[:3], " ") != "waggle join --server" || cmd[3] != e.cfg.APIServer() ||
+		cmd[4] != "--token" || cmd[6] != "--discovery-token-ca-cert-hash" || !strings.HasPrefix(cmd[7], "sha256:") {
+		t.Errorf("token create --print-join-command printed %q", cmd)
+	}
 	csrs := e.kubectl(t, "get", "csr", "-o", "jsonpath={range .items[*]}{.spec.signerName} {.spec.username} {.status.conditions[*].type} {.status.certificate}{\"\\n\"}{end}")
 	issued := false
 	for _, l := range strings.Split(csrs, "\n") {
