@@ -339,8 +339,9 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 	t.closers = append(t.closers, func() { eb.Cleanup(context.Background()) })
 	paths := []string{"direct", "ebpf-tc"}
 	var xb *ebpf.Backend
+	var xpin string
 	if cfg.XDP {
-		if xb, err = t.startXDP(); err != nil {
+		if xb, xpin, err = t.startXDP(); err != nil {
 			return rep, err
 		}
 		paths = append(paths, "ebpf-xdp")
@@ -469,6 +470,16 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			rep.Rows = append(rep.Rows, *r)
 		}
 	}
+	if xb != nil {
+		// Proof that XDP, not tc behind it, did the work.
+		if v, err := ebpf.OpenPinned(xpin); err == nil {
+			if st, err := v.NorthSouthStats(); err == nil {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("ebpf-xdp counters over the run: xdp_fwd %d packets (of ct_hit %d + reply %d + new flows %d), xdp_partial_csum %d",
+					st["xdp_fwd"], st["ct_hit"], st["reply"], st["xlate_snat"]+st["xlate_local"], st["xdp_partial_csum"]))
+			}
+			v.Close()
+		}
+	}
 	rep.print(cfg.Out, paths)
 	if cfg.Output != "" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
@@ -481,32 +492,33 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 
 // startXDP adds the XDP node and its eBPF backend (generic XDP on its
 // eth0), and turns tx checksum offload of the client and the backends off.
-func (t *nsTopo) startXDP() (*ebpf.Backend, error) {
+func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
 	nx := "ns-bx" + t.suffix
 	if err := t.addNode(nx, nsNodeXAddr, "nx"); err != nil {
-		return nil, fmt.Errorf("XDP node: %w", err)
+		return nil, "", fmt.Errorf("XDP node: %w", err)
 	}
 	// The client and the backends send full checksums, as from other
 	// machines: XDP leaves offloaded ones (CHECKSUM_PARTIAL) to tc.
 	for _, n := range []string{t.client, t.pod} {
 		if err := inNS(n, func() error { return setTxChecksum("eth0", false) }); err != nil {
-			return nil, fmt.Errorf("%s eth0: tx checksum off: %w", n, err)
+			return nil, "", fmt.Errorf("%s eth0: tx checksum off: %w", n, err)
 		}
 	}
 	cg, err := newBenchCgroup("ns-bench-xdp-" + t.suffix)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	t.closers = append(t.closers, func() { os.Remove(cg) })
 	node := "ns-bench-xdp-" + t.suffix
-	xb, err := ebpf.New(ebpf.Config{NodeName: node, CgroupPath: cg, PinDir: filepath.Join(ebpf.DefaultPinRoot, node),
+	pin := filepath.Join(ebpf.DefaultPinRoot, node)
+	xb, err := ebpf.New(ebpf.Config{NodeName: node, CgroupPath: cg, PinDir: pin,
 		MaxServices: 1 << 17, MaxBackends: 1 << 17,
 		NorthSouth: &ebpf.NorthSouth{Devices: []string{"eth0"}, NetNS: t.path(nx), Acceleration: ebpf.AccelGeneric}})
 	if err != nil {
-		return nil, fmt.Errorf("eBPF backend with XDP: %w", err)
+		return nil, "", fmt.Errorf("eBPF backend with XDP: %w", err)
 	}
 	t.closers = append(t.closers, func() { xb.Cleanup(context.Background()) })
-	return xb, nil
+	return xb, pin, nil
 }
 
 // setTxChecksum turns tx checksum offload of ifname (in the calling
