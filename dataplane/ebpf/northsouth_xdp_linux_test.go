@@ -1,13 +1,19 @@
 package ebpf
 
 import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
 	"maps"
+	"net"
+	"net/netip"
 	"os"
-	"slices"
 	"runtime"
+	"slices"
 	"testing"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -221,5 +227,165 @@ func TestNorthSouthXDPModes(t *testing.T) {
 	tp.restart()
 	if mode, err := tp.xdpMode(); err != nil || mode != AccelNative {
 		t.Errorf("native after restart: %q (%v)", mode, err)
+	}
+}
+
+// xdpMD is struct xdp_md, the context BPF_PROG_RUN takes for XDP.
+type xdpMD struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// csum16 is the Internet checksum's one's-complement sum of b (not
+// complemented), starting from sum.
+func csum16(sum uint32, b []byte) uint32 {
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return sum
+}
+
+// pseudo is the IPv4 pseudo-header sum of an IP packet's L4 segment.
+func pseudo(ip []byte) uint32 {
+	l4 := len(ip) - 20
+	return csum16(uint32(ip[9])+uint32(l4), ip[12:20])
+}
+
+// frame builds client -> dst Ethernet/IPv4/(TCP SYN | UDP) frame. l4sum:
+// "full" (a complete checksum), "seed" (the pseudo-header sum only, as a
+// sender with checksum offload leaves it) or "none" (UDP's 0).
+func frame(dstMAC net.HardwareAddr, src, dst netip.AddrPort, tcp bool, l4sum string) []byte {
+	var l4 []byte
+	proto := byte(17)
+	if tcp {
+		proto = 6
+		l4 = make([]byte, 20)
+		l4[12] = 5 << 4
+		l4[13] = 0x02 // SYN
+		binary.BigEndian.PutUint16(l4[14:], 64240)
+	} else {
+		l4 = make([]byte, 8+5)
+		copy(l4[8:], "hello")
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+	}
+	binary.BigEndian.PutUint16(l4[0:], src.Port())
+	binary.BigEndian.PutUint16(l4[2:], dst.Port())
+	ip := make([]byte, 20, 20+len(l4))
+	ip[0], ip[8], ip[9] = 0x45, 64, proto
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
+	binary.BigEndian.PutUint16(ip[6:], 0x4000) // DF
+	s4, d4 := src.Addr().As4(), dst.Addr().As4()
+	copy(ip[12:], s4[:])
+	copy(ip[16:], d4[:])
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(csum16(0, ip)))
+	ip = append(ip, l4...)
+	off := 20 + 16
+	if !tcp {
+		off = 20 + 6
+	}
+	switch l4sum {
+	case "full":
+		binary.BigEndian.PutUint16(ip[off:], ^uint16(csum16(pseudo(ip), ip[20:])))
+	case "seed":
+		binary.BigEndian.PutUint16(ip[off:], uint16(pseudo(ip)))
+	}
+	eth := make([]byte, 14, 14+len(ip))
+	copy(eth[0:], dstMAC)
+	copy(eth[6:], net.HardwareAddr{0x02, 0, 0, 0, 0x28, 0x30})
+	binary.BigEndian.PutUint16(eth[12:], 0x0800)
+	return append(eth, ip...)
+}
+
+// TestNorthSouthXDPChecksums runs the XDP program on crafted frames
+// (BPF_PROG_RUN in node1, as if they arrived on eth0) and checks the
+// checksums it fixed by hand: IPv4 header, TCP and UDP (full checksums
+// stay valid, UDP's "no checksum" stays 0), and that a checksum left to
+// offload is passed to tc untouched.
+func TestNorthSouthXDPChecksums(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.clientWire(AccelGeneric)
+	tp.start(func(c *Config) { c.NorthSouth.Acceleration = AccelGeneric })
+	tp.sync(nodePortFrontend("10.27.0.1", 30080, dataplane.TCP, false, "10.27.2.10:8080"),
+		nodePortFrontend("10.27.0.1", 30080, dataplane.UDP, false, "10.27.2.10:8080"))
+	// A real flow first, so node1 has node2's MAC (the FIB needs it).
+	c, _, _, err := tp.dial("10.27.0.1:30080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	var ifindex int
+	var mac net.HardwareAddr
+	if err := tp.node1.do(func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err == nil {
+			ifindex, mac = l.Attrs().Index, l.Attrs().HardwareAddr
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	front := netip.MustParseAddrPort("10.27.0.1:30080")
+	for i, c := range []struct {
+		tcp  bool
+		sum  string
+		want uint32 // XDP action
+	}{
+		{false, "none", 3}, {false, "full", 3}, {true, "full", 3}, {true, "seed", 2}, {false, "seed", 2},
+	} {
+		src := netip.AddrPortFrom(tp.clientIP, uint16(28301+i))
+		in := frame(mac, src, front, c.tcp, c.sum)
+		out := make([]byte, len(in)+64)
+		var ret uint32
+		err := tp.node1.do(func() (err error) {
+			ret, err = tp.backend.np.objs.WaggleNpXdp.Run(&ebpf.RunOptions{Data: in, DataOut: out,
+				Context: xdpMD{DataEnd: uint32(len(in)), IngressIfindex: uint32(ifindex)}})
+			return err
+		})
+		if err != nil {
+			t.Fatalf("case %d: run: %v", i, err)
+		}
+		name := fmt.Sprintf("case %d (tcp %v, checksum %s)", i, c.tcp, c.sum)
+		if ret != c.want {
+			t.Errorf("%s: XDP action %d, want %d", name, ret, c.want)
+			continue
+		}
+		out = out[:len(in)]
+		if ret == 2 {
+			if !bytes.Equal(out, in) {
+				t.Errorf("%s: passed on but changed", name)
+			}
+			continue
+		}
+		ip := out[14:]
+		if got := netip.AddrFrom4([4]byte(ip[12:16])); got != tp.node1Addr {
+			t.Errorf("%s: source %s, want node1 (SNAT)", name, got)
+		}
+		if got := netip.AddrFrom4([4]byte(ip[16:20])).String(); got != "10.27.2.10" {
+			t.Errorf("%s: destination %s, want the backend", name, got)
+		}
+		if ip[8] != 63 {
+			t.Errorf("%s: TTL %d, want 63", name, ip[8])
+		}
+		if s := csum16(0, ip[:20]); s != 0xffff {
+			t.Errorf("%s: IP header checksum wrong (sum %#x)", name, s)
+		}
+		off := 6
+		if c.tcp {
+			off = 16
+		}
+		if c.sum == "none" {
+			if ip[20+off] != 0 || ip[20+off+1] != 0 {
+				t.Errorf("%s: UDP checksum %#x, want 0 (none)", name, ip[20+off:20+off+2])
+			}
+			continue
+		}
+		if s := csum16(pseudo(ip), ip[20:]); s != 0xffff {
+			t.Errorf("%s: L4 checksum wrong after the rewrite (sum %#x)", name, s)
+		}
 	}
 }
