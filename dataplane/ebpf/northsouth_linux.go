@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // northSouth is the loaded north-south half of a Backend.
@@ -333,6 +334,9 @@ func (b *Backend) attachXDP(d *device, wanted map[string]bool) error {
 	if err != nil && accel == AccelBestEffort && mode == AccelNative {
 		mode, why = AccelGeneric, fmt.Sprintf("native XDP not supported by the driver (%v)", err)
 		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: d.ifindex, Flags: link.XDPGenericMode})
+	}
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("attach the north-south XDP program (%s) to %s: another XDP program is attached to it (ip link show %s): %w", mode, d.name, d.name, err)
 	}
 	if err != nil {
 		return fmt.Errorf("attach the north-south XDP program (%s) to %s: %w", mode, d.name, err)

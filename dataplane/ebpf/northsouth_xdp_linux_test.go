@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -18,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/internal/testutil"
 )
 
 // setTxChecksum turns transmit checksum offload of ifname (in the calling
@@ -227,6 +230,17 @@ func TestNorthSouthXDPModes(t *testing.T) {
 	tp.restart()
 	if mode, err := tp.xdpMode(); err != nil || mode != AccelNative {
 		t.Errorf("native after restart: %q (%v)", mode, err)
+	}
+	// Another proxy (its own pin directory) cannot take the device's XDP
+	// slot: a clear error naming the device.
+	other := tp.cfg
+	other.PinDir = filepath.Join(testPinRoot, testutil.UniqueName("ns-"))
+	t.Cleanup(func() { CleanupPinned(other.PinDir) })
+	if b, err := New(other); err == nil {
+		b.Close()
+		t.Errorf("a second proxy attached XDP to a device that has it")
+	} else if !strings.Contains(err.Error(), "another XDP program is attached to it") {
+		t.Errorf("second proxy: %v, want a clear busy error", err)
 	}
 }
 
