@@ -283,17 +283,6 @@ static __always_inline __u8 closing(const struct pkt *p)
 	return p->proto == IPPROTO_TCP && (p->tcp_flags & 0x05) ? NP_CT_F_CLOSING : 0;
 }
 
-/* reopens: a TCP SYN (no ACK) on a flow already closed (FIN or RST seen)
- * is the client reusing the tuple for a new connection (busy clients,
- * TCP_CRR). It is served as a new flow: the closed flow's reply entry
- * holds its SNAT port only a second after an RST, so continuing with that
- * port could hand this connection's replies to whichever flow takes the
- * port next. */
-static __always_inline int reopens(const struct pkt *p, const struct np_ct *ct)
-{
-	return p->proto == IPPROTO_TCP && (p->tcp_flags & 0x12) == 0x02 && (ct->flags & NP_CT_F_CLOSING);
-}
-
 static __always_inline int csum_off(const struct pkt *p)
 {
 	return p->l4_off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
@@ -589,7 +578,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	/* An established flow keeps its backend while the backend exists. */
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_ORIGINAL);
 	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
-	if (ct && ct->expires_ns > now && !reopens(&p, ct)) {
+	if (ct && ct->expires_ns > now) {
 		struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &ct->backend_id);
 		if (be && be->port == ct->port && v4of(be->addr) == v4of(ct->addr)) {
 			__be32 baddr = v4of(ct->addr), saddr = p.saddr;

@@ -1,7 +1,6 @@
 package ebpf
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -403,66 +401,5 @@ func TestNorthSouthXDPChecksums(t *testing.T) {
 		if s := csum16(pseudo(ip), ip[20:]); s != 0xffff {
 			t.Errorf("%s: L4 checksum wrong after the rewrite (sum %#x)", name, s)
 		}
-	}
-}
-
-// TestNorthSouthReusedTupleIsANewFlow: a client that closes with an RST
-// and connects again from the same port (what busy clients and TCP_CRR
-// do) gets a new flow — a fresh SNAT port — rather than the closed flow's,
-// whose reply entry only lives on for a second after the RST. In tc and in
-// XDP (WAGGLE_TEST_NP_ACCELERATION).
-func TestNorthSouthReusedTupleIsANewFlow(t *testing.T) {
-	tp := newNSTopo(t)
-	tp.start()
-	tp.sync(nodePortFrontend("10.27.0.1", 30080, dataplane.TCP, false, "10.27.2.10:8080"))
-	src := netip.AddrPortFrom(tp.clientIP, 28350)
-	original := func() ConntrackEntry {
-		t.Helper()
-		v, err := OpenPinned(tp.pinDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer v.Close()
-		ct, err := v.Conntrack()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range ct {
-			if e.Direction == "original" && e.Src == src {
-				return e
-			}
-		}
-		t.Fatalf("no conntrack entry of %s in %+v", src, ct)
-		return ConntrackEntry{}
-	}
-	connect := func() {
-		t.Helper()
-		err := tp.client.do(func() error {
-			d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(src)}
-			c, err := d.Dial("tcp", "10.27.0.1:30080")
-			if err != nil {
-				return err
-			}
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-				c.Close()
-				return err
-			}
-			c.(*net.TCPConn).SetLinger(0) // close with an RST: no TIME_WAIT, the port is free at once
-			return c.Close()
-		})
-		if err != nil {
-			t.Fatalf("connect from %s: %v", src, err)
-		}
-	}
-	connect()
-	first := original()
-	if !first.Closing || !first.SNAT {
-		t.Fatalf("after the RST: %+v, want a closing SNAT flow", first)
-	}
-	connect()
-	second := original()
-	if second.NAT == first.NAT {
-		t.Errorf("the reused tuple kept the closed flow's SNAT source %s", first.NAT)
 	}
 }
