@@ -19,6 +19,10 @@
  *        conntrack entries for both directions, rewrite, FIB, redirect
  *  tcx egress of an external device (waggle_np_egress):
  *    reply of a backend on this node (no SNAT) -> source back to the frontend
+ *  XDP on an external device (waggle_np_xdp, --bpf-lb-acceleration): the
+ *    same ingress function (lib/ctx.h); forwards what leaves through an
+ *    external device (new flows to remote backends, their packets, replies
+ *    of SNATed flows) and passes everything else on to tc unchanged.
  *
  * IPv4 only; fragments are not translated; ICMP errors about north-south
  * flows are (ingress: SNATed ones, egress: DNAT-only ones; bpf/README.md).
@@ -33,6 +37,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+#include "ctx.h"
 #include "maps.h"
 #include "nodeport.h"
 
@@ -152,20 +157,21 @@ struct pkt {
 	__u8 proto;
 	__u8 tcp_flags; /* byte 13 of the TCP header */
 	__u8 tos;
-	__u8 frag;
+	__u8 ttl;
 };
 
 /* parse returns 0 for a TCP or UDP IPv4 packet, 1 for an IPv4 fragment, 2
  * for an unfragmented ICMP packet, -1 for anything else. */
-static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
+	void *data = ctx_data(ctx, xdp);
+	void *end = ctx_data_end(ctx, xdp);
+	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
 
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return -1;
 	if ((void *)(ip + 1) > end)
+		return -1;
+	if ((xdp ? eth->h_proto : ((struct __sk_buff *)ctx)->protocol) != bpf_htons(ETH_P_IP))
 		return -1;
 	if (ip->ihl < 5 ||
 	    (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP && ip->protocol != IPPROTO_ICMP))
@@ -174,6 +180,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	p->daddr = ip->daddr;
 	p->proto = ip->protocol;
 	p->tos = ip->tos;
+	p->ttl = ip->ttl;
 	p->tot_len = bpf_ntohs(ip->tot_len);
 	p->l4_off = ETH_HLEN + ip->ihl * 4;
 	if (ip->frag_off & bpf_htons(0x3fff)) /* MF or an offset */
@@ -181,11 +188,11 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	if (p->proto == IPPROTO_ICMP)
 		return 2;
 	__be16 ports[2];
-	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
+	if (ctx_load(ctx, xdp, p->l4_off, ports, sizeof(ports)) < 0)
 		return -1;
 	p->sport = ports[0];
 	p->dport = ports[1];
-	if (p->proto == IPPROTO_TCP && bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
+	if (p->proto == IPPROTO_TCP && ctx_load(ctx, xdp, p->l4_off + 13, &p->tcp_flags, 1) < 0)
 		return -1;
 	return 0;
 }
@@ -281,38 +288,39 @@ static __always_inline int csum_off(const struct pkt *p)
 	return p->l4_off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
 }
 
-static __always_inline int set_addr(struct __sk_buff *skb, const struct pkt *p, int off, __be32 old, __be32 new)
+static __always_inline int set_addr(void *ctx, const int xdp, const struct pkt *p, int off, __be32 old, __be32 new)
 {
 	__u64 l4 = BPF_F_PSEUDO_HDR | sizeof(new) | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
 	if (old == new)
 		return 0;
-	if (bpf_l4_csum_replace(skb, csum_off(p), old, new, l4) < 0)
+	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), old, new, l4) < 0)
 		return -1;
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, sizeof(new)) < 0)
+	if (ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, old, new, sizeof(new)) < 0)
 		return -1;
-	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+	return ctx_store(ctx, xdp, off, &new, sizeof(new));
 }
 
-static __always_inline int set_port(struct __sk_buff *skb, const struct pkt *p, int off, __be16 old, __be16 new)
+static __always_inline int set_port(void *ctx, const int xdp, const struct pkt *p, int off, __be16 old, __be16 new)
 {
 	__u64 l4 = sizeof(new) | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
 	if (old == new)
 		return 0;
-	if (bpf_l4_csum_replace(skb, csum_off(p), old, new, l4) < 0)
+	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), old, new, l4) < 0)
 		return -1;
-	return bpf_skb_store_bytes(skb, p->l4_off + off, &new, sizeof(new), 0);
+	return ctx_store(ctx, xdp, p->l4_off + off, &new, sizeof(new));
 }
 
-static __always_inline int rewrite(struct __sk_buff *skb, const struct pkt *p, __be32 saddr, __be16 sport,
+static __always_inline int rewrite(void *ctx, const int xdp, const struct pkt *p, __be32 saddr, __be16 sport,
 				   __be32 daddr, __be16 dport)
 {
-	if (set_addr(skb, p, IP_SRC_OFF, p->saddr, saddr) < 0 || set_addr(skb, p, IP_DST_OFF, p->daddr, daddr) < 0 ||
-	    set_port(skb, p, 0, p->sport, sport) < 0 || set_port(skb, p, 2, p->dport, dport) < 0)
+	if (set_addr(ctx, xdp, p, IP_SRC_OFF, p->saddr, saddr) < 0 ||
+	    set_addr(ctx, xdp, p, IP_DST_OFF, p->daddr, daddr) < 0 || set_port(ctx, xdp, p, 0, p->sport, sport) < 0 ||
+	    set_port(ctx, xdp, p, 2, p->dport, dport) < 0)
 		return -1;
 	return 0;
 }
 
-static __always_inline int fib(struct __sk_buff *skb, const struct pkt *p, __be32 saddr, __be32 daddr,
+static __always_inline int fib(void *ctx, const int xdp, const struct pkt *p, __be32 saddr, __be32 daddr,
 			       struct bpf_fib_lookup *f)
 {
 	__builtin_memset(f, 0, sizeof(*f));
@@ -320,54 +328,40 @@ static __always_inline int fib(struct __sk_buff *skb, const struct pkt *p, __be3
 	f->l4_protocol = p->proto;
 	f->tot_len = p->tot_len;
 	f->tos = p->tos;
-	f->ifindex = skb->ifindex;
+	f->ifindex = ctx_ifindex(ctx, xdp);
 	f->ipv4_src = saddr;
 	f->ipv4_dst = daddr;
-	return bpf_fib_lookup(skb, f, sizeof(*f), 0);
+	return bpf_fib_lookup(ctx, f, sizeof(*f), 0);
 }
 
 /* forward sends the rewritten packet where the FIB said: the next hop's
- * MAC, one hop less, out of the device (a pod's veth or an external device). */
-static __always_inline int forward(struct __sk_buff *skb, int rc, struct bpf_fib_lookup *f)
+ * MAC, one hop less, out of the device (a pod's veth or an external device).
+ * XDP only forwards what the FIB resolved (SUCCESS) and what has TTL to
+ * spare: its callers checked both before rewriting anything. */
+static __always_inline int forward(void *ctx, const int xdp, int rc, struct bpf_fib_lookup *f)
 {
 	__u16 word, nword;
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
-		return TC_ACT_OK; /* local, or no route: the stack decides */
-	if (bpf_skb_load_bytes(skb, IP_TTL_OFF, &word, sizeof(word)) < 0)
-		return TC_ACT_SHOT;
+		return xdp ? XDP_PASS : TC_ACT_OK; /* local, or no route: the stack decides */
+	if (ctx_load(ctx, xdp, IP_TTL_OFF, &word, sizeof(word)) < 0)
+		return xdp ? XDP_DROP : TC_ACT_SHOT;
 	if ((bpf_ntohs(word) >> 8) <= 1)
-		return TC_ACT_OK; /* the stack sends time-exceeded */
+		return xdp ? XDP_PASS : TC_ACT_OK; /* the stack sends time-exceeded */
 	nword = bpf_htons(bpf_ntohs(word) - 0x100);
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, word, nword, sizeof(word)) < 0 ||
-	    bpf_skb_store_bytes(skb, IP_TTL_OFF, &nword, sizeof(nword), 0) < 0)
-		return TC_ACT_SHOT;
+	if (ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, word, nword, sizeof(word)) < 0 ||
+	    ctx_store(ctx, xdp, IP_TTL_OFF, &nword, sizeof(nword)) < 0)
+		return xdp ? XDP_DROP : TC_ACT_SHOT;
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		if (xdp)
+			return XDP_PASS; /* not reached: XDP leaves unresolved neighbours to tc */
 		struct bpf_redir_neigh nh = {.nh_family = AF_INET_, .ipv4_nh = f->ipv4_dst};
 		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
 	}
-	if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, f->smac, ETH_ALEN, 0) < 0)
-		return TC_ACT_SHOT;
+	if (ctx_store(ctx, xdp, 0, f->dmac, ETH_ALEN) < 0 || ctx_store(ctx, xdp, ETH_ALEN, f->smac, ETH_ALEN) < 0)
+		return xdp ? XDP_DROP : TC_ACT_SHOT;
+	if (xdp && f->ifindex == ctx_ifindex(ctx, xdp))
+		return XDP_TX;
 	return bpf_redirect(f->ifindex, 0);
-}
-
-/* A reply to a flow whose source this node rewrote: back to the client,
- * from the frontend. */
-static __always_inline int reply_snat(struct __sk_buff *skb, const struct pkt *p, struct np_ct *ct, __u64 now)
-{
-	struct bpf_fib_lookup f;
-	__be32 client = v4of(ct->addr), front = v4of(ct->nat);
-	__be16 cport = ct->port, fport = ct->nat_port;
-	int rc;
-
-	ct->flags |= closing(p) | NP_CT_F_REPLIED;
-	ct->expires_ns = now + lifetime(p, ct->flags);
-	ct->packets++;
-	stat(NP_STAT_REPLY);
-	rc = fib(skb, p, front, client, &f);
-	if (rewrite(skb, p, front, fport, client, cport) < 0)
-		return TC_ACT_SHOT;
-	return forward(skb, rc, &f);
 }
 
 static __always_inline void mark_replied(__be32 client, __be16 cport, __be32 front, __be16 fport, __u8 proto,
@@ -406,6 +400,42 @@ static __always_inline int is_external(__u32 ifindex, __be32 *addr)
 		return 0;
 	*addr = d->addr4;
 	return 1;
+}
+
+/* xdp_fwd_ok: XDP forwards a packet only to a resolved next hop behind an
+ * external device (the client, or a remote backend). Everything else — an
+ * unresolved neighbour (bpf_redirect_neigh is tc-only), a backend on this
+ * node (a redirect from XDP to its veth would skip the tc programs there,
+ * NetworkPolicy's among them), the node itself — is left to tc. */
+static __always_inline int xdp_fwd_ok(int rc, struct bpf_fib_lookup *f)
+{
+	__be32 a;
+	return rc == BPF_FIB_LKUP_RET_SUCCESS && is_external(f->ifindex, &a);
+}
+
+/* A reply to a flow whose source this node rewrote: back to the client,
+ * from the frontend. */
+static __always_inline int reply_snat(void *ctx, const int xdp, const struct pkt *p, struct np_ct *ct, __u64 now)
+{
+	struct bpf_fib_lookup f;
+	__be32 client = v4of(ct->addr), front = v4of(ct->nat);
+	__be16 cport = ct->port, fport = ct->nat_port;
+	int rc = fib(ctx, xdp, p, front, client, &f);
+
+	if (xdp && !xdp_fwd_ok(rc, &f))
+		return XDP_PASS;
+	mark_replied(client, cport, front, fport, p->proto, closing(p));
+	if (closing(p))
+		close_other(client, cport, front, fport, NP_CT_ORIGINAL, p, now);
+	ct->flags |= closing(p) | NP_CT_F_REPLIED;
+	ct->expires_ns = now + lifetime(p, ct->flags);
+	ct->packets++;
+	stat(NP_STAT_REPLY);
+	if (xdp)
+		stat(NP_STAT_XDP_FWD);
+	if (rewrite(ctx, xdp, p, front, fport, client, cport) < 0)
+		return xdp ? XDP_DROP : TC_ACT_SHOT;
+	return forward(ctx, xdp, rc, &f);
 }
 
 /* ICMP errors (RFC 792: destination unreachable, including "fragmentation
@@ -493,42 +523,57 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 	if (egress)
 		return TCX_NEXT;
 	struct bpf_fib_lookup f;
-	int rc = fib(skb, p, front, client, &f);
-	return forward(skb, rc, &f);
+	int rc = fib(skb, CTX_TC, p, front, client, &f);
+	return forward(skb, CTX_TC, rc, &f);
 }
 
-SEC("tc")
-int waggle_np_ingress(struct __sk_buff *skb)
+/* np_ingress is the ingress of an external device, in tc (xdp = CTX_TC)
+ * or XDP (CTX_XDP). Both make the same decisions from the same maps; XDP
+ * returns XDP_PASS, before changing any state, for whatever it leaves to tc
+ * (see xdp_fwd_ok, and fragments, ICMP, offloaded checksums, TTL 1), which
+ * then handles the packet as if XDP were not there. Counters XDP would
+ * bump before such a hand-over (pend) are only counted once it commits. */
+static __always_inline int np_ingress(void *ctx, const int xdp)
 {
 	struct pkt p = {};
 	struct np_ct_key k;
 	struct np_ct *ct;
 	struct np_ct nv;
 	struct bpf_fib_lookup f;
-	__u32 zero = 0, be_id = 0, id;
+	__u32 zero = 0, be_id = 0, id, pend = 0;
 	__u64 now;
 	int rc, r;
 
-	r = parse(skb, &p);
+	r = parse(ctx, xdp, &p);
 	if (r < 0)
-		return TCX_NEXT;
+		return xdp ? XDP_PASS : TCX_NEXT;
 	if (r == 1) {
+		if (xdp)
+			return XDP_PASS; /* tc counts it */
 		stat(NP_STAT_FRAGMENT);
 		return TCX_NEXT;
 	}
+	if (r == 2) {
+		if (xdp)
+			return XDP_PASS; /* ICMP errors are translated in tc */
+		return icmp_error(ctx, &p, bpf_ktime_get_ns(), 0);
+	}
+	if (xdp) {
+		__u16 check;
+		if (p.ttl <= 1 || ctx_load(ctx, xdp, csum_off(&p), &check, 2) < 0)
+			return XDP_PASS;
+		if (csum_is_seed(check, p.saddr, p.daddr, p.proto, p.tot_len - (p.l4_off - ETH_HLEN))) {
+			stat(NP_STAT_XDP_PARTIAL_CSUM);
+			return XDP_PASS;
+		}
+	}
 	now = bpf_ktime_get_ns();
-	if (r == 2)
-		return icmp_error(skb, &p, now, 0);
 
 	/* A reply to a flow SNATed here. */
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_REPLY);
 	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
-	if (ct && (ct->flags & NP_CT_F_SNAT) && ct->expires_ns > now) {
-		mark_replied(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, p.proto, closing(&p));
-		if (closing(&p))
-			close_other(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, NP_CT_ORIGINAL, &p, now);
-		return reply_snat(skb, &p, ct, now);
-	}
+	if (ct && (ct->flags & NP_CT_F_SNAT) && ct->expires_ns > now)
+		return reply_snat(ctx, xdp, &p, ct, now);
 
 	/* An established flow keeps its backend while the backend exists. */
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_ORIGINAL);
@@ -538,6 +583,9 @@ int waggle_np_ingress(struct __sk_buff *skb)
 		if (be && be->port == ct->port && v4of(be->addr) == v4of(ct->addr)) {
 			__be32 baddr = v4of(ct->addr), saddr = p.saddr;
 			__be16 bport = ct->port, sport = p.sport;
+			rc = fib(ctx, xdp, &p, p.saddr, baddr, &f);
+			if (xdp && !xdp_fwd_ok(rc, &f))
+				return XDP_PASS;
 			if (ct->flags & NP_CT_F_SNAT) {
 				saddr = v4of(ct->nat);
 				sport = ct->nat_port;
@@ -551,12 +599,16 @@ int waggle_np_ingress(struct __sk_buff *skb)
 					close_other(0, 0, p.saddr, p.sport, NP_CT_CLIENT, &p, now);
 			}
 			stat(NP_STAT_CT_HIT);
-			rc = fib(skb, &p, p.saddr, baddr, &f);
-			if (rewrite(skb, &p, saddr, sport, baddr, bport) < 0)
-				return TC_ACT_SHOT;
-			return forward(skb, rc, &f);
+			if (xdp)
+				stat(NP_STAT_XDP_FWD);
+			if (rewrite(ctx, xdp, &p, saddr, sport, baddr, bport) < 0)
+				return xdp ? XDP_DROP : TC_ACT_SHOT;
+			return forward(ctx, xdp, rc, &f);
 		}
-		stat(NP_STAT_BACKEND_GONE);
+		if (xdp)
+			pend |= 1 << NP_STAT_BACKEND_GONE;
+		else
+			stat(NP_STAT_BACKEND_GONE);
 	}
 
 	/* A new flow to a north-south frontend? */
@@ -566,34 +618,37 @@ int waggle_np_ingress(struct __sk_buff *skb)
 	sk.proto = p.proto;
 	struct lb_service *svc = bpf_map_lookup_elem(&waggle_services, &sk);
 	if (!svc)
-		return TCX_NEXT;
+		return xdp ? XDP_PASS : TCX_NEXT;
 	id = svc->rev_nat_id;
 	struct np_svc *ns = bpf_map_lookup_elem(&waggle_np_svc, &id);
 	if (!ns)
-		return TCX_NEXT; /* a ClusterIP, or not yet programmed */
+		return xdp ? XDP_PASS : TCX_NEXT; /* a ClusterIP, or not yet programmed */
 	__u32 table = ns->table;
 	if (ns->flags & NP_SVC_F_SRC_RANGES) {
 		struct np_src_range_key rk = {.prefixlen = 32 + 128, .rev_nat_id = bpf_htonl(id)};
 		mapped4(rk.addr, p.saddr);
 		if (!bpf_map_lookup_elem(&waggle_np_src_ranges, &rk)) {
 			stat(NP_STAT_SRC_RANGE_DROP);
-			return TC_ACT_SHOT; /* kube-proxy drops too (KUBE-PROXY-FIREWALL) */
+			return xdp ? XDP_DROP : TC_ACT_SHOT; /* kube-proxy drops too (KUBE-PROXY-FIREWALL) */
 		}
 	}
 	if (svc->count == 0) {
 		if (svc->flags & SVC_FLAG_LOCAL) {
 			stat(NP_STAT_LOCAL_DROP);
-			return TC_ACT_SHOT;
+			return xdp ? XDP_DROP : TC_ACT_SHOT;
 		}
+		if (xdp)
+			return XDP_PASS; /* tc counts it */
 		stat(NP_STAT_NO_BACKEND);
 		return TCX_NEXT; /* no socket: the stack resets / port-unreachables */
 	}
 	struct np_config *cfg = bpf_map_lookup_elem(&waggle_np_config, &zero);
 	if (!cfg || cfg->maglev_size == 0)
-		return TCX_NEXT;
+		return xdp ? XDP_PASS : TCX_NEXT;
 
 	struct np_affinity_key ak = {};
 	__u32 h;
+	int new_affinity = 0;
 	if (svc->flags & SVC_FLAG_AFFINITY) {
 		mapped4(ak.client, p.saddr);
 		ak.rev_nat_id = id;
@@ -602,7 +657,10 @@ int waggle_np_ingress(struct __sk_buff *skb)
 		    bpf_map_lookup_elem(&waggle_backends, &a->backend_id)) {
 			be_id = a->backend_id;
 			a->last_used_ns = now;
-			stat(NP_STAT_AFFINITY_HIT);
+			if (xdp)
+				pend |= 1 << NP_STAT_AFFINITY_HIT;
+			else
+				stat(NP_STAT_AFFINITY_HIT);
 		}
 		h = fmix(mix(0x5741474c, p.saddr)); /* the client alone: every node agrees */
 	} else {
@@ -615,29 +673,35 @@ int waggle_np_ingress(struct __sk_buff *skb)
 		if (c)
 			be_id = c->backend[idx & (NP_MAGLEV_CHUNK - 1)];
 		if (!be_id) {
-			stat(NP_STAT_MAGLEV_MISS);
+			if (xdp)
+				pend |= 1 << NP_STAT_MAGLEV_MISS;
+			else
+				stat(NP_STAT_MAGLEV_MISS);
 			sk.slot = h % svc->count + 1;
 			struct lb_service *slot = bpf_map_lookup_elem(&waggle_services, &sk);
 			if (!slot)
-				return TCX_NEXT;
+				return xdp ? XDP_PASS : TCX_NEXT;
 			be_id = slot->backend_id;
 		}
-		if (svc->flags & SVC_FLAG_AFFINITY) {
-			struct np_affinity av = {.last_used_ns = now, .backend_id = be_id};
-			bpf_map_update_elem(&waggle_np_affinity, &ak, &av, BPF_ANY);
-		}
+		new_affinity = svc->flags & SVC_FLAG_AFFINITY;
 	}
 	struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &be_id);
 	if (!be || !is_mapped4(be->addr))
-		return TCX_NEXT;
+		return xdp ? XDP_PASS : TCX_NEXT;
 	__be32 baddr = v4of(be->addr), saddr = p.saddr, snat = 0;
 	__be16 bport = be->port, sport = p.sport;
 	__u8 local = svc->flags & SVC_FLAG_LOCAL;
 
-	rc = fib(skb, &p, p.saddr, baddr, &f);
+	rc = fib(ctx, xdp, &p, p.saddr, baddr, &f);
+	if (xdp && (local || !xdp_fwd_ok(rc, &f)))
+		return XDP_PASS; /* a backend on this node, or no resolved route: tc */
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH && rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
 		stat(NP_STAT_FIB_MISS);
 		return TCX_NEXT;
+	}
+	if (new_affinity) {
+		struct np_affinity av = {.last_used_ns = now, .backend_id = be_id};
+		bpf_map_update_elem(&waggle_np_affinity, &ak, &av, BPF_ANY);
 	}
 	__builtin_memset(&nv, 0, sizeof(nv));
 	nv.created_ns = now;
@@ -668,7 +732,7 @@ int waggle_np_ingress(struct __sk_buff *skb)
 		}
 		if (!found) {
 			stat(NP_STAT_SNAT_EXHAUSTED);
-			return TC_ACT_SHOT;
+			return xdp ? XDP_DROP : TC_ACT_SHOT;
 		}
 		saddr = snat;
 		stat(NP_STAT_XLATE_SNAT);
@@ -683,6 +747,15 @@ int waggle_np_ingress(struct __sk_buff *skb)
 		ct_key(&k, 0, 0, p.saddr, p.sport, p.proto, NP_CT_CLIENT);
 		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
 		stat(NP_STAT_XLATE_LOCAL);
+	}
+	if (xdp) {
+		stat(NP_STAT_XDP_FWD);
+		if (pend & (1 << NP_STAT_BACKEND_GONE))
+			stat(NP_STAT_BACKEND_GONE);
+		if (pend & (1 << NP_STAT_AFFINITY_HIT))
+			stat(NP_STAT_AFFINITY_HIT);
+		if (pend & (1 << NP_STAT_MAGLEV_MISS))
+			stat(NP_STAT_MAGLEV_MISS);
 	}
 	/* The original direction: backend and SNAT source. */
 	mapped4(nv.addr, baddr);
@@ -699,9 +772,24 @@ int waggle_np_ingress(struct __sk_buff *skb)
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_ORIGINAL);
 	bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
 
-	if (rewrite(skb, &p, saddr, sport, baddr, bport) < 0)
-		return TC_ACT_SHOT;
-	return forward(skb, rc, &f);
+	if (rewrite(ctx, xdp, &p, saddr, sport, baddr, bport) < 0)
+		return xdp ? XDP_DROP : TC_ACT_SHOT;
+	return forward(ctx, xdp, rc, &f);
+}
+
+SEC("tc")
+int waggle_np_ingress(struct __sk_buff *skb)
+{
+	return np_ingress(skb, CTX_TC);
+}
+
+/* The same ingress in XDP (--bpf-lb-acceleration): the request path to
+ * remote backends and the replies of SNATed flows, forwarded with XDP_TX
+ * or XDP_REDIRECT; everything else goes on to tc (XDP_PASS). */
+SEC("xdp")
+int waggle_np_xdp(struct xdp_md *ctx)
+{
+	return np_ingress(ctx, CTX_XDP);
 }
 
 /* Replies of backends on this node leave through an external device with
@@ -712,7 +800,7 @@ int waggle_np_egress(struct __sk_buff *skb)
 	struct pkt p = {};
 	struct np_ct_key k;
 	__u64 now;
-	int r = parse(skb, &p);
+	int r = parse(skb, CTX_TC, &p);
 
 	if (r == 2)
 		return icmp_error(skb, &p, bpf_ktime_get_ns(), 1);
@@ -738,7 +826,7 @@ int waggle_np_egress(struct __sk_buff *skb)
 	if (closing(&p))
 		close_other(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, NP_CT_ORIGINAL, &p, now);
 	stat(NP_STAT_REPLY);
-	if (rewrite(skb, &p, v4of(ct->nat), ct->nat_port, p.daddr, p.dport) < 0)
+	if (rewrite(skb, CTX_TC, &p, v4of(ct->nat), ct->nat_port, p.daddr, p.dport) < 0)
 		return TC_ACT_SHOT;
 	return TCX_NEXT;
 }

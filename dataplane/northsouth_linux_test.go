@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -143,7 +144,10 @@ func TestProxyServesNodePortAndLoadBalancerIPFromOutside(t *testing.T) {
 	cfg := dataplane.Config{Client: cs, NodeName: nodeName, Mode: dataplane.ModeEBPF, Modes: modes.All(),
 		CgroupRoot: testutil.NewCgroup(t), BPFPinDir: pin, NodePortDevices: []string{"eth0"},
 		NodePortNetNS: "/run/netns/" + node, NetworkPolicy: "off", NoHealthCheckNodePorts: true,
-		SyncPeriod: time.Minute, Health: ops.NewHealth(),
+		// XDP in front of tc (generic on a veth); the backend is local,
+		// so XDP passes these flows on to tc.
+		LBAcceleration: ebpf.AccelBestEffort,
+		SyncPeriod:     time.Minute, Health: ops.NewHealth(),
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	go func() { done <- dataplane.Run(runCtx, cfg) }()
 	t.Cleanup(func() {
@@ -182,6 +186,19 @@ func TestProxyServesNodePortAndLoadBalancerIPFromOutside(t *testing.T) {
 			}
 			return nil
 		})
+	}
+	// --bpf-lb-acceleration reached the devices: generic XDP on the veth.
+	if err := ns.WithNetNSPath("/run/netns/"+node, func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		if x := l.Attrs().Xdp; x == nil || !x.Attached || x.AttachMode != 2 { // XDP_ATTACHED_SKB
+			return fmt.Errorf("eth0 XDP %+v, want generic", x)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 	l, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, l2announce.LeaseName(netip.MustParseAddr("10.27.40.50")), metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != nodeName {

@@ -54,6 +54,9 @@ type ModeConfig struct {
 	NodePortDevices []string
 	// MaglevTableSize is the eBPF north-south Maglev table size (a prime).
 	MaglevTableSize int
+	// LBAcceleration is --bpf-lb-acceleration: XDP on NodePortDevices
+	// (ebpf.NorthSouth.Acceleration).
+	LBAcceleration string
 	// NodePortNetNS is the network namespace of NodePortDevices (empty:
 	// the caller's).
 	NodePortNetNS string
@@ -100,6 +103,8 @@ type Config struct {
 	NodePortDevices []string
 	// MaglevTableSize: --bpf-lb-maglev-table-size.
 	MaglevTableSize int
+	// LBAcceleration: --bpf-lb-acceleration (ModeConfig.LBAcceleration).
+	LBAcceleration string
 	// NoHealthCheckNodePorts: do not serve healthCheckNodePorts (the
 	// default serves them, as kube-proxy).
 	NoHealthCheckNodePorts bool
@@ -189,8 +194,8 @@ func (c *Config) modeConfig(log *slog.Logger, reg prometheus.Registerer) ModeCon
 		NodeName: c.NodeName, CgroupRoot: c.CgroupRoot, PinDir: c.BPFPinDir,
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, MaxAffinity: c.MaxAffinity, MaxRevSocks: c.MaxRevSocks,
 		IPVSScheduler: c.IPVSScheduler, NodePortDevices: c.NodePortDevices, MaglevTableSize: c.MaglevTableSize,
-		NodePortNetNS: c.NodePortNetNS,
-		Log:           log, Metrics: reg,
+		NodePortNetNS: c.NodePortNetNS, LBAcceleration: c.LBAcceleration,
+		Log: log, Metrics: reg,
 	}
 }
 

@@ -38,6 +38,8 @@
 
 /* np_device.flags */
 #define NP_DEV_F_EXTERNAL (1 << 0) /* a north-south device: the programs are attached */
+#define NP_DEV_F_XDP_NATIVE (1 << 1)  /* the ingress program also runs in driver XDP (user space only) */
+#define NP_DEV_F_XDP_GENERIC (1 << 2) /* ... in generic XDP (user space only) */
 
 /*
  * Key of the conntrack LRU. Addresses are IPv6 or IPv4-mapped, network
@@ -150,7 +152,9 @@ enum np_stat {
 	NP_STAT_BACKEND_GONE = 11, /* established flow's backend removed: chose again */
 	NP_STAT_SRC_RANGE_DROP = 12, /* new flow from outside loadBalancerSourceRanges: dropped */
 	NP_STAT_ICMP_ERROR = 13,     /* ICMP error about a SNATed flow translated back to the client */
-	NP_STAT_MAX = 14,
+	NP_STAT_XDP_FWD = 14,          /* packets translated and forwarded in XDP (XDP_TX, XDP_REDIRECT) */
+	NP_STAT_XDP_PARTIAL_CSUM = 15, /* left to tc by XDP: the L4 checksum was left to offload */
+	NP_STAT_MAX = 16,
 };
 
 #endif /* WAGGLE_NODEPORT_H */

@@ -10,10 +10,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -31,6 +33,8 @@ const (
 	nsPodNet     = "10.27.12.0/24"
 	nsPortEBPF   = 30080
 	nsPortIPT    = 30081
+	nsNodeXAddr  = "10.27.10.9" // the eBPF node with XDP
+	nsPortXDP    = 30090
 )
 
 // nsTopo: a client outside every node, three nodes on a bridge, the
@@ -219,6 +223,11 @@ type NorthSouthConfig struct {
 	ServiceCounts []int
 	// IPTables adds the iptables path (a NodePort on the same node).
 	IPTables bool
+	// XDP adds the eBPF path with generic XDP (--bpf-lb-acceleration=generic)
+	// on a node namespace of its own, and makes the client send full
+	// checksums (tx checksum offload off on its veth, as packets from
+	// another machine arrive; every path sees the same client).
+	XDP bool
 	// Peers are other proxies measured beside (upstream kube-proxy: the
 	// benchmark test supplies them), each on its own node namespace.
 	Peers  []Peer
@@ -307,7 +316,9 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		"ebpf-tc: node1's NodePort served by the tc programs on node1's eth0 (Maglev, DNAT + SNAT to node1, FIB + redirect); replies return through node1",
 		"iptables: node3's NodePort through Waggle's iptables backend (kube-proxy's layout, masquerade: replies return through node3); node3 holds the iptables rules alone, node1 none",
 		"TCP_CRR closes with SO_LINGER 0 (RST); 1-byte payloads; latency is per operation (connect+request+response for CRR)",
-		"XDP is not implemented: the tc programs do the translation (see bpf/README.md)",
+	}
+	if !cfg.XDP {
+		rep.Notes = append(rep.Notes, "XDP not measured (NorthSouthConfig.XDP)")
 	}
 	t, err := newNSTopo(cfg.Backends)
 	defer t.close()
@@ -327,6 +338,15 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 	}
 	t.closers = append(t.closers, func() { eb.Cleanup(context.Background()) })
 	paths := []string{"direct", "ebpf-tc"}
+	var xb *ebpf.Backend
+	var xpin string
+	if cfg.XDP {
+		if xb, xpin, err = t.startXDP(); err != nil {
+			return rep, err
+		}
+		paths = append(paths, "ebpf-xdp")
+		rep.Notes = append(rep.Notes, "ebpf-xdp: the same programs on a node of its own ("+nsNodeXAddr+"), the ingress in generic XDP on its eth0 (a veth): new flows, their packets and their replies forwarded with XDP_TX; the client and the backends send full checksums (tx offload off) for every path, as from other machines")
+	}
 	var ib *iptables.Backend
 	if cfg.IPTables {
 		if err := iptables.Supported(); err != nil {
@@ -386,6 +406,9 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			node string
 		}
 		progs := []prog{{eb, nsPortEBPF, nsNode1Addr}}
+		if xb != nil {
+			progs = append(progs, prog{xb, nsPortXDP, nsNodeXAddr})
+		}
 		if ib != nil {
 			progs = append(progs, prog{ib, nsPortIPT, nsNode3Addr})
 		}
@@ -447,6 +470,16 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			rep.Rows = append(rep.Rows, *r)
 		}
 	}
+	if xb != nil {
+		// Proof that XDP, not tc behind it, did the work.
+		if v, err := ebpf.OpenPinned(xpin); err == nil {
+			if st, err := v.NorthSouthStats(); err == nil {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("ebpf-xdp counters over the run: xdp_fwd %d packets (of ct_hit %d + reply %d + new flows %d), xdp_partial_csum %d",
+					st["xdp_fwd"], st["ct_hit"], st["reply"], st["xlate_snat"]+st["xlate_local"], st["xdp_partial_csum"]))
+			}
+			v.Close()
+		}
+	}
 	rep.print(cfg.Out, paths)
 	if cfg.Output != "" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
@@ -455,6 +488,64 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		}
 	}
 	return rep, nil
+}
+
+// startXDP adds the XDP node and its eBPF backend (generic XDP on its
+// eth0), and turns tx checksum offload of the client and the backends off.
+func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
+	nx := "ns-bx" + t.suffix
+	if err := t.addNode(nx, nsNodeXAddr, "nx"); err != nil {
+		return nil, "", fmt.Errorf("XDP node: %w", err)
+	}
+	// The client and the backends send full checksums, as from other
+	// machines: XDP leaves offloaded ones (CHECKSUM_PARTIAL) to tc.
+	for _, n := range []string{t.client, t.pod} {
+		if err := inNS(n, func() error { return setTxChecksum("eth0", false) }); err != nil {
+			return nil, "", fmt.Errorf("%s eth0: tx checksum off: %w", n, err)
+		}
+	}
+	cg, err := newBenchCgroup("ns-bench-xdp-" + t.suffix)
+	if err != nil {
+		return nil, "", err
+	}
+	t.closers = append(t.closers, func() { os.Remove(cg) })
+	node := "ns-bench-xdp-" + t.suffix
+	pin := filepath.Join(ebpf.DefaultPinRoot, node)
+	xb, err := ebpf.New(ebpf.Config{NodeName: node, CgroupPath: cg, PinDir: pin,
+		MaxServices: 1 << 17, MaxBackends: 1 << 17,
+		NorthSouth: &ebpf.NorthSouth{Devices: []string{"eth0"}, NetNS: t.path(nx), Acceleration: ebpf.AccelGeneric}})
+	if err != nil {
+		return nil, "", fmt.Errorf("eBPF backend with XDP: %w", err)
+	}
+	t.closers = append(t.closers, func() { xb.Cleanup(context.Background()) })
+	return xb, pin, nil
+}
+
+// setTxChecksum turns tx checksum offload of ifname (in the calling
+// network namespace) on or off, as `ethtool -K <if> tx on|off`.
+func setTxChecksum(ifname string, on bool) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	v := struct{ cmd, data uint32 }{cmd: 0x17} // ETHTOOL_STXCSUM
+	if on {
+		v.data = 1
+	}
+	var ifr struct {
+		name [unix.IFNAMSIZ]byte
+		data unsafe.Pointer // ifr_data: the ethtool command
+		_    [16]byte       // the rest of struct ifreq's union
+	}
+	copy(ifr.name[:unix.IFNAMSIZ-1], ifname)
+	ifr.data = unsafe.Pointer(&v)
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
+	runtime.KeepAlive(&v)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 func newBenchCgroup(name string) (string, error) {
@@ -496,6 +587,8 @@ func (t *nsTopo) nsTarget(path, test string, peers map[string]string) func(i int
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNode1Addr, nsPortEBPF) }
 	case "iptables":
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNode3Addr, nsPortIPT) }
+	case "ebpf-xdp":
+		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeXAddr, nsPortXDP) }
 	}
 	return func(i int) string { return netip.AddrPortFrom(t.backends[i%len(t.backends)], bePort).String() }
 }

@@ -15,7 +15,8 @@ import (
 // BenchmarkNorthSouth runs RunNorthSouth once (-benchtime 1x), with
 // upstream kube-proxy's iptables and nftables proxiers as peers:
 // DP_NS_SERVICES (default 1), DP_NS_DURATION (default 1s), DP_NS_ROUNDS (3),
-// DP_NS_KUBE_PROXY (iptables,nftables; none).
+// DP_NS_KUBE_PROXY (iptables,nftables; none), DP_NS_XDP (1: the eBPF XDP
+// column, generic XDP on a veth).
 func BenchmarkNorthSouth(b *testing.B) {
 	testutil.RequiresRoot(b)
 	testutil.RequiresKernelFeature(b, testutil.BTF)
@@ -40,6 +41,7 @@ func BenchmarkNorthSouth(b *testing.B) {
 			cfg.ServiceCounts = append(cfg.ServiceCounts, n)
 		}
 	}
+	cfg.XDP = os.Getenv("DP_NS_XDP") == "1"
 	if d, err := time.ParseDuration(os.Getenv("DP_NS_DURATION")); err == nil {
 		cfg.Duration = d
 	}

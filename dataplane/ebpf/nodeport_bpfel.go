@@ -192,6 +192,7 @@ const (
 	nodePortMapWaggleSvcNames      = "waggle_svc_names"
 	nodePortProgWaggleNpEgress     = "waggle_np_egress"
 	nodePortProgWaggleNpIngress    = "waggle_np_ingress"
+	nodePortProgWaggleNpXdp        = "waggle_np_xdp"
 	nodePortVarUnusedNpAffinityKey = "unused_np_affinity_key"
 )
 
@@ -239,6 +240,7 @@ type nodePortSpecs struct {
 type nodePortProgramSpecs struct {
 	WaggleNpEgress  *ebpf.ProgramSpec `ebpf:"waggle_np_egress"`
 	WaggleNpIngress *ebpf.ProgramSpec `ebpf:"waggle_np_ingress"`
+	WaggleNpXdp     *ebpf.ProgramSpec `ebpf:"waggle_np_xdp"`
 }
 
 // nodePortMapSpecs contains maps before they are loaded into the kernel.
@@ -342,12 +344,14 @@ type nodePortVariables struct {
 type nodePortPrograms struct {
 	WaggleNpEgress  *ebpf.Program `ebpf:"waggle_np_egress"`
 	WaggleNpIngress *ebpf.Program `ebpf:"waggle_np_ingress"`
+	WaggleNpXdp     *ebpf.Program `ebpf:"waggle_np_xdp"`
 }
 
 func (p *nodePortPrograms) Close() error {
 	return _NodePortClose(
 		p.WaggleNpEgress,
 		p.WaggleNpIngress,
+		p.WaggleNpXdp,
 	)
 }
 

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/waggle-io/waggle/dataplane"
@@ -72,6 +74,14 @@ type NorthSouth struct {
 	// MaxConntrack is the size of the north-south conntrack LRU (two
 	// entries per flow; default DefaultNPConntrack).
 	MaxConntrack int
+	// Acceleration runs the ingress program in XDP on the devices too
+	// (--bpf-lb-acceleration, as Cilium's): AccelDisabled (or empty: tc
+	// only), AccelNative (driver XDP, or fail), AccelGeneric (generic XDP,
+	// any device), AccelBestEffort (native where the driver supports it,
+	// generic elsewhere). XDP forwards what it can (new flows to remote
+	// backends, their packets, their replies) and leaves the rest to the
+	// tc programs, which stay attached (bpf/README.md).
+	Acceleration string
 	// SNATPortMin and SNATPortMax bound the source ports SNAT uses,
 	// inclusive (default 61000–65535: above the kernel's default
 	// ip_local_port_range, so they never collide with the node's own
@@ -79,6 +89,17 @@ type NorthSouth struct {
 	// concurrent SNATed flows.
 	SNATPortMin, SNATPortMax uint16
 }
+
+// Values of NorthSouth.Acceleration (--bpf-lb-acceleration).
+const (
+	AccelDisabled   = "disabled"
+	AccelNative     = "native"
+	AccelGeneric    = "generic"
+	AccelBestEffort = "best-effort"
+)
+
+// Accelerations lists the valid NorthSouth.Acceleration values.
+var Accelerations = []string{AccelDisabled, AccelNative, AccelGeneric, AccelBestEffort}
 
 // ErrNoDevice: a north-south device does not exist.
 var ErrNoDevice = errors.New("no such north-south device")
@@ -96,6 +117,9 @@ func (n *NorthSouth) validate() error {
 			return fmt.Errorf("north-south device %q: want distinct interface names of 1 to 15 characters", d)
 		}
 		seen[d] = true
+	}
+	if n.Acceleration != "" && !slices.Contains(Accelerations, n.Acceleration) {
+		return fmt.Errorf("north-south acceleration %q: want one of %s", n.Acceleration, strings.Join(Accelerations, ", "))
 	}
 	if n.MaglevTableSize != 0 && (n.MaglevTableSize < 7 || n.MaglevTableSize > 1<<20 || !isPrime(n.MaglevTableSize)) {
 		return fmt.Errorf("Maglev table size %d: want a prime from 7 to %d (e.g. 251, 509, 1021, 2039, 4093, 8191, 16381)", n.MaglevTableSize, 1<<20)
@@ -238,4 +262,14 @@ type DeviceEntry struct {
 	Ifindex  uint32     `json:"ifindex"`
 	Name     string     `json:"name,omitempty"`
 	SNATAddr netip.Addr `json:"snatAddress"`
+	// XDP is the mode the ingress program also runs in on this device:
+	// "native", "generic", or empty (tc only).
+	XDP string `json:"xdp,omitempty"`
 }
+
+// np_device.flags (bpf/lib/nodeport.h).
+const (
+	npDevExternal   = 1 << 0
+	npDevXDPNative  = 1 << 1
+	npDevXDPGeneric = 1 << 2
+)

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // northSouth is the loaded north-south half of a Backend.
@@ -29,6 +30,8 @@ type device struct {
 	name    string
 	ifindex int
 	addr    netip.Addr
+	kind    string // netlink link type ("veth", "device", ...)
+	xdp     string // the XDP mode attached: AccelNative, AccelGeneric or empty
 }
 
 // loadNorthSouth loads bpf/nodeport.c against the socket load balancer's
@@ -115,9 +118,17 @@ func (b *Backend) loadNorthSouth() (err error) {
 		b.np = nil
 		return err
 	}
+	// The XDP modes chosen, for `waggle bpf nodeport status`.
+	if err := writeDevices(objs.WaggleNpDevices, b.np.devs); err != nil {
+		return err
+	}
 	names := make([]string, len(devs))
-	for i, d := range devs {
-		names[i] = fmt.Sprintf("%s(%s)", d.name, d.addr)
+	for i, d := range b.np.devs {
+		names[i] = fmt.Sprintf("%s(%s", d.name, d.addr)
+		if d.xdp != "" {
+			names[i] += ", xdp " + d.xdp
+		}
+		names[i] += ")"
 	}
 	b.log.Info("eBPF north-south load balancing ready", "devices", strings.Join(names, ","),
 		"maglevTableSize", cfg.MaglevTableSize, "snatPorts", fmt.Sprintf("%d-%d", cfg.SNATPortMin, cfg.SNATPortMax))
@@ -155,7 +166,7 @@ func resolveDevices(cfg NorthSouth) ([]device, error) {
 			if err != nil {
 				return fmt.Errorf("north-south device %s: list addresses: %w", name, err)
 			}
-			d := device{name: name, ifindex: l.Attrs().Index}
+			d := device{name: name, ifindex: l.Attrs().Index, kind: l.Type()}
 			for _, a := range addrs {
 				if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip.IsGlobalUnicast() {
 					d.addr = ip
@@ -175,7 +186,13 @@ func resolveDevices(cfg NorthSouth) ([]device, error) {
 func writeDevices(m *ebpf.Map, devs []device) error {
 	want := map[uint32]bool{}
 	for _, d := range devs {
-		v := nodePortNpDevice{Addr4: ipv4Net(d.addr), Flags: 1}
+		v := nodePortNpDevice{Addr4: ipv4Net(d.addr), Flags: npDevExternal}
+		switch d.xdp {
+		case AccelNative:
+			v.Flags |= npDevXDPNative
+		case AccelGeneric:
+			v.Flags |= npDevXDPGeneric
+		}
 		if err := m.Update(uint32(d.ifindex), &v, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("write %s: %w", MapNPDevices, err)
 		}
@@ -205,11 +222,17 @@ func ipv4Net(a netip.Addr) uint32 {
 func npLinkName(dev, dir string) string { return NPLinkPrefix + dev + "-" + dir }
 
 // attachNorthSouth attaches the programs to every device (tcx ingress and
-// egress), replacing the program in a pinned link that still points at the
-// same device, and detaches links of devices no longer configured.
+// egress, and XDP with Acceleration), replacing the program in a pinned
+// link that still points at the same device, and detaches links of devices
+// (or XDP) no longer configured.
 func (b *Backend) attachNorthSouth() error {
 	wanted := map[string]bool{}
 	return inNetNS(b.np.cfg.NetNS, func() error {
+		for i := range b.np.devs {
+			if err := b.attachXDP(&b.np.devs[i], wanted); err != nil {
+				return err
+			}
+		}
 		for _, d := range b.np.devs {
 			for _, a := range []struct {
 				dir  string
@@ -257,6 +280,92 @@ func (b *Backend) attachNorthSouth() error {
 		}
 		return nil
 	})
+}
+
+// xdpLinkDir names a device's XDP link: np-<device>-xdp.
+const xdpLinkDir = "xdp"
+
+// attachXDP attaches the XDP ingress program to d in the mode
+// Acceleration asks for (or swaps it into d's pinned link when that is in
+// the same mode), records the mode in d.xdp and logs the choice, as the
+// proxy mode's. Runs in the devices' network namespace.
+func (b *Backend) attachXDP(d *device, wanted map[string]bool) error {
+	accel := b.np.cfg.Acceleration
+	if accel == "" || accel == AccelDisabled {
+		return nil
+	}
+	name := npLinkName(d.name, xdpLinkDir)
+	wanted[name] = true
+	path := filepath.Join(b.cfg.PinDir, LinkDir, name)
+	mode, why := accel, "asked for (--bpf-lb-acceleration="+accel+")"
+	if accel == AccelBestEffort {
+		mode, why = AccelNative, "the driver supports native XDP"
+		if d.kind == "veth" {
+			// A veth's native XDP transmits (XDP_TX, redirects) only to
+			// a peer with NAPI (its own XDP program or GRO): packets to
+			// any other peer are dropped.
+			mode, why = AccelGeneric, "veth: native XDP can only transmit to a peer with NAPI"
+		}
+	}
+	prog := b.np.objs.WaggleNpXdp
+	if old, err := link.LoadPinnedLink(path, nil); err == nil {
+		info, ierr := old.Info()
+		if ierr == nil && info.XDP() != nil && int(info.XDP().Ifindex) == d.ifindex && xdpAttachMode(d.ifindex) == mode {
+			err = old.Update(prog)
+			old.Close()
+			if err != nil {
+				return fmt.Errorf("replace the XDP program in pinned link %s: %w", path, err)
+			}
+			d.xdp = mode
+			b.log.Info("north-south XDP acceleration selected", "device", d.name, "mode", mode, "why", why)
+			return nil
+		}
+		// Another device or mode: the tc programs serve everything
+		// until the new attachment is in place.
+		old.Detach()
+		old.Unpin()
+		old.Close()
+	}
+	flags := link.XDPGenericMode
+	if mode == AccelNative {
+		flags = link.XDPDriverMode
+	}
+	l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: d.ifindex, Flags: flags})
+	if err != nil && accel == AccelBestEffort && mode == AccelNative {
+		mode, why = AccelGeneric, fmt.Sprintf("native XDP not supported by the driver (%v)", err)
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: d.ifindex, Flags: link.XDPGenericMode})
+	}
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("attach the north-south XDP program (%s) to %s: another XDP program is attached to it (ip link show %s): %w", mode, d.name, d.name, err)
+	}
+	if err != nil {
+		return fmt.Errorf("attach the north-south XDP program (%s) to %s: %w", mode, d.name, err)
+	}
+	err = l.Pin(path)
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("pin link %s: %w", path, err)
+	}
+	l.Close()
+	d.xdp = mode
+	b.log.Info("north-south XDP acceleration selected", "device", d.name, "mode", mode, "why", why)
+	return nil
+}
+
+// xdpAttachMode is the mode of the XDP program attached to ifindex
+// (AccelNative, AccelGeneric, or empty), as the kernel reports it.
+func xdpAttachMode(ifindex int) string {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil || l.Attrs().Xdp == nil || !l.Attrs().Xdp.Attached {
+		return ""
+	}
+	switch l.Attrs().Xdp.AttachMode {
+	case 1: // XDP_ATTACHED_DRV
+		return AccelNative
+	case 2: // XDP_ATTACHED_SKB
+		return AccelGeneric
+	}
+	return ""
 }
 
 func (n *northSouth) close() {

@@ -198,6 +198,10 @@ func (tp *nsTopo) start(tweak ...func(*Config)) {
 		MaxBackends: 1 << 12, MaxAffinity: 1024, MaxReverseSockets: 1024,
 		NorthSouth: &NorthSouth{Devices: []string{"eth0"}, NetNS: tp.node1.path(), MaglevTableSize: 251},
 		Log:        slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	if a := testAcceleration(); a != "" {
+		cfg.NorthSouth.Acceleration = a
+		tp.clientWire(a)
+	}
 	for _, f := range tweak {
 		f(&cfg)
 	}
@@ -487,7 +491,9 @@ func TestNorthSouthEstablishedFlowsSurviveBackendChanges(t *testing.T) {
 	// A restart of the proxy keeps established flows (pinned conntrack,
 	// Maglev refilled before the programs are swapped).
 	tp.backend.Close()
-	tp.start(func(c *Config) { c.NodeName = filepath.Base(tp.pinDir) })
+	pinDir := tp.pinDir
+	tp.start(func(c *Config) { c.NodeName, c.PinDir = filepath.Base(pinDir), pinDir })
+	tp.pinDir = pinDir
 	for i, f := range flows {
 		if f.pod == "10.27.2.10" {
 			continue

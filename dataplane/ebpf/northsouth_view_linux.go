@@ -17,7 +17,7 @@ import (
 
 var npStatNames = [...]string{"xlate_local", "xlate_snat", "ct_hit", "reply", "no_backend", "local_drop",
 	"fragment", "snat_exhausted", "fib_miss", "maglev_miss", "affinity_hit", "backend_gone",
-	"src_range_drop", "icmp_error"}
+	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum"}
 
 // NorthSouthStatNames lists the north-south counters (enum np_stat), in
 // index order.
@@ -110,6 +110,12 @@ func (v *View) Devices() ([]DeviceEntry, error) {
 	err = iterate(m, MapNPDevices, func(idx uint32, d nodePortNpDevice) {
 		a := netip.AddrFrom4([4]byte{byte(d.Addr4), byte(d.Addr4 >> 8), byte(d.Addr4 >> 16), byte(d.Addr4 >> 24)})
 		e := DeviceEntry{Ifindex: idx, SNATAddr: a}
+		switch {
+		case d.Flags&npDevXDPNative != 0:
+			e.XDP = AccelNative
+		case d.Flags&npDevXDPGeneric != 0:
+			e.XDP = AccelGeneric
+		}
 		if ifc, err := net.InterfaceByIndex(int(idx)); err == nil {
 			e.Name = ifc.Name // in the caller's namespace: right when run in the node's
 		}

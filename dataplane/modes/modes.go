@@ -26,7 +26,8 @@ func ebpfConfig(mc dataplane.ModeConfig) ebpf.Config {
 		Log: mc.Log, Metrics: mc.Metrics,
 	}
 	if len(mc.NodePortDevices) > 0 {
-		c.NorthSouth = &ebpf.NorthSouth{Devices: mc.NodePortDevices, MaglevTableSize: mc.MaglevTableSize, NetNS: mc.NodePortNetNS}
+		c.NorthSouth = &ebpf.NorthSouth{Devices: mc.NodePortDevices, MaglevTableSize: mc.MaglevTableSize, NetNS: mc.NodePortNetNS,
+			Acceleration: mc.LBAcceleration}
 	}
 	return c
 }

@@ -117,9 +117,13 @@ func (l MaglevList) writeTable(w io.Writer) {
 }
 
 func (s *NorthSouthStatus) writeTable(w io.Writer) {
-	row(w, "IFINDEX", "DEVICE", "SNAT ADDRESS")
+	row(w, "IFINDEX", "DEVICE", "SNAT ADDRESS", "XDP")
 	for _, d := range s.Devices {
-		row(w, d.Ifindex, orDash(d.Name), d.SNATAddr)
+		xdp := d.XDP
+		if xdp == "" {
+			xdp = "off (tc only)"
+		}
+		row(w, d.Ifindex, orDash(d.Name), d.SNATAddr, xdp)
 	}
 	row(w)
 	row(w, "COUNTER", "VALUE")
