@@ -264,16 +264,17 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 	// for a whole first sync, instead of one per frontend); each is capped
 	// so that nothing appends into its neighbour.
 	var buf []backendKey
+	rest := 0 // endpoints of fs[i:]
+	for i := range fs {
+		rest += len(fs[i].Endpoints)
+	}
 	if len(r.fronts) == 0 {
-		n := 0
-		for i := range fs {
-			n += len(fs[i].Endpoints)
-		}
-		buf = make([]backendKey, 0, n)
+		buf = make([]backendKey, 0, rest)
 		out = make([]want, 0, len(fs))
 	}
 	for i := range fs {
 		f := &fs[i]
+		rest -= len(f.Endpoints)
 		p := r.fronts[f.FrontendKey]
 		if p != nil {
 			p.seen = r.gen
@@ -284,7 +285,9 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service, terminateTCP: f.TerminateTCP,
 			ranges: f.SourceRanges}
 		if cap(buf)-len(buf) < len(f.Endpoints) {
-			buf = make([]backendKey, 0, max(len(f.Endpoints), 256))
+			// Room for this frontend and up to 256 more endpoints of the
+			// frontends after it (none for a lone change).
+			buf = make([]backendKey, 0, len(f.Endpoints)+min(rest, 256))
 		}
 		start := len(buf)
 		var seen map[backendKey]bool // only for long lists
