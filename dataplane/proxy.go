@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -451,13 +452,15 @@ func newProxy(cfg Config, log *slog.Logger, health *ops.Health, backend Backend,
 	m.mode.WithLabelValues(mode.Name).Set(1)
 	p := &proxy{
 		cfg: cfg, log: log, health: health, backend: backend, mode: mode, client: client, m: m,
-		factory: informers.NewSharedInformerFactory(client, 0),
-		nodes: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
-		})),
-		pods: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-		})),
+		factory: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields)),
+		nodes: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
+			})),
+		pods: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+			})),
 		lastWarning: map[string]string{},
 		tracker:     NewTracker(cfg.NodeName, !mode.LoopbackNodePorts),
 		needFull:    true,
@@ -601,6 +604,18 @@ func (p *proxy) run(ctx context.Context, errc chan error) error {
 		<-done
 		return err
 	}
+}
+
+// stripManagedFields drops metadata.managedFields from every object the
+// informers cache, as kube-proxy does: the proxy never reads them, and in a
+// cluster where several managers apply Services and EndpointSlices they
+// can be a large part of each object. (In BenchmarkEndpointChangeToMap,
+// whose objects carry one small entry each, the RSS did not change.)
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil && m.GetManagedFields() != nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 // tombstone unwraps an informer's DeletedFinalStateUnknown.

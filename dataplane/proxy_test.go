@@ -494,3 +494,22 @@ func TestRunAppliesOnlyTheChangedService(t *testing.T) {
 		t.Errorf("%d whole-State syncs, want only the first", n)
 	}
 }
+
+// The informers' transform drops managedFields (the proxy's largest unread
+// field) and leaves everything else, and passes what is not an object.
+func TestInformersDropManagedFields(t *testing.T) {
+	svc := &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", Labels: map[string]string{"app": "web"},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}},
+		Spec: v1.ServiceSpec{ClusterIP: "10.96.0.10"}}
+	out, err := stripManagedFields(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*v1.Service)
+	if got.ManagedFields != nil || got.Labels["app"] != "web" || got.Spec.ClusterIP != "10.96.0.10" {
+		t.Errorf("transformed Service: %+v", got.ObjectMeta)
+	}
+	if out, err := stripManagedFields("not an object"); err != nil || out != "not an object" {
+		t.Errorf("non-object: %v, %v", out, err)
+	}
+}

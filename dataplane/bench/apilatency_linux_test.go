@@ -81,8 +81,11 @@ func runProxyChild(kubeconfig string) int {
 // by point lookups, through a real `waggle proxy` process in ebpf mode. At
 // each Service count (DP_BENCH_SERVICES, default 1000,10000; the Services
 // accumulate, 4 endpoints each) it reports p50/p99 over DP_BENCH_CHANGES
-// (default 200) changes made one after another, the proxy's CPU per change
-// and its RSS. Run it once: -benchtime 1x.
+// (default 200) changes made one after another (after DP_BENCH_WARMUP,
+// default 20, unrecorded ones), the proxy's CPU per change and its RSS,
+// and where the time goes: the API call, the arrival of the change at a
+// watch in this process (what any watcher could see: the limit) and the
+// proxy's share after that. Run it once: -benchtime 1x.
 func BenchmarkEndpointChangeToMap(b *testing.B) {
 	testutil.RequiresKernelFeature(b, testutil.CgroupSockAddr)
 	counts := []int{1000, 10000}
@@ -99,6 +102,10 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	changes := 200
 	if s := os.Getenv("DP_BENCH_CHANGES"); s != "" {
 		changes, _ = strconv.Atoi(s)
+	}
+	warmup := 20
+	if s := os.Getenv("DP_BENCH_WARMUP"); s != "" {
+		warmup, _ = strconv.Atoi(s)
 	}
 	// DP_BENCH_NORTHSOUTH=1: every Service also has an ExternalIP, the
 	// proxy runs north-south load balancing, and a change counts as
@@ -198,6 +205,11 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		cpuPerChange      time.Duration
 		rssMB             float64
 		changesWithErrors int
+		// Where the time goes, p50/p99 of each part: the Update call
+		// (API server and etcd), until a watch of this process saw the
+		// change (about when the proxy's informer gets it), and from
+		// there to the map entry (the proxy's share).
+		api, watch, proxy [2]time.Duration
 	}
 	var rows []row
 	next := 0 // unique endpoint addresses for changes
@@ -231,10 +243,14 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 			time.Sleep(100 * time.Millisecond) // polling the kernel maps for a condition, with a deadline
 		}
 		setup := time.Since(t0)
-		cpu0 := procCPU(b, cmd.Process.Pid)
-		var lat []time.Duration
+		seen, stopWatch := watchSlices(ctx, b, cs)
+		var cpu0 time.Duration
+		var lat, apiLat, watchLat, proxyLat []time.Duration
 		r := row{services: n, setup: setup}
-		for i := range changes {
+		for i := range warmup + changes {
+			if i == warmup {
+				cpu0 = procCPU(b, cmd.Process.Pid)
+			}
 			j := (i * 7919) % n
 			es, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, names[j], metav1.GetOptions{})
 			if err != nil {
@@ -258,9 +274,11 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 				}
 			}
 			start := time.Now()
-			if _, err := cs.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+			upd, err := cs.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{})
+			if err != nil {
 				b.Fatal(err)
 			}
+			apiDone := time.Now()
 			for {
 				svc, ok, err := view.Frontend(k)
 				if err != nil {
@@ -280,9 +298,20 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 				}
 				time.Sleep(100 * time.Microsecond) // a poll of the kernel map, at 0.1 ms resolution
 			}
-			lat = append(lat, time.Since(start))
+			done := time.Now()
+			if i < warmup {
+				continue
+			}
+			lat = append(lat, done.Sub(start))
+			apiLat = append(apiLat, apiDone.Sub(start))
+			if w, ok := seen.at(upd.ResourceVersion, 5*time.Second); ok {
+				watchLat = append(watchLat, w.Sub(start))
+				proxyLat = append(proxyLat, done.Sub(w))
+			}
 		}
 		cpu := procCPU(b, cmd.Process.Pid) - cpu0
+		stopWatch()
+		r.api, r.watch, r.proxy = p50p99(apiLat), p50p99(watchLat), p50p99(proxyLat)
 		slices.Sort(lat)
 		r.p50, r.p99, r.max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
 		r.cpuPerChange = cpu / time.Duration(changes)
@@ -296,11 +325,15 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	if northSouth {
 		what = "north-south Maglev table of the Service's ExternalIP frontend replaced"
 	}
-	fmt.Fprintf(&sb, "EndpointSlice update (API) → %s, through apiserver+etcd and a `waggle proxy` process; %d changes one after another, %d endpoints per Service\n", what, changes, perSvc)
+	fmt.Fprintf(&sb, "EndpointSlice update (API) → %s, through apiserver+etcd and a `waggle proxy` process; %d changes one after another (after %d unrecorded), %d endpoints per Service\n", what, changes, warmup, perSvc)
 	fmt.Fprintf(&sb, "%9s %10s %9s %9s %9s %14s %10s %7s\n", "services", "setup", "p50", "p99", "max", "proxy CPU/chg", "proxy RSS", "errors")
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "%9d %10s %9s %9s %9s %14s %8.0fMB %7d\n", r.services, r.setup.Round(time.Millisecond), r.p50.Round(10*time.Microsecond),
 			r.p99.Round(10*time.Microsecond), r.max.Round(10*time.Microsecond), r.cpuPerChange.Round(10*time.Microsecond), r.rssMB, r.changesWithErrors)
+	}
+	fmt.Fprintf(&sb, "where the time goes (p50 / p99): the Update call; until a watch in the benchmark saw it; from there to the map (the proxy's part)\n")
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "%9d %22s %22s %22s\n", r.services, pair(r.api), pair(r.watch), pair(r.proxy))
 	}
 	b.Log("\n" + sb.String())
 	last := rows[len(rows)-1]
@@ -308,6 +341,71 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	b.ReportMetric(float64(last.p99.Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(last.cpuPerChange.Microseconds())/1000, "proxy-cpu-ms/change")
 	b.ReportMetric(last.rssMB, "proxy-rss-MB")
+}
+
+func p50p99(d []time.Duration) [2]time.Duration {
+	if len(d) == 0 {
+		return [2]time.Duration{}
+	}
+	slices.Sort(d)
+	return [2]time.Duration{d[len(d)/2], d[min(len(d)-1, len(d)*99/100)]}
+}
+
+func pair(d [2]time.Duration) string {
+	return d[0].Round(10*time.Microsecond).String() + " / " + d[1].Round(10*time.Microsecond).String()
+}
+
+// sliceWatch records when a watch of this process received each
+// EndpointSlice resourceVersion.
+type sliceWatch struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	times map[string]time.Time
+}
+
+// at waits up to timeout for rv to arrive.
+func (w *sliceWatch) at(rv string, timeout time.Duration) (time.Time, bool) {
+	deadline := time.Now().Add(timeout)
+	timer := time.AfterFunc(timeout, func() { w.mu.Lock(); w.cond.Broadcast(); w.mu.Unlock() })
+	defer timer.Stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for {
+		if t, ok := w.times[rv]; ok {
+			return t, true
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, false
+		}
+		w.cond.Wait()
+	}
+}
+
+func watchSlices(ctx context.Context, b *testing.B, cs kubernetes.Interface) (*sliceWatch, func()) {
+	list, err := cs.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	wi, err := cs.DiscoveryV1().EndpointSlices("default").Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := &sliceWatch{times: map[string]time.Time{}}
+	w.cond = sync.NewCond(&w.mu)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range wi.ResultChan() {
+			now := time.Now()
+			if es, ok := ev.Object.(*discoveryv1.EndpointSlice); ok {
+				w.mu.Lock()
+				w.times[es.ResourceVersion] = now
+				w.cond.Broadcast()
+				w.mu.Unlock()
+			}
+		}
+	}()
+	return w, func() { wi.Stop(); <-done }
 }
 
 func cmpErr(a, b error) error {

@@ -142,6 +142,7 @@ func New(cfg Config) (b *Backend, err error) {
 		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, objs.WaggleRevNat},
 		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, objs.WaggleSvcNames},
 		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, objs.WaggleAffinity},
+		parallel: true,
 	}, cfg.MaxServices, cfg.MaxBackends)
 	if err := b.rec.restore(); err != nil {
 		objs.Close()

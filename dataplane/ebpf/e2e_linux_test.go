@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -883,5 +884,54 @@ func TestDualStackSocketReachesAnIPv4FrontendThroughItsMappedAddress(t *testing.
 	})
 	if err != nil || !contains(bes, who) {
 		t.Fatalf("dual-stack socket: reached %q, %v", who, err)
+	}
+}
+
+// TestLargeSyncsMatchTheFake: a sync big enough to write the backends and
+// the new frontends' slots on two threads at once (each half above
+// parallelMin) leaves the kernel maps exactly as the recording fake (one
+// entry at a time, checked after each), and so does a second sync that
+// changes one backend of every frontend and adds new frontends. (The
+// write order, entry by entry, is checked on the fake by the smaller tests.)
+func TestLargeSyncsMatchTheFake(t *testing.T) {
+	e := newEnv(t)
+	o := e.b.objs
+	real := tables{
+		services: mapTable[sockLBLbServiceKey, sockLBLbService]{MapServices, o.WaggleServices},
+		backends: mapTable[uint32, sockLBLbBackend]{MapBackends, o.WaggleBackends},
+		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, o.WaggleRevNat},
+		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, o.WaggleSvcNames},
+		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, o.WaggleAffinity},
+	}
+	f := newFakeMaps(1<<16, 1<<14)
+	fake := newReconciler(f.tables(), 1<<16, 1<<14)
+	st := bigState(1000, 10) // 10,000 backends, 10,000 slots of new frontends
+	if 1000*10 < parallelMin {
+		t.Fatalf("state too small for two threads (parallelMin %d)", parallelMin)
+	}
+	for round := range 2 {
+		e.sync(st)
+		if _, err := fake.sync(st); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := dumpTables(real), dumpTables(f.tables()); got != want {
+			t.Fatalf("round %d: kernel maps differ from the fake's", round)
+		}
+		if err := consistent(real); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		// Next: one backend replaced in every frontend, 500 frontends more.
+		next := &dataplane.State{NodeName: st.NodeName}
+		for i, fr := range st.Frontends {
+			fr.Endpoints = append(slices.Clone(fr.Endpoints[1:]), dataplane.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 150, byte(i >> 8), byte(i)}), Port: 8080})
+			next.Frontends = append(next.Frontends, fr)
+		}
+		for i := range 500 {
+			next.Frontends = append(next.Frontends, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}), Port: 80, Protocol: dataplane.TCP},
+				Kind: dataplane.ClusterIP, Service: dataplane.ServicePortName{Namespace: "ns", Name: "more"},
+				Endpoints: []dataplane.Endpoint{{Addr: netip.AddrFrom4([4]byte{10, 151, byte(i >> 8), byte(i)}), Port: 8080}}})
+		}
+		sortFrontends(next)
+		st = next
 	}
 }

@@ -33,6 +33,9 @@ type tables struct {
 	// maglev, when north-south load balancing is on: the Maglev table of
 	// every NodePort, ExternalIP and LoadBalancer frontend.
 	maglev maglevTables
+	// parallel: the tables may be written from two goroutines at once
+	// (different tables; real maps, not the tests' recording fakes).
+	parallel bool
 }
 
 // programmed is the reconciler's mirror of one frontend in the maps.
@@ -257,8 +260,21 @@ func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 // marks every desired frontend r holds with this sync's generation.
 func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 	var out []want
+	// The backend lists are carved out of shared chunks (one allocation
+	// for a whole first sync, instead of one per frontend); each is capped
+	// so that nothing appends into its neighbour.
+	var buf []backendKey
+	rest := 0 // endpoints of fs[i:]
+	for i := range fs {
+		rest += len(fs[i].Endpoints)
+	}
+	if len(r.fronts) == 0 {
+		buf = make([]backendKey, 0, rest)
+		out = make([]want, 0, len(fs))
+	}
 	for i := range fs {
 		f := &fs[i]
+		rest -= len(f.Endpoints)
 		p := r.fronts[f.FrontendKey]
 		if p != nil {
 			p.seen = r.gen
@@ -268,23 +284,30 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 		}
 		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service, terminateTCP: f.TerminateTCP,
 			ranges: f.SourceRanges}
-		w.backends = make([]backendKey, 0, len(f.Endpoints))
+		if cap(buf)-len(buf) < len(f.Endpoints) {
+			// Room for this frontend and up to 256 more endpoints of the
+			// frontends after it (none for a lone change).
+			buf = make([]backendKey, 0, len(f.Endpoints)+min(rest, 256))
+		}
+		start := len(buf)
 		var seen map[backendKey]bool // only for long lists
 		if len(f.Endpoints) > 16 {
 			seen = make(map[backendKey]bool, len(f.Endpoints))
 		}
+		proto := protoNum(f.Protocol)
 		for _, e := range f.Endpoints {
-			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: protoNum(f.Protocol), terminating: e.Terminating}
+			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: proto, terminating: e.Terminating}
 			if seen != nil {
 				if seen[b] {
 					continue
 				}
 				seen[b] = true
-			} else if slices.Contains(w.backends, b) {
+			} else if slices.Contains(buf[start:], b) {
 				continue
 			}
-			w.backends = append(w.backends, b)
+			buf = append(buf, b)
 		}
+		w.backends = buf[start:len(buf):len(buf)]
 		w.flags, w.timeout = frontendFlags(f)
 		out = append(out, w)
 	}
@@ -424,17 +447,20 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	// ones are deleted).
 	used := r.used
 	nfronts := len(r.fronts)
-	if len(r.beIDs) == 0 && len(wants) > 0 { // a first sync: size the mirror once
-		hint := 0
-		for _, w := range wants {
-			hint += len(w.backends)
-		}
-		r.beIDs = make(map[backendKey]uint32, hint)
-		r.beByID = make(map[uint32]backendKey, hint)
-		r.refs = make(map[uint32]int, hint)
+	nb := 0 // backends named by wants
+	for _, w := range wants {
+		nb += len(w.backends)
 	}
-	var newIDs []uint32
-	var newVals []sockLBLbBackend
+	if len(r.beIDs) == 0 && len(wants) > 0 { // a first sync: size the mirror once
+		r.beIDs = make(map[backendKey]uint32, nb)
+		r.beByID = make(map[uint32]backendKey, nb)
+		r.refs = make(map[uint32]int, nb)
+	}
+	newIDs := make([]uint32, 0, min(nb, r.maxBackends))
+	newVals := make([]sockLBLbBackend, 0, cap(newIDs))
+	// One allocation for every want's backend IDs (which become the
+	// frontends' slots), instead of one per frontend.
+	idBuf := make([]uint32, nb)
 	accepted := make([]want, 0, len(wants))
 	for _, w := range wants {
 		p := r.fronts[w.key]
@@ -447,7 +473,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		} else {
 			growth++
 		}
-		w.ids = make([]uint32, len(w.backends))
+		w.ids, idBuf = idBuf[:len(w.backends):len(w.backends)], idBuf[len(w.backends):]
 		fresh := 0
 		for i, b := range w.backends {
 			if id, ok := r.beIDs[b]; ok {
@@ -489,24 +515,32 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		accepted = append(accepted, w)
 	}
 
-	// 3. New backends, then rev_nat and names of new frontends.
-	if len(newIDs) > 0 {
-		if err := r.t.backends.Put(newIDs, newVals); err != nil {
-			return res, fmt.Errorf("write backends: %w", err)
-		}
-		r.touched = append(r.touched, newIDs...) // unused until a slot names them
-		res.writes += len(newIDs)
+	// 3. What to write: new backends (above), rev_nat and names of new
+	// frontends, slots, master entries, stale slots. Every new backend is
+	// named by the slots of an accepted want, so none is a candidate for
+	// deletion (a failed write re-reads the maps, which finds any orphan).
+	na := len(accepted)
+	revIDs, nameIDs := make([]uint32, 0, na), make([]uint32, 0, na)
+	revVals, nameVals := make([]sockLBLbRevNat, 0, na), make([]sockLBLbSvcName, 0, na)
+	masterKeys, masterVals := make([]sockLBLbServiceKey, 0, na), make([]sockLBLbService, 0, na)
+	// The slots of a frontend without a master entry in the map (a new
+	// one) are invisible to the programs until that entry is written, so
+	// they need not wait for the new backends; those of visible frontends
+	// must.
+	var hiddenKeys, slotKeys, staleKeys []sockLBLbServiceKey
+	var hiddenVals, slotVals []sockLBLbService
+	if len(r.fronts) == 0 {
+		hiddenKeys, hiddenVals = make([]sockLBLbServiceKey, 0, nb), make([]sockLBLbService, 0, nb)
+	} else {
+		slotKeys, slotVals = make([]sockLBLbServiceKey, 0, nb), make([]sockLBLbService, 0, nb)
 	}
-
-	var revIDs, nameIDs []uint32
-	var revVals []sockLBLbRevNat
-	var nameVals []sockLBLbSvcName
-	var slotKeys, masterKeys, staleKeys []sockLBLbServiceKey
-	var slotVals, masterVals []sockLBLbService
-	next := make(map[dataplane.FrontendKey]*programmed, len(accepted))
-	for _, w := range accepted {
+	// next[i] is accepted[i] as it will be programmed; one allocation for
+	// all of them.
+	next := make([]programmed, na)
+	for i, w := range accepted {
 		old := r.fronts[w.key]
-		p := &programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
+		p := &next[i]
+		*p = programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
 			name: w.name, keys: w.backends, svc: w.svc, seen: r.gen, terminateTCP: w.terminateTCP, ranges: w.ranges}
 		if old != nil && old.id != 0 {
 			p.id = old.id
@@ -522,13 +556,18 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			nameIDs = append(nameIDs, p.id)
 			nameVals = append(nameVals, nameValue(w.kind, w.name))
 		}
-		p.slots = make([]uint32, len(w.backends))
+		p.slots = w.ids
+		visible := old != nil && old.hasMaster
 		for i, id := range w.ids {
-			p.slots[i] = id
 			r.refs[id]++
 			if old == nil || i >= len(old.slots) || old.slots[i] != id || old.id != p.id {
-				slotKeys = append(slotKeys, serviceKey(w.key, uint16(i+1)))
-				slotVals = append(slotVals, sockLBLbService{BackendId: id, RevNatId: p.id})
+				if visible {
+					slotKeys = append(slotKeys, serviceKey(w.key, uint16(i+1)))
+					slotVals = append(slotVals, sockLBLbService{BackendId: id, RevNatId: p.id})
+				} else {
+					hiddenKeys = append(hiddenKeys, serviceKey(w.key, uint16(i+1)))
+					hiddenVals = append(hiddenVals, sockLBLbService{BackendId: id, RevNatId: p.id})
+				}
 			}
 		}
 		if old == nil || !old.hasMaster || old.count != p.count || old.flags != p.flags ||
@@ -544,16 +583,10 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			for i := len(w.backends); i < len(old.slots); i++ {
 				staleKeys = append(staleKeys, serviceKey(w.key, uint16(i+1)))
 			}
-			keep := make(map[uint32]bool, len(p.slots))
-			still := make(map[netip.AddrPort]bool, len(w.backends))
-			for i, id := range p.slots {
-				keep[id] = true
-				still[netip.AddrPortFrom(w.backends[i].addr, w.backends[i].port)] = true
-			}
 			for _, id := range old.slots {
 				// A backend that only turned terminating is not lost:
 				// its sockets keep it.
-				if b := r.beByID[id]; id != 0 && !keep[id] && !still[netip.AddrPortFrom(b.addr, b.port)] {
+				if b := r.beByID[id]; id != 0 && !slices.Contains(p.slots, id) && !hasAddrPort(w.backends, b) {
 					res.lost = append(res.lost, r.lost(p, w.key, id))
 					if old.flags&FlagAffinity != 0 {
 						lostPairs[[2]uint32{p.id, id}] = true
@@ -561,15 +594,35 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 				}
 			}
 		}
-		next[w.key] = p
 	}
-	if err := r.t.revNat.Put(revIDs, revVals); err != nil {
-		return res, fmt.Errorf("write reverse NAT: %w", err)
+	// 4. What no program can reach yet, in any order: new backends,
+	// rev_nat and names of new IDs, slots of frontends without a master
+	// entry. A large batch goes on two threads (two maps at once).
+	writeBackends := func() error {
+		if err := r.t.backends.Put(newIDs, newVals); err != nil {
+			return fmt.Errorf("write backends: %w", err)
+		}
+		if err := r.t.revNat.Put(revIDs, revVals); err != nil {
+			return fmt.Errorf("write reverse NAT: %w", err)
+		}
+		return nil
 	}
-	if err := r.t.names.Put(nameIDs, nameVals); err != nil {
-		return res, fmt.Errorf("write service names: %w", err)
+	writeHidden := func() error {
+		if err := r.t.names.Put(nameIDs, nameVals); err != nil {
+			return fmt.Errorf("write service names: %w", err)
+		}
+		if err := r.t.services.Put(hiddenKeys, hiddenVals); err != nil {
+			return fmt.Errorf("write backend slots of new frontends: %w", err)
+		}
+		return nil
 	}
-	// 4. Slots, then master entries (the count last), then stale slots.
+	if err := inParallel(r.t.parallel && len(newIDs)+len(revIDs) >= parallelMin && len(hiddenKeys) >= parallelMin,
+		writeBackends, writeHidden); err != nil {
+		return res, err
+	}
+	res.writes += len(newIDs) + len(hiddenKeys)
+	// 5. Slots of visible frontends (their backends exist now), then
+	// master entries (the count last), then stale slots.
 	if err := r.t.services.Put(slotKeys, slotVals); err != nil {
 		return res, fmt.Errorf("write backend slots: %w", err)
 	}
@@ -585,7 +638,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	// backends stay in the backends map until step 5, so a table being
 	// replaced never names a missing one).
 	if r.t.maglev != nil {
-		for k, p := range next {
+		for i := range next {
+			k, p := accepted[i].key, &next[i]
 			old := r.fronts[k]
 			same := old != nil && old.maglev && old.id == p.id && slices.Equal(old.slots, p.slots) &&
 				slices.Equal(old.ranges, p.ranges)
@@ -606,7 +660,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			}
 		}
 	}
-	for k, p := range next {
+	for i := range next {
+		k, p := accepted[i].key, &next[i]
 		if old := r.fronts[k]; old != nil {
 			r.used -= len(old.slots)
 			if old.hasMaster {
@@ -617,16 +672,19 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		r.fronts[k] = p
 	}
 
-	// 5. Backends no frontend uses any more, and affinity entries that
+	// 6. Backends no frontend uses any more, and affinity entries that
 	// point at a backend their service lost.
 	var unused []uint32
 	for _, id := range r.touched {
-		if _, ok := r.beByID[id]; ok && r.refs[id] == 0 && !slices.Contains(unused, id) {
-			unused = append(unused, id)
+		if r.refs[id] == 0 {
+			if _, ok := r.beByID[id]; ok {
+				unused = append(unused, id)
+			}
 		}
 	}
 	r.touched = r.touched[:0]
 	slices.Sort(unused)
+	unused = slices.Compact(unused)
 	if len(lostPairs) > 0 || len(goneServices) > 0 {
 		var stale []sockLBLbAffinityKey
 		err := r.t.affinity.Iterate(func(k sockLBLbAffinityKey, v sockLBLbAffinity) bool {
@@ -659,6 +717,36 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		return res, &dataplane.RejectedFrontends{Errs: res.rejected, Hint: "raise --bpf-lb-map-max or --bpf-lb-backends-max"}
 	}
 	return res, nil
+}
+
+// parallelMin is the smallest batch (entries in each half) written on two
+// threads: below it a goroutine costs more than it saves.
+const parallelMin = 4096
+
+// inParallel runs a and b, on two goroutines when parallel (else a, then
+// b), and returns the first error.
+func inParallel(parallel bool, a, b func() error) error {
+	if !parallel {
+		if err := a(); err != nil {
+			return err
+		}
+		return b()
+	}
+	errA := make(chan error, 1)
+	go func() { errA <- a() }()
+	errB := b()
+	return cmp.Or(<-errA, errB)
+}
+
+// hasAddrPort reports whether bs holds b's address and port (in any
+// protocol or state).
+func hasAddrPort(bs []backendKey, b backendKey) bool {
+	for i := range bs {
+		if bs[i].addr == b.addr && bs[i].port == b.port {
+			return true
+		}
+	}
+	return false
 }
 
 // backendNames names the backends of slots for the Maglev permutation.
