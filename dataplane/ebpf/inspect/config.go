@@ -132,6 +132,15 @@ Commands:
   nodeport status                   north-south devices (SNAT addresses) and counters
   nodeport ct                       north-south conntrack: both directions of each flow, NAT, expiry
   nodeport maglev                   each NodePort/ExternalIP/LoadBalancer frontend's Maglev table share per backend
+  policy list                       NetworkPolicy endpoints: pod, identity, isolation, verdict counters
+                                    (eBPF maps, or the iptables fallback's counters)
+  policy get POD                    one endpoint (namespace/name, name, address or ifindex): its entries
+                                    (peer identity, port, protocol, direction), policy, rule, hits
+  explain policy SRC DST:PORT[/PROTO]
+                                    whether a connection from SRC (an address) to DST is allowed,
+                                    and by which policy and rule (eBPF only)
+  monitor [--verdict drop|allow|all]
+                                    NetworkPolicy verdicts as they happen (pod, peer, port, policy)
 
 Exit codes: 0 ok, 1 not found, 2 usage, 3 no dataplane state on this node
 (none pinned, bpffs not mounted, or a map layout from another Waggle), 4 other failure.
