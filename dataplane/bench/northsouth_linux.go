@@ -10,18 +10,17 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/dataplane/ebpf"
 	"github.com/waggle-io/waggle/dataplane/iptables"
+	"github.com/waggle-io/waggle/internal/ethtool"
 )
 
 // North-south addresses (the northsouth engineer's 10.27/16).
@@ -500,7 +499,7 @@ func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
 	// The client and the backends send full checksums, as from other
 	// machines: XDP leaves offloaded ones (CHECKSUM_PARTIAL) to tc.
 	for _, n := range []string{t.client, t.pod} {
-		if err := inNS(n, func() error { return setTxChecksum("eth0", false) }); err != nil {
+		if err := inNS(n, func() error { return ethtool.SetTxChecksum("eth0", false) }); err != nil {
 			return nil, "", fmt.Errorf("%s eth0: tx checksum off: %w", n, err)
 		}
 	}
@@ -519,33 +518,6 @@ func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
 	}
 	t.closers = append(t.closers, func() { xb.Cleanup(context.Background()) })
 	return xb, pin, nil
-}
-
-// setTxChecksum turns tx checksum offload of ifname (in the calling
-// network namespace) on or off, as `ethtool -K <if> tx on|off`.
-func setTxChecksum(ifname string, on bool) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	v := struct{ cmd, data uint32 }{cmd: 0x17} // ETHTOOL_STXCSUM
-	if on {
-		v.data = 1
-	}
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data unsafe.Pointer // ifr_data: the ethtool command
-		_    [16]byte       // the rest of struct ifreq's union
-	}
-	copy(ifr.name[:unix.IFNAMSIZ-1], ifname)
-	ifr.data = unsafe.Pointer(&v)
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
-	runtime.KeepAlive(&v)
-	if errno != 0 {
-		return errno
-	}
-	return nil
 }
 
 func newBenchCgroup(name string) (string, error) {

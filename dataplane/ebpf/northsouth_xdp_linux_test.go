@@ -9,49 +9,17 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/internal/ethtool"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
-
-// setTxChecksum turns transmit checksum offload of ifname (in the calling
-// network namespace) on or off, as `ethtool -K <if> tx on|off`. Off, the
-// sender computes full TCP/UDP checksums, as a packet from another machine
-// has them on the wire; on (a veth's default), its packets carry only the
-// pseudo-header sum (CHECKSUM_PARTIAL), which XDP leaves to tc.
-func setTxChecksum(ifname string, on bool) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	v := struct{ cmd, data uint32 }{cmd: 0x17} // ETHTOOL_STXCSUM
-	if on {
-		v.data = 1
-	}
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data unsafe.Pointer // ifr_data: the ethtool command
-		_    [16]byte       // the rest of struct ifreq's union
-	}
-	copy(ifr.name[:unix.IFNAMSIZ-1], ifname)
-	ifr.data = unsafe.Pointer(&v)
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
-	runtime.KeepAlive(&v)
-	if errno != 0 {
-		return errno
-	}
-	return nil
-}
 
 // testAcceleration is the XDP mode every north-south test runs in:
 // WAGGLE_TEST_NP_ACCELERATION=generic runs the whole suite with XDP (the
@@ -69,7 +37,7 @@ func (tp *nsTopo) clientWire(accel string) {
 		return
 	}
 	for _, n := range append([]*nsNS{tp.client}, slices.Collect(maps.Values(tp.pods))...) {
-		if err := n.do(func() error { return setTxChecksum("eth0", false) }); err != nil {
+		if err := n.do(func() error { return ethtool.SetTxChecksum("eth0", false) }); err != nil {
 			tp.t.Fatalf("%s eth0: tx checksum off: %v", n.name, err)
 		}
 	}
@@ -180,7 +148,7 @@ func TestNorthSouthXDP(t *testing.T) {
 	// A client and pods whose checksums are offloaded: tc serves them,
 	// XDP counts them.
 	for _, n := range []*nsNS{tp.client, tp.pods["10.27.2.11"]} {
-		if err := n.do(func() error { return setTxChecksum("eth0", true) }); err != nil {
+		if err := n.do(func() error { return ethtool.SetTxChecksum("eth0", true) }); err != nil {
 			t.Fatal(err)
 		}
 	}
