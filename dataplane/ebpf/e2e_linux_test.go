@@ -638,13 +638,7 @@ func TestRealMapsMatchTheGoldenDump(t *testing.T) {
 	e := newEnv(t)
 	e.sync(goldenState())
 	o := e.b.objs
-	real := tables{
-		services: mapTable[sockLBLbServiceKey, sockLBLbService]{MapServices, o.WaggleServices},
-		backends: mapTable[uint32, sockLBLbBackend]{MapBackends, o.WaggleBackends},
-		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, o.WaggleRevNat},
-		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, o.WaggleSvcNames},
-		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, o.WaggleAffinity},
-	}
+	real := kernelTables(o)
 	checkGolden(t, "maps.golden", dumpTables(real))
 	// The read-only view decodes the same state.
 	v, err := OpenPinned(e.cfg.PinDir)
@@ -887,6 +881,17 @@ func TestDualStackSocketReachesAnIPv4FrontendThroughItsMappedAddress(t *testing.
 	}
 }
 
+// kernelTables are the socket LB's kernel maps as the writer's tables.
+func kernelTables(o *sockLBObjects) tables {
+	return tables{
+		services: mapTable[sockLBLbServiceKey, sockLBLbService]{MapServices, o.WaggleServices},
+		backends: mapTable[uint32, sockLBLbBackend]{MapBackends, o.WaggleBackends},
+		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, o.WaggleRevNat},
+		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, o.WaggleSvcNames},
+		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, o.WaggleAffinity},
+	}
+}
+
 // TestLargeSyncsMatchTheFake: a sync big enough to write the backends and
 // the new frontends' slots on two threads at once (each half above
 // parallelMin) leaves the kernel maps exactly as the recording fake (one
@@ -896,13 +901,7 @@ func TestDualStackSocketReachesAnIPv4FrontendThroughItsMappedAddress(t *testing.
 func TestLargeSyncsMatchTheFake(t *testing.T) {
 	e := newEnv(t)
 	o := e.b.objs
-	real := tables{
-		services: mapTable[sockLBLbServiceKey, sockLBLbService]{MapServices, o.WaggleServices},
-		backends: mapTable[uint32, sockLBLbBackend]{MapBackends, o.WaggleBackends},
-		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, o.WaggleRevNat},
-		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, o.WaggleSvcNames},
-		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, o.WaggleAffinity},
-	}
+	real := kernelTables(o)
 	f := newFakeMaps(1<<16, 1<<14)
 	fake := newReconciler(f.tables(), 1<<16, 1<<14)
 	st := bigState(1000, 10) // 10,000 backends, 10,000 slots of new frontends
