@@ -5,16 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
-
-	"k8s.io/client-go/rest"
 
 	"github.com/waggle-io/waggle/cluster/join"
 	"github.com/waggle-io/waggle/controlplane/apiserver"
@@ -112,26 +108,9 @@ func controlPlaneMember(ctx context.Context, cfg *Config, log *slog.Logger) (*st
 }
 
 func fetchControlPlaneBootstrap(ctx context.Context, d *join.Discovered, token string) (*apiserver.ControlPlaneBootstrap, error) {
-	rc := &rest.Config{Host: d.Server, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: d.CAPEM}, Timeout: 30 * time.Second}
-	hc, err := rest.HTTPClientFor(rc)
+	b, err := d.Fetch(ctx, token, apiserver.ControlPlaneBootstrapPath)
 	if err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(d.Server, "/")+apiserver.ControlPlaneBootstrapPath, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("fetch the control plane certificates from %s: %w", d.Server, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("fetch the control plane certificates from %s: %s: %s (a server token from `waggle token create --server` is needed)", d.Server, resp.Status, strings.TrimSpace(string(b)))
+		return nil, fmt.Errorf("fetch the control plane certificates: %w (a server token from `waggle token create --server` is needed)", err)
 	}
 	var doc apiserver.ControlPlaneBootstrap
 	if err := json.Unmarshal(b, &doc); err != nil {

@@ -17,9 +17,12 @@ package join
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -31,6 +34,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
@@ -39,6 +43,8 @@ import (
 	kubeadmapi "k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm"
 	"k8s.io/kubernetes/cmd/kubeadm/app/discovery/token"
 	"k8s.io/kubernetes/cmd/kubeadm/app/util/pubkeypin"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
 )
 
 // NodeGroup is the extra group of node join tokens; the default policy lets
@@ -244,6 +250,9 @@ type Node struct {
 	// (system:node:<name>), which the kubelet rotates in CertDir.
 	Kubeconfig string
 	CertDir    string
+	// ProxyKubeconfig holds the proxy's client certificate
+	// (system:kube-proxy), which the server issued to the join token.
+	ProxyKubeconfig string
 }
 
 // NodeFiles returns where a node keeps its join files under dataDir.
@@ -253,13 +262,14 @@ func NodeFiles(dataDir string) Node {
 		BootstrapKubeconfig: filepath.Join(dataDir, "bootstrap.kubeconfig"),
 		Kubeconfig:          filepath.Join(dataDir, "kubelet.kubeconfig"),
 		CertDir:             filepath.Join(dataDir, "pki"),
+		ProxyKubeconfig:     filepath.Join(dataDir, "proxy.kubeconfig"),
 	}
 }
 
 // Joined tells whether dataDir holds a node that joined already: its
-// kubeconfig and CA are there, so it needs no token to run again.
+// kubeconfigs and CA are there, so it needs no token to run again.
 func (n Node) Joined() bool {
-	for _, f := range []string{n.CAFile, n.Kubeconfig} {
+	for _, f := range []string{n.CAFile, n.Kubeconfig, n.ProxyKubeconfig} {
 		if _, err := os.Stat(f); err != nil {
 			return false
 		}
@@ -268,14 +278,23 @@ func (n Node) Joined() bool {
 }
 
 // Bootstrap is a node's first join: discovery through server with the
-// token (the CA pinned by caHashes), then the CA and a bootstrap
-// kubeconfig written under dataDir. The kubelet's TLS bootstrap, which
-// needs them, comes after.
+// token (the CA pinned by caHashes), then the CA, a bootstrap kubeconfig
+// and the proxy's kubeconfig (a system:kube-proxy certificate the server
+// issues to node join tokens) written under dataDir. The kubelet's TLS
+// bootstrap, which needs them, comes after.
 func Bootstrap(ctx context.Context, dataDir, server, tok string, caHashes []string, unsafeSkipCAVerification bool) (Node, error) {
 	n := NodeFiles(dataDir)
 	d, err := Discover(ctx, server, tok, caHashes, unsafeSkipCAVerification, 0)
 	if err != nil {
 		return n, err
+	}
+	body, err := d.Fetch(ctx, tok, bootstrap.NodeProxyCredentialsURL)
+	if err != nil {
+		return n, fmt.Errorf("the proxy's certificate: %w", err)
+	}
+	var creds struct{ CertPEM, KeyPEM []byte } // apiserver.NodeProxyCredentials
+	if err := json.Unmarshal(body, &creds); err != nil || len(creds.CertPEM) == 0 || len(creds.KeyPEM) == 0 {
+		return n, fmt.Errorf("the proxy's certificate from %s: not a certificate and key (%v)", d.Server, err)
 	}
 	if err := os.MkdirAll(filepath.Dir(n.CAFile), 0o700); err != nil {
 		return n, err
@@ -283,8 +302,43 @@ func Bootstrap(ctx context.Context, dataDir, server, tok string, caHashes []stri
 	if err := os.WriteFile(n.CAFile, d.CAPEM, 0o644); err != nil {
 		return n, err
 	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["waggle"] = &clientcmdapi.Cluster{Server: d.Server, CertificateAuthorityData: d.CAPEM}
+	kc.AuthInfos["proxy"] = &clientcmdapi.AuthInfo{ClientCertificateData: creds.CertPEM, ClientKeyData: creds.KeyPEM}
+	kc.Contexts["proxy"] = &clientcmdapi.Context{Cluster: "waggle", AuthInfo: "proxy"}
+	kc.CurrentContext = "proxy"
+	if err := clientcmd.WriteToFile(*kc, n.ProxyKubeconfig); err != nil {
+		return n, err
+	}
 	if err := WriteKubeconfig(n.BootstrapKubeconfig, d.Server, d.CAPEM, tok); err != nil {
 		return n, err
 	}
 	return n, os.Chmod(n.BootstrapKubeconfig, 0o600)
+}
+
+// Fetch GETs path (one of a server's join endpoints) from the server
+// discovery validated, authenticated by the bootstrap token.
+func (d *Discovered) Fetch(ctx context.Context, tok, path string) ([]byte, error) {
+	rc := &rest.Config{Host: d.Server, BearerToken: tok, TLSClientConfig: rest.TLSClientConfig{CAData: d.CAPEM}, Timeout: 30 * time.Second}
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(d.Server, "/")+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s from %s: %w", path, d.Server, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s from %s: %s: %s", path, d.Server, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return b, nil
 }

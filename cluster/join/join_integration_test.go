@@ -11,7 +11,6 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,6 +30,7 @@ import (
 	"github.com/waggle-io/waggle/cluster/join"
 	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
+	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
 	"github.com/waggle-io/waggle/controlplane/controllers"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/testutil"
@@ -313,13 +313,15 @@ func contains(s []string, v string) bool {
 	return false
 }
 
-// TestJoinedNodeRunsItsProxyAsItself: a machine joined with join.Bootstrap
-// and the kubelet's TLS bootstrap keeps what it needs to run again without
-// the token, and the node's own identity may do what its proxy and cluster
-// DNS server do (read Services, EndpointSlices, Pods, Namespaces,
-// NetworkPolicies and Nodes; hold the L2 announcement Leases), while the
-// Node authorizer still keeps it from other things (Secrets).
-func TestJoinedNodeRunsItsProxyAsItself(t *testing.T) {
+// TestJoinedNodeRunsItsProxyAsKubeProxy: a machine joined with
+// join.Bootstrap and the kubelet's TLS bootstrap keeps what it needs to
+// run again without the token; its proxy runs as system:kube-proxy with
+// the certificate the server issued to the token, and may do what the
+// proxy and the cluster DNS server do (read Services, EndpointSlices, Pods,
+// Namespaces, NetworkPolicies), while the node's own identity stays where
+// the Node authorizer keeps it (no listing every pod, as upstream). Only a
+// node join token may get the proxy's certificate.
+func TestJoinedNodeRunsItsProxyAsKubeProxy(t *testing.T) {
 	e := start(t)
 	ctx := context.Background()
 	tok, hash := e.nodeToken(t)
@@ -339,41 +341,56 @@ func TestJoinedNodeRunsItsProxyAsItself(t *testing.T) {
 	if !join.NodeFiles(dir).Joined() {
 		t.Fatal("after the TLS bootstrap the data dir does not read as joined")
 	}
-	// The token is gone: the node runs on its own certificate.
+	// The token is gone: the node runs on its own certificates.
 	if err := join.DeleteToken(ctx, e.admin, tok); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", n.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
+	client := func(kubeconfig string) (kubernetes.Interface, *rest.Config) {
+		rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cs, rc
 	}
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
+	proxy, prc := client(n.ProxyKubeconfig)
+	if u, err := whoami(t, prc); err != nil || u.Username != "system:kube-proxy" {
+		t.Fatalf("the proxy's identity: %+v, %v", u, err)
 	}
 	for what, list := range map[string]func() error{
-		"services": func() error { _, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{}); return err },
+		"services": func() error { _, err := proxy.CoreV1().Services("").List(ctx, metav1.ListOptions{}); return err },
 		"endpointslices": func() error {
-			_, err := cs.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
+			_, err := proxy.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{})
 			return err
 		},
-		"pods":       func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
-		"namespaces": func() error { _, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); return err },
+		"pods":       func() error { _, err := proxy.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err },
+		"namespaces": func() error { _, err := proxy.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); return err },
 		"networkpolicies": func() error {
-			_, err := cs.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
-			return err
-		},
-		"nodes": func() error { _, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); return err },
-		"an L2 announcement lease": func() error {
-			_, err := cs.CoordinationV1().Leases("kube-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "waggle-l2-test"}}, metav1.CreateOptions{})
+			_, err := proxy.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
 			return err
 		},
 	} {
 		if err := list(); err != nil {
-			t.Errorf("the joined node, as its proxy, %s: %v", what, err)
+			t.Errorf("the joined node's proxy lists %s: %v", what, err)
 		}
 	}
-	if _, err := cs.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("the joined node listed kube-system's Secrets: %v", err)
+	node, nrc := client(n.Kubeconfig)
+	if u, err := whoami(t, nrc); err != nil || u.Username != "system:node:j1" {
+		t.Fatalf("the node's identity: %+v, %v", u, err)
+	}
+	if _, err := node.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the node listed every pod: %v", err)
+	}
+	// A server join token may not get it (node join tokens only).
+	stok, err := join.CreateToken(ctx, e.admin, join.TokenOptions{TTL: time.Hour, Groups: []string{bootstrap.BootstrapServerGroup}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &join.Discovered{Server: e.srv.Config.Host, CAPEM: e.ca}
+	if _, err := d.Fetch(ctx, stok, bootstrap.NodeProxyCredentialsURL); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("a server token got the proxy's certificate: %v", err)
 	}
 }

@@ -24,9 +24,10 @@ import (
 // cluster, as `kubeadm join` or k3s's agent make one. The first run
 // discovers the cluster through any server with a bootstrap token and pins
 // its CA, then the kubelet's TLS bootstrap gets the node its own client
-// certificate (system:node:<name>) through a CertificateSigningRequest;
-// the kubelet, the proxy and the node's cluster DNS server then run in
-// this process as that node. Run again on the same --data-dir, it resumes
+// certificate (system:node:<name>) through a CertificateSigningRequest,
+// and the server issues the proxy its system:kube-proxy certificate (as
+// k3s's agent gets one); the kubelet, the proxy and the node's cluster DNS
+// server then run in this process. Run again on the same --data-dir, it resumes
 // without a token (the kubelet rotates the certificate).
 func runJoin(ctx context.Context, args []string) error {
 	def := cluster.Defaults()
@@ -127,11 +128,10 @@ func runJoin(ctx context.Context, args []string) error {
 	if *imageDir != "" {
 		kubeletFlags["image-dir"] = *imageDir
 	}
-	// The proxy and the cluster DNS server run as the node: its rotating
-	// certificate (client-go reloads the files), which the default RBAC
-	// policy gives what system:kube-proxy has (docs/security.md).
+	// The proxy and the cluster DNS server run as system:kube-proxy, with
+	// the certificate the server issued to the join token.
 	proxyFlags := map[string]string{
-		"kubeconfig":     n.Kubeconfig,
+		"kubeconfig":     n.ProxyKubeconfig,
 		"node-name":      name,
 		"mode":           *proxyMode,
 		"cluster-cidr":   *clusterCIDR,

@@ -10,6 +10,8 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/waggle-io/waggle/controlplane/apiserver/authz/rbac/bootstrap"
 )
 
 // ControlPlaneBootstrapPath is where a server joining an HA control plane
@@ -87,6 +89,38 @@ func (s *Server) serveControlPlaneBootstrap(w http.ResponseWriter, r *http.Reque
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(doc)
+}
+
+// NodeProxyCredentialsPath is where a machine joining as a node (`waggle
+// join`, with a node join token) gets its proxy's credentials, as k3s's
+// agent gets its kube-proxy client certificate with its token: a fresh key
+// pair and a client certificate for system:kube-proxy from the cluster CA.
+// The node's proxy and cluster DNS server run under that identity
+// (system:node-proxier, waggle:proxy), since the node's own identity is
+// kept by the Node authorizer to its own pods. Only a user RBAC allows
+// `get` on this URL may read it: system:masters and node join tokens
+// (system:bootstrappers:waggle:default-node-token).
+const NodeProxyCredentialsPath = bootstrap.NodeProxyCredentialsURL
+
+// NodeProxyCredentials is the document served there.
+type NodeProxyCredentials struct {
+	CertPEM []byte `json:"certPEM"`
+	KeyPEM  []byte `json:"keyPEM"`
+}
+
+func (s *Server) serveNodeProxyCredentials(w http.ResponseWriter, r *http.Request) {
+	if s.bundle == nil || !s.bundle.HasCAKey() {
+		writeStatus(w, apierrors.NewServiceUnavailable("this server was started with a user-provided CA (no CA key): it cannot issue the proxy's certificate of a joining node"), notFoundGR, "")
+		return
+	}
+	cert, key, err := s.bundle.IssueClient(bootstrap.ProxyUser, nil)
+	if err != nil {
+		writeStatus(w, apierrors.NewInternalError(err), notFoundGR, "")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(NodeProxyCredentials{CertPEM: cert, KeyPEM: key})
 }
 
 // EtcdMembersPath/<name>: DELETE removes that server's member from the

@@ -705,6 +705,7 @@ func (s *Server) Handler() http.Handler {
 		r.Use(s.authenticate, s.serveAggregated)
 		r.Handle("/metrics", health)
 		r.Get(ControlPlaneBootstrapPath, s.serveControlPlaneBootstrap)
+		r.Get(NodeProxyCredentialsPath, s.serveNodeProxyCredentials)
 		r.Delete(EtcdMembersPath+"/{name}", s.removeEtcdMember)
 		r.Get(serviceaccount.OpenIDConfigPath, s.serveOIDC(false))
 		r.Get(serviceaccount.JWKSPath, s.serveOIDC(true))

@@ -55,6 +55,9 @@ const (
 	BootstrapServerGroup = "system:bootstrappers:waggle:server-token"
 	// ControlPlaneBootstrapURL is that path.
 	ControlPlaneBootstrapURL = "/waggle/v1/control-plane-bootstrap"
+	// NodeProxyCredentialsURL is where a joining node's token gets the
+	// proxy's client certificate (see apiserver.NodeProxyCredentialsPath).
+	NodeProxyCredentialsURL = "/waggle/v1/node-proxy-credentials"
 )
 
 var (
@@ -176,14 +179,6 @@ func meta(name string) metav1.ObjectMeta {
 //   - Waggle's proxy enforces NetworkPolicy at each pod's veth, so beyond
 //     system:node-proxier it reads pods, namespaces and NetworkPolicies
 //     (ClusterRole waggle:proxy).
-//   - On a machine that joined with `waggle join` the proxy and the node's
-//     cluster DNS server run as the node itself (system:node:<name>, the
-//     certificate its kubelet bootstrapped and rotates), as k3s's agent
-//     runs its node components on credentials it got by joining: so
-//     system:nodes is bound to what system:kube-proxy has
-//     (waggle:node-proxier for system:node-proxier, and the subjects of
-//     waggle:proxy and waggle:proxy:l2-announcement). That is no more than
-//     the one shared proxy identity gave every node before.
 //   - Waggle's node agent programs the routes to other nodes' pod CIDRs
 //     (cni/routes), as a CNI daemon does, so nodes read all Nodes
 //     (ClusterRole waggle:node-routes bound to system:nodes); the Node
@@ -207,6 +202,11 @@ func meta(name string) metav1.ObjectMeta {
 //     (selfnodeclient); and anyone may read kube-public/cluster-info, the
 //     signed CA a joining machine discovers (kubeadm's
 //     bootstrap-signer-clusterinfo Role, bound to system:anonymous).
+//   - Joining nodes' proxies: node join tokens may get a system:kube-proxy
+//     client certificate (NodeProxyCredentialsURL, ClusterRole
+//     waggle:node-proxy-credentials), as k3s's agent gets its kube-proxy
+//     certificate with its token; the node's own identity, which the Node
+//     authorizer keeps to its own pods, could not run the proxy.
 //   - Joining servers: tokens in system:bootstrappers:waggle:server-token
 //     may get the shared control plane certificates
 //     (ControlPlaneBootstrapURL, ClusterRole waggle:control-plane-bootstrap).
@@ -231,11 +231,11 @@ func extra(p *Policy) {
 		}
 	}
 	bootstrappers := rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: BootstrapNodeGroup}
-	nodes := rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: NodesGroup}
 	p.ClusterRoleBindings = append(p.ClusterRoleBindings,
 		crb("waggle:kubelet-bootstrap", "system:node-bootstrapper", bootstrappers),
 		crb("waggle:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", bootstrappers),
-		crb("waggle:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", nodes))
+		crb("waggle:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+			rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: NodesGroup}))
 	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
 		ObjectMeta: meta("waggle:control-plane-bootstrap"),
@@ -243,6 +243,12 @@ func extra(p *Policy) {
 	})
 	p.ClusterRoleBindings = append(p.ClusterRoleBindings, crb("waggle:control-plane-bootstrap", "waggle:control-plane-bootstrap",
 		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: BootstrapServerGroup}))
+	p.ClusterRoles = append(p.ClusterRoles, rbacv1.ClusterRole{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+		ObjectMeta: meta("waggle:node-proxy-credentials"),
+		Rules:      []rbacv1.PolicyRule{{NonResourceURLs: []string{NodeProxyCredentialsURL}, Verbs: []string{"get"}}},
+	})
+	p.ClusterRoleBindings = append(p.ClusterRoleBindings, crb("waggle:node-proxy-credentials", "waggle:node-proxy-credentials", bootstrappers))
 	p.Roles = append(p.Roles, rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: withNamespace(meta("waggle:bootstrap-signer-clusterinfo"), "kube-public"),
@@ -268,7 +274,7 @@ func extra(p *Policy) {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
 		ObjectMeta: withNamespace(meta("waggle:proxy:l2-announcement"), "kube-system"),
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "waggle:proxy:l2-announcement"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ProxyUser}, nodes},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ProxyUser}},
 	})
 	// The local-path provisioner (controlplane/controllers/localpath)
 	// creates its default StorageClass at start; creating and deleting its
@@ -355,7 +361,6 @@ func extra(p *Policy) {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRoleBinding"},
 		ObjectMeta: meta("waggle:proxy"),
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "waggle:proxy"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ProxyUser}, nodes},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: ProxyUser}},
 	})
-	p.ClusterRoleBindings = append(p.ClusterRoleBindings, crb("waggle:node-proxier", "system:node-proxier", nodes))
 }
