@@ -225,11 +225,17 @@ func Discover(ctx context.Context, server, tok string, caHashes []string, unsafe
 // WriteKubeconfig writes a kubeconfig for server, trusting caPEM, with a
 // bearer token (a bootstrap kubeconfig) — or, with tok empty, none.
 func WriteKubeconfig(path, server string, caPEM []byte, tok string) error {
+	return writeKubeconfig(path, server, caPEM, "bootstrap", &clientcmdapi.AuthInfo{Token: tok})
+}
+
+// writeKubeconfig writes a kubeconfig for server, trusting caPEM, whose
+// one user (and context) is name with the credentials auth.
+func writeKubeconfig(path, server string, caPEM []byte, name string, auth *clientcmdapi.AuthInfo) error {
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["waggle"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	kc.AuthInfos["bootstrap"] = &clientcmdapi.AuthInfo{Token: tok}
-	kc.Contexts["bootstrap"] = &clientcmdapi.Context{Cluster: "waggle", AuthInfo: "bootstrap"}
-	kc.CurrentContext = "bootstrap"
+	kc.AuthInfos[name] = auth
+	kc.Contexts[name] = &clientcmdapi.Context{Cluster: "waggle", AuthInfo: name}
+	kc.CurrentContext = name
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
@@ -302,18 +308,12 @@ func Bootstrap(ctx context.Context, dataDir, server, tok string, caHashes []stri
 	if err := os.WriteFile(n.CAFile, d.CAPEM, 0o644); err != nil {
 		return n, err
 	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["waggle"] = &clientcmdapi.Cluster{Server: d.Server, CertificateAuthorityData: d.CAPEM}
-	kc.AuthInfos["proxy"] = &clientcmdapi.AuthInfo{ClientCertificateData: creds.CertPEM, ClientKeyData: creds.KeyPEM}
-	kc.Contexts["proxy"] = &clientcmdapi.Context{Cluster: "waggle", AuthInfo: "proxy"}
-	kc.CurrentContext = "proxy"
-	if err := clientcmd.WriteToFile(*kc, n.ProxyKubeconfig); err != nil {
+	proxy := &clientcmdapi.AuthInfo{ClientCertificateData: creds.CertPEM, ClientKeyData: creds.KeyPEM}
+	if err := writeKubeconfig(n.ProxyKubeconfig, d.Server, d.CAPEM, "proxy", proxy); err != nil {
 		return n, err
 	}
-	if err := WriteKubeconfig(n.BootstrapKubeconfig, d.Server, d.CAPEM, tok); err != nil {
-		return n, err
-	}
-	return n, os.Chmod(n.BootstrapKubeconfig, 0o600)
+	// (clientcmd writes kubeconfigs 0600: the token and key stay private.)
+	return n, WriteKubeconfig(n.BootstrapKubeconfig, d.Server, d.CAPEM, tok)
 }
 
 // Fetch GETs path (one of a server's join endpoints) from the server
