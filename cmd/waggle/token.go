@@ -71,20 +71,16 @@ func runToken(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		cmd := fmt.Sprintf("waggle join --server %s --token %s --discovery-token-ca-cert-hash %s", rc.Host, tok, hash)
+		what, cmd := "node", fmt.Sprintf("waggle join --server %s --token %s --discovery-token-ca-cert-hash %s", rc.Host, tok, hash)
 		if server {
-			cmd = fmt.Sprintf("waggle up --server %s --token %s --discovery-token-ca-cert-hash %s --advertise-address <its IP>", rc.Host, tok, hash)
+			what, cmd = "server", fmt.Sprintf("waggle up --server %s --token %s --discovery-token-ca-cert-hash %s --advertise-address <its IP>", rc.Host, tok, hash)
 		}
 		if printJoin {
 			fmt.Println(cmd)
 			return nil
 		}
 		fmt.Println(tok)
-		if server {
-			fmt.Fprintf(os.Stderr, "join a server with:\n  %s\n", cmd)
-		} else {
-			fmt.Fprintf(os.Stderr, "join a node with:\n  %s\n", cmd)
-		}
+		fmt.Fprintf(os.Stderr, "join a %s with:\n  %s\n", what, cmd)
 		return nil
 	case "list":
 		toks, err := join.ListTokens(ctx, cs)
