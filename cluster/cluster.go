@@ -91,6 +91,9 @@ type Config struct {
 	ContainerdAddress string
 	// ProxyMode is auto, ebpf, iptables or ipvs.
 	ProxyMode string
+	// NodePortDevices is --nodeport-devices: auto (the device of the node's
+	// address), none, or device names (see NodePortDevices).
+	NodePortDevices string
 	// CNIBinDir holds the waggle CNI plugin; ImageDir OCI archives imported
 	// at start.
 	CNIBinDir, ImageDir string
@@ -155,6 +158,7 @@ func Defaults() Config {
 		ServiceNodePortRange:   "30000-32767",
 		ClusterDomain:          clusterdns.DefaultClusterDomain,
 		ProxyMode:              "auto",
+		NodePortDevices:        "auto",
 		LogLevel:               "info",
 		NodeMonitorGracePeriod: 40 * time.Second,
 		Out:                    os.Stdout,
@@ -402,6 +406,10 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		nodeName = h
 	}
 	cidr, _ := netip.ParsePrefix(cfg.ClusterCIDR)
+	npDevices, err := NodePortDevices(cfg.NodePortDevices, cfg.NodeIP)
+	if err != nil {
+		return err
+	}
 	// The node's cluster DNS server, the kube-dns Service's endpoint here
 	// (see package clusterdns); like `waggle proxy`, a failure to serve is
 	// logged, not fatal to the node.
@@ -418,6 +426,7 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 			Kubeconfig:        kc("proxy"),
 			NodeName:          nodeName,
 			Mode:              cfg.ProxyMode,
+			NodePortDevices:   npDevices,
 			Modes:             modes.All(),
 			MaxServices:       ebpf.DefaultMaxServices,
 			MaxBackends:       ebpf.DefaultMaxBackends,
