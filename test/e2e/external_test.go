@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -188,9 +189,20 @@ func testExternalClient(t *testing.T, e *env, nodes []string) {
 				if err != nil {
 					return fmt.Errorf("%v: %s", err, out)
 				}
-				body, code, _ := strings.Cut(strings.TrimSpace(out), "\n")
-				if code != c.code || !strings.Contains(body, fmt.Sprintf(`"localEndpoints":%d`, c.count)) {
-					return fmt.Errorf("HTTP %s %s, want %s with localEndpoints %d", code, body, c.code, c.count)
+				out = strings.TrimSpace(out)
+				nl := strings.LastIndex(out, "\n")
+				if nl < 0 {
+					return fmt.Errorf("no body: %q", out)
+				}
+				body, code := out[:nl], out[nl+1:]
+				var st struct {
+					LocalEndpoints *int `json:"localEndpoints"`
+				}
+				if err := json.Unmarshal([]byte(body), &st); err != nil || st.LocalEndpoints == nil {
+					return fmt.Errorf("HTTP %s, body %q: %v", code, body, err)
+				}
+				if code != c.code || *st.LocalEndpoints != c.count {
+					return fmt.Errorf("HTTP %s with localEndpoints %d, want %s with %d", code, *st.LocalEndpoints, c.code, c.count)
 				}
 				return nil
 			})
