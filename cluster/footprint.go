@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/waggle-io/waggle/internal/procfs"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
@@ -53,6 +54,11 @@ type NodeFootprint struct {
 	BPFCgroupRoot string `json:"bpfCgroupRoot,omitempty"`
 	BPFPinDir     string `json:"bpfPinDir,omitempty"`
 }
+
+// DefaultDownGrace is how long `waggle down` gives a process after SIGTERM
+// before SIGKILL: the kubelet, the proxy and the API server shut down in
+// order within it.
+const DefaultDownGrace = 30 * time.Second
 
 // FootprintPath is the footprint file of a data dir.
 func FootprintPath(dataDir string) string { return filepath.Join(dataDir, "footprint.json") }
