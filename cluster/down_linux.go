@@ -68,6 +68,9 @@ func Down(ctx context.Context, cfg DownConfig) error {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if err := preflight(); err != nil {
+		return err
+	}
 	d := &downer{cfg: cfg}
 	if _, err := os.Stat(cfg.DataDir); errors.Is(err, os.ErrNotExist) {
 		if procs := findProcesses(cfg.DataDir); len(procs) == 0 {
@@ -110,6 +113,22 @@ func Down(ctx context.Context, cfg DownConfig) error {
 	fmt.Fprintf(cfg.Out, "purged: nothing Waggle made from %s is left\n", cfg.DataDir)
 	return nil
 }
+
+// preflight checks that this process sees the machine's cgroup and BPF
+// file systems: `ip netns exec` remounts /sys, hiding both, and a purge
+// run there would find nothing to detach and leave the programs attached.
+func preflight() error {
+	if _, err := cgroupfs.V2Root(); err != nil {
+		return fmt.Errorf("no cgroup v2 file system in sight (%w): run waggle down where /sys/fs/cgroup is mounted (`nsenter --net=`, not `ip netns exec`, which remounts /sys)", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(bpffsRoot, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("%s is not a BPF file system here: run waggle down where it is mounted (`nsenter --net=`, not `ip netns exec`, which remounts /sys)", bpffsRoot)
+	}
+	return nil
+}
+
+const bpffsRoot = "/sys/fs/bpf"
 
 // downer carries Down's progress: its step count and what failed.
 type downer struct {
@@ -327,8 +346,8 @@ func (d *downer) removePodNetworks(n *NodeFootprint) {
 	}
 }
 
-// cgroupV2Dir returns the directory of a cgroup path ("/waggle") or of a
-// directory under any cgroup mount, under the cgroup v2 mount.
+// cgroupV2Dir returns the cgroup v2 directory of a cgroup path ("/waggle")
+// or of a directory under any cgroup mount ("": the v2 root).
 func cgroupV2Dir(p string) (string, error) {
 	root, err := cgroupfs.V2Root()
 	if err != nil {
@@ -337,31 +356,42 @@ func cgroupV2Dir(p string) (string, error) {
 	if p == "" {
 		return root, nil
 	}
-	ms, _ := cgroupfs.Mounts()
-	for _, m := range ms {
-		if rel, ok := strings.CutPrefix(p, m.Path+"/"); ok {
-			return filepath.Join(root, rel), nil
-		}
+	rel, err := teardown.RelativeCgroup(p)
+	if err != nil {
+		return "", err
 	}
-	return filepath.Join(root, p), nil
+	return filepath.Join(root, rel), nil
 }
 
-// removePodCgroups kills what still runs in the pods' cgroups and removes
-// them (on every cgroup mount), then the kubelet's cgroup root if nothing
-// else is in it.
+// removePodCgroups kills what still runs in the pods' cgroups (pod<uid>
+// under the kubelet's cgroup root) and removes them, on every cgroup mount
+// (runc makes them in the v1 hierarchies of a hybrid host), then the
+// kubelet's cgroup root where nothing else is in it.
 func (d *downer) removePodCgroups(n *NodeFootprint) {
-	root, err := cgroupV2Dir(n.CgroupRoot)
+	rel, err := teardown.RelativeCgroup(n.CgroupRoot)
 	if err != nil {
 		d.check("pod cgroups", err)
 		return
 	}
-	v2root, _ := cgroupV2Dir("")
-	if root == v2root {
+	if rel == "/" {
 		d.check("pod cgroups", fmt.Errorf("the pod cgroup root %q is the machine's root cgroup: not removing it", n.CgroupRoot))
 		return
 	}
-	pods, _ := filepath.Glob(filepath.Join(root, "pod*"))
-	d.step("removing %d pod cgroup(s) under %s", len(pods), root)
+	roots, err := teardown.CgroupDirs(rel)
+	if err != nil {
+		d.check("pod cgroups", err)
+		return
+	}
+	var pods []string
+	names := map[string]bool{}
+	for _, r := range roots {
+		ps, _ := filepath.Glob(filepath.Join(r, "pod*"))
+		for _, p := range ps {
+			names[filepath.Base(p)] = true
+		}
+		pods = append(pods, ps...)
+	}
+	d.step("removing %d pod cgroup(s) under %s (on %d cgroup mount(s))", len(names), rel, len(roots))
 	for _, p := range pods {
 		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
 			continue
@@ -369,17 +399,18 @@ func (d *downer) removePodCgroups(n *NodeFootprint) {
 		d.check("processes in cgroup "+p, teardown.KillCgroupTree(p))
 		d.check("cgroup "+p, teardown.RemoveCgroupEverywhere(p))
 	}
-	if !exists(root) {
-		return
+	// The root itself, unless it holds something that is not this node's
+	// (another node's cgroups under /waggle).
+	for _, r := range roots {
+		err := unix.Rmdir(r)
+		switch {
+		case err == nil || errors.Is(err, unix.ENOENT):
+		case errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EBUSY):
+			fmt.Fprintf(d.cfg.Out, "  kept %s: it holds cgroups that are not this node's pods\n", r)
+		default:
+			d.check("cgroup "+r, err)
+		}
 	}
-	// The root itself, on every mount, unless it holds something that is
-	// not this node's (another node's cgroups under /waggle).
-	err = teardown.RemoveCgroupEverywhere(root)
-	if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EBUSY) {
-		fmt.Fprintf(d.cfg.Out, "  kept %s: it holds cgroups that are not this node's pods\n", root)
-		return
-	}
-	d.check("cgroup "+root, err)
 }
 
 // removeCNI removes the bridge and the masquerade chain of the node's

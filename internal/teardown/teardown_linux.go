@@ -79,8 +79,10 @@ func waitGone(pid int, start uint64, what string, timeout time.Duration, progres
 	return !Alive(pid, start)
 }
 
-// KillCgroupTree kills every process in a cgroup v2 subtree (cgroup.kill)
-// and waits for them to go. A missing cgroup is not an error.
+// KillCgroupTree kills every process in a cgroup subtree and waits for
+// them to go: with cgroup.kill on cgroup v2, else (a v1 hierarchy) by
+// SIGKILL to each process listed in the subtree's cgroup.procs. A missing
+// cgroup is not an error.
 func KillCgroupTree(dir string) error {
 	if _, err := os.Stat(dir); err != nil {
 		return nil
@@ -95,32 +97,99 @@ func KillCgroupTree(dir string) error {
 		}
 		return fmt.Errorf("processes left in %s", dir)
 	}
-	return nil
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids := cgroupProcs(dir)
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes %v left in %s", pids, dir)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cgroupProcs lists the processes of every cgroup in the subtree at dir.
+func cgroupProcs(dir string) []int {
+	var pids []int
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if err != nil {
+			return nil
+		}
+		for _, f := range strings.Fields(string(b)) {
+			var pid int
+			if _, err := fmt.Sscanf(f, "%d", &pid); err == nil && pid > 0 {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids
+}
+
+// RelativeCgroup returns the path of a cgroup relative to the cgroup
+// hierarchies' roots: p is a cgroup path ("/waggle") or a directory under
+// any cgroup mount ("/sys/fs/cgroup/unified/waggle").
+func RelativeCgroup(p string) (string, error) {
+	ms, err := cgroupfs.Mounts()
+	if err != nil {
+		return "", err
+	}
+	for _, m := range ms {
+		if filepath.Clean(p) == m.Path {
+			return "/", nil
+		}
+		if rel, ok := strings.CutPrefix(p, m.Path+"/"); ok {
+			return filepath.Clean("/" + rel), nil
+		}
+	}
+	return filepath.Clean("/" + p), nil
+}
+
+// CgroupDirs returns the directories of cgroup rel (RelativeCgroup) that
+// exist, one per cgroup mount it is made in.
+func CgroupDirs(rel string) ([]string, error) {
+	ms, err := cgroupfs.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range ms {
+		d := filepath.Join(m.Path, rel)
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			out = append(out, d)
+		}
+	}
+	return out, nil
 }
 
 // RemoveCgroupEverywhere removes the cgroup directory with the same path
 // relative to every cgroup mount (runc on a hybrid host also makes the v1
-// controllers' directories), deepest first. v2dir is a path under the
-// cgroup v2 mount.
-func RemoveCgroupEverywhere(v2dir string) error {
-	root, err := cgroupfs.V2Root()
+// controllers' directories), deepest first. dir is a path under any
+// cgroup mount; a hierarchy's root is refused.
+func RemoveCgroupEverywhere(dir string) error {
+	rel, err := RelativeCgroup(dir)
 	if err != nil {
 		return err
 	}
-	rel, err := filepath.Rel(root, v2dir)
-	if err != nil {
-		return err
+	if rel == "/" {
+		return fmt.Errorf("refusing to remove cgroup %s: it is a hierarchy's root", dir)
 	}
-	if rel == "." || strings.HasPrefix(rel, "..") {
-		return fmt.Errorf("refusing to remove cgroup %s: not below the cgroup v2 root %s", v2dir, root)
-	}
-	mounts, err := cgroupfs.Mounts()
+	dirs, err := CgroupDirs(rel)
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, m := range mounts {
-		errs = append(errs, rmdirTree(filepath.Join(m.Path, rel)))
+	for _, d := range dirs {
+		errs = append(errs, rmdirTree(d))
 	}
 	return errors.Join(errs...)
 }
