@@ -31,22 +31,6 @@ import (
 	"github.com/waggle-io/waggle/kubelet/network"
 )
 
-// DownConfig is `waggle down`'s configuration.
-type DownConfig struct {
-	// DataDir is the data dir of the `waggle up` or `waggle join` to stop.
-	DataDir string
-	// Purge also removes everything it made, the data dir last.
-	Purge bool
-	// Grace is how long a process has after SIGTERM before SIGKILL
-	// (default DefaultDownGrace).
-	Grace time.Duration
-	// Out receives one line per step.
-	Out io.Writer
-	// Log receives the components' own logs during the cleanup (nil:
-	// discarded).
-	Log *slog.Logger
-}
-
 // Down stops what `waggle up` or `waggle join` runs from cfg.DataDir and
 // the pods' containers and, with Purge, removes everything it made: pod
 // network namespaces and cgroups, the CNI bridge, masquerade chain and
