@@ -105,7 +105,7 @@ func buildBinaries(t *testing.T) (bin, images string) {
 	t.Helper()
 	root := repoRoot(t)
 	built.once.Do(func() {
-		if built.dir, built.err = os.MkdirTemp("", "waggle-e2e-bin-"); built.err != nil {
+		if built.dir, built.err = os.MkdirTemp("", "waggle-bin-"); built.err != nil {
 			return
 		}
 		dir := filepath.Join(built.dir, "bin")
