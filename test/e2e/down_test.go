@@ -49,6 +49,12 @@ func newUpNode(t *testing.T) *upNode {
 	// Safety net, last: whatever the test's own checks found, nothing of
 	// it stays on the machine.
 	t.Cleanup(func() {
+		if t.Failed() {
+			if out, err := n.kubectl("describe", "pods", "-A"); err == nil {
+				t.Logf("pods:\n%s", out)
+			}
+			t.Logf("waggle up's log (tail):\n%s", n.logTail())
+		}
 		n.stop()
 		if _, err := os.Stat(n.dataDir); err == nil {
 			out, err := exec.Command("nsenter", "--net="+n.netns, "--", n.bin, "down", "--purge", "--data-dir", n.dataDir).CombinedOutput()
