@@ -100,6 +100,9 @@ type Config struct {
 	// maps and links (empty: /sys/fs/bpf/waggle/<node>). A machine running
 	// several nodes, or a test, confines each to its own.
 	BPFCgroupRoot, BPFPinDir string
+	// EvictionHard is the kubelet's --eviction-hard (nil: its defaults;
+	// given, it replaces the whole set).
+	EvictionHard map[string]string
 	// ProxyMode is auto, ebpf, iptables or ipvs.
 	ProxyMode string
 	// CNIBinDir holds the waggle CNI plugin; ImageDir OCI archives imported
@@ -414,6 +417,7 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, 
 		CgroupRoot:          n.CgroupRoot,
 		RootDir:             n.KubeletRootDir,
 		ImageDir:            cfg.ImageDir,
+		EvictionHard:        cfg.EvictionHard,
 		Port:                10250,
 		ClientCAFile:        filepath.Join(cfg.DataDir, "pki", "ca.crt"),
 		// As long as the controller-manager waits for it (see lab).

@@ -118,7 +118,10 @@ func (n *upNode) start(t *testing.T) {
 		"--secure-port", "17443", "--scheduler-port", "17259", "--controller-manager-port", "17257",
 		"--cgroup-root", filepath.Join(n.cgroup, "pods"), "--bpf-cgroup-root", n.cgroup, "--bpf-pin-dir", n.pinDir,
 		"--containerd-namespace", n.name, "--cni-bin-dir", filepath.Join(filepath.Dir(n.bin), "cni"),
-		"--image-dir", n.images, "--node-monitor-grace-period", "10s", "--log-level", "warn")
+		"--image-dir", n.images, "--node-monitor-grace-period", "10s", "--log-level", "warn",
+		// The machine's own disk may be past the kubelet's default disk
+		// thresholds (a shared CI host): no disk-pressure taint for the pod.
+		"--eviction-hard", "memory.available<1Mi")
 	n.cmd.Stdout, n.cmd.Stderr = logf, logf
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := n.cmd.Start(); err != nil {
