@@ -335,7 +335,8 @@ func (n *upNode) footprint(t *testing.T, podUID string) footprint {
 // the pod; `waggle down --purge` then leaves nothing — no process, no
 // container in its namespace, no pod netns or cgroup, no bridge or nft
 // table, no BPF program on its cgroup and no pins, no data dir — and says
-// so again when run twice; and `waggle up` starts clean after it.
+// so again when run twice; and `waggle up` starts clean after it, and
+// killed, is purged with the containerd it left.
 func TestDownPurgeLeavesNothing(t *testing.T) {
 	testutil.RequiresRoot(t)
 	testutil.RequiresKernelFeature(t, testutil.CgroupSockAddr)
@@ -385,8 +386,14 @@ func TestDownPurgeLeavesNothing(t *testing.T) {
 	if out, err := n.kubectl("get", "pods", "-A", "-o", "name"); err != nil || strings.Contains(out, "pod/echo") {
 		t.Errorf("a fresh waggle up lists %q (%v): the purged cluster came back", out, err)
 	}
-	n.down(t, "--purge")
-	n.exited(t)
+	// Killed, up leaves its supervised containerd running (its own process
+	// group): the purge stops that too.
+	n.cmd.Process.Kill()
+	<-n.done
+	n.done = nil
+	if out := n.down(t, "--purge"); !strings.Contains(out, "left by its supervisor") {
+		t.Errorf("waggle down --purge after up was killed did not stop its containerd:\n%s", out)
+	}
 	n.checkNothingLeft(t, uid)
 }
 
