@@ -13,7 +13,7 @@ BUILD_TAGS := static_build
 # A path is checked with test -e (headers), a name with command -v.
 APT_DEPS := containerd:containerd runc:runc iptables:iptables clang:clang llvm-strip:llvm \
 	bpftool:bpftool ip:iproute2 nft:nftables conntrack:conntrack nsenter:util-linux \
-	docker-registry:docker-registry
+	docker-registry:docker-registry cc:gcc make:make bzip2:bzip2 curl:curl
 # Test tiers: TEST_FLAGS=-short gives the unit tier only.
 TEST_TIMEOUT ?= 20m
 TEST_FLAGS ?=

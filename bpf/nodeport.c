@@ -29,6 +29,7 @@
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/if_packet.h>
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/tcp.h>
@@ -543,6 +544,17 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	__u32 zero = 0, be_id = 0, id, pend = 0;
 	__u64 now;
 	int rc, r;
+
+	/* Only frames addressed to this node. A switch floods a frame for a
+	 * MAC it has not learnt (the lab bridge: every frame for a node whose
+	 * port just went down) to every port; the stack drops the copies
+	 * (PACKET_OTHERHOST), and translating them here would make a node
+	 * serve a LoadBalancer IP another node announces (two nodes answering
+	 * one flow while both are up). XDP has no pkt_type: a frame it passes
+	 * meets this check in tc; one it forwards (a new flow to a remote
+	 * backend) is not checked (bpf/README.md). */
+	if (!xdp && ((struct __sk_buff *)ctx)->pkt_type != PACKET_HOST)
+		return TCX_NEXT;
 
 	r = parse(ctx, xdp, &p);
 	if (r < 0)

@@ -105,6 +105,9 @@ type Config struct {
 	EvictionHard map[string]string
 	// ProxyMode is auto, ebpf, iptables or ipvs.
 	ProxyMode string
+	// NodePortDevices is --nodeport-devices: auto (the device of the node's
+	// address), none, or device names (see NodePortDevices).
+	NodePortDevices string
 	// CNIBinDir holds the waggle CNI plugin; ImageDir OCI archives imported
 	// at start.
 	CNIBinDir, ImageDir string
@@ -171,6 +174,7 @@ func Defaults() Config {
 		ProxyMode:              "auto",
 		ContainerdNamespace:    "waggle",
 		CgroupRoot:             "/waggle",
+		NodePortDevices:        "auto",
 		LogLevel:               "info",
 		NodeMonitorGracePeriod: 40 * time.Second,
 		Out:                    os.Stdout,
@@ -431,6 +435,10 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, 
 	}
 	g.Go(func() error { return kubelet.Run(ctx, kcfg) })
 	cidr, _ := netip.ParsePrefix(cfg.ClusterCIDR)
+	npDevices, err := NodePortDevices(cfg.NodePortDevices, cfg.NodeIP)
+	if err != nil {
+		return err
+	}
 	// The node's cluster DNS server, the kube-dns Service's endpoint here
 	// (see package clusterdns); like `waggle proxy`, a failure to serve is
 	// logged, not fatal to the node.
@@ -447,6 +455,7 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, 
 			Kubeconfig:        kc("proxy"),
 			NodeName:          nodeName,
 			Mode:              cfg.ProxyMode,
+			NodePortDevices:   npDevices,
 			Modes:             modes.All(),
 			CgroupRoot:        cfg.BPFCgroupRoot,
 			BPFPinDir:         pinDir,

@@ -41,7 +41,7 @@ func startHAControlPlane(ctx context.Context, cfg *Config, st *State, out io.Wri
 		if b, err := exec.CommandContext(ctx, "ip", "netns", "add", n.NetNS).CombinedOutput(); err != nil {
 			return fmt.Errorf("ip netns add %s: %v: %s", n.NetNS, err, b)
 		}
-		if err := plugNode(cfg, n, cfg.ServerAddr(i)); err != nil {
+		if err := plugNode(cfg, n, cfg.ServerAddr(i), true); err != nil {
 			return err
 		}
 		dir := serverDir(cfg.DataDir, i)

@@ -169,6 +169,21 @@ func (c *Config) NodeName(i int) string { return fmt.Sprintf("%s-node%d", c.Name
 // each node's subtree is below it.
 func (c *Config) CgroupParent() string { return "waggle-" + c.Name }
 
+// ClientName names the lab's external client: a network namespace
+// waggle-<name>-client on the lab bridge that is no node, standing for a
+// machine outside the cluster on the nodes' network.
+func (c *Config) ClientName() string { return c.Name + "-client" }
+
+// ClientAddr is the client's address: the lab subnet's address 9, above the
+// HA servers' (2 to 8) and below the nodes' (11 up).
+func (c *Config) ClientAddr() netip.Prefix {
+	a := c.Subnet.Masked().Addr()
+	for range 9 {
+		a = a.Next()
+	}
+	return netip.PrefixFrom(a, c.Subnet.Bits())
+}
+
 // NodeAddr is node i's address on the lab network.
 func (c *Config) NodeAddr(i int) netip.Prefix {
 	a := c.Subnet.Masked().Addr()

@@ -47,7 +47,7 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 	if err := st.save(cfg.DataDir); err != nil {
 		return err
 	}
-	step := newProgress(out, 4+cfg.Nodes)
+	step := newProgress(out, 5+cfg.Nodes)
 
 	step.next("lab bridge %s %s", cfg.Bridge, cfg.BridgeAddr())
 	if err := ensureBridge(cfg.Bridge, cfg.BridgeAddr()); err != nil {
@@ -64,6 +64,11 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 	}
 	if err := st.save(cfg.DataDir); err != nil {
 		return err
+	}
+
+	step.next("client %s at %s (an external machine on the lab network)", cfg.ClientName(), cfg.ClientAddr().Addr())
+	if err := makeClient(ctx, &cfg, st); err != nil {
+		return fmt.Errorf("client namespace: %w", err)
 	}
 
 	step.next("containerd (state under %s)", filepath.Join(cfg.DataDir, "containerd"))
@@ -132,7 +137,11 @@ func Down(ctx context.Context, dataDir string, out io.Writer) error {
 			errs = append(errs, ctrdsup.KillShims(containerdSocket(dataDir)))
 		}
 	}
-	for _, n := range st.Servers {
+	servers := st.Servers
+	if st.Client != nil {
+		servers = append(servers, *st.Client)
+	}
+	for _, n := range servers {
 		errs = append(errs, removeNetNS(n.NetNS))
 		errs = append(errs, teardown.RemoveLink(n.HostVeth))
 	}
@@ -184,6 +193,9 @@ func Status(ctx context.Context, dataDir string, out io.Writer) error {
 			node, addr = "-", st.BridgeAddr
 		}
 		fmt.Fprintf(out, "%-14s %-10s %-15s %-8d %s\n", node, p.Name, addr, p.PID, state)
+	}
+	if c := st.Client; c != nil {
+		fmt.Fprintf(out, "%-14s %-10s %-15s %-8s %s\n", c.Name, "-", c.Addr, "-", "network namespace "+c.NetNS+" (waggle lab exec client -- CMD)")
 	}
 	if st.Kubeconfig != "" {
 		fmt.Fprintln(out)
@@ -335,7 +347,7 @@ func makeNode(ctx context.Context, cfg *Config, st *State, i int) (NodeState, st
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		return n, "", fmt.Errorf("ip netns add %s: %v: %s", ns, err, out)
 	}
-	if err := plugNode(cfg, n, cfg.NodeAddr(i)); err != nil {
+	if err := plugNode(cfg, n, cfg.NodeAddr(i), true); err != nil {
 		return n, "", err
 	}
 	if err := os.MkdirAll(n.CgroupDir, 0o755); err != nil {
@@ -440,9 +452,31 @@ func Join(ctx context.Context, dataDir string, out io.Writer) (string, error) {
 	return n.Name, routePodCIDRs(ctx, &cfg, st)
 }
 
+// makeClient makes the lab's external client: a network namespace on the
+// lab bridge that is no node, recorded in st before it is made.
+func makeClient(ctx context.Context, cfg *Config, st *State) error {
+	c := NodeState{
+		Name:     cfg.ClientName(),
+		NetNS:    "waggle-" + cfg.ClientName(),
+		HostVeth: fmt.Sprintf("wl%sc", cfg.Name),
+		Addr:     cfg.ClientAddr().Addr().String(),
+	}
+	st.Client = &c
+	if err := st.save(cfg.DataDir); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", c.NetNS).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns add %s: %v: %s", c.NetNS, err, out)
+	}
+	return plugNode(cfg, c, cfg.ClientAddr(), false)
+}
+
 // plugNode joins the node's namespace to the lab bridge with a veth whose
-// inner end is eth0, and routes the node's traffic through the bridge.
-func plugNode(cfg *Config, n NodeState, addr netip.Prefix) error {
+// inner end is eth0. A router (a node, a server) forwards and sends what is
+// not on the lab network through the bridge; the client does neither: it
+// reaches node addresses and LoadBalancer IPs on the lab network only, by
+// ARP on the bridge, as a machine on the nodes' switch does.
+func plugNode(cfg *Config, n NodeState, addr netip.Prefix, router bool) error {
 	br, err := netlink.LinkByName(cfg.Bridge)
 	if err != nil {
 		return err
@@ -476,8 +510,11 @@ func plugNode(cfg *Config, n NodeState, addr netip.Prefix) error {
 		{"ip", "addr", "add", addr.String(), "dev", "eth0"},
 		{"ip", "link", "set", "eth0", "up"},
 		{"ip", "link", "set", "lo", "up"},
-		{"ip", "route", "add", "default", "via", cfg.BridgeAddr().Addr().String()},
-		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+	}
+	if router {
+		cmds = append(cmds,
+			[]string{"ip", "route", "add", "default", "via", cfg.BridgeAddr().Addr().String()},
+			[]string{"sysctl", "-qw", "net.ipv4.ip_forward=1"})
 	}
 	for _, c := range cmds {
 		if out, err := exec.Command("ip", append([]string{"netns", "exec", n.NetNS}, c...)...).CombinedOutput(); err != nil {
@@ -543,4 +580,50 @@ func removeNetNS(name string) error {
 		return fmt.Errorf("ip netns del %s: %v: %s", name, err, out)
 	}
 	return nil
+}
+
+// Exec runs a command in the lab and returns its exit error: in the
+// external client's network namespace (target "client" or its name), in a
+// node's (and in a cgroup below the node's, so that the node's socket load
+// balancer serves it as one of the node's processes), or in an HA
+// server's.
+func Exec(ctx context.Context, dataDir, target string, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("lab exec: no command")
+	}
+	st, err := LoadState(dataDir)
+	if err != nil {
+		return err
+	}
+	var netns, cgroup string
+	var names []string
+	if c := st.Client; c != nil {
+		names = append(names, "client")
+		if target == "client" || target == c.Name {
+			netns = c.NetNS
+		}
+	}
+	for _, n := range append(st.Nodes, st.Servers...) {
+		names = append(names, n.Name)
+		if target == n.Name {
+			netns, cgroup = n.NetNS, n.CgroupDir
+		}
+	}
+	if netns == "" {
+		return fmt.Errorf("the lab has no %q (have %s)", target, strings.Join(names, ", "))
+	}
+	argv := append([]string{"nsenter", "--net=" + filepath.Join("/run/netns", netns), "--"}, args...)
+	if cgroup != "" {
+		cg := filepath.Join(cgroup, fmt.Sprintf("lab-exec-%d", os.Getpid()))
+		if err := os.MkdirAll(cg, 0o755); err != nil {
+			return err
+		}
+		defer unix.Rmdir(cg)
+		// The shell moves itself into the cgroup before it becomes the
+		// command, so everything the command starts is counted there.
+		argv = append([]string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, cg}, argv...)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	return cmd.Run()
 }

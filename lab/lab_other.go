@@ -33,3 +33,8 @@ func Restart(string, string, string) error { return errLinuxOnly }
 func RunHAScenario(context.Context, string, string, time.Duration, io.Writer) (*HAResult, error) {
 	return nil, errLinuxOnly
 }
+
+// Exec is Linux-only.
+func Exec(context.Context, string, string, []string, io.Reader, io.Writer, io.Writer) error {
+	return errLinuxOnly
+}

@@ -52,6 +52,10 @@ func TestAddressesAndNamesFollowTheSubnetAndName(t *testing.T) {
 	if got := c.APIServer(); got != "https://10.251.0.1:6443" {
 		t.Errorf("single-server API URL %s", got)
 	}
+	// The client sits between the last HA server (.8) and the first node (.11).
+	if got := c.ClientAddr().String(); got != "10.251.0.9/24" || c.ClientName() != "e2e-client" {
+		t.Errorf("client address %s, name %s", got, c.ClientName())
+	}
 	c.Servers = 3
 	if got := c.ServerAddr(3).String(); got != "10.251.0.4/24" || c.ServerName(2) != "e2e-server2" {
 		t.Errorf("server 3 address %s, server 2 name %s", got, c.ServerName(2))

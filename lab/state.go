@@ -18,8 +18,11 @@ type State struct {
 	Nodes      []NodeState `json:"nodes,omitempty"`
 	// Servers are an HA lab's control plane servers (netns and veth;
 	// CgroupDir and PinDir unused).
-	Servers     []NodeState `json:"servers,omitempty"`
-	Initialized bool        `json:"initialized"`
+	Servers []NodeState `json:"servers,omitempty"`
+	// Client is the external client's namespace and veth (CgroupDir and
+	// PinDir unused): a machine on the lab network outside every node.
+	Client      *NodeState `json:"client,omitempty"`
+	Initialized bool       `json:"initialized"`
 	// Config is the configuration the lab was made with (for Join).
 	Config *Config `json:"config,omitempty"`
 }

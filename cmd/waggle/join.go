@@ -48,6 +48,7 @@ func runJoin(ctx context.Context, args []string) error {
 	serviceRange := fs.String("service-cluster-ip-range", def.ServiceClusterIPRange, "the cluster's Service range (the servers'); its tenth address is the cluster DNS Service")
 	clusterDomain := fs.String("cluster-domain", def.ClusterDomain, "the cluster DNS zone")
 	proxyMode := fs.String("proxy-mode", def.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")
+	npDevices := fs.String("nodeport-devices", def.NodePortDevices, "devices on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from other machines: auto (the device of the node's address), none, or comma-separated names")
 	logLevel := fs.String("log-level", def.LogLevel, "log level: debug, info, warn or error")
 	var kubeletArgs, proxyArgs passThrough
 	fs.Var(&kubeletArgs, "kubelet-arg", "a further waggle kubelet flag as name=value (repeatable); it overrides join's own choice")
@@ -56,6 +57,10 @@ func runJoin(ctx context.Context, args []string) error {
 		return err
 	}
 	log, err := ops.NewLogger("join", *logLevel)
+	if err != nil {
+		return err
+	}
+	devices, err := cluster.NodePortDevices(*npDevices, *nodeIP)
 	if err != nil {
 		return err
 	}
@@ -142,6 +147,9 @@ func runJoin(ctx context.Context, args []string) error {
 		"cluster-cidr":   *clusterCIDR,
 		"cluster-domain": *clusterDomain,
 		"log-level":      *logLevel,
+	}
+	if len(devices) > 0 {
+		proxyFlags["nodeport-devices"] = strings.Join(devices, ",")
 	}
 	kflags, pflags := kubeletArgs.over(kubeletFlags), proxyArgs.over(proxyFlags)
 	// What the node uses, for `waggle down`: the kubelet's and the proxy's

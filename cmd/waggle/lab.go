@@ -16,7 +16,7 @@ import (
 
 func runLab(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: waggle lab up|status|join|stop|restart|down [flags]")
+		return errors.New("usage: waggle lab up|status|join|exec|stop|restart|down [flags]")
 	}
 	cfg := lab.Defaults()
 	fs := cliflag.NewFlagSet("lab "+args[0], "Run a multi-node Waggle lab on this machine: a control plane and N nodes in network namespaces.")
@@ -73,6 +73,19 @@ func runLab(ctx context.Context, args []string) error {
 			return err
 		}
 		return lab.Status(ctx, cfg.DataDir, os.Stdout)
+	case "exec":
+		// waggle lab exec [--data-dir D] client|NODE -- CMD [ARG...]
+		if err := cliflag.Parse(fs, args[1:]); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) > 1 && rest[1] == "--" {
+			rest = append(rest[:1:1], rest[2:]...)
+		}
+		if len(rest) < 2 {
+			return errors.New("usage: waggle lab exec [--data-dir DIR] client|NODE [--] CMD [ARG...]")
+		}
+		return lab.Exec(ctx, cfg.DataDir, rest[0], rest[1:], os.Stdin, os.Stdout, os.Stderr)
 	case "stop", "restart":
 		node := fs.String("node", "", "the node (empty: the control plane's processes)")
 		component := fs.String("component", "proxy", "kubelet, proxy, control-plane or containerd")
@@ -118,5 +131,5 @@ func runLab(ctx context.Context, args []string) error {
 		}
 		return lab.Down(context.WithoutCancel(ctx), cfg.DataDir, os.Stdout)
 	}
-	return fmt.Errorf("unknown lab command %q: want up, status, stop, restart or down", args[0])
+	return fmt.Errorf("unknown lab command %q: want up, status, join, exec, stop, restart or down", args[0])
 }

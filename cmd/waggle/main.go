@@ -44,7 +44,7 @@ func commands() []command {
 		{"server", "manage the servers of an HA control plane (remove)", runServer},
 		{"token", "manage bootstrap tokens that machines join with (create, list, delete)", runToken},
 		{"images", "manage the node's container images (import)", runImages},
-		{"lab", "run a multi-node lab on this machine (up, status, join, stop, restart, down)", runLab},
+		{"lab", "run a multi-node lab on this machine (up, status, join, exec, stop, restart, down)", runLab},
 		{"bench", "run Waggle's benchmarks (dataplane, apiserver, ...)", runBench},
 		{"version", "print the version", runVersion},
 	}

@@ -34,6 +34,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.BPFPinDir, "bpf-pin-dir", "", "where the proxy pins its eBPF maps and links (default: /sys/fs/bpf/waggle/<node>)")
 	fs.Var(k8sflag.NewLangleSeparatedMapStringString(&cfg.EvictionHard), "eviction-hard", "the kubelet's hard eviction thresholds, signal<quantity or percent (e.g. memory.available<100Mi); given, it replaces the kubelet's whole default set")
 	fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")
+	fs.StringVar(&cfg.NodePortDevices, "nodeport-devices", cfg.NodePortDevices, "devices on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from other machines: auto (the device of the node's address), none, or comma-separated names")
 	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory of the waggle CNI plugin (default: cni/ beside this binary)")
 	fs.StringVar(&cfg.ImageDir, "image-dir", "", "OCI image archives imported at start (e.g. bin/images from make images)")
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may miss heartbeats before it is NotReady")

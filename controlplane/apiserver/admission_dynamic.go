@@ -40,6 +40,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 )
 
@@ -62,7 +63,10 @@ type dynamicAdmission struct {
 	started atomic.Bool
 	// synced reports the informers of every plugin as synced.
 	synced func() bool
-	ifaces *admissionSchemes
+	// configs are the informers of the plugins' configuration objects
+	// (webhook configurations, policies and their bindings).
+	configs []cache.SharedIndexInformer
+	ifaces  *admissionSchemes
 }
 
 // dynamicPlugins are the plugin names, in kube-apiserver's order.
@@ -134,6 +138,15 @@ func (s *Server) setupDynamicAdmission() error {
 		return fmt.Errorf("admission: %w", err)
 	}
 	d.chain = chain
+	ar := d.informers.Admissionregistration().V1()
+	d.configs = []cache.SharedIndexInformer{
+		ar.MutatingWebhookConfigurations().Informer(),
+		ar.ValidatingWebhookConfigurations().Informer(),
+		ar.MutatingAdmissionPolicies().Informer(),
+		ar.MutatingAdmissionPolicyBindings().Informer(),
+		ar.ValidatingAdmissionPolicies().Informer(),
+		ar.ValidatingAdmissionPolicyBindings().Informer(),
+	}
 	// Informers the plugins did not ask for but the service resolver
 	// needs, then the sync check of them all.
 	svcInf.Informer()
@@ -218,11 +231,27 @@ func containsGVK(l []schema.GroupVersionKind, k schema.GroupVersionKind) bool {
 // active reports whether dynamic admission applies to requests now.
 func (d *dynamicAdmission) active() bool { return d != nil && d.started.Load() }
 
+// idle reports whether no webhook configuration, admission policy or
+// binding exists, as the synced informers the plugins read them from see
+// it. The chain then neither changes nor rejects anything, yet costs every
+// write (the mutating webhook plugin deep-copies the object to notice
+// reinvocation changes): about 0.02 ms of CPU and 9 KiB of garbage per pod
+// create. Before the informers have synced the chain runs, and answers as
+// its plugins do when they are not ready.
+func (d *dynamicAdmission) idle() bool {
+	for _, inf := range d.configs {
+		if !inf.HasSynced() || len(inf.GetStore().ListKeys()) > 0 {
+			return false
+		}
+	}
+	return len(d.configs) > 0
+}
+
 // admitDynamic runs the mutating phase: mutating policies and webhooks may
 // change a.Object in place.
 func (s *Server) admitDynamic(ctx context.Context, a *AdmissionAttributes) error {
 	d := s.dynAdmission
-	if !d.active() {
+	if !d.active() || d.idle() {
 		return nil
 	}
 	m, ok := d.chain.(admission.MutationInterface)
@@ -250,7 +279,7 @@ func (s *Server) admitDynamic(ctx context.Context, a *AdmissionAttributes) error
 // webhooks see the object as it will be stored.
 func (s *Server) validateDynamic(ctx context.Context, a *AdmissionAttributes) error {
 	d := s.dynAdmission
-	if !d.active() {
+	if !d.active() || d.idle() {
 		return nil
 	}
 	v, ok := d.chain.(admission.ValidationInterface)

@@ -268,6 +268,13 @@ func wantsNodePorts(s *corev1.Service) bool {
 		(s.Spec.Type == corev1.ServiceTypeLoadBalancer && (s.Spec.AllocateLoadBalancerNodePorts == nil || *s.Spec.AllocateLoadBalancerNodePorts))
 }
 
+// needsHealthCheckNodePort: a LoadBalancer Service with
+// externalTrafficPolicy Local gets a node port for external load balancers'
+// health checks (spec.healthCheckNodePort), as kube-apiserver allocates it.
+func needsHealthCheckNodePort(s *corev1.Service) bool {
+	return s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+}
+
 func allocErr(s *corev1.Service, p *field.Path, v string, err error) error {
 	switch {
 	case errors.Is(err, storage.ErrExists):
@@ -283,7 +290,7 @@ func allocErr(s *corev1.Service, p *field.Path, v string, err error) error {
 }
 
 func what(p *field.Path) string {
-	if strings.Contains(p.String(), "nodePort") {
+	if strings.Contains(strings.ToLower(p.String()), "nodeport") {
 		return "port"
 	}
 	return "IP"
@@ -390,6 +397,33 @@ func allocateService(ctx context.Context, srv *Server, obj, oldObj runtime.Objec
 			}
 		}
 	}
+	if needsHealthCheckNodePort(s) {
+		var held int32
+		if old != nil && needsHealthCheckNodePort(old) {
+			held = old.Spec.HealthCheckNodePort
+		}
+		fp := field.NewPath("spec", "healthCheckNodePort")
+		switch hc := s.Spec.HealthCheckNodePort; {
+		case hc == 0 && held != 0:
+			s.Spec.HealthCheckNodePort = held
+		case hc == 0:
+			v, err := srv.portAlloc.Allocate(ctx, owner)
+			if err != nil {
+				release()
+				return nil, allocErr(s, fp, "", err)
+			}
+			ports = append(ports, v)
+			n, _ := strconv.Atoi(v)
+			s.Spec.HealthCheckNodePort = int32(n)
+		case hc != held:
+			v := strconv.Itoa(int(hc))
+			if err := srv.portAlloc.AllocateSpecific(ctx, v, owner); err != nil {
+				release()
+				return nil, allocErr(s, fp, v, err)
+			}
+			ports = append(ports, v)
+		}
+	}
 	return release, nil
 }
 
@@ -409,6 +443,9 @@ func serviceValues(s *corev1.Service) (ips []string, ports []string) {
 		if p.NodePort != 0 {
 			ports = append(ports, strconv.Itoa(int(p.NodePort)))
 		}
+	}
+	if needsHealthCheckNodePort(s) && s.Spec.HealthCheckNodePort != 0 {
+		ports = append(ports, strconv.Itoa(int(s.Spec.HealthCheckNodePort)))
 	}
 	return ips, ports
 }
@@ -696,6 +733,9 @@ func patchAllocatedValues(s, old *corev1.Service) {
 			}
 		}
 	}
+	if needsHealthCheckNodePort(s) && needsHealthCheckNodePort(old) && s.Spec.HealthCheckNodePort == 0 {
+		s.Spec.HealthCheckNodePort = old.Spec.HealthCheckNodePort
+	}
 }
 
 // dropTypeDependentFields is upstream's service update rule: a change of
@@ -709,9 +749,7 @@ func dropTypeDependentFields(s, old *corev1.Service) {
 	needsNodePort := func(v *corev1.Service) bool {
 		return v.Spec.Type == corev1.ServiceTypeNodePort || v.Spec.Type == corev1.ServiceTypeLoadBalancer
 	}
-	needsHCNodePort := func(v *corev1.Service) bool {
-		return v.Spec.Type == corev1.ServiceTypeLoadBalancer && v.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-	}
+	needsHCNodePort := needsHealthCheckNodePort
 	externallyAccessible := func(v *corev1.Service) bool {
 		return needsNodePort(v) || (v.Spec.Type == corev1.ServiceTypeClusterIP && len(v.Spec.ExternalIPs) > 0)
 	}

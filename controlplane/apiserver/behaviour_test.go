@@ -302,6 +302,48 @@ func TestAPIBehaviour(t *testing.T) {
 		}
 	})
 
+	t.Run("a Local LoadBalancer gets a health check node port, kept on update and released", func(t *testing.T) {
+		svcs := cs.CoreV1().Services("default")
+		lb := func(name string, etp corev1.ServiceExternalTrafficPolicy, hc int32) (*corev1.Service, error) {
+			return svcs.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: etp, HealthCheckNodePort: hc,
+					Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
+		}
+		local, err := lb("lb-local", corev1.ServiceExternalTrafficPolicyLocal, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := local.Spec.HealthCheckNodePort
+		if hc < 30000 || hc > 32767 || hc == local.Spec.Ports[0].NodePort {
+			t.Fatalf("healthCheckNodePort %d (node port %d): want one of its own from the node port range", hc, local.Spec.Ports[0].NodePort)
+		}
+		if cl, err := lb("lb-cluster", corev1.ServiceExternalTrafficPolicyCluster, 0); err != nil || cl.Spec.HealthCheckNodePort != 0 {
+			t.Fatalf("Cluster policy: %v, healthCheckNodePort %d, want none", err, cl.Spec.HealthCheckNodePort)
+		}
+		if _, err := lb("lb-clash", corev1.ServiceExternalTrafficPolicyLocal, hc); !apierrors.IsInvalid(err) {
+			t.Fatalf("a taken healthCheckNodePort: %v, want Invalid", err)
+		}
+		// An update that leaves it out (kubectl replace) keeps it.
+		local.Spec.HealthCheckNodePort = 0
+		if local, err = svcs.Update(ctx, local, metav1.UpdateOptions{}); err != nil || local.Spec.HealthCheckNodePort != hc {
+			t.Fatalf("update without it: %v, healthCheckNodePort %d, want %d", err, local.Spec.HealthCheckNodePort, hc)
+		}
+		// Local → Cluster drops and releases it.
+		local.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+		if local, err = svcs.Update(ctx, local, metav1.UpdateOptions{}); err != nil || local.Spec.HealthCheckNodePort != 0 {
+			t.Fatalf("to Cluster: %v, healthCheckNodePort %d, want 0", err, local.Spec.HealthCheckNodePort)
+		}
+		if s, err := lb("lb-reuse", corev1.ServiceExternalTrafficPolicyLocal, hc); err != nil || s.Spec.HealthCheckNodePort != hc {
+			t.Fatalf("released healthCheckNodePort %d must be reusable: %v", hc, err)
+		}
+		if err := svcs.Delete(ctx, "lb-reuse", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := lb("lb-after-delete", corev1.ServiceExternalTrafficPolicyLocal, hc); err != nil {
+			t.Fatalf("healthCheckNodePort released by delete must be reusable: %v", err)
+		}
+	})
+
 	t.Run("repair loop reclaims leaks and restores missing allocations", func(t *testing.T) {
 		st := srv.Store()
 		if _, err := st.Create(ctx, "/registry/ranges/serviceips/10.96.0.77", []byte("default/ghost")); err != nil {

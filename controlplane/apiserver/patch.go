@@ -122,7 +122,9 @@ func (s *Server) serveApply(ctx context.Context, w http.ResponseWriter, r *http.
 	pinned := applied.GetResourceVersion() != ""
 	wo.manager, wo.applied = opts.FieldManager, true
 	merge := func(live runtime.Object) (runtime.Object, error) {
-		obj, err := fm.Apply(live, applied.DeepCopy(), opts.FieldManager, force)
+		var obj runtime.Object
+		var err error
+		fieldManagerStacks.do(func() { obj, err = fm.Apply(live, applied.DeepCopy(), opts.FieldManager, force) })
 		if err != nil {
 			// Conflicts and bad patches are Status errors; the rest (a
 			// field the schema does not declare) answer 500, as upstream.

@@ -369,7 +369,9 @@ func (r *registry) trackFields(obj, old runtime.Object, sub string, wo writeOpts
 	if manager == "" {
 		manager = "waggle-apiserver" // the server's own writes (bootstrap)
 	}
-	return fm.UpdateNoErrors(old, obj, manager)
+	var out runtime.Object
+	fieldManagerStacks.do(func() { out = fm.UpdateNoErrors(old, obj, manager) })
+	return out
 }
 
 // emptyLive is the live object of a create for the field manager: a new

@@ -271,8 +271,10 @@ func (c *Cacher) listAndWatch(ctx context.Context) error {
 			c.apply(b)
 		case <-ticker.C:
 			// Ask etcd for a progress notification so the revision moves
-			// even when this resource is quiet, then bookmark.
-			_ = c.store.RequestProgress(wctx)
+			// even when this resource is quiet (one request per quarter
+			// interval serves every cache: they share the stream), then
+			// bookmark.
+			_ = c.store.RequestProgressEvery(wctx, c.cfg.BookmarkInterval/4)
 			c.bookmark()
 		}
 	}

@@ -320,3 +320,52 @@ func TestCacherCatchesUpWithRevisionsOfOtherResources(t *testing.T) {
 		t.Fatalf("consistent list at %d: got %d, %v", rev, got, err)
 	}
 }
+
+// Quiet caches of one store share its etcd watch stream and its progress
+// requests (one per quarter bookmark interval, whichever cache's tick asks):
+// each of them must still see the revision that writes elsewhere reached,
+// in its own watchers' bookmarks.
+func TestQuietCachesShareProgressRequests(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	var caches []*Cacher
+	for i := 0; i < 8; i++ {
+		res := fmt.Sprintf("quiet%d", i)
+		c := NewCacher(s, CacherConfig{Resource: res, Prefix: "/registry/" + res + "/", Codec: podCodec{}, BookmarkInterval: 200 * time.Millisecond})
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { c.Run(rctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+		caches = append(caches, c)
+	}
+	var watchers []*Watcher
+	for _, c := range caches {
+		w, err := c.WatchFromNow(ctx, 0, Predicate{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		watchers = append(watchers, w)
+	}
+	var rev int64
+	for i := 0; i < 3; i++ {
+		r, err := s.Create(ctx, fmt.Sprintf("/registry/configmaps/ns/c%d", i), []byte("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = r
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for i, w := range watchers {
+		for {
+			e, typ, err := w.Next(wctx, true)
+			if err != nil {
+				t.Fatalf("cache %d: no bookmark at %d: %v", i, rev, err)
+			}
+			if typ == watch.Bookmark && e.Rev >= rev {
+				break
+			}
+		}
+	}
+}

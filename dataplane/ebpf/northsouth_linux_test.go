@@ -529,6 +529,42 @@ func TestNorthSouthClientIPAffinity(t *testing.T) {
 // ranges are dropped (as kube-proxy's KUBE-PROXY-FIREWALL), flows already
 // established stay, a change of ranges applies to the next connection, and
 // a restarted proxy keeps enforcing them before its first sync.
+// A frame for a LoadBalancer IP that the switch floods to node1 but that is
+// addressed to another machine's MAC (the announcing node's, whose port
+// went down) is left to the stack, which drops it: only the node the
+// client's ARP entry names serves the IP.
+func TestNorthSouthServesOnlyFramesAddressedToTheNode(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.start()
+	lb := nodePortFrontend("10.27.0.50", 80, dataplane.TCP, false, "10.27.1.10:8080")
+	lb.Kind = dataplane.LoadBalancer
+	tp.sync(lb)
+	mac := func(n *nsNS) string {
+		f := strings.Fields(n.run(t, "cat", "/sys/class/net/eth0/address"))
+		if len(f) != 1 {
+			t.Fatalf("eth0 address of %s: %q", n.name, f)
+		}
+		return f[0]
+	}
+	// Positive marker first: with the client's neighbour entry naming
+	// node1, node1 serves the IP.
+	tp.client.run(t, "ip", "neigh", "replace", "10.27.0.50", "lladdr", mac(tp.node1), "dev", "eth0", "nud", "permanent")
+	testutil.Eventually(t, 30*time.Second, func() error {
+		c, _, err := tp.dialFrom("10.27.0.100", "10.27.0.50:80", 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	// A MAC no port of the bridge has: every frame to it is flooded, so
+	// node1's eth0 receives it (PACKET_OTHERHOST).
+	tp.client.run(t, "ip", "neigh", "replace", "10.27.0.50", "lladdr", "02:00:5e:00:00:99", "dev", "eth0", "nud", "permanent")
+	if c, _, err := tp.dialFrom("10.27.0.100", "10.27.0.50:80", time.Second); err == nil {
+		c.Close()
+		t.Fatal("node1 served a flooded frame addressed to another MAC")
+	}
+}
+
 func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
 	tp := newNSTopo(t)
 	tp.client.run(t, "ip", "addr", "add", "10.27.0.101/24", "dev", "eth0")

@@ -249,6 +249,9 @@ func checkNothingLeft(t *testing.T, cfg lab.Config) {
 			t.Errorf("pinned BPF state of %s left behind", node)
 		}
 	}
+	if strings.Contains(netns, "waggle-"+cfg.ClientName()) {
+		t.Errorf("network namespace waggle-%s (the client) left behind", cfg.ClientName())
+	}
 	if strings.Contains(links, cfg.Bridge+":") || strings.Contains(links, "wl"+cfg.Name) {
 		t.Errorf("lab links left behind:\n%s", links)
 	}

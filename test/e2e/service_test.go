@@ -159,15 +159,16 @@ func TestLab(t *testing.T) {
 		}
 	})
 
-	// From the host, on the lab bridge outside every node (an external
-	// client): each node's NodePort reaches all three backends, on that
-	// node and on the other (eBPF north-south on eth0: DNAT, or SNAT to the
-	// node for a remote backend; iptables mode: its NAT rules).
+	// From the lab's client namespace, on the lab bridge outside every
+	// node (an external machine): each node's NodePort reaches all three
+	// backends, on that node and on the other (eBPF north-south on eth0:
+	// DNAT, or SNAT to the node for a remote backend; iptables mode: its
+	// NAT rules).
 	t.Run("NodePortFromOutsideTheNodes", func(t *testing.T) {
 		for i := range nodes {
 			addr := fmt.Sprintf("%s:30080", e.cfg.NodeAddr(i+1).Addr())
-			eventually(t, 30*time.Second, "NodePort "+addr+" answers the host with all 3 backends", func() error {
-				return e.hostReaches(addr, 3)
+			eventually(t, 30*time.Second, "NodePort "+addr+" answers the client with all 3 backends", func() error {
+				return e.clientReaches(addr, 3)
 			})
 		}
 	})
@@ -278,6 +279,10 @@ func TestLab(t *testing.T) {
 		})
 	})
 
+	// After the dead kubelet (it waits for both nodes to be Ready again):
+	// it takes a node off the lab network and back.
+	t.Run("FromAnExternalClient", func(t *testing.T) { testExternalClient(t, e, nodes) })
+
 	// Last: it adds a node the other subtests do not expect.
 	t.Run("NodeJoinsWithABootstrapToken", func(t *testing.T) { testNodeJoins(t, e, vip) })
 }
@@ -324,22 +329,6 @@ func testNodeJoins(t *testing.T, e *env, vip string) {
 	if out := strings.TrimSpace(e.kubectl(t, "exec", "client-"+joined, "--", "/waggle-echo", "nslookup", "echo")); out != vip {
 		t.Errorf("from the joined node, echo resolves to %q, want %s", out, vip)
 	}
-}
-
-// hostReaches dials addr 30 times from the host, on the lab bridge outside
-// every node (an external client), and wants exactly backends distinct
-// pods to answer.
-func (e *env) hostReaches(addr string, backends int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, e.echoBin(), "dial", "-n", "30", "tcp", addr).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%v:\n%s", err, out)
-	}
-	if b := answering(string(out)); len(b) != backends {
-		return fmt.Errorf("%d distinct backends answered:\n%s", len(b), out)
-	}
-	return nil
 }
 
 // echoBin is the waggle-echo binary built for the image, used as a client

@@ -147,7 +147,7 @@ spec:
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, "LoadBalancer "+addr+" answers the host with all 3 backends", func() error {
-		return e.hostReaches(addr, 3)
+	eventually(t, 30*time.Second, "LoadBalancer "+addr+" answers the lab's client with all 3 backends", func() error {
+		return e.clientReaches(addr, 3)
 	})
 }
