@@ -89,6 +89,20 @@ type Config struct {
 	// (/run/containerd/containerd.sock) when it serves, else starts one
 	// under DataDir.
 	ContainerdAddress string
+	// ContainerdNamespace is the containerd namespace of the node's images
+	// and containers (default waggle).
+	ContainerdNamespace string
+	// CgroupRoot is the parent cgroup of the node's pods (default /waggle).
+	CgroupRoot string
+	// BPFCgroupRoot is the cgroup v2 directory the proxy's eBPF programs
+	// attach to (empty: the cgroup v2 root, so that every process of the
+	// machine reaches Services); BPFPinDir is where the proxy pins its eBPF
+	// maps and links (empty: /sys/fs/bpf/waggle/<node>). A machine running
+	// several nodes, or a test, confines each to its own.
+	BPFCgroupRoot, BPFPinDir string
+	// EvictionHard is the kubelet's --eviction-hard (nil: its defaults;
+	// given, it replaces the whole set).
+	EvictionHard map[string]string
 	// ProxyMode is auto, ebpf, iptables or ipvs.
 	ProxyMode string
 	// NodePortDevices is --nodeport-devices: auto (the device of the node's
@@ -158,6 +172,8 @@ func Defaults() Config {
 		ServiceNodePortRange:   "30000-32767",
 		ClusterDomain:          clusterdns.DefaultClusterDomain,
 		ProxyMode:              "auto",
+		ContainerdNamespace:    "waggle",
+		CgroupRoot:             "/waggle",
 		NodePortDevices:        "auto",
 		LogLevel:               "info",
 		NodeMonitorGracePeriod: 40 * time.Second,
@@ -187,7 +203,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.ClusterDomain == "" {
 		cfg.ClusterDomain = clusterdns.DefaultClusterDomain
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+	fp, err := ClaimDataDir(cfg.DataDir, "up")
+	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -261,7 +278,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	kc := func(name string) string { return filepath.Join(cfg.DataDir, name+".kubeconfig") }
-	fmt.Fprintf(cfg.Out, "Waggle is starting: API server at %s\n  export KUBECONFIG=%s\n  kubectl get nodes\n", srv.URL(), kc("admin"))
+	fmt.Fprintf(cfg.Out, "Waggle is starting: API server at %s\n  export KUBECONFIG=%s\n  kubectl get nodes\nStop it with `waggle down --data-dir %s` (add --purge to remove everything it made).\n", srv.URL(), kc("admin"), cfg.DataDir)
 
 	g.Go(func() error {
 		return supervise(gctx, log, "scheduler", func() error {
@@ -307,7 +324,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return supervise(gctx, log, "controller-manager", func() error { return controllers.Run(gctx, cm) })
 	})
 	if cfg.Node {
-		if err := runNode(gctx, g, cfg, log, kc, dnsIP); err != nil {
+		if err := runNode(gctx, g, cfg, fp, log, kc, dnsIP); err != nil {
 			cancel()
 			_ = g.Wait()
 			return err
@@ -360,9 +377,28 @@ func leaderElection(name, nodeName string) leaderelect.Config {
 }
 
 // runNode starts containerd (when needed), the kubelet and the proxy.
-func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logger, kc func(string) string, dnsIP netip.Addr) error {
-	addr, err := Containerd(ctx, g, cfg.ContainerdAddress, cfg.DataDir, cfg.LogLevel, log)
+func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, log *slog.Logger, kc func(string) string, dnsIP netip.Addr) error {
+	nodeName := cfg.NodeName
+	if nodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return err
+		}
+		nodeName = h
+	}
+	pinDir := cfg.BPFPinDir
+	if pinDir == "" {
+		pinDir = ebpf.DefaultPinRoot + "/" + nodeName
+	}
+	addr, sup, err := Containerd(ctx, g, cfg.ContainerdAddress, cfg.DataDir, cfg.LogLevel, log)
 	if err != nil {
+		return err
+	}
+	n := NodeFootprint{Name: nodeName, ContainerdNamespace: cfg.ContainerdNamespace,
+		KubeletRootDir: filepath.Join(cfg.DataDir, "kubelet"), CNIConfDir: filepath.Join(cfg.DataDir, "cni", "net.d"),
+		CgroupRoot: cfg.CgroupRoot, BPFCgroupRoot: cfg.BPFCgroupRoot, BPFPinDir: pinDir}
+	n.SetContainerd(addr, sup)
+	if err := fp.RecordNode(cfg.DataDir, n); err != nil {
 		return err
 	}
 	cniBin := cfg.CNIBinDir
@@ -378,13 +414,14 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		NodeIP:              cfg.NodeIP,
 		Kubeconfig:          kc("kubelet"),
 		ContainerdAddress:   addr,
-		ContainerdNamespace: "waggle",
-		CNIConfDir:          filepath.Join(cfg.DataDir, "cni", "net.d"),
+		ContainerdNamespace: n.ContainerdNamespace,
+		CNIConfDir:          n.CNIConfDir,
 		CNIBinDirs:          []string{cniBin},
 		ClusterCIDR:         cfg.ClusterCIDR,
-		CgroupRoot:          "/waggle",
-		RootDir:             filepath.Join(cfg.DataDir, "kubelet"),
+		CgroupRoot:          n.CgroupRoot,
+		RootDir:             n.KubeletRootDir,
 		ImageDir:            cfg.ImageDir,
+		EvictionHard:        cfg.EvictionHard,
 		Port:                10250,
 		ClientCAFile:        filepath.Join(cfg.DataDir, "pki", "ca.crt"),
 		// As long as the controller-manager waits for it (see lab).
@@ -397,14 +434,6 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 		Log:             componentLog("kubelet", cfg.LogLevel),
 	}
 	g.Go(func() error { return kubelet.Run(ctx, kcfg) })
-	nodeName := cfg.NodeName
-	if nodeName == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return err
-		}
-		nodeName = h
-	}
 	cidr, _ := netip.ParsePrefix(cfg.ClusterCIDR)
 	npDevices, err := NodePortDevices(cfg.NodePortDevices, cfg.NodeIP)
 	if err != nil {
@@ -428,6 +457,8 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 			Mode:              cfg.ProxyMode,
 			NodePortDevices:   npDevices,
 			Modes:             modes.All(),
+			CgroupRoot:        cfg.BPFCgroupRoot,
+			BPFPinDir:         pinDir,
 			MaxServices:       ebpf.DefaultMaxServices,
 			MaxBackends:       ebpf.DefaultMaxBackends,
 			MaxAffinity:       ebpf.DefaultMaxAffinity,
@@ -445,17 +476,17 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, log *slog.Logge
 
 // Containerd returns the containerd a node uses: addr if given, else the
 // system's if it serves, else one supervised under <dataDir>/containerd
-// (stopped when ctx ends; its exit fails g).
-func Containerd(ctx context.Context, g *errgroup.Group, addr, dataDir, logLevel string, log *slog.Logger) (string, error) {
+// (stopped when ctx ends; its exit fails g), returned too.
+func Containerd(ctx context.Context, g *errgroup.Group, addr, dataDir, logLevel string, log *slog.Logger) (string, *ctrdsup.Daemon, error) {
 	if addr == "" && serves(systemContainerd) {
 		addr = systemContainerd
 	}
 	if addr != "" {
-		return addr, nil
+		return addr, nil, nil
 	}
 	d, err := ctrdsup.Start(ctx, ctrdsup.Options{Dir: filepath.Join(dataDir, "containerd"), Log: componentLog("containerd", logLevel)})
 	if err != nil {
-		return "", fmt.Errorf("start containerd: %w", err)
+		return "", nil, fmt.Errorf("start containerd: %w", err)
 	}
 	log.Info("supervising containerd", "pid", d.PID(), "address", d.Address())
 	g.Go(func() error {
@@ -466,7 +497,7 @@ func Containerd(ctx context.Context, g *errgroup.Group, addr, dataDir, logLevel 
 			return fmt.Errorf("containerd exited; see %s", d.Log())
 		}
 	})
-	return d.Address(), nil
+	return d.Address(), d, nil
 }
 
 func serves(sock string) bool {

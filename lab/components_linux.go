@@ -10,13 +10,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/namespaces"
 
 	"github.com/waggle-io/waggle/clusterdns"
+	"github.com/waggle-io/waggle/internal/teardown"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -268,29 +267,8 @@ func removeContainers(ctx context.Context, dataDir string, st *State) error {
 	}
 	var errs []error
 	for _, ns := range nss {
-		nctx := namespaces.WithNamespace(ctx, ns)
-		ctrs, err := c.Containers(nctx)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, ctr := range ctrs {
-			if task, err := ctr.Task(nctx, nil); err == nil {
-				_ = task.Kill(nctx, syscall.SIGKILL)
-				if ch, err := task.Wait(nctx); err == nil {
-					select {
-					case <-ch:
-					case <-time.After(10 * time.Second):
-					}
-				}
-				if _, err := task.Delete(nctx, containerd.WithProcessKill); err != nil && !strings.Contains(err.Error(), "not found") {
-					errs = append(errs, fmt.Errorf("delete task %s: %w", ctr.ID(), err))
-				}
-			}
-			if err := ctr.Delete(nctx, containerd.WithSnapshotCleanup); err != nil && !strings.Contains(err.Error(), "not found") {
-				errs = append(errs, fmt.Errorf("delete container %s: %w", ctr.ID(), err))
-			}
-		}
+		_, err := teardown.RemoveContainers(ctx, c, ns)
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/waggle-io/waggle/cluster/join"
 	"github.com/waggle-io/waggle/internal/cgroupfs"
 	"github.com/waggle-io/waggle/internal/procfs"
+	"github.com/waggle-io/waggle/internal/teardown"
 	ctrdsup "github.com/waggle-io/waggle/kubelet/containerd"
 )
 
@@ -127,7 +127,7 @@ func Down(ctx context.Context, dataDir string, out io.Writer) error {
 	}
 	for _, n := range st.Nodes {
 		fmt.Fprintf(out, "removing node %s\n", n.Name)
-		errs = append(errs, killCgroupTree(n.CgroupDir))
+		errs = append(errs, teardown.KillCgroupTree(n.CgroupDir))
 	}
 	errs = append(errs, removeContainers(ctx, dataDir, st))
 	for _, p := range st.Processes {
@@ -143,22 +143,22 @@ func Down(ctx context.Context, dataDir string, out io.Writer) error {
 	}
 	for _, n := range servers {
 		errs = append(errs, removeNetNS(n.NetNS))
-		errs = append(errs, removeLink(n.HostVeth))
+		errs = append(errs, teardown.RemoveLink(n.HostVeth))
 	}
 	for _, n := range st.Nodes {
 		errs = append(errs, os.RemoveAll(n.PinDir))
 		if n.NetNS != "" {
 			errs = append(errs, removeNetNS(n.NetNS))
 		}
-		errs = append(errs, removeLink(n.HostVeth))
+		errs = append(errs, teardown.RemoveLink(n.HostVeth))
 	}
 	if st.CgroupDir != "" {
-		errs = append(errs, removeCgroupEverywhere(st.CgroupDir))
+		errs = append(errs, teardown.RemoveCgroupEverywhere(st.CgroupDir))
 	}
 	if st.Bridge != "" {
-		errs = append(errs, removeLink(st.Bridge))
+		errs = append(errs, teardown.RemoveLink(st.Bridge))
 	}
-	errs = append(errs, unmountUnder(dataDir))
+	errs = append(errs, teardown.UnmountUnder(dataDir))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("lab down left something behind (run it again): %w", err)
 	}
@@ -564,114 +564,12 @@ func startProcess(cfg *Config, name, node, netns string, args []string) (Process
 
 // alive reports whether p is still the process the lab started and has not
 // exited (a zombie child of `lab up` has).
-func alive(p Process) bool {
-	st, err := procfs.ReadStat(p.PID)
-	return err == nil && st.StartTime == p.StartTime && st.State != 'Z'
-}
+func alive(p Process) bool { return teardown.Alive(p.PID, p.StartTime) }
 
 // stopProcess sends SIGTERM, waits up to grace, then SIGKILL — only while the
 // PID is still the process the lab started.
 func stopProcess(p Process, grace time.Duration) error {
-	if !alive(p) {
-		return nil
-	}
-	_ = syscall.Kill(p.PID, syscall.SIGTERM)
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		if !alive(p) {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if alive(p) {
-		_ = syscall.Kill(p.PID, syscall.SIGKILL)
-	}
-	return nil
-}
-
-// killCgroupTree kills every process in a cgroup v2 subtree (the node's pods)
-// and waits for them to go.
-func killCgroupTree(dir string) error {
-	if _, err := os.Stat(dir); err != nil {
-		return nil
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err == nil {
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			if b, err := os.ReadFile(filepath.Join(dir, "cgroup.events")); err == nil && strings.Contains(string(b), "populated 0") {
-				return nil
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		return fmt.Errorf("processes left in %s", dir)
-	}
-	return nil
-}
-
-// removeCgroupEverywhere removes the cgroup directory with the same path
-// relative to every cgroup mount (runc on a hybrid host also makes the v1
-// controllers' directories), deepest first.
-func removeCgroupEverywhere(v2dir string) error {
-	root, err := cgroupfs.V2Root()
-	if err != nil {
-		return err
-	}
-	rel, err := filepath.Rel(root, v2dir)
-	if err != nil {
-		return err
-	}
-	mounts, err := cgroupfs.Mounts()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, m := range mounts {
-		errs = append(errs, rmdirTree(filepath.Join(m.Path, rel)))
-	}
-	return errors.Join(errs...)
-}
-
-// rmdirTree removes a cgroup directory tree bottom-up (cgroup directories
-// are removed with rmdir, not unlink).
-func rmdirTree(dir string) error {
-	var dirs []string
-	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		if d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
-	for _, d := range dirs {
-		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("remove cgroup %s: %w", d, err)
-		}
-	}
-	return nil
-}
-
-// removeLink deletes a link if it is still there. A node's host-side veth
-// goes by itself, a moment after its peer's namespace is removed (the
-// kernel destroys the pair when the namespace is freed, asynchronously):
-// found one instant and gone the next (ENODEV) is not an error.
-func removeLink(name string) error {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return nil
-	}
-	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("delete link %s: %w", name, err)
-	}
-	return nil
+	return teardown.Stop(p.PID, p.StartTime, p.Name, grace, nil)
 }
 
 func removeNetNS(name string) error {
@@ -682,33 +580,6 @@ func removeNetNS(name string) error {
 		return fmt.Errorf("ip netns del %s: %v: %s", name, err, out)
 	}
 	return nil
-}
-
-// unmountUnder detaches every mount below dir (container root filesystems,
-// pod network namespace bind mounts), deepest first.
-func unmountUnder(dir string) error {
-	f, err := os.Open("/proc/self/mounts")
-	if err != nil {
-		return err
-	}
-	var targets []string
-	s := bufio.NewScanner(f)
-	prefix := filepath.Clean(dir) + "/"
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) >= 2 && strings.HasPrefix(fields[1], prefix) {
-			targets = append(targets, fields[1])
-		}
-	}
-	f.Close()
-	sort.Slice(targets, func(i, j int) bool { return len(targets[i]) > len(targets[j]) })
-	var errs []error
-	for _, t := range targets {
-		if err := unix.Unmount(t, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", t, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // Exec runs a command in the lab and returns its exit error: in the

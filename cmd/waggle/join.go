@@ -15,6 +15,7 @@ import (
 	"github.com/waggle-io/waggle/cluster"
 	"github.com/waggle-io/waggle/cluster/join"
 	"github.com/waggle-io/waggle/clusterdns"
+	"github.com/waggle-io/waggle/dataplane/ebpf"
 	"github.com/waggle-io/waggle/internal/cliflag"
 	"github.com/waggle-io/waggle/internal/ops"
 	"github.com/waggle-io/waggle/kubelet"
@@ -87,6 +88,10 @@ func runJoin(ctx context.Context, args []string) error {
 		cni = filepath.Join(filepath.Dir(exe), "cni")
 	}
 
+	fp, err := cluster.ClaimDataDir(*dataDir, "join")
+	if err != nil {
+		return err
+	}
 	n := join.NodeFiles(*dataDir)
 	if n.Joined() {
 		log.Info("this machine joined already; resuming as the node it is (no token needed)", "dataDir", *dataDir, "node", name)
@@ -107,7 +112,7 @@ func runJoin(ctx context.Context, args []string) error {
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	addr, err := cluster.Containerd(gctx, g, *containerd, *dataDir, *logLevel, log)
+	addr, sup, err := cluster.Containerd(gctx, g, *containerd, *dataDir, *logLevel, log)
 	if err != nil {
 		return err
 	}
@@ -146,11 +151,30 @@ func runJoin(ctx context.Context, args []string) error {
 	if len(devices) > 0 {
 		proxyFlags["nodeport-devices"] = strings.Join(devices, ",")
 	}
-	kargs, pargs := kubeletArgs.over(kubeletFlags), proxyArgs.over(proxyFlags)
+	kflags, pflags := kubeletArgs.over(kubeletFlags), proxyArgs.over(proxyFlags)
+	// What the node uses, for `waggle down`: the kubelet's and the proxy's
+	// own defaults where neither join nor --kubelet-arg/--proxy-arg chose.
+	nf := cluster.NodeFootprint{Name: name, ContainerdNamespace: or(kflags["containerd-namespace"], "waggle"),
+		KubeletRootDir: kflags["root-dir"], CNIConfDir: kflags["cni-conf-dir"],
+		CgroupRoot: or(kflags["cgroup-root"], "/waggle/"+kflags["node-name"]), BPFCgroupRoot: pflags["cgroup-root"],
+		BPFPinDir: or(pflags["bpf-pin-dir"], ebpf.DefaultPinRoot+"/"+pflags["node-name"])}
+	nf.SetContainerd(kflags["containerd-address"], sup)
+	if err := fp.RecordNode(*dataDir, nf); err != nil {
+		return err
+	}
+	kargs, pargs := asFlags(kflags), asFlags(pflags)
 	log.Info("starting the kubelet and the proxy", "node", name, "containerd", addr)
 	g.Go(func() error { return runKubelet(gctx, kargs) })
 	g.Go(func() error { return runProxy(gctx, pargs) })
 	return g.Wait()
+}
+
+// or returns v, or def when v is empty.
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
 }
 
 // passThrough is a repeatable name=value flag whose values are handed to
@@ -169,9 +193,8 @@ func (p *passThrough) Set(v string) error {
 	return nil
 }
 
-// over returns defaults with p's values over them, as --name=value flags
-// in a stable order.
-func (p passThrough) over(defaults map[string]string) []string {
+// over returns defaults with p's values over them.
+func (p passThrough) over(defaults map[string]string) map[string]string {
 	flags := make(map[string]string, len(defaults)+len(p))
 	for k, v := range defaults {
 		flags[k] = v
@@ -180,6 +203,11 @@ func (p passThrough) over(defaults map[string]string) []string {
 		k, v, _ := strings.Cut(a, "=")
 		flags[k] = v
 	}
+	return flags
+}
+
+// asFlags returns flags as --name=value arguments in a stable order.
+func asFlags(flags map[string]string) []string {
 	names := make([]string, 0, len(flags))
 	for k := range flags {
 		names = append(names, k)

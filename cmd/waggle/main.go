@@ -33,6 +33,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"up", "run a whole single-machine cluster in one process", runUp},
+		{"down", "stop what up or join runs on this machine; --purge removes everything it made", runDown},
 		{"apiserver", "run the Kubernetes-compatible API server", runAPIServer},
 		{"scheduler", "run the scheduler", runScheduler},
 		{"controller-manager", "run the controllers", runControllerManager},

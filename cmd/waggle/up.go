@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 
+	k8sflag "k8s.io/component-base/cli/flag"
+
 	"github.com/waggle-io/waggle/cluster"
 	"github.com/waggle-io/waggle/internal/cliflag"
 )
@@ -26,6 +28,11 @@ func runUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", cfg.ClusterDomain, "cluster DNS zone (the DNS Service is the range's tenth address, 10.96.0.10 by default)")
 	fs.StringVar(&cfg.ServiceNodePortRange, "service-node-port-range", cfg.ServiceNodePortRange, "Service NodePort range")
 	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", "", "containerd socket (default: the system's if it runs, else a supervised one under the data dir)")
+	fs.StringVar(&cfg.ContainerdNamespace, "containerd-namespace", cfg.ContainerdNamespace, "containerd namespace of the node's images and containers")
+	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", cfg.CgroupRoot, "parent cgroup of the node's pods (a cgroup path, or a directory under a cgroup mount)")
+	fs.StringVar(&cfg.BPFCgroupRoot, "bpf-cgroup-root", "", "cgroup v2 directory the proxy's eBPF programs attach to (default: the cgroup v2 root, so every process of the machine reaches Services)")
+	fs.StringVar(&cfg.BPFPinDir, "bpf-pin-dir", "", "where the proxy pins its eBPF maps and links (default: /sys/fs/bpf/waggle/<node>)")
+	fs.Var(k8sflag.NewLangleSeparatedMapStringString(&cfg.EvictionHard), "eviction-hard", "the kubelet's hard eviction thresholds, signal<quantity or percent (e.g. memory.available<100Mi); given, it replaces the kubelet's whole default set")
 	fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")
 	fs.StringVar(&cfg.NodePortDevices, "nodeport-devices", cfg.NodePortDevices, "devices on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from other machines: auto (the device of the node's address), none, or comma-separated names")
 	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory of the waggle CNI plugin (default: cni/ beside this binary)")

@@ -140,13 +140,13 @@ func (c *CNI) SetUp(ctx context.Context, pod Pod) (Sandbox, error) {
 	if err != nil {
 		// Undo: DEL releases whatever ADD allocated before failing.
 		c.cni.DelNetworkList(context.WithoutCancel(ctx), conf, c.runtimeConf(pod, sb))
-		removeNetNS(sb.NetNS)
+		RemoveNetNS(sb.NetNS)
 		return Sandbox{}, fmt.Errorf("CNI ADD for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	r, err := types100.NewResultFromResult(res)
 	if err != nil {
 		c.cni.DelNetworkList(context.WithoutCancel(ctx), conf, c.runtimeConf(pod, sb))
-		removeNetNS(sb.NetNS)
+		RemoveNetNS(sb.NetNS)
 		return Sandbox{}, fmt.Errorf("CNI result for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	var v4, v6 []string
@@ -160,7 +160,7 @@ func (c *CNI) SetUp(ctx context.Context, pod Pod) (Sandbox, error) {
 	sb.IPs = append(v4, v6...)
 	if len(sb.IPs) == 0 {
 		c.cni.DelNetworkList(context.WithoutCancel(ctx), conf, c.runtimeConf(pod, sb))
-		removeNetNS(sb.NetNS)
+		RemoveNetNS(sb.NetNS)
 		return Sandbox{}, fmt.Errorf("CNI ADD for pod %s/%s returned no address", pod.Namespace, pod.Name)
 	}
 	return sb, nil
@@ -172,7 +172,7 @@ func (c *CNI) SetUp(ctx context.Context, pod Pod) (Sandbox, error) {
 // (with no netns, which the CNI spec requires plugins to accept).
 func (c *CNI) TearDown(ctx context.Context, pod Pod, sb Sandbox) error {
 	if sb.NetNS != "" {
-		if err := removeNetNS(sb.NetNS); err != nil {
+		if err := RemoveNetNS(sb.NetNS); err != nil {
 			return fmt.Errorf("pod %s/%s: %w (its address stays reserved)", pod.Namespace, pod.Name, err)
 		}
 	}

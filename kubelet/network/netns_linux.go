@@ -63,13 +63,13 @@ func createNetNS(path string) error {
 	return nil
 }
 
-// removeNetNS unmounts and removes the namespace at path; a missing one is
+// RemoveNetNS unmounts and removes the namespace at path; a missing one is
 // not an error. Mounts stacked on the path (a namespace dir that is shared
 // and bind-mounted, as `ip netns` makes /run/netns) are detached one by one,
 // and the whole is retried a few times; a path that still cannot be removed
 // is ErrNetNSBusy: the namespace may still hold the pod's interface and
 // address.
-func removeNetNS(path string) error {
+func RemoveNetNS(path string) error {
 	var last error
 	for attempt := 0; attempt < 5; attempt++ {
 		if attempt > 0 {

@@ -11,7 +11,8 @@ import (
 var errNotLinux = errors.New("pod network namespaces need Linux")
 
 func createNetNS(string) error { return errNotLinux }
-func removeNetNS(string) error { return nil }
+// RemoveNetNS has nothing to remove off Linux.
+func RemoveNetNS(string) error { return nil }
 
 // DialInNetNS needs Linux.
 func DialInNetNS(context.Context, string, string) (net.Conn, error) { return nil, errNotLinux }

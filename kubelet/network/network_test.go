@@ -68,13 +68,13 @@ func TestNetNSCreateRemove(t *testing.T) {
 	if err := createNetNS(p); err != nil {
 		t.Errorf("second create of the same netns: %v", err)
 	}
-	if err := removeNetNS(p); err != nil {
+	if err := RemoveNetNS(p); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(p); !os.IsNotExist(err) {
 		t.Errorf("netns file left: %v", err)
 	}
-	if err := removeNetNS(p); err != nil {
+	if err := RemoveNetNS(p); err != nil {
 		t.Errorf("removing a removed netns: %v", err)
 	}
 }

@@ -56,7 +56,7 @@ func TestBusyNetNSKeepsTheAddress(t *testing.T) {
 			bound = false
 		}
 	}
-	t.Cleanup(func() { unbind(); removeNetNS(sb.NetNS) })
+	t.Cleanup(func() { unbind(); RemoveNetNS(sb.NetNS) })
 
 	err := c.TearDown(context.Background(), pod, sb)
 	if !errors.Is(err, ErrNetNSBusy) {

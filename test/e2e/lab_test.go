@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,28 +45,13 @@ func startLab(t *testing.T) *env {
 	testutil.RequiresBinary(t, "containerd")
 	testutil.RequiresBinary(t, "runc")
 	testutil.RequiresBinary(t, "kubectl")
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "bin")
-	for _, b := range []struct{ out, pkg string }{
-		{filepath.Join(bin, "waggle"), "./cmd/waggle"},
-		{filepath.Join(bin, "cni", "waggle"), "./cmd/waggle-cni"},
-		{filepath.Join(bin, "waggle-echo"), "./cmd/waggle-echo"},
-	} {
-		cmd := exec.Command("go", "build", "-tags", "static_build", "-o", b.out, b.pkg)
-		cmd.Dir = repoRoot(t)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", b.pkg, err, out)
-		}
-	}
-	images := filepath.Join(dir, "images")
-	run(t, filepath.Join(bin, "waggle"), "images", "build-echo", "--binary", filepath.Join(bin, "waggle-echo"), "--output", filepath.Join(images, "waggle-echo.tar"))
+	bin, images := buildBinaries(t)
 
 	cfg := lab.Defaults()
 	cfg.Name, cfg.Bridge, cfg.Nodes = labName, labBridge, labNodes
 	cfg.Subnet = netip.MustParsePrefix(labSubnet)
 	dataDir := filepath.Join("/var/lib", "waggle-e2e-"+testutil.UniqueName(""))
-	e := &env{bin: filepath.Join(bin, "waggle"), dataDir: dataDir, kubeconfig: filepath.Join(dataDir, "control-plane", "admin.kubeconfig"), cfg: cfg}
+	e := &env{bin: bin, dataDir: dataDir, kubeconfig: filepath.Join(dataDir, "control-plane", "admin.kubeconfig"), cfg: cfg}
 	t.Cleanup(func() {
 		if *keepLab {
 			t.Logf("lab kept: %s lab down --data-dir %s", e.bin, dataDir)
@@ -93,6 +79,60 @@ func startLab(t *testing.T) *env {
 	}
 	t.Logf("lab up:\n%s", out.String())
 	return e
+}
+
+// built is the binaries and the echo image the package's tests share,
+// built once (buildBinaries) under a directory TestMain removes.
+var built struct {
+	once        sync.Once
+	dir         string
+	bin, images string
+	err         error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// buildBinaries builds waggle, the CNI plugin (bin/cni/waggle) and the
+// waggle-echo image once for the package; it returns the waggle binary and
+// the image dir.
+func buildBinaries(t *testing.T) (bin, images string) {
+	t.Helper()
+	root := repoRoot(t)
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "waggle-bin-"); built.err != nil {
+			return
+		}
+		dir := filepath.Join(built.dir, "bin")
+		for _, b := range []struct{ out, pkg string }{
+			{filepath.Join(dir, "waggle"), "./cmd/waggle"},
+			{filepath.Join(dir, "cni", "waggle"), "./cmd/waggle-cni"},
+			{filepath.Join(dir, "waggle-echo"), "./cmd/waggle-echo"},
+		} {
+			cmd := exec.Command("go", "build", "-tags", "static_build", "-o", b.out, b.pkg)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				built.err = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+				return
+			}
+		}
+		built.bin, built.images = filepath.Join(dir, "waggle"), filepath.Join(built.dir, "images")
+		out, err := exec.Command(built.bin, "images", "build-echo", "--binary", filepath.Join(dir, "waggle-echo"),
+			"--output", filepath.Join(built.images, "waggle-echo.tar")).CombinedOutput()
+		if err != nil {
+			built.err = fmt.Errorf("waggle images build-echo: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin, built.images
 }
 
 func repoRoot(t *testing.T) string {
