@@ -58,6 +58,9 @@ type ModeConfig struct {
 	// LBAcceleration is --bpf-lb-acceleration: XDP on NodePortDevices
 	// (ebpf.NorthSouth.Acceleration).
 	LBAcceleration string
+	// DisableTCX is --enable-tcx=false: the north-south tc programs as
+	// clsact filters (ebpf.NorthSouth.DisableTCX).
+	DisableTCX bool
 	// NodePortNetNS is the network namespace of NodePortDevices (empty:
 	// the caller's).
 	NodePortNetNS string
@@ -106,6 +109,8 @@ type Config struct {
 	MaglevTableSize int
 	// LBAcceleration: --bpf-lb-acceleration (ModeConfig.LBAcceleration).
 	LBAcceleration string
+	// DisableTCX: --enable-tcx=false (ModeConfig.DisableTCX).
+	DisableTCX bool
 	// NoHealthCheckNodePorts: do not serve healthCheckNodePorts (the
 	// default serves them, as kube-proxy).
 	NoHealthCheckNodePorts bool
@@ -195,7 +200,7 @@ func (c *Config) modeConfig(log *slog.Logger, reg prometheus.Registerer) ModeCon
 		NodeName: c.NodeName, CgroupRoot: c.CgroupRoot, PinDir: c.BPFPinDir,
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, MaxAffinity: c.MaxAffinity, MaxRevSocks: c.MaxRevSocks,
 		IPVSScheduler: c.IPVSScheduler, NodePortDevices: c.NodePortDevices, MaglevTableSize: c.MaglevTableSize,
-		NodePortNetNS: c.NodePortNetNS, LBAcceleration: c.LBAcceleration,
+		NodePortNetNS: c.NodePortNetNS, LBAcceleration: c.LBAcceleration, DisableTCX: c.DisableTCX,
 		Log: log, Metrics: reg,
 	}
 }

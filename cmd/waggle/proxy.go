@@ -41,6 +41,7 @@ func runProxy(ctx context.Context, args []string) error {
 	fs.Var(&npDevices, "nodeport-devices", "external devices (comma-separated) on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from outside the node (tc, Maglev, SNAT to the device's address for remote backends); empty: off")
 	fs.IntVar(&cfg.MaglevTableSize, "bpf-lb-maglev-table-size", ebpf.DefaultMaglevTableSize, "entries of each eBPF Maglev table, a prime (251, 509, 1021, 2039, 4093, 8191, 16381, ...); aim for 100x the backends of the largest Service")
 	fs.StringVar(&cfg.LBAcceleration, "bpf-lb-acceleration", ebpf.AccelDisabled, "with --nodeport-devices: also run the north-south ingress in XDP (new flows to remote backends and their replies; the rest stays in tc): disabled, native (driver XDP, or fail), generic (any device, slower) or best-effort (native where the driver supports it, else generic)")
+	enableTCX := fs.Bool("enable-tcx", true, "with --nodeport-devices: attach the north-south tc programs as tcx links (false: as clsact filters, which kernels before 6.6 get anyway)")
 	fs.BoolVar(&cfg.NoL2Announcements, "no-l2-announcements", false, "with --nodeport-devices: do not answer ARP for LoadBalancer IPs (one node per IP, chosen by a Lease)")
 	fs.BoolVar(&cfg.NoHealthCheckNodePorts, "no-healthcheck-node-ports", false, "do not serve LoadBalancer Services' healthCheckNodePort (externalTrafficPolicy Local)")
 	fs.StringVar(&cfg.IPVSScheduler, "ipvs-scheduler", "rr", "IPVS scheduler (rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh)")
@@ -70,6 +71,7 @@ func runProxy(ctx context.Context, args []string) error {
 		cfg.NodeName = strings.ToLower(h)
 	}
 	cfg.NodePortDevices = npDevices
+	cfg.DisableTCX = !*enableTCX
 	if !slices.Contains(ebpf.Accelerations, cfg.LBAcceleration) {
 		return fmt.Errorf("--bpf-lb-acceleration %q: want one of %s", cfg.LBAcceleration, strings.Join(ebpf.Accelerations, ", "))
 	}

@@ -376,7 +376,7 @@ func (b *Backend) Cleanup(ctx context.Context) error {
 // CleanupPinned removes the pinned state in dir: links first (which
 // detaches the programs), then maps. A missing dir is not an error.
 func CleanupPinned(dir string) error {
-	var errs []error
+	errs := []error{detachTCFilters(nil)} // north-south as tc filters (no pins)
 	links, _ := filepath.Glob(filepath.Join(dir, LinkDir, "*"))
 	for _, p := range links {
 		// Detach first (synchronous); unpinning alone lets the kernel

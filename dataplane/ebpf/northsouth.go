@@ -88,6 +88,11 @@ type NorthSouth struct {
 	// connections). Each (backend, node address) pair has this many
 	// concurrent SNATed flows.
 	SNATPortMin, SNATPortMax uint16
+	// DisableTCX attaches the tc programs as clsact filters (cls_bpf,
+	// direct action) instead of tcx links (--enable-tcx=false, as
+	// Cilium's). Kernels before 6.6 have no tcx; there the filters are
+	// used without being asked.
+	DisableTCX bool
 }
 
 // Values of NorthSouth.Acceleration (--bpf-lb-acceleration).

@@ -24,6 +24,8 @@ type northSouth struct {
 	objs *nodePortObjects
 	mg   *maglevMaps
 	devs []device
+	// legacyTC: the kernel has no tcx, the programs are tc filters.
+	legacyTC bool
 }
 
 type device struct {
@@ -227,6 +229,7 @@ func npLinkName(dev, dir string) string { return NPLinkPrefix + dev + "-" + dir 
 // (or XDP) no longer configured.
 func (b *Backend) attachNorthSouth() error {
 	wanted := map[string]bool{}
+	keepTC := map[tcFilterKey]bool{}
 	return inNetNS(b.np.cfg.NetNS, func() error {
 		for i := range b.np.devs {
 			if err := b.attachXDP(&b.np.devs[i], wanted); err != nil {
@@ -240,8 +243,15 @@ func (b *Backend) attachNorthSouth() error {
 				at   ebpf.AttachType
 			}{{"ingress", b.np.objs.WaggleNpIngress, ebpf.AttachTCXIngress}, {"egress", b.np.objs.WaggleNpEgress, ebpf.AttachTCXEgress}} {
 				name := npLinkName(d.name, a.dir)
-				wanted[name] = true
 				path := filepath.Join(b.cfg.PinDir, LinkDir, name)
+				if b.np.cfg.DisableTCX || b.np.legacyTC {
+					if err := attachTCFilter(d.ifindex, a.dir, a.prog); err != nil {
+						return fmt.Errorf("attach north-south %s program to %s as a tc filter: %w", a.dir, d.name, err)
+					}
+					keepTC[tcFilterKey{d.ifindex, a.dir}] = true
+					continue
+				}
+				wanted[name] = true
 				if old, err := link.LoadPinnedLink(path, nil); err == nil {
 					info, ierr := old.Info()
 					if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == d.ifindex {
@@ -256,8 +266,20 @@ func (b *Backend) attachNorthSouth() error {
 					old.Close()
 				}
 				l, err := link.AttachTCX(link.TCXOptions{Interface: d.ifindex, Program: a.prog, Attach: a.at})
+				if errors.Is(err, ebpf.ErrNotSupported) {
+					// Before Linux 6.6: the same programs as clsact
+					// filters, as Cilium attaches them there.
+					b.log.Info("tcx is not supported by this kernel (Linux 6.6+): north-south programs attached as tc clsact filters", "device", d.name)
+					b.np.legacyTC = true
+					delete(wanted, name)
+					if err := attachTCFilter(d.ifindex, a.dir, a.prog); err != nil {
+						return fmt.Errorf("attach north-south %s program to %s as a tc filter: %w", a.dir, d.name, err)
+					}
+					keepTC[tcFilterKey{d.ifindex, a.dir}] = true
+					continue
+				}
 				if err != nil {
-					return fmt.Errorf("attach north-south %s program to %s (tcx needs Linux 6.6+): %w", a.dir, d.name, err)
+					return fmt.Errorf("attach north-south %s program to %s: %w", a.dir, d.name, err)
 				}
 				err = l.Pin(path)
 				l.Close()
@@ -278,8 +300,77 @@ func (b *Backend) attachNorthSouth() error {
 			os.Remove(p)
 			b.log.Info("north-south device no longer configured: detached", "link", filepath.Base(p))
 		}
-		return nil
+		return detachTCFilters(keepTC)
 	})
+}
+
+// Legacy tc attachment (kernels without tcx, or DisableTCX): each program
+// is a cls_bpf filter in direct-action mode on the device's clsact qdisc,
+// at a fixed priority and handle with a waggle name, so a restart replaces
+// it in place (no gap) and cleanup finds it. The programs' return codes
+// are the same for both hooks (TC_ACT_OK is TCX_PASS, TC_ACT_UNSPEC
+// TCX_NEXT, TC_ACT_SHOT TCX_DROP, TC_ACT_REDIRECT TCX_REDIRECT).
+const (
+	tcFilterPriority = 0xc0de >> 4 // one fixed slot, before a default-priority filter
+	tcFilterHandle   = 1
+	tcFilterPrefix   = "waggle_np_"
+)
+
+type tcFilterKey struct {
+	ifindex int
+	dir     string
+}
+
+func tcFilter(ifindex int, dir string) *netlink.BpfFilter {
+	parent := uint32(netlink.HANDLE_MIN_INGRESS)
+	if dir == "egress" {
+		parent = netlink.HANDLE_MIN_EGRESS
+	}
+	return &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: parent,
+		Handle: tcFilterHandle, Priority: tcFilterPriority, Protocol: unix.ETH_P_ALL},
+		Name: tcFilterPrefix + dir, DirectAction: true}
+}
+
+// attachTCFilter puts prog on the device's clsact qdisc (made if missing),
+// replacing the filter a previous run left.
+func attachTCFilter(ifindex int, dir string, prog *ebpf.Program) error {
+	q := &netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex,
+		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
+	if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("clsact qdisc: %w", err)
+	}
+	f := tcFilter(ifindex, dir)
+	f.Fd = prog.FD()
+	return netlink.FilterReplace(f)
+}
+
+// detachTCFilters removes the waggle north-south tc filters of this network
+// namespace except keep's (nil: all of them).
+func detachTCFilters(keep map[tcFilterKey]bool) error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, l := range links {
+		for _, dir := range []string{"ingress", "egress"} {
+			want := tcFilter(l.Attrs().Index, dir)
+			filters, err := netlink.FilterList(l, want.Parent)
+			if err != nil {
+				continue // no clsact qdisc
+			}
+			for _, f := range filters {
+				bf, ok := f.(*netlink.BpfFilter)
+				if !ok || !strings.HasPrefix(bf.Name, tcFilterPrefix) || keep[tcFilterKey{l.Attrs().Index, dir}] {
+					continue
+				}
+				if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+					errs = append(errs, fmt.Errorf("remove tc filter %s on %s: %w", bf.Name, l.Attrs().Name, err))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // xdpLinkDir names a device's XDP link: np-<device>-xdp.
@@ -661,7 +752,7 @@ func (g *maglevMaps) close() {}
 // removeNorthSouth detaches north-south programs a previous proxy left and
 // removes their maps (north-south load balancing was turned off).
 func removeNorthSouth(dir string) error {
-	var errs []error
+	errs := []error{detachTCFilters(nil)}
 	links, _ := filepath.Glob(filepath.Join(dir, LinkDir, NPLinkPrefix+"*"))
 	for _, p := range links {
 		if l, err := link.LoadPinnedLink(p, nil); err == nil {

@@ -732,3 +732,48 @@ func TestNorthSouthUnknownDeviceIsAClearError(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestNorthSouthAsTCFilters: with DisableTCX (what a kernel before 6.6
+// gets), the programs are clsact filters and serve as the tcx links do; a
+// restart replaces them in place, and a later start with tcx removes them.
+func TestNorthSouthAsTCFilters(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.start(func(c *Config) { c.NorthSouth.DisableTCX = true })
+	tp.sync(nodePortFrontend("10.27.0.1", 30080, dataplane.TCP, false, "10.27.2.10:8080"))
+	filters := func() string {
+		return tp.node1.run(t, "tc", "filter", "show", "dev", "eth0", "ingress") +
+			tp.node1.run(t, "tc", "filter", "show", "dev", "eth0", "egress")
+	}
+	if f := filters(); !strings.Contains(f, "waggle_np_ingress") || !strings.Contains(f, "waggle_np_egress") || !strings.Contains(f, "direct-action") {
+		t.Fatalf("no waggle tc filters on node1's eth0:\n%s", f)
+	}
+	if links, _ := filepath.Glob(filepath.Join(tp.pinDir, LinkDir, NPLinkPrefix+"*")); len(links) != 0 {
+		t.Errorf("tcx links pinned beside the tc filters: %v", links)
+	}
+	dial := func(when string) {
+		t.Helper()
+		conn, pod, seen, err := tp.dial("10.27.0.1:30080")
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		defer conn.Close()
+		if pod != "10.27.2.10" || seen != "10.27.0.1" {
+			t.Errorf("%s: answered by %s seeing %s, want 10.27.2.10 seeing 10.27.0.1 (SNAT)", when, pod, seen)
+		}
+		if err := echo(conn, "hello"); err != nil {
+			t.Errorf("%s: echo: %v", when, err)
+		}
+	}
+	dial("tc filters")
+	tp.restart()
+	if f := filters(); strings.Count(f, "handle 0x1 waggle_np_") != 2 {
+		t.Errorf("after a restart, want the two filters replaced in place:\n%s", f)
+	}
+	dial("tc filters after a restart")
+	tp.cfg.NorthSouth.DisableTCX = false
+	tp.restart()
+	if f := filters(); strings.Contains(f, "waggle_np_") {
+		t.Errorf("started with tcx, the tc filters stayed:\n%s", f)
+	}
+	dial("tcx after tc filters")
+}
