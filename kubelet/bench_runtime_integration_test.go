@@ -6,6 +6,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/cio"
 	"github.com/containerd/containerd/oci"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -38,10 +40,20 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 			c.ParallelStarts = v
 		}
 	})
-	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: the default, 4 per CPU)", n.cfg.ParallelStarts)
-	raw1 := rawContainerdBurst(b, n, count, "raw1")
-	pods := waggleBurst(b, n, count)
-	raw2 := rawContainerdBurst(b, n, count, "raw2")
+	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: the default)", n.cfg.ParallelStarts)
+	// Each phase's CLOCK_MONOTONIC span, to cut a machine-wide profile
+	// (perf record -a -k mono) to one side: perf report --time from,to.
+	phase := func(name string, f func() burst) burst {
+		t0 := monotonic()
+		r := f()
+		b.Logf("phase %s: monotonic %.6f,%.6f", name, t0, monotonic())
+		return r
+	}
+	raw1 := phase("raw1", func() burst { return rawContainerdBurst(b, n, count, "raw1") })
+	before := gatherHistograms(b, n)
+	pods := phase("waggle", func() burst { return waggleBurst(b, n, count) })
+	logHistogramDeltas(b, before, gatherHistograms(b, n))
+	raw2 := phase("raw2", func() burst { return rawContainerdBurst(b, n, count, "raw2") })
 	raw := raw1
 	if raw2.total < raw1.total {
 		raw = raw2 // the better of the two: the limit
@@ -173,4 +185,54 @@ func waggleBurst(b *testing.B, n *node, count int) burst {
 		n.waitGone(fmt.Sprintf("burst-%03d", i), 2*time.Minute)
 	}
 	return out
+}
+
+func monotonic() float64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return float64(ts.Sec) + float64(ts.Nsec)/1e9
+}
+
+// gatherHistograms reads the kubelet's histograms (count and sum by name
+// and labels) from its metrics registry: what /metrics serves.
+func gatherHistograms(b *testing.B, n *node) map[string][2]float64 {
+	mfs, err := n.kubelet.Health().Registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string][2]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			if h == nil {
+				continue
+			}
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
+			}
+			out[key] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
+		}
+	}
+	return out
+}
+
+// logHistogramDeltas prints what the kubelet's histograms gained during a
+// phase: per operation its count, mean and summed time.
+func logHistogramDeltas(b *testing.B, before, after map[string][2]float64) {
+	var keys []string
+	for k := range after {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "kubelet metrics during the Waggle burst:\n%-80s %6s %9s %9s\n", "histogram", "count", "mean", "sum")
+	for _, k := range keys {
+		c, sum := after[k][0]-before[k][0], after[k][1]-before[k][1]
+		if c == 0 {
+			continue
+		}
+		fmt.Fprintf(&sb, "%-80s %6.0f %8.3fs %8.1fs\n", k, c, sum/c, sum)
+	}
+	b.Log(sb.String())
 }

@@ -127,6 +127,8 @@ type metrics struct {
 	// kubelet_eviction_stats_age_seconds (by eviction_signal).
 	evictions        *prometheus.CounterVec
 	evictionStatsAge *prometheus.HistogramVec
+	// ops are upstream's per-operation histograms (metrics.go).
+	ops opMetrics
 }
 
 // Run runs a kubelet with cfg until ctx ends. Containers keep running when
@@ -254,8 +256,9 @@ func (k *Kubelet) registerMetrics() {
 	k.metrics.startupSecs = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "waggle_kubelet_pod_start_duration_seconds", Help: "From the first sync of a pod to all its containers running.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})
 	k.metrics.evictions = eviction.NewEvictionsCounter()
 	k.metrics.evictionStatsAge = eviction.NewStatsAgeHistogram()
-	for _, c := range []prometheus.Collector{k.metrics.podStarts, k.metrics.syncs, k.metrics.syncErrors, k.metrics.running, k.metrics.startupSecs,
-		k.metrics.evictions, k.metrics.evictionStatsAge} {
+	k.metrics.ops = newOpMetrics()
+	for _, c := range append([]prometheus.Collector{k.metrics.podStarts, k.metrics.syncs, k.metrics.syncErrors, k.metrics.running, k.metrics.startupSecs,
+		k.metrics.evictions, k.metrics.evictionStatsAge}, k.metrics.ops.collectors()...) {
 		k.health.Registry.Register(c)
 	}
 }
@@ -462,7 +465,7 @@ func (k *Kubelet) buildRuntime(ctx context.Context) error {
 	}
 	c, err := runtime.NewContainerd(runtime.ContainerdOptions{
 		Address: k.cfg.ContainerdAddress, Namespace: k.cfg.ContainerdNamespace, Logger: k.cfg.ContainerLogger, Log: k.log,
-		LocalRegistries: k.cfg.LocalRegistries,
+		LocalRegistries: k.cfg.LocalRegistries, Observe: k.metrics.ops.observeRuntime,
 	})
 	if err != nil {
 		return err

@@ -337,6 +337,8 @@ func (w *podWorker) writeStatus(ctx context.Context, pod *v1.Pod, st v1.PodStatu
 		return nil
 	}
 	pods := w.k.client.CoreV1().Pods(pod.Namespace)
+	t0 := time.Now()
+	defer func() { w.k.metrics.ops.statusSync.Observe(time.Since(t0).Seconds()) }()
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		cur, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {

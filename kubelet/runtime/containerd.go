@@ -87,6 +87,12 @@ type ContainerdOptions struct {
 	// `waggle` binary; a test binary answers it from its TestMain).
 	Logger string
 	Log    *slog.Logger
+	// Observe, when set, receives the duration of each operation on
+	// containerd under upstream's CRI operation names (image_status,
+	// pull_image, create_container, start_container, list_containers,
+	// stop_container, remove_container): the kubelet's
+	// kubelet_runtime_operations_duration_seconds.
+	Observe func(op string, d time.Duration)
 }
 
 // Containerd is the Runtime on containerd with runc.
@@ -315,8 +321,10 @@ func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullP
 		policy = PullIfNotPresent
 	}
 	if policy != PullAlways {
+		t0 := time.Now()
 		img, err := c.client.GetImage(ctx, ref)
 		if err == nil {
+			defer c.observe("image_status", t0)
 			if ok, _ := img.IsUnpacked(ctx, c.opts.Snapshotter); !ok {
 				if err := img.Unpack(ctx, c.opts.Snapshotter); err != nil {
 					return "", fmt.Errorf("unpack image %s: %w", ref, err)
@@ -337,6 +345,7 @@ func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullP
 	}
 	v, err, _ := c.pulls.Do(ref, func() (any, error) {
 		start := time.Now()
+		defer c.observe("pull_image", start)
 		resolver := docker.NewResolver(docker.ResolverOptions{
 			Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchLocalhost)),
 		})
@@ -356,6 +365,13 @@ func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullP
 	return v.(string), nil
 }
 
+// observe records an operation started at t0 (see ContainerdOptions.Observe).
+func (c *Containerd) observe(op string, t0 time.Time) {
+	if c.opts.Observe != nil {
+		c.opts.Observe(op, time.Since(t0))
+	}
+}
+
 func newID() string {
 	var b [16]byte
 	rand.Read(b[:])
@@ -365,6 +381,7 @@ func newID() string {
 // StartContainer implements Runtime.
 func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (string, error) {
 	ctx = c.ctx(ctx)
+	tCreate := time.Now()
 	ref, err := NormalizeImage(cfg.Image)
 	if err != nil {
 		return "", err
@@ -461,6 +478,8 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 	if err != nil {
 		return "", fmt.Errorf("create container %s: %w", cfg.Name, err)
 	}
+	c.observe("create_container", tCreate)
+	tStart := time.Now()
 	fail := func(err error) (string, error) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -500,12 +519,14 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 	if _, err := ctr.SetLabels(ctx, map[string]string{LabelStartedAt: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
 		c.log.Warn("record start time", "container", id, "err", err)
 	}
+	c.observe("start_container", tStart)
 	return id, nil
 }
 
 // StopContainer implements Runtime.
 func (c *Containerd) StopContainer(ctx context.Context, id string, grace time.Duration) error {
 	ctx = c.ctx(ctx)
+	defer c.observe("stop_container", time.Now())
 	ctr, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -640,6 +661,7 @@ func (c *Containerd) StdinDone(ctx context.Context, id string) error {
 // RemoveContainer implements Runtime.
 func (c *Containerd) RemoveContainer(ctx context.Context, id string) error {
 	ctx = c.ctx(ctx)
+	defer c.observe("remove_container", time.Now())
 	ctr, err := c.client.LoadContainer(ctx, id)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -663,6 +685,7 @@ func (c *Containerd) RemoveContainer(ctx context.Context, id string) error {
 // away), and its OOM kill is read from its cgroup before that.
 func (c *Containerd) ListContainers(ctx context.Context) ([]Container, error) {
 	ctx = c.ctx(ctx)
+	defer c.observe("list_containers", time.Now())
 	ctrs, err := c.client.Containers(ctx, fmt.Sprintf("labels.%q", LabelPodUID))
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)
