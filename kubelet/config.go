@@ -84,7 +84,8 @@ type Config struct {
 	ContainerdNamespace string
 	// ContainerLogger is the binary the containerd shim starts as
 	// `<ContainerLogger> container-logger <log>` to write each container's
-	// CRI-format log (default: this executable, the waggle binary).
+	// CRI-format log (default: waggle-container-logger beside this
+	// executable, else this executable, the waggle binary).
 	ContainerLogger string
 	// CNIConfDir and CNIBinDirs are the CNI plugin's config and binaries;
 	// CNICacheDir libcni's cache (default under RootDir).

@@ -39,7 +39,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Runtime, "runtime", "containerd", "container runtime: containerd, or hollow (in-memory containers and addresses, probes pass: a hollow node for control-plane scale tests)")
 	fs.StringVar(&cfg.ContainerdAddress, "containerd-address", "/run/containerd/containerd.sock", "containerd socket")
 	fs.StringVar(&cfg.ContainerdNamespace, "containerd-namespace", "waggle", "containerd namespace of this node's images and containers")
-	fs.StringVar(&cfg.ContainerLogger, "container-logger", "", "binary the containerd shim runs as `<binary> container-logger <log>` to write containers' CRI logs (default: this waggle binary)")
+	fs.StringVar(&cfg.ContainerLogger, "container-logger", "", "binary the containerd shim runs as `<binary> container-logger <log>` to write containers' CRI logs (default: waggle-container-logger beside this binary, else this waggle binary)")
 	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI network configuration dir (written from the node's pod CIDR when empty)")
 	fs.Var(&cniBin, "cni-bin-dir", "CNI plugin dirs (default /opt/cni/bin,/usr/lib/cni)")
 	fs.StringVar(&cfg.CNICacheDir, "cni-cache-dir", "", "libcni result cache (default <root-dir>/cni-cache)")
