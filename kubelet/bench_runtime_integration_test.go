@@ -40,7 +40,7 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 			c.ParallelStarts = v
 		}
 	})
-	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: the default)", n.cfg.ParallelStarts)
+	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: no cap, the default)", n.cfg.ParallelStarts)
 	// Each phase's CLOCK_MONOTONIC span, to cut a machine-wide profile
 	// (perf record -a -k mono) to one side: perf report --time from,to.
 	phase := func(name string, f func() burst) burst {

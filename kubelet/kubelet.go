@@ -89,14 +89,15 @@ type Kubelet struct {
 	// stopped kubelet left (once per start).
 	imageVolumesSwept atomic.Bool
 	relistMu          sync.Mutex
-	startSlots        chan struct{}
-	relistKick        chan struct{}
-	relistDone        chan struct{}
-	backoff           *flowcontrol.Backoff
-	probes            *probeManager
-	static            *staticSource
-	apiPortV          atomic.Int32
-	podLister         func(ns, name string) (*v1.Pod, bool)
+	// startSlots caps the container starts in flight (nil: no cap).
+	startSlots chan struct{}
+	relistKick chan struct{}
+	relistDone chan struct{}
+	backoff    *flowcontrol.Backoff
+	probes     *probeManager
+	static     *staticSource
+	apiPortV   atomic.Int32
+	podLister  func(ns, name string) (*v1.Pod, bool)
 	// services lists every Service, for the pods' Service variables.
 	services corelisters.ServiceLister
 
@@ -178,7 +179,6 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		workers:    map[types.UID]*podWorker{},
 		snapshot:   map[types.UID][]runtime.Container{},
 		relistKick: make(chan struct{}, 1),
-		startSlots: make(chan struct{}, cfg.ParallelStarts),
 		relistDone: make(chan struct{}),
 		backoff:    flowcontrol.NewBackOff(cfg.BackoffBase, cfg.BackoffMax),
 		health:     d.Health,
@@ -188,6 +188,9 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		prober:     d.Prober,
 		recorder:   d.Recorder,
 		startedAt:  time.Now().Truncate(time.Second),
+	}
+	if cfg.ParallelStarts > 0 {
+		k.startSlots = make(chan struct{}, cfg.ParallelStarts)
 	}
 	if k.prober == nil {
 		if cfg.Runtime == RuntimeHollow {

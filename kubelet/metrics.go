@@ -26,7 +26,8 @@ type opMetrics struct {
 	// containers started, image pulls excluded.
 	startSLI prometheus.Histogram
 	// startWait is waggle_kubelet_container_start_wait_seconds: how long a
-	// container start waited for a slot (Config.ParallelStarts).
+	// container start waited for a slot (when Config.ParallelStarts caps
+	// them).
 	startWait prometheus.Histogram
 }
 

@@ -920,15 +920,16 @@ func (w *podWorker) pullImage(ctx context.Context, image string, policy runtime.
 func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, attempt int, init bool) error {
 	k := w.k
 	t0 := time.Now()
-	// Bounded parallelism: a burst of starts finishes sooner one by one
-	// than all at once on a loaded containerd.
-	select {
-	case k.startSlots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	// A cap on starts in flight, when configured (Config.ParallelStarts).
+	if k.startSlots != nil {
+		select {
+		case k.startSlots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-k.startSlots }()
+		k.metrics.ops.startWait.Observe(time.Since(t0).Seconds())
 	}
-	defer func() { <-k.startSlots }()
-	k.metrics.ops.startWait.Observe(time.Since(t0).Seconds())
 	// Image volumes first, then the container's image, as upstream.
 	imageVols, wait, err := w.imageVolumes(ctx, pod, c)
 	if imageVols == nil {
