@@ -21,6 +21,8 @@ import (
 	cg2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/containerd"
 	apievents "github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/api/services/tasks/v1"
+	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/cio"
 	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/errdefs"
@@ -699,13 +701,25 @@ func (c *Containerd) RemoveContainer(ctx context.Context, id string) error {
 
 // ListContainers implements Runtime. An exited container's task is deleted
 // once its exit is recorded in the container's labels (so its shim goes
-// away), and its OOM kill is read from its cgroup before that.
+// away), and its OOM kill is read from its cgroup before that. The tasks'
+// states come from one ListTasks call, not two calls per container: the
+// kubelet relists every second and after starts, and 100 containers made
+// that 200 round trips to containerd (and as many to the shims) each time.
 func (c *Containerd) ListContainers(ctx context.Context) ([]Container, error) {
 	ctx = c.ctx(ctx)
 	defer c.observe("list_containers", time.Now())
 	ctrs, err := c.client.Containers(ctx, fmt.Sprintf("labels.%q", LabelPodUID))
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	// Listed after the containers: a task created meanwhile is seen.
+	resp, err := c.client.TaskService().List(ctx, &tasks.ListTasksRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("list tasks: %w", errdefs.FromGRPC(err))
+	}
+	procs := make(map[string]*task.Process, len(resp.Tasks))
+	for _, p := range resp.Tasks {
+		procs[p.ID] = p
 	}
 	out := make([]Container, 0, len(ctrs))
 	for _, ctr := range ctrs {
@@ -717,7 +731,7 @@ func (c *Containerd) ListContainers(ctx context.Context) ([]Container, error) {
 			return nil, fmt.Errorf("container %s: %w", ctr.ID(), err)
 		}
 		rc := fromLabels(info)
-		c.fillState(ctx, ctr, &info, &rc)
+		c.fillState(ctx, ctr, &info, &rc, procs[ctr.ID()])
 		out = append(out, rc)
 	}
 	return out, nil
@@ -736,7 +750,9 @@ func fromLabels(info containers.Container) Container {
 	return rc
 }
 
-func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, info *containers.Container, rc *Container) {
+// fillState sets rc's state from its labels (a recorded exit) or its task,
+// proc (nil: the container had no task when the tasks were listed).
+func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, info *containers.Container, rc *Container, proc *task.Process) {
 	l := info.Labels
 	if code, ok := l[LabelExitCode]; ok {
 		n, _ := strconv.Atoi(code)
@@ -744,52 +760,42 @@ func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, in
 		rc.FinishedAt, _ = time.Parse(time.RFC3339Nano, l[LabelFinishedAt])
 		return
 	}
-	task, err := ctr.Task(ctx, nil)
-	if err == nil {
+	if proc != nil {
 		c.missingMu.Lock()
 		delete(c.missing, rc.ID)
 		c.missingMu.Unlock()
-	}
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			// Another lister may have just recorded the exit and deleted
-			// the task: look at the labels again.
-			if fresh, err := ctr.Info(ctx); err == nil {
-				if _, ok := fresh.Labels[LabelExitCode]; ok {
-					c.fillState(ctx, ctr, &fresh, rc)
-					return
-				}
-			}
-			// No task. Right after containerd restarts, tasks reappear as
-			// their shims are reloaded: only a task missing for a while is
-			// gone (a start that failed half-way, or a shim that died).
-			if !c.missingFor(rc.ID, missingTaskGrace) {
-				rc.State = StateUnknown
+	} else {
+		// Another lister may have just recorded the exit and deleted the
+		// task: look at the labels again.
+		if fresh, err := ctr.Info(ctx); err == nil {
+			if _, ok := fresh.Labels[LabelExitCode]; ok {
+				c.fillState(ctx, ctr, &fresh, rc, nil)
 				return
 			}
-			rc.State, rc.ExitCode, rc.Reason = StateExited, 128, "ContainerCannotRun"
-			rc.FinishedAt = info.UpdatedAt
+		}
+		// No task. Right after containerd restarts, tasks reappear as
+		// their shims are reloaded: only a task missing for a while is
+		// gone (a start that failed half-way, or a shim that died).
+		if !c.missingFor(rc.ID, missingTaskGrace) {
+			rc.State = StateUnknown
 			return
 		}
-		// A transient failure: the caller must not act on it.
-		rc.State = StateUnknown
+		rc.State, rc.ExitCode, rc.Reason = StateExited, 128, "ContainerCannotRun"
+		rc.FinishedAt = info.UpdatedAt
 		return
 	}
-	st, err := task.Status(ctx)
-	if err != nil {
-		rc.State = StateUnknown
-		return
-	}
-	rc.PID = task.Pid()
-	switch st.Status {
-	case containerd.Running, containerd.Paused, containerd.Pausing:
+	rc.PID = proc.Pid
+	switch proc.Status {
+	case task.Status_RUNNING, task.Status_PAUSED, task.Status_PAUSING:
 		rc.State = StateRunning
-	case containerd.Created:
+	case task.Status_CREATED:
 		rc.State = StateCreated
-	case containerd.Stopped:
+	case task.Status_STOPPED:
 		rc.State = StateExited
-		rc.ExitCode = int32(st.ExitStatus)
-		rc.FinishedAt = st.ExitTime
+		rc.ExitCode = int32(proc.ExitStatus)
+		if proc.ExitedAt != nil {
+			rc.FinishedAt = proc.ExitedAt.AsTime()
+		}
 		rc.Reason = "Completed"
 		if rc.ExitCode != 0 {
 			rc.Reason = "Error"
@@ -810,7 +816,11 @@ func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, in
 			c.log.Warn("record container exit", "container", rc.ID, "err", err)
 			return
 		}
-		if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+		t, err := ctr.Task(ctx, nil)
+		if err == nil {
+			_, err = t.Delete(ctx)
+		}
+		if err != nil && !errdefs.IsNotFound(err) {
 			c.log.Warn("delete exited task", "container", rc.ID, "err", err)
 		}
 	default:
