@@ -223,9 +223,16 @@ func (w *podWorker) containers() []runtime.Container {
 		if w.removed[c.ID] {
 			continue
 		}
-		if p, ok := w.pending[c.ID]; ok && p.State == runtime.StateExited && c.State == runtime.StateRunning {
+		p, ok := w.pending[c.ID]
+		switch {
+		case ok && p.State == runtime.StateExited && c.State == runtime.StateRunning:
 			c = p // stopped by us, not yet relisted as exited
-		} else {
+		case ok && c.State == runtime.StateRunning && c.StartedAt.IsZero():
+			// Relisted between its start and the runtime's record of the
+			// start time: keep ours rather than report (and write) a zero
+			// startedAt, then the real one.
+			c.StartedAt = p.StartedAt
+		default:
 			delete(w.pending, c.ID)
 		}
 		if r, ok := w.resized[c.ID]; ok {
