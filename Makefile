@@ -34,8 +34,9 @@ deps: ## install the Debian packages the build and tests need (apt, only what is
 	fi
 	@mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 
-build: ## build bin/waggle and the CNI plugin (bin/waggle-cni, installed for CNI as bin/cni/waggle)
+build: ## build bin/waggle, the container logger (bin/waggle-container-logger) and the CNI plugin (bin/waggle-cni, installed for CNI as bin/cni/waggle)
 	$(GO) build -tags $(BUILD_TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/waggle ./cmd/waggle
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/waggle-container-logger ./cmd/waggle-container-logger
 	$(GO) build -tags $(BUILD_TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/waggle-cni ./cmd/waggle-cni
 	@mkdir -p $(BIN)/cni && ln -f $(BIN)/waggle-cni $(BIN)/cni/waggle
 

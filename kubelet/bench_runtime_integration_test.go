@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,22 +16,29 @@ import (
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/cio"
 	"github.com/containerd/containerd/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/waggle-io/waggle/kubelet"
 	"github.com/waggle-io/waggle/kubelet/images"
+	"github.com/waggle-io/waggle/kubelet/network"
 )
 
 // BenchmarkPodStartupVsContainerd is the "runtime is the limit"
 // figure: 100 pods created at once through the API until all are Running,
 // beside 100 containers of the same image started at once by containerd +
-// runc directly (the same private containerd, same snapshotter and shim, no
-// network namespace, CNI, cgroup of its own, volumes, probes or API
-// writes), in one run, interleaved raw, Waggle, raw. It prints the rates
-// (pods or containers per second until the last one), their ratio, and each
-// side's p50/p99 from the burst's start.
+// runc directly (the same private containerd, same snapshotter and shim;
+// each in a new empty network namespace runc makes, no CNI, cgroup of its
+// own, log, volumes, probes or API writes), and beside the same with a CNI
+// ADD each first (the pod network every pod has), in one run: direct,
+// direct + CNI, Waggle, direct. It prints the rates (pods or containers per
+// second until the last one), the ratios, each side's p50/p99 from the
+// burst's start, the CPU time each burst cost (cgroupCPU: run the
+// benchmark in a cgroup of its own), and what the kubelet's histograms
+// gained in its burst.
 //
 //	WAGGLE_PRIVILEGED_TESTS=1 go test -run '^$' -bench PodStartupVsContainerd -benchtime 1x ./kubelet/
 func BenchmarkPodStartupVsContainerd(b *testing.B) {
@@ -38,10 +48,21 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 			c.ParallelStarts = v
 		}
 	})
-	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: the default, 4 per CPU)", n.cfg.ParallelStarts)
-	raw1 := rawContainerdBurst(b, n, count, "raw1")
-	pods := waggleBurst(b, n, count)
-	raw2 := rawContainerdBurst(b, n, count, "raw2")
+	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: no cap, the default)", n.cfg.ParallelStarts)
+	// Each phase's CLOCK_MONOTONIC span, to cut a machine-wide profile
+	// (perf record -a -k mono) to one side: perf report --time from,to.
+	phase := func(name string, f func() burst) burst {
+		t0 := monotonic()
+		r := f()
+		b.Logf("phase %s: monotonic %.6f,%.6f", name, t0, monotonic())
+		return r
+	}
+	raw1 := phase("raw1", func() burst { return rawContainerdBurst(b, n, count, "raw1", false) })
+	rawNet := phase("raw+cni", func() burst { return rawContainerdBurst(b, n, count, "rawnet", true) })
+	before := gatherHistograms(b, n)
+	pods := phase("waggle", func() burst { return waggleBurst(b, n, count) })
+	logHistogramDeltas(b, before, gatherHistograms(b, n))
+	raw2 := phase("raw2", func() burst { return rawContainerdBurst(b, n, count, "raw2", false) })
 	raw := raw1
 	if raw2.total < raw1.total {
 		raw = raw2 // the better of the two: the limit
@@ -50,19 +71,85 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 	b.ReportMetric(rate(pods), "pods-running/s")
 	b.ReportMetric(rate(raw), "containers-started/s")
 	b.ReportMetric(rate(pods)/rate(raw), "ratio")
+	b.ReportMetric(rate(pods)/rate(rawNet), "ratio-to-direct-with-cni")
+	if pods.cpu >= 0 && raw.cpu >= 0 {
+		b.ReportMetric(pods.cpu.Seconds(), "waggle-cpu-s")
+		b.ReportMetric(raw.cpu.Seconds(), "direct-cpu-s")
+	}
 	b.ReportMetric(pods.p(99).Seconds(), "pod-p99-s")
 	b.ReportMetric(raw.p(99).Seconds(), "container-p99-s")
-	b.Logf("\n%-34s %10s %10s %10s\n%-34s %10.1f %10s %10s\n%-34s %10.1f %10s %10s\n%-34s %10.1f %10s %10s\n%-34s %10.2f×",
-		fmt.Sprintf("%d at once", count), "per s", "p50", "p99",
-		"containerd+runc direct (run 1)", rate(raw1), raw1.p(50).Round(time.Millisecond), raw1.p(99).Round(time.Millisecond),
-		"Waggle: API create → Running", rate(pods), pods.p(50).Round(time.Millisecond), pods.p(99).Round(time.Millisecond),
-		"containerd+runc direct (run 2)", rate(raw2), raw2.p(50).Round(time.Millisecond), raw2.p(99).Round(time.Millisecond),
-		"Waggle ÷ best direct", rate(pods)/rate(raw))
+	cpu := func(r burst) string {
+		if r.cpu < 0 {
+			return "?"
+		}
+		return fmt.Sprintf("%.1fs", r.cpu.Seconds())
+	}
+	row := "%-38s %10.1f %10s %10s %10s\n"
+	b.Logf("\n%-38s %10s %10s %10s %10s\n"+row+row+row+row+"%-38s %10.2f×\n%-38s %10.2f×",
+		fmt.Sprintf("%d at once", count), "per s", "p50", "p99", "CPU",
+		"containerd+runc direct (run 1)", rate(raw1), raw1.p(50).Round(time.Millisecond), raw1.p(99).Round(time.Millisecond), cpu(raw1),
+		"containerd+runc direct + CNI ADD each", rate(rawNet), rawNet.p(50).Round(time.Millisecond), rawNet.p(99).Round(time.Millisecond), cpu(rawNet),
+		"Waggle: API create → Running", rate(pods), pods.p(50).Round(time.Millisecond), pods.p(99).Round(time.Millisecond), cpu(pods),
+		"containerd+runc direct (run 2)", rate(raw2), raw2.p(50).Round(time.Millisecond), raw2.p(99).Round(time.Millisecond), cpu(raw2),
+		"Waggle ÷ best direct", rate(pods)/rate(raw),
+		"Waggle ÷ direct + CNI ADD", rate(pods)/rate(rawNet))
 }
 
 type burst struct {
 	total time.Duration
 	each  []time.Duration
+	// cpu is the CPU time the benchmark's cgroup used from the burst's
+	// start to its last start (-1: unknown), see cgroupCPU.
+	cpu time.Duration
+}
+
+// cgroupCPU is the CPU time used so far by this process's cgroup (cgroup v1
+// cpuacct, else v2 cpu.stat), -1 if it cannot be read. Run the benchmark
+// alone in a cgroup of its own and it counts everything a start costs
+// outside the container's own cgroup: the kubelet, API server and etcd
+// (this process), containerd (started by the test, so inside), the shims,
+// runc until it joins the container's cgroup, the loggers and the CNI
+// plugin. CPU time moves far less with the machine's load than a rate.
+func cgroupCPU() time.Duration {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return -1
+	}
+	var v2 string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if slices.Contains(strings.Split(f[1], ","), "cpuacct") {
+			if v, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", f[2], "cpuacct.usage")); err == nil {
+				if ns, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64); err == nil {
+					return time.Duration(ns)
+				}
+			}
+		}
+		if f[0] == "0" {
+			v2 = f[2]
+		}
+	}
+	v, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", v2, "cpu.stat"))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(v), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "usage_usec" {
+			us, _ := strconv.ParseInt(f[1], 10, 64)
+			return time.Duration(us) * time.Microsecond
+		}
+	}
+	return -1
+}
+
+func cpuSince(t0 time.Duration) time.Duration {
+	if t0 < 0 {
+		return -1
+	}
+	return cgroupCPU() - t0
 }
 
 func (r burst) p(pct int) time.Duration {
@@ -78,26 +165,50 @@ func (r burst) p(pct int) time.Duration {
 // rawContainerdBurst creates and starts count containers of the echo image
 // at once through containerd's client (rootfs snapshot, OCI spec from the
 // image, runc shim), timing each until its task started; then removes them.
-func rawContainerdBurst(b *testing.B, n *node, count int, prefix string) burst {
+// Each gets a new, empty network namespace from runc (containerd's default
+// spec), nothing in it but lo. With withCNI each instead joins a namespace
+// set up first by the node's CNI plugin (the kubelet's network manager:
+// netns bind-mounted under /run/netns, CNI ADD: veth, bridge, IPAM), what
+// every pod has: the limit for pods, runtime and network together.
+func rawContainerdBurst(b *testing.B, n *node, count int, prefix string, withCNI bool) burst {
 	ctx := namespacesCtx(n)
 	cl := n.ctrd.Client
 	img, err := cl.GetImage(ctx, images.EchoImage)
 	if err != nil {
 		b.Fatal(err)
 	}
+	cni := network.NewCNI(network.CNIOptions{ConfDir: n.cfg.CNIConfDir, BinDirs: n.cfg.CNIBinDirs,
+		CacheDir: n.cfg.CNICacheDir, NetNSPrefix: "wkbench-"})
+	sandboxes := make([]network.Sandbox, count)
+	benchPod := func(i int) network.Pod {
+		return network.Pod{UID: fmt.Sprintf("%s-%s-%03d", n.name, prefix, i), Namespace: "bench", Name: fmt.Sprintf("%s-%03d", prefix, i)}
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	out := burst{}
 	var errs []error
+	cpu0 := cgroupCPU()
 	start := time.Now()
 	for i := 0; i < count; i++ {
 		id := fmt.Sprintf("bench-%s-%03d", prefix, i)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctr, err := cl.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithSnapshotter("overlayfs"),
-				containerd.WithNewSnapshot(id, img), containerd.WithRuntime("io.containerd.runc.v2", nil),
-				containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("/waggle-echo", "sleep", "3600")))
+			opts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithProcessArgs("/waggle-echo", "sleep", "3600")}
+			var err error
+			if withCNI {
+				var sb network.Sandbox
+				if sb, err = cni.SetUp(ctx, benchPod(i)); err == nil {
+					sandboxes[i] = sb
+					opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.NetNS}))
+				}
+			}
+			var ctr containerd.Container
+			if err == nil {
+				ctr, err = cl.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithSnapshotter("overlayfs"),
+					containerd.WithNewSnapshot(id, img), containerd.WithRuntime("io.containerd.runc.v2", nil),
+					containerd.WithNewSpec(opts...))
+			}
 			if err == nil {
 				var task containerd.Task
 				if task, err = ctr.NewTask(ctx, cio.NullIO); err == nil {
@@ -116,6 +227,7 @@ func rawContainerdBurst(b *testing.B, n *node, count int, prefix string) burst {
 	}
 	wg.Wait()
 	out.total = time.Since(start)
+	out.cpu = cpuSince(cpu0)
 	b.StopTimer()
 	for i := 0; i < count; i++ {
 		id := fmt.Sprintf("bench-%s-%03d", prefix, i)
@@ -124,6 +236,11 @@ func rawContainerdBurst(b *testing.B, n *node, count int, prefix string) burst {
 				t.Delete(ctx, containerd.WithProcessKill)
 			}
 			ctr.Delete(ctx, containerd.WithSnapshotCleanup)
+		}
+		if sandboxes[i].NetNS != "" {
+			if err := cni.TearDown(ctx, benchPod(i), sandboxes[i]); err != nil {
+				b.Errorf("tear down %s: %v", sandboxes[i].NetNS, err)
+			}
 		}
 	}
 	if len(errs) > 0 {
@@ -144,6 +261,7 @@ func waggleBurst(b *testing.B, n *node, count int) burst {
 	defer w.Stop()
 	out := burst{}
 	seen := map[string]bool{}
+	cpu0 := cgroupCPU()
 	start := time.Now()
 	go func() {
 		for i := 0; i < count; i++ {
@@ -168,9 +286,60 @@ func waggleBurst(b *testing.B, n *node, count int) burst {
 		}
 	}
 	out.total = time.Since(start)
+	out.cpu = cpuSince(cpu0)
 	n.client.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	for i := 0; i < count; i++ {
 		n.waitGone(fmt.Sprintf("burst-%03d", i), 2*time.Minute)
 	}
 	return out
+}
+
+func monotonic() float64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return float64(ts.Sec) + float64(ts.Nsec)/1e9
+}
+
+// gatherHistograms reads the kubelet's histograms (count and sum by name
+// and labels) from its metrics registry: what /metrics serves.
+func gatherHistograms(b *testing.B, n *node) map[string][2]float64 {
+	mfs, err := n.kubelet.Health().Registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string][2]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			if h == nil {
+				continue
+			}
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
+			}
+			out[key] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
+		}
+	}
+	return out
+}
+
+// logHistogramDeltas prints what the kubelet's histograms gained during a
+// phase: per operation its count, mean and summed time.
+func logHistogramDeltas(b *testing.B, before, after map[string][2]float64) {
+	var keys []string
+	for k := range after {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "kubelet metrics during the Waggle burst:\n%-80s %6s %9s %9s\n", "histogram", "count", "mean", "sum")
+	for _, k := range keys {
+		c, sum := after[k][0]-before[k][0], after[k][1]-before[k][1]
+		if c == 0 {
+			continue
+		}
+		fmt.Fprintf(&sb, "%-80s %6.0f %8.3fs %8.1fs\n", k, c, sum/c, sum)
+	}
+	b.Log(sb.String())
 }

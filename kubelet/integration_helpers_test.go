@@ -100,5 +100,8 @@ func TestMain(m *testing.M) {
 	if cniDir != "" {
 		os.RemoveAll(cniDir)
 	}
+	if loggerPath != "" {
+		os.RemoveAll(filepath.Dir(loggerPath))
+	}
 	os.Exit(code)
 }

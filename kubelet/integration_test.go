@@ -32,6 +32,7 @@ import (
 	"github.com/waggle-io/waggle/kubelet"
 	"github.com/waggle-io/waggle/kubelet/images"
 	"github.com/waggle-io/waggle/kubelet/internal/ktest"
+	kruntime "github.com/waggle-io/waggle/kubelet/runtime"
 )
 
 var (
@@ -57,6 +58,34 @@ func cniBinDir(t testing.TB) string {
 		t.Fatal(cniErr)
 	}
 	return cniDir
+}
+
+var (
+	loggerOnce sync.Once
+	loggerPath string
+	loggerErr  error
+)
+
+// containerLogger builds cmd/waggle-container-logger (once): the logger a
+// node uses beside bin/waggle, so that the tests start the one users get.
+func containerLogger(t testing.TB) string {
+	loggerOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "waggle-logger-bin-")
+		if err != nil {
+			loggerErr = err
+			return
+		}
+		loggerPath = filepath.Join(dir, kruntime.LoggerBinary)
+		cmd := exec.Command("go", "build", "-o", loggerPath, "./cmd/waggle-container-logger")
+		cmd.Dir = filepath.Join("..")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			loggerErr = fmt.Errorf("build waggle-container-logger: %v: %s", err, out)
+		}
+	})
+	if loggerErr != nil {
+		t.Fatal(loggerErr)
+	}
+	return loggerPath
 }
 
 // node is one kubelet on real containerd, runc and waggle-cni, against a
@@ -143,7 +172,7 @@ func newNode(t testing.TB, mutate func(*kubelet.Config)) *node {
 		CgroupRoot: "/" + testutil.UniqueName("wkt") + "/" + n.name, RootDir: filepath.Join(dir, "kubelet"),
 		Address: "127.0.0.1", Port: 0, ClientCAFile: caFile,
 		SyncFrequency: 200 * time.Millisecond, BackoffBase: time.Second, BackoffMax: 4 * time.Second,
-		DisableRouteController: true, ImageDir: imageDir,
+		DisableRouteController: true, ImageDir: imageDir, ContainerLogger: containerLogger(t),
 	}
 	if os.Getenv("WAGGLE_TEST_KUBELET_LOG") != "" {
 		n.cfg.Log = newLogger()

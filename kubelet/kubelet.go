@@ -89,14 +89,15 @@ type Kubelet struct {
 	// stopped kubelet left (once per start).
 	imageVolumesSwept atomic.Bool
 	relistMu          sync.Mutex
-	startSlots        chan struct{}
-	relistKick        chan struct{}
-	relistDone        chan struct{}
-	backoff           *flowcontrol.Backoff
-	probes            *probeManager
-	static            *staticSource
-	apiPortV          atomic.Int32
-	podLister         func(ns, name string) (*v1.Pod, bool)
+	// startSlots caps the container starts in flight (nil: no cap).
+	startSlots chan struct{}
+	relistKick chan struct{}
+	relistDone chan struct{}
+	backoff    *flowcontrol.Backoff
+	probes     *probeManager
+	static     *staticSource
+	apiPortV   atomic.Int32
+	podLister  func(ns, name string) (*v1.Pod, bool)
 	// services lists every Service, for the pods' Service variables.
 	services corelisters.ServiceLister
 
@@ -127,6 +128,8 @@ type metrics struct {
 	// kubelet_eviction_stats_age_seconds (by eviction_signal).
 	evictions        *prometheus.CounterVec
 	evictionStatsAge *prometheus.HistogramVec
+	// ops are upstream's per-operation histograms (metrics.go).
+	ops opMetrics
 }
 
 // Run runs a kubelet with cfg until ctx ends. Containers keep running when
@@ -176,7 +179,6 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		workers:    map[types.UID]*podWorker{},
 		snapshot:   map[types.UID][]runtime.Container{},
 		relistKick: make(chan struct{}, 1),
-		startSlots: make(chan struct{}, cfg.ParallelStarts),
 		relistDone: make(chan struct{}),
 		backoff:    flowcontrol.NewBackOff(cfg.BackoffBase, cfg.BackoffMax),
 		health:     d.Health,
@@ -186,6 +188,9 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		prober:     d.Prober,
 		recorder:   d.Recorder,
 		startedAt:  time.Now().Truncate(time.Second),
+	}
+	if cfg.ParallelStarts > 0 {
+		k.startSlots = make(chan struct{}, cfg.ParallelStarts)
 	}
 	if k.prober == nil {
 		if cfg.Runtime == RuntimeHollow {
@@ -254,8 +259,9 @@ func (k *Kubelet) registerMetrics() {
 	k.metrics.startupSecs = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "waggle_kubelet_pod_start_duration_seconds", Help: "From the first sync of a pod to all its containers running.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})
 	k.metrics.evictions = eviction.NewEvictionsCounter()
 	k.metrics.evictionStatsAge = eviction.NewStatsAgeHistogram()
-	for _, c := range []prometheus.Collector{k.metrics.podStarts, k.metrics.syncs, k.metrics.syncErrors, k.metrics.running, k.metrics.startupSecs,
-		k.metrics.evictions, k.metrics.evictionStatsAge} {
+	k.metrics.ops = newOpMetrics()
+	for _, c := range append([]prometheus.Collector{k.metrics.podStarts, k.metrics.syncs, k.metrics.syncErrors, k.metrics.running, k.metrics.startupSecs,
+		k.metrics.evictions, k.metrics.evictionStatsAge}, k.metrics.ops.collectors()...) {
 		k.health.Registry.Register(c)
 	}
 }
@@ -462,7 +468,7 @@ func (k *Kubelet) buildRuntime(ctx context.Context) error {
 	}
 	c, err := runtime.NewContainerd(runtime.ContainerdOptions{
 		Address: k.cfg.ContainerdAddress, Namespace: k.cfg.ContainerdNamespace, Logger: k.cfg.ContainerLogger, Log: k.log,
-		LocalRegistries: k.cfg.LocalRegistries,
+		LocalRegistries: k.cfg.LocalRegistries, Observe: k.metrics.ops.observeRuntime,
 	})
 	if err != nil {
 		return err

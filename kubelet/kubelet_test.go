@@ -662,6 +662,8 @@ func TestConfigValidation(t *testing.T) {
 		{"soft without grace", Config{NodeName: "n", Kubeconfig: "k", EvictionSoft: map[string]string{"memory.available": "1Gi"}}, false},
 		{"image gc low above high", Config{NodeName: "n", Kubeconfig: "k", ImageGCHighThresholdPercent: 50, ImageGCLowThresholdPercent: 60}, false},
 		{"image gc high over 100", Config{NodeName: "n", Kubeconfig: "k", ImageGCHighThresholdPercent: 101}, false},
+		{"start cap", Config{NodeName: "n", Kubeconfig: "k", ParallelStarts: 8}, true},
+		{"negative start cap", Config{NodeName: "n", Kubeconfig: "k", ParallelStarts: -1}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.WithDefaults().Validate()

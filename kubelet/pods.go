@@ -144,6 +144,9 @@ type podWorker struct {
 	evict     atomic.Pointer[evictRequest]
 	evicted   *evictRequest
 	firstSync time.Time
+	// pulling is the time spent pulling images, which
+	// kubelet_pod_start_sli_duration_seconds leaves out.
+	pulling   time.Duration
 	reported  bool
 	volumesAt time.Time
 	// statusReset asks the run goroutine to rewrite the status.
@@ -220,9 +223,16 @@ func (w *podWorker) containers() []runtime.Container {
 		if w.removed[c.ID] {
 			continue
 		}
-		if p, ok := w.pending[c.ID]; ok && p.State == runtime.StateExited && c.State == runtime.StateRunning {
+		p, ok := w.pending[c.ID]
+		switch {
+		case ok && p.State == runtime.StateExited && c.State == runtime.StateRunning:
 			c = p // stopped by us, not yet relisted as exited
-		} else {
+		case ok && c.State == runtime.StateRunning && c.StartedAt.IsZero():
+			// Relisted between its start and the runtime's record of the
+			// start time: keep ours rather than report (and write) a zero
+			// startedAt, then the real one.
+			c.StartedAt = p.StartedAt
+		default:
 			delete(w.pending, c.ID)
 		}
 		if r, ok := w.resized[c.ID]; ok {
@@ -401,6 +411,9 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 	if !w.reported && st.Phase == v1.PodRunning {
 		w.reported = true
 		k.metrics.startupSecs.Observe(time.Since(w.firstSync).Seconds())
+		if !pod.CreationTimestamp.IsZero() {
+			k.metrics.ops.startSLI.Observe((time.Since(pod.CreationTimestamp.Time) - w.pulling).Seconds())
+		}
 	}
 	if err := w.writeStatus(ctx, pod, st); err != nil {
 		return false, errors.Join(syncErr, err)
@@ -431,10 +444,9 @@ func (w *podWorker) ensureSandbox(ctx context.Context, pod *v1.Pod) error {
 	}
 	if !pod.Spec.HostNetwork {
 		t0 := time.Now()
-		defer func() {
-			k.log.Debug("pod network set up", "pod", pod.Namespace+"/"+pod.Name, "took", time.Since(t0).Round(time.Millisecond))
-		}()
 		net, err := k.net.SetUp(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name})
+		k.metrics.ops.networkOps.WithLabelValues("set_up_pod").Observe(time.Since(t0).Seconds())
+		k.log.Debug("pod network set up", "pod", pod.Namespace+"/"+pod.Name, "took", time.Since(t0).Round(time.Millisecond))
 		if err != nil {
 			return fmt.Errorf("set up pod network: %w", err)
 		}
@@ -458,7 +470,10 @@ func (w *podWorker) tearDownNetwork(ctx context.Context, pod *v1.Pod) {
 	if w.sb == nil || w.sb.Torn {
 		return
 	}
-	if err := w.k.net.TearDown(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, w.sb.Sandbox); err != nil {
+	t0 := time.Now()
+	err := w.k.net.TearDown(ctx, network.Pod{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, w.sb.Sandbox)
+	w.k.metrics.ops.networkOps.WithLabelValues("tear_down_pod").Observe(time.Since(t0).Seconds())
+	if err != nil {
 		w.k.log.Warn("tear down pod network", "pod", pod.Name, "err", err)
 		w.teardownFailed(pod, err)
 		return
@@ -887,7 +902,9 @@ func (w *podWorker) pullImage(ctx context.Context, image string, policy runtime.
 	}
 	if imageID == "" && (policy != runtime.PullNever || err == nil) {
 		emit(v1.EventTypeNormal, EventPulling, "Pulling image %q", image)
+		tPull := time.Now()
 		imageID, err = k.rt.EnsureImage(ctx, image, policy)
+		w.pulling += time.Since(tPull)
 		if err == nil {
 			emit(v1.EventTypeNormal, EventPulled, "Successfully pulled image %q in %v", image, time.Since(t0).Round(time.Millisecond))
 		}
@@ -910,14 +927,16 @@ func (w *podWorker) pullImage(ctx context.Context, image string, policy runtime.
 func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, attempt int, init bool) error {
 	k := w.k
 	t0 := time.Now()
-	// Bounded parallelism: a burst of starts finishes sooner one by one
-	// than all at once on a loaded containerd.
-	select {
-	case k.startSlots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	// A cap on starts in flight, when configured (Config.ParallelStarts).
+	if k.startSlots != nil {
+		select {
+		case k.startSlots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-k.startSlots }()
+		k.metrics.ops.startWait.Observe(time.Since(t0).Seconds())
 	}
-	defer func() { <-k.startSlots }()
 	// Image volumes first, then the container's image, as upstream.
 	imageVols, wait, err := w.imageVolumes(ctx, pod, c)
 	if imageVols == nil {

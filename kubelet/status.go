@@ -330,13 +330,49 @@ func mergeStatus(cur *v1.PodStatus, st v1.PodStatus, now metav1.Time) {
 	cur.Resize = resize
 }
 
+// normalizeStatus truncates st's times to what the API stores (RFC 3339,
+// whole seconds), as upstream's status manager does before comparing: a
+// status that differs from the last written one only below a second (the
+// start time the kubelet noted against the one the runtime recorded) is
+// the same status to the API, and is not written again.
+func normalizeStatus(st *v1.PodStatus) {
+	t := func(t *metav1.Time) {
+		if t != nil {
+			*t = t.Rfc3339Copy()
+		}
+	}
+	t(st.StartTime)
+	for i := range st.Conditions {
+		t(&st.Conditions[i].LastProbeTime)
+		t(&st.Conditions[i].LastTransitionTime)
+	}
+	state := func(s *v1.ContainerState) {
+		if s.Running != nil {
+			t(&s.Running.StartedAt)
+		}
+		if s.Terminated != nil {
+			t(&s.Terminated.StartedAt)
+			t(&s.Terminated.FinishedAt)
+		}
+	}
+	for _, l := range [][]v1.ContainerStatus{st.InitContainerStatuses, st.ContainerStatuses, st.EphemeralContainerStatuses} {
+		for i := range l {
+			state(&l[i].State)
+			state(&l[i].LastTerminationState)
+		}
+	}
+}
+
 // writeStatus writes st through pods/status when it changed since the last
 // write. For a static pod it goes to the mirror pod.
 func (w *podWorker) writeStatus(ctx context.Context, pod *v1.Pod, st v1.PodStatus) error {
+	normalizeStatus(&st)
 	if w.lastStatus != nil && apiequality.Semantic.DeepEqual(*w.lastStatus, st) {
 		return nil
 	}
 	pods := w.k.client.CoreV1().Pods(pod.Namespace)
+	t0 := time.Now()
+	defer func() { w.k.metrics.ops.statusSync.Observe(time.Since(t0).Seconds()) }()
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		cur, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
