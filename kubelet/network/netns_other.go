@@ -11,6 +11,7 @@ import (
 var errNotLinux = errors.New("pod network namespaces need Linux")
 
 func createNetNS(string) error { return errNotLinux }
+
 // RemoveNetNS has nothing to remove off Linux.
 func RemoveNetNS(string) error { return nil }
 
