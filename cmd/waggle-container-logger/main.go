@@ -9,31 +9,17 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/waggle-io/waggle/kubelet/containerlog"
 )
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != containerlog.LoggerCommand {
+	code := containerlog.Main(os.Args)
+	if code < 0 {
 		fmt.Fprintf(os.Stderr, "usage: %s %s [--stdout FIFO --stderr FIFO] PATH\n", os.Args[0], containerlog.LoggerCommand)
-		os.Exit(2)
+		code = 2
 	}
-	cfg, err := containerlog.ParseLoggerArgs(os.Args[2:])
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	// The shim sends SIGTERM once it closed the streams' write ends: what is
-	// buffered is still copied (containerlog's drain grace).
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	if err := containerlog.RunLogger(ctx, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	os.Exit(code)
 }

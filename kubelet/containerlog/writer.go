@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -183,4 +185,27 @@ func RunLogger(ctx context.Context, cfg LoggerConfig) error {
 		}
 	}
 	return first
+}
+
+// Main is a logger process's whole life when args (os.Args) name
+// LoggerCommand: it parses the rest, copies until the streams end (SIGTERM,
+// which the shim sends once it closed the streams' write ends, leaves
+// drainGrace to copy what is buffered) and returns the exit code. It
+// returns -1 when args do not ask for the logger.
+func Main(args []string) int {
+	if len(args) < 2 || args[1] != LoggerCommand {
+		return -1
+	}
+	cfg, err := ParseLoggerArgs(args[2:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := RunLogger(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }

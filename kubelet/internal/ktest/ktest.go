@@ -6,14 +6,11 @@ package ktest
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,21 +28,9 @@ import (
 // container's log writer, which in a test is the test binary. Call it first
 // in TestMain; it exits when the binary was started as the logger.
 func RunLoggerIfAsked() {
-	if len(os.Args) < 2 || os.Args[1] != containerlog.LoggerCommand {
-		return
+	if code := containerlog.Main(os.Args); code >= 0 {
+		os.Exit(code)
 	}
-	cfg, err := containerlog.ParseLoggerArgs(os.Args[2:])
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	if err := containerlog.RunLogger(ctx, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(0)
 }
 
 var (
