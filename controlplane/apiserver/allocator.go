@@ -354,6 +354,26 @@ func allocateService(ctx context.Context, srv *Server, obj, oldObj runtime.Objec
 	} else {
 		s.Spec.ClusterIPs = []string{corev1.ClusterIPNone}
 	}
+	// takePort allocates node port want for fp, or any free one when want
+	// is 0, and records it for release.
+	takePort := func(fp *field.Path, want int32) (int32, error) {
+		if want == 0 {
+			v, err := srv.portAlloc.Allocate(ctx, owner)
+			if err != nil {
+				return 0, allocErr(s, fp, "", err)
+			}
+			ports = append(ports, v)
+			n, _ := strconv.Atoi(v)
+			return int32(n), nil
+		}
+		v := strconv.Itoa(int(want))
+		if err := srv.portAlloc.AllocateSpecific(ctx, v, owner); err != nil {
+			return 0, allocErr(s, fp, v, err)
+		}
+		ports = append(ports, v)
+		return want, nil
+	}
+	var err error
 	if wantsNodePorts(s) {
 		heldPorts := map[string]int32{} // by protocol/port
 		heldSet := map[int32]bool{}
@@ -370,23 +390,15 @@ func allocateService(ctx context.Context, srv *Server, obj, oldObj runtime.Objec
 			if p.NodePort == 0 {
 				if h := heldPorts[string(p.Protocol)+"/"+strconv.Itoa(int(p.Port))]; h != 0 && !seen[h] {
 					p.NodePort = h
-				} else {
-					v, err := srv.portAlloc.Allocate(ctx, owner)
-					if err != nil {
-						release()
-						return nil, allocErr(s, fp, "", err)
-					}
-					ports = append(ports, v)
-					n, _ := strconv.Atoi(v)
-					p.NodePort = int32(n)
+				} else if p.NodePort, err = takePort(fp, 0); err != nil {
+					release()
+					return nil, err
 				}
 			} else if !heldSet[p.NodePort] && !seen[p.NodePort] {
-				v := strconv.Itoa(int(p.NodePort))
-				if err := srv.portAlloc.AllocateSpecific(ctx, v, owner); err != nil {
+				if _, err := takePort(fp, p.NodePort); err != nil {
 					release()
-					return nil, allocErr(s, fp, v, err)
+					return nil, err
 				}
-				ports = append(ports, v)
 			}
 			seen[p.NodePort] = true
 		}
@@ -406,22 +418,11 @@ func allocateService(ctx context.Context, srv *Server, obj, oldObj runtime.Objec
 		switch hc := s.Spec.HealthCheckNodePort; {
 		case hc == 0 && held != 0:
 			s.Spec.HealthCheckNodePort = held
-		case hc == 0:
-			v, err := srv.portAlloc.Allocate(ctx, owner)
-			if err != nil {
+		case hc == 0 || hc != held:
+			if s.Spec.HealthCheckNodePort, err = takePort(fp, hc); err != nil {
 				release()
-				return nil, allocErr(s, fp, "", err)
+				return nil, err
 			}
-			ports = append(ports, v)
-			n, _ := strconv.Atoi(v)
-			s.Spec.HealthCheckNodePort = int32(n)
-		case hc != held:
-			v := strconv.Itoa(int(hc))
-			if err := srv.portAlloc.AllocateSpecific(ctx, v, owner); err != nil {
-				release()
-				return nil, allocErr(s, fp, v, err)
-			}
-			ports = append(ports, v)
 		}
 	}
 	return release, nil
