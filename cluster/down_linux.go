@@ -65,7 +65,12 @@ func Down(ctx context.Context, cfg DownConfig) error {
 	fp, err := LoadFootprint(cfg.DataDir)
 	switch {
 	case errors.Is(err, ErrNoFootprint):
-		// A data dir from before footprints: up's layout and defaults.
+		// A data dir from before footprints: up's layout and defaults —
+		// if it is one. A mistyped --data-dir (/, /var/lib) must not be
+		// purged: up and join both write pki/ca.crt first.
+		if !exists(filepath.Join(cfg.DataDir, "pki", "ca.crt")) && len(findProcesses(cfg.DataDir)) == 0 {
+			return fmt.Errorf("%s holds no footprint.json and no pki/ca.crt: not a data dir of waggle up or join; nothing stopped or removed", cfg.DataDir)
+		}
 		fp = legacyFootprint(cfg.DataDir)
 		d.step("no footprint in %s: assuming `waggle up`'s defaults", cfg.DataDir)
 	case err != nil:
