@@ -5,6 +5,9 @@
 #   nodes Ready; a Deployment spread over the VMs; its ClusterIP answered from
 #   a pod on every VM; a NodePort reached from another VM; `vagrant halt` of a
 #   worker and, once its endpoint is out, the Service keeps answering.
+# WAGGLE_SERVERS=3: three servers instead of one and two workers; the same
+#   checks with server2 and server3 in the workers' places, plus three API
+#   servers in the kubernetes endpoints and a write after server3's halt.
 # libvirtd and virtlogd are started here when none runs (PID 1 is not
 # systemd on this kind of machine) and stopped by PID after.
 set -euo pipefail
@@ -18,6 +21,12 @@ export WAGGLE_LIBVIRT_POOL=${WAGGLE_LIBVIRT_POOL:-waggle-vm}
 export WAGGLE_NET_PREFIX=${WAGGLE_NET_PREFIX:-192.168.56}
 start=$(date +%s)
 say() { echo "[vm-lab-test $(($(date +%s) - start))s] $*"; }
+# The two VMs beside the control plane: workers, or with WAGGLE_SERVERS=3 the further servers.
+if [ "${WAGGLE_SERVERS:-1}" -gt 1 ]; then
+	a=server2 b=server3 a_ip=$WAGGLE_NET_PREFIX.22
+else
+	a=worker1 b=worker2 a_ip=$WAGGLE_NET_PREFIX.11
+fi
 
 started=()
 cleanup() {
@@ -92,23 +101,31 @@ for p in $($K get pods -l app=echo -o name); do
 	$K exec "$p" -- /waggle-echo dial -n 3 -timeout 5s tcp "$ip:9000"
 done
 
-say "the NodePort of worker1 from worker2"
-vagrant ssh worker2 -c "timeout 10 bash -c 'exec 3<>/dev/tcp/$WAGGLE_NET_PREFIX.11/30900; echo hello >&3; head -n1 <&3'"
+say "the NodePort of $a from $b"
+vagrant ssh $b -c "timeout 10 bash -c 'exec 3<>/dev/tcp/$a_ip/30900; echo hello >&3; head -n1 <&3'"
 
-say "vagrant halt worker2: once its endpoint is out, the Service keeps answering"
-vagrant halt worker2
+if [ "${WAGGLE_SERVERS:-1}" -gt 1 ]; then
+	say "three API servers behind the kubernetes Service; halting $b leaves an etcd quorum"
+	$K get endpoints kubernetes
+	[ "$($K get endpoints kubernetes -o jsonpath='{.subsets[*].addresses[*].ip}' | wc -w)" = 3 ]
+fi
+say "vagrant halt $b: once its endpoint is out, the Service keeps answering"
+vagrant halt $b
 halted=$(date +%s)
-# Until the node controller sees worker2's heartbeats stop (the node monitor grace period, 40 s)
+# Until the node controller sees $b's heartbeats stop (the node monitor grace period, 40 s)
 # and marks its pods not ready, a connect may still pick the dead pod, as under upstream.
 for _ in $(seq 90); do
-	[ -z "$($K get endpointslices -l kubernetes.io/service-name=echo -o jsonpath='{range .items[*].endpoints[?(@.nodeName=="worker2")]}{.conditions.ready}{"\n"}{end}' | grep true)" ] && break
+	[ -z "$($K get endpointslices -l kubernetes.io/service-name=echo -o jsonpath="{range .items[*].endpoints[?(@.nodeName==\"$b\")]}{.conditions.ready}{\"\\n\"}{end}" | grep true)" ] && break
 	sleep 2
 done
 $K get nodes
 $K get endpointslices -l kubernetes.io/service-name=echo -o wide
-[ -z "$($K get endpointslices -l kubernetes.io/service-name=echo -o jsonpath='{range .items[*].endpoints[?(@.nodeName=="worker2")]}{.conditions.ready}{"\n"}{end}' | grep true)" ]
-say "worker2's endpoint not ready $(($(date +%s) - halted)) s after the halt"
-p=$($K get pods -l app=echo -o jsonpath='{.items[?(@.spec.nodeName=="worker1")].metadata.name}')
+[ -z "$($K get endpointslices -l kubernetes.io/service-name=echo -o jsonpath="{range .items[*].endpoints[?(@.nodeName==\"$b\")]}{.conditions.ready}{\"\\n\"}{end}" | grep true)" ]
+say "$b's endpoint not ready $(($(date +%s) - halted)) s after the halt"
+p=$($K get pods -l app=echo -o jsonpath="{.items[?(@.spec.nodeName==\"$a\")].metadata.name}")
 $K exec "$p" -- /waggle-echo dial -n 10 -every 200ms -timeout 5s tcp "$ip:9000"
-vagrant ssh control-plane -c "timeout 10 bash -c 'exec 3<>/dev/tcp/$WAGGLE_NET_PREFIX.11/30900; echo hello >&3; head -n1 <&3'"
+vagrant ssh control-plane -c "timeout 10 bash -c 'exec 3<>/dev/tcp/$a_ip/30900; echo hello >&3; head -n1 <&3'"
+if [ "${WAGGLE_SERVERS:-1}" -gt 1 ]; then
+	$K create configmap written-after-the-halt --from-literal=at="$(date +%s)"
+fi
 say "PASS in $(($(date +%s) - start)) s"
