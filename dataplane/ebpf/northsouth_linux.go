@@ -311,7 +311,7 @@ func (b *Backend) attachNorthSouth() error {
 // are the same for both hooks (TC_ACT_OK is TCX_PASS, TC_ACT_UNSPEC
 // TCX_NEXT, TC_ACT_SHOT TCX_DROP, TC_ACT_REDIRECT TCX_REDIRECT).
 const (
-	tcFilterPriority = 0xc0de >> 4 // one fixed slot, before a default-priority filter
+	tcFilterPriority = 3085 // a preference of our own, before a filter added at tc's default (49152)
 	tcFilterHandle   = 1
 	tcFilterPrefix   = "waggle_np_"
 )
