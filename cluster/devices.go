@@ -5,13 +5,16 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+
+	"github.com/waggle-io/waggle/kubelet"
 )
 
 // NodePortDevices resolves --nodeport-devices of `waggle up` and `waggle
 // join` into the proxy's external devices, on which eBPF serves NodePort,
 // ExternalIP and LoadBalancer traffic from other machines (and answers ARP
 // for LoadBalancer IPs). "auto" is the device that holds the node's address
-// (nodeIP, else the default route's source address), as a kube-proxy user
+// (nodeIP, else the kubelet's default InternalIP: the default route's
+// source address), as a kube-proxy user
 // expects a NodePort to answer on the node's address from anywhere; a
 // loopback address gives none. "none" or "" is off; anything else is a
 // comma-separated list of device names, taken as given.
@@ -32,12 +35,7 @@ func NodePortDevices(spec, nodeIP string) ([]string, error) {
 	}
 	ip := nodeIP
 	if ip == "" {
-		c, err := net.Dial("udp4", "192.0.2.1:9") // no packet: only the route lookup
-		if err != nil {
-			return nil, nil // no default route: nothing reaches this node from outside
-		}
-		ip = c.LocalAddr().(*net.UDPAddr).IP.String()
-		c.Close()
+		ip = kubelet.DefaultNodeIP() // the InternalIP the node registers
 	}
 	addr, err := netip.ParseAddr(ip)
 	if err != nil {

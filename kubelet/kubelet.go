@@ -202,7 +202,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 	k.hostNetNS, k.hostNetNSFile = hostNetNS()
 	k.nodeIP = cfg.NodeIP
 	if k.nodeIP == "" {
-		k.nodeIP = defaultNodeIP()
+		k.nodeIP = DefaultNodeIP()
 	}
 	if k.health == nil {
 		k.health = ops.NewHealth()

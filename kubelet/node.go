@@ -94,9 +94,10 @@ func dirOf(p string) string {
 	return p[:i]
 }
 
-// nodeIP returns the address of the interface of the default route, or the
-// first non-loopback IPv4 address.
-func defaultNodeIP() string {
+// DefaultNodeIP is the InternalIP a kubelet without --node-ip registers: the
+// address of the interface of the default route, or the first non-loopback
+// IPv4 address.
+func DefaultNodeIP() string {
 	if c, err := net.Dial("udp4", "192.0.2.1:9"); err == nil {
 		defer c.Close()
 		return c.LocalAddr().(*net.UDPAddr).IP.String()
