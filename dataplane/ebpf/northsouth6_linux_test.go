@@ -2,12 +2,15 @@ package ebpf
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/dataplane"
 	"github.com/waggle-io/waggle/internal/testutil"
@@ -261,5 +264,70 @@ func TestNorthSouthICMPv6ErrorsReachTheClient(t *testing.T) {
 	defer v.Close()
 	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] < 2 {
 		t.Errorf("icmp_error not counted twice: %v %v", st, err)
+	}
+}
+
+// IPv6 extension headers: hop-by-hop and destination options headers
+// before the UDP header are skipped (the L4 offset follows them, the
+// checksum update lands in the right place), so such datagrams are
+// translated like any other.
+func TestNorthSouthIPv6SkipsOptionsHeaders(t *testing.T) {
+	tp := newNSTopo6(t)
+	tp.start()
+	tp.sync(nodePortFrontend("fd06::1", 30080, dataplane.UDP, false, "[fd06:2::10]:8080"),
+		nodePortFrontend("fd06::1", 30081, dataplane.UDP, false, "[fd06:1::10]:8080"))
+	tp.fullChecksums()
+	// An options header of 8 bytes: next header (set by the kernel),
+	// length 0, a PadN option of 4 bytes.
+	opts := string([]byte{0, 0, 1, 4, 0, 0, 0, 0})
+	for _, c := range []struct{ to, pod, seen string }{
+		{"[fd06::1]:30080", "fd06:2::10", "fd06::1"},
+		{"[fd06::1]:30081", "fd06:1::10", "fd06::100"},
+	} {
+		var pod, seen string
+		err := tp.client.do(func() error {
+			conn, err := net.Dial("udp", c.to)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			rc, err := conn.(*net.UDPConn).SyscallConn()
+			if err != nil {
+				return err
+			}
+			var serr error
+			rc.Control(func(fd uintptr) {
+				if serr = unix.SetsockoptString(int(fd), unix.IPPROTO_IPV6, unix.IPV6_HOPOPTS, opts); serr == nil {
+					serr = unix.SetsockoptString(int(fd), unix.IPPROTO_IPV6, unix.IPV6_DSTOPTS, opts)
+				}
+			})
+			if serr != nil {
+				return fmt.Errorf("set options headers: %w", serr)
+			}
+			buf := make([]byte, 256)
+			for i := 0; i < 5; i++ {
+				conn.Write([]byte("hi"))
+				conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+				n, err := conn.Read(buf)
+				if err == nil {
+					f := strings.Fields(string(buf[:n]))
+					pod = f[0]
+					seen, _, _ = net.SplitHostPort(f[1])
+					return nil
+				}
+			}
+			return errors.New("no UDP answer")
+		})
+		if err != nil || pod != c.pod || seen != c.seen {
+			t.Errorf("UDP %s with hop-by-hop and destination options headers: %s seeing %s, %v; want %s seeing %s", c.to, pod, seen, err, c.pod, c.seen)
+		}
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["ipv6_exthdr"] != 0 || st["xlate_snat"] == 0 || st["xlate_local"] == 0 {
+		t.Errorf("stats %v, %v: want the datagrams translated, none left to the stack", st, err)
 	}
 }
