@@ -331,3 +331,32 @@ func TestNorthSouthIPv6SkipsOptionsHeaders(t *testing.T) {
 		t.Errorf("stats %v, %v: want the datagrams translated, none left to the stack", st, err)
 	}
 }
+
+// Path MTU discovery through the NodePort: a router between node1 and a
+// remote backend (node2, its route to the pod locked at 1280 bytes) sends
+// "packet too big" to node1's SNAT address; node1 translates it back to
+// the client, whose TCP lowers its segment size and gets through. Without
+// the translation the client never learns the MTU and the large echo
+// times out.
+func TestNorthSouthIPv6PacketTooBigReachesTheClient(t *testing.T) {
+	tp := newNSTopo6(t)
+	tp.node2.run(t, "ip", "-6", "route", "replace", "fd06:2::10/128", "dev", "p210", "mtu", "lock", "1280")
+	tp.start()
+	tp.sync(nodePortFrontend("fd06::1", 30085, dataplane.TCP, false, "[fd06:2::10]:8080"))
+	conn, pod, _, err := tp.dial("[fd06::1]:30085")
+	if err != nil || pod != "fd06:2::10" {
+		t.Fatalf("dial: %s, %v", pod, err)
+	}
+	defer conn.Close()
+	if err := echo(conn, strings.Repeat("0123456789", 400)); err != nil {
+		t.Fatalf("4,000 bytes over a 1,280-byte hop: %v (packet too big not translated?)", err)
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] == 0 {
+		t.Errorf("icmp_error not counted: %v %v", st, err)
+	}
+}
