@@ -3,8 +3,12 @@
 package ebpf
 
 import (
+	"net"
 	"testing"
 	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // The north-south structs as bpf/README.md ("North-south maps") documents
@@ -34,5 +38,26 @@ func TestNorthSouthStructsMatchTheCLayout(t *testing.T) {
 	}
 	if NPLayoutVersion != 2 || len(npStatNames) != 17 {
 		t.Errorf("layout version %d with %d counters: bpf/README.md documents layout 2 with 17 (np_stat)", NPLayoutVersion, len(npStatNames))
+	}
+}
+
+func TestSNATAddressesPreferUsableIPv6(t *testing.T) {
+	addr := func(s string, flags int) netlink.Addr {
+		return netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(s)}, Flags: flags}
+	}
+	for _, c := range []struct {
+		name   string
+		addrs  []netlink.Addr
+		v4, v6 string
+	}{
+		{"both families, link-local skipped", []netlink.Addr{addr("fe80::1", 0), addr("10.66.0.1", 0), addr("fd06::1", 0)}, "10.66.0.1", "fd06::1"},
+		{"a usable address before a tentative one", []netlink.Addr{addr("fd06::2", unix.IFA_F_TENTATIVE), addr("fd06::1", 0)}, "invalid IP", "fd06::1"},
+		{"tentative rather than none", []netlink.Addr{addr("fd06::2", unix.IFA_F_TENTATIVE)}, "invalid IP", "fd06::2"},
+		{"never one whose DAD failed", []netlink.Addr{addr("fd06::2", unix.IFA_F_DADFAILED|unix.IFA_F_TENTATIVE), addr("10.66.0.1", 0)}, "10.66.0.1", "invalid IP"},
+	} {
+		v4, v6 := snatAddrs(c.addrs)
+		if v4.String() != c.v4 || v6.String() != c.v6 {
+			t.Errorf("%s: %s %s, want %s %s", c.name, v4, v6, c.v4, c.v6)
+		}
 	}
 }

@@ -190,10 +190,13 @@ func resolveDevices(cfg NorthSouth) ([]device, error) {
 }
 
 // snatAddrs picks a device's SNAT sources: its first global unicast IPv4
-// address, and its first global unicast IPv6 address (a ULA counts) that is
-// usable: not tentative (duplicate address detection pending), failed or
-// deprecated — the kernel would not answer for it, or not prefer it.
+// address, and its first global unicast IPv6 address (a ULA counts),
+// preferring one that is neither tentative (duplicate address detection
+// pending: right after boot) nor deprecated, but taking such a one rather
+// than none (it becomes usable once DAD is done; the devices are resolved
+// once, at start). An address whose DAD failed is never used.
 func snatAddrs(addrs []netlink.Addr) (v4, v6 netip.Addr) {
+	var v6Later netip.Addr
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.IP)
 		if !ok {
@@ -204,9 +207,15 @@ func snatAddrs(addrs []netlink.Addr) (v4, v6 netip.Addr) {
 		case !ip.IsGlobalUnicast():
 		case ip.Is4() && !v4.IsValid():
 			v4 = ip
-		case ip.Is6() && !v6.IsValid() && a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED|unix.IFA_F_DEPRECATED) == 0:
+		case !ip.Is6() || v6.IsValid() || a.Flags&unix.IFA_F_DADFAILED != 0:
+		case a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DEPRECATED) == 0:
 			v6 = ip
+		case !v6Later.IsValid():
+			v6Later = ip
 		}
+	}
+	if !v6.IsValid() {
+		v6 = v6Later
 	}
 	return v4, v6
 }
