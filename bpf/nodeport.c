@@ -24,7 +24,7 @@
  *    external device (new flows to remote backends, their packets, replies
  *    of SNATed flows) and passes everything else on to tc unchanged.
  *
- * IPv4 and IPv6 (tc; XDP passes IPv6 on to tc); fragments are not
+ * IPv4 and IPv6 (tc and XDP); fragments are not
  * translated; ICMP and ICMPv6 errors about north-south flows are (ingress:
  * SNATed ones, egress: DNAT-only ones; bpf/README.md); NDP and every other
  * ICMPv6 message pass untouched.
@@ -176,9 +176,8 @@ struct pkt {
 /* Word i of a 16-byte address (every address field is 4-byte aligned). */
 #define W(a, i) (((const __u32 *)(a))[i])
 
-/* IS6: an IPv6 packet. Only tc sees them (XDP passes IPv6 on to tc), so
- * in the XDP program every IPv6 branch folds away. */
-#define IS6(xdp, p) (!(xdp) && (p)->v6)
+/* IS6: an IPv6 packet (in tc and in XDP alike). */
+#define IS6(xdp, p) ((p)->v6)
 
 static __always_inline void mapped4(__u8 *a, __be32 v4)
 {
@@ -219,18 +218,18 @@ static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
 /* Hop-by-hop and destination options headers skipped before the L4 header. */
 #define V6_EXTHDRS_MAX 4
 
-/* parse6 is parse for IPv6 (tc only). Hop-by-hop and destination options
+/* parse6 is parse for IPv6. Hop-by-hop and destination options
  * headers are skipped; a fragment header is a fragment (1); routing, AH,
  * ESP and the other extension headers, or more than V6_EXTHDRS_MAX options
  * headers, are left to the stack (3: counted). A UDP datagram with checksum
  * 0 is invalid in IPv6 (RFC 8200 8.1): the stack drops it (-1). */
-static __always_inline int parse6(struct __sk_buff *skb, struct pkt *p)
+static __always_inline int parse6(void *ctx, const int xdp, struct pkt *p)
 {
 	struct ipv6hdr ip6;
 	__u32 off = ETH_HLEN + sizeof(ip6);
 	__u8 nh, h[2];
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+	if (ctx_load(ctx, xdp, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
 		return -1;
 	p->v6 = 1;
 	addr_copy(p->saddr, (__u8 *)&ip6.saddr);
@@ -243,7 +242,7 @@ static __always_inline int parse6(struct __sk_buff *skb, struct pkt *p)
 	for (int i = 0; i < V6_EXTHDRS_MAX; i++) {
 		if (nh != NEXTHDR_HOP_ && nh != NEXTHDR_DEST_)
 			break;
-		if (bpf_skb_load_bytes(skb, off, h, 2) < 0)
+		if (ctx_load(ctx, xdp, off, h, 2) < 0)
 			return -1;
 		nh = h[0];
 		off += ((__u32)h[1] + 1) * 8;
@@ -271,20 +270,20 @@ static __always_inline int parse6(struct __sk_buff *skb, struct pkt *p)
 		return -1;
 	}
 	__be16 l4[4];
-	if (bpf_skb_load_bytes(skb, off, l4, sizeof(l4)) < 0)
+	if (ctx_load(ctx, xdp, off, l4, sizeof(l4)) < 0)
 		return -1;
 	p->sport = l4[0];
 	p->dport = l4[1];
 	if (nh == IPPROTO_UDP && l4[3] == 0)
 		return -1;
-	if (nh == IPPROTO_TCP && bpf_skb_load_bytes(skb, off + 13, &p->tcp_flags, 1) < 0)
+	if (nh == IPPROTO_TCP && ctx_load(ctx, xdp, off + 13, &p->tcp_flags, 1) < 0)
 		return -1;
 	return 0;
 }
 
 /* parse returns 0 for a TCP or UDP packet, 1 for a fragment, 2 for an
  * unfragmented ICMP or ICMPv6 packet, 3 for an IPv6 packet whose extension
- * headers are not handled, -1 for anything else. XDP parses IPv4 only. */
+ * headers are not handled, -1 for anything else. */
 static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 {
 	void *data = ctx_data(ctx, xdp);
@@ -292,8 +291,10 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
 
-	if (!xdp && ((struct __sk_buff *)ctx)->protocol == bpf_htons(ETH_P_IPV6))
-		return parse6(ctx, p);
+	if (data + ETH_HLEN > end)
+		return -1;
+	if ((xdp ? eth->h_proto : ((struct __sk_buff *)ctx)->protocol) == bpf_htons(ETH_P_IPV6))
+		return parse6(ctx, xdp, p);
 	if ((void *)(ip + 1) > end)
 		return -1;
 	if ((xdp ? eth->h_proto : ((struct __sk_buff *)ctx)->protocol) != bpf_htons(ETH_P_IP))
@@ -320,6 +321,17 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 	if (p->proto == IPPROTO_TCP && ctx_load(ctx, xdp, p->l4_off + 13, &p->tcp_flags, 1) < 0)
 		return -1;
 	return 0;
+}
+
+/* csum_is_seed6 is csum_is_seed (lib/ctx.h) with IPv6 addresses. */
+static __always_inline int csum_is_seed6(__u16 check, const __u8 *saddr, const __u8 *daddr, __u8 proto, __u16 l4_len)
+{
+	__u32 s = bpf_htons((__u16)proto) + bpf_htons(l4_len);
+	for (int i = 0; i < 4; i++) {
+		s += (W(saddr, i) & 0xffff) + (W(saddr, i) >> 16);
+		s += (W(daddr, i) & 0xffff) + (W(daddr, i) >> 16);
+	}
+	return check == csum_fold16(s);
 }
 
 /* ct_key: src NULL is the zero address (NP_CT_CLIENT entries). */
@@ -428,9 +440,9 @@ static __always_inline int set_addr(void *ctx, const int xdp, const struct pkt *
 		return 0;
 	if (IS6(xdp, p)) {
 		__s64 d = csum_diff16(old, new);
-		if (d < 0 || bpf_l4_csum_replace(ctx, csum_off(p), 0, d, BPF_F_PSEUDO_HDR | mangled) < 0)
+		if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, mangled) < 0)
 			return -1;
-		return bpf_skb_store_bytes(ctx, src ? IP6_SRC_OFF : IP6_DST_OFF, (void *)new, 16, 0);
+		return ctx_store(ctx, xdp, src ? IP6_SRC_OFF : IP6_DST_OFF, (void *)new, 16);
 	}
 	__be32 o = W(old, 3), n = W(new, 3);
 	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, BPF_F_PSEUDO_HDR | sizeof(n) | mangled) < 0)
@@ -498,14 +510,16 @@ static __always_inline int forward(void *ctx, const int xdp, const struct pkt *p
 		return xdp ? XDP_PASS : TC_ACT_OK; /* local, or no route: the stack decides */
 	if (IS6(xdp, p)) {
 		__u8 hl;
-		if (bpf_skb_load_bytes(ctx, IP6_HOPLIMIT_OFF, &hl, 1) < 0)
-			return TC_ACT_SHOT;
+		if (ctx_load(ctx, xdp, IP6_HOPLIMIT_OFF, &hl, 1) < 0)
+			return xdp ? XDP_DROP : TC_ACT_SHOT;
 		if (hl <= 1)
-			return TC_ACT_OK; /* the stack sends time-exceeded */
+			return xdp ? XDP_PASS : TC_ACT_OK; /* the stack sends time-exceeded */
 		hl--;
-		if (bpf_skb_store_bytes(ctx, IP6_HOPLIMIT_OFF, &hl, 1, 0) < 0)
-			return TC_ACT_SHOT;
+		if (ctx_store(ctx, xdp, IP6_HOPLIMIT_OFF, &hl, 1) < 0)
+			return xdp ? XDP_DROP : TC_ACT_SHOT;
 		if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+			if (xdp)
+				return XDP_PASS; /* not reached: XDP leaves unresolved neighbours to tc */
 			struct bpf_redir_neigh nh = {.nh_family = AF_INET6_};
 			addr_copy((__u8 *)nh.ipv6_nh, (__u8 *)f->ipv6_dst);
 			return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
@@ -790,7 +804,8 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, const struct pkt *
 /* np_ingress is the ingress of an external device, in tc (xdp = CTX_TC)
  * or XDP (CTX_XDP). Both make the same decisions from the same maps; XDP
  * returns XDP_PASS, before changing any state, for whatever it leaves to tc
- * (see xdp_fwd_ok, and IPv6, fragments, ICMP, offloaded checksums, TTL 1),
+ * (see xdp_fwd_ok, and fragments, ICMP, IPv6 extension headers, offloaded
+ * checksums, TTL 1),
  * which then handles the packet as if XDP were not there. Counters XDP would
  * bump before such a hand-over (pend) are only counted once it commits. */
 static __always_inline int np_ingress(void *ctx, const int xdp)
@@ -835,7 +850,9 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		__u16 check;
 		if (p.ttl <= 1 || ctx_load(ctx, xdp, csum_off(&p), &check, 2) < 0)
 			return XDP_PASS;
-		if (csum_is_seed(check, W(p.saddr, 3), W(p.daddr, 3), p.proto, p.tot_len - (p.l4_off - ETH_HLEN))) {
+		__u16 l4len = p.tot_len - (p.l4_off - ETH_HLEN);
+		if (p.v6 ? csum_is_seed6(check, p.saddr, p.daddr, p.proto, l4len)
+			 : csum_is_seed(check, W(p.saddr, 3), W(p.daddr, 3), p.proto, l4len)) {
 			stat(NP_STAT_XDP_PARTIAL_CSUM);
 			return XDP_PASS;
 		}
