@@ -40,6 +40,7 @@ const (
 	nsNode1Addr6  = "fd06:10::1"
 	nsNode2Addr6  = "fd06:10::2"
 	nsPodNet6     = "fd06:12::/64"
+	nsNodeXAddr6  = "fd06:10::9"
 )
 
 // nsTopo: a client outside every node, three nodes on a bridge, the
@@ -379,6 +380,10 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			return rep, err
 		}
 		paths = append(paths, "ebpf-xdp")
+		if cfg.IPv6 {
+			paths = append(paths, "ebpf-xdp6")
+			rep.Notes = append(rep.Notes, "ebpf-xdp6: the XDP node's IPv6 NodePort ["+nsNodeXAddr6+"]:30090, ratio against direct6 (the XDP counters below cover both families)")
+		}
 		rep.Notes = append(rep.Notes, "ebpf-xdp: the same programs on a node of its own ("+nsNodeXAddr+"), the ingress in generic XDP on its eth0 (a veth): new flows, their packets and their replies forwarded with XDP_TX; the client and the backends send full checksums (tx offload off) for every path, as from other machines")
 	}
 	var ib *iptables.Backend
@@ -535,6 +540,17 @@ func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
 	if err := t.addNode(nx, nsNodeXAddr, "nx"); err != nil {
 		return nil, "", fmt.Errorf("XDP node: %w", err)
 	}
+	if len(t.backends6) > 0 {
+		for _, c := range [][]string{
+			{"ip", "addr", "add", nsNodeXAddr6 + "/64", "dev", "eth0", "nodad"},
+			{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
+			{"ip", "-6", "route", "add", nsPodNet6, "via", nsNode2Addr6},
+		} {
+			if err := t.in(nx, c...); err != nil {
+				return nil, "", fmt.Errorf("XDP node: %w", err)
+			}
+		}
+	}
 	// The client and the backends send full checksums, as from other
 	// machines: XDP leaves offloaded ones (CHECKSUM_PARTIAL) to tc.
 	for _, n := range []string{t.client, t.pod} {
@@ -580,13 +596,14 @@ func (t *nsTopo) state(n int, port uint16, node string) *dataplane.State {
 		fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr(node), Port: port, Protocol: proto},
 			Kind: dataplane.NodePort, Service: dataplane.ServicePortName{Namespace: "bench", Name: "nodeport"}, Endpoints: eps})
 	}
-	if node == nsNode1Addr && len(t.backends6) > 0 {
+	node6 := map[string]string{nsNode1Addr: nsNode1Addr6, nsNodeXAddr: nsNodeXAddr6}[node]
+	if node6 != "" && len(t.backends6) > 0 {
 		var eps6 []dataplane.Endpoint
 		for _, a := range t.backends6 {
 			eps6 = append(eps6, dataplane.Endpoint{Addr: a, Port: bePort})
 		}
 		for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
-			fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr(nsNode1Addr6), Port: port, Protocol: proto},
+			fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr(node6), Port: port, Protocol: proto},
 				Kind: dataplane.NodePort, Service: dataplane.ServicePortName{Namespace: "bench", Name: "nodeport"}, Endpoints: eps6})
 		}
 	}
@@ -610,6 +627,8 @@ func (t *nsTopo) nsTarget(path, test string, peers map[string]string) func(i int
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNode3Addr, nsPortIPT) }
 	case "ebpf-xdp":
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeXAddr, nsPortXDP) }
+	case "ebpf-xdp6":
+		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNodeXAddr6, nsPortXDP) }
 	case "ebpf-tc6":
 		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNode1Addr6, nsPortEBPF) }
 	case "direct6":
