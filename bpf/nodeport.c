@@ -22,7 +22,8 @@
  *  XDP on an external device (waggle_np_xdp, --bpf-lb-acceleration): the
  *    same ingress function (lib/ctx.h); forwards what leaves through an
  *    external device (new flows to remote backends, their packets, replies
- *    of SNATed flows) and passes everything else on to tc unchanged.
+ *    of SNATed flows) and passes everything else on to tc unchanged —
+ *    every frame not unicast to the device's MAC among it.
  *
  * IPv4 and IPv6 (tc and XDP); fragments are not
  * translated; ICMP and ICMPv6 errors about north-south flows are (ingress:
@@ -607,6 +608,29 @@ static __always_inline int xdp_fwd_ok(int rc, struct bpf_fib_lookup *f)
 	return rc == BPF_FIB_LKUP_RET_SUCCESS && ext_dev(f->ifindex);
 }
 
+/* xdp_for_device reports whether an XDP frame is unicast to the MAC of the
+ * device it arrived on (what eth_type_trans would call PACKET_HOST): not
+ * broadcast or multicast (the group bit), not another machine's MAC. A
+ * device whose np_device has no MAC (all zero) accepts every unicast
+ * frame. */
+static __always_inline int xdp_for_device(void *ctx)
+{
+	void *data = ctx_data(ctx, CTX_XDP);
+	void *end = ctx_data_end(ctx, CTX_XDP);
+	__u32 ifindex = ctx_ifindex(ctx, CTX_XDP);
+	const __u8 *dst = data;
+
+	if (data + ETH_HLEN > end || (dst[0] & 1))
+		return 0;
+	struct np_device *d = bpf_map_lookup_elem(&waggle_np_devices, &ifindex);
+	if (!d)
+		return 0;
+	__u8 any = d->mac[0] | d->mac[1] | d->mac[2] | d->mac[3] | d->mac[4] | d->mac[5];
+	__u8 diff = (dst[0] ^ d->mac[0]) | (dst[1] ^ d->mac[1]) | (dst[2] ^ d->mac[2]) | (dst[3] ^ d->mac[3]) |
+		    (dst[4] ^ d->mac[4]) | (dst[5] ^ d->mac[5]);
+	return !any || !diff;
+}
+
 /* A reply to a flow whose source this node rewrote: back to the client,
  * from the frontend. */
 static __always_inline int reply_snat(void *ctx, const int xdp, const struct pkt *p, struct np_ct *ct, __u64 now)
@@ -824,11 +848,17 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	 * port just went down) to every port; the stack drops the copies
 	 * (PACKET_OTHERHOST), and translating them here would make a node
 	 * serve a LoadBalancer IP another node announces (two nodes answering
-	 * one flow while both are up). XDP has no pkt_type: a frame it passes
-	 * meets this check in tc; one it forwards (a new flow to a remote
-	 * backend) is not checked (bpf/README.md). */
-	if (!xdp && ((struct __sk_buff *)ctx)->pkt_type != PACKET_HOST)
+	 * one flow while both are up). Broadcast and multicast frames are no
+	 * north-south flow's either. XDP has no pkt_type: it compares the
+	 * destination with the device's MAC (np_device.mac) and passes every
+	 * other frame on to tc, which counts it here (bpf/README.md). */
+	if (xdp && !xdp_for_device(ctx))
+		return XDP_PASS;
+	if (!xdp && ((struct __sk_buff *)ctx)->pkt_type != PACKET_HOST) {
+		if (((struct __sk_buff *)ctx)->pkt_type == PACKET_OTHERHOST)
+			stat(NP_STAT_OTHER_HOST);
 		return TCX_NEXT;
+	}
 
 	r = parse(ctx, xdp, &p);
 	if (r < 0)

@@ -11,7 +11,7 @@
 
 #include <linux/types.h>
 
-#define WAGGLE_NP_LAYOUT_VERSION 2
+#define WAGGLE_NP_LAYOUT_VERSION 3
 /* "WGNP" as a little-endian u32. */
 #define WAGGLE_NP_MAGIC 0x504e4757
 
@@ -123,11 +123,13 @@ struct np_maglev_chunk {
 };
 
 /* Value of the devices map (key: __u32 ifindex). Layout 2 appended addr6
- * (8 bytes in layout 1). */
+ * (8 bytes in layout 1), layout 3 mac (24 bytes in layout 2). */
 struct np_device {
 	__be32 addr4;    /* the IPv4 SNAT source for traffic leaving this device (0: none) */
 	__u32 flags;     /* NP_DEV_F_* */
 	__u8 addr6[16];  /* the IPv6 SNAT source (all zero: none) */
+	__u8 mac[6];     /* the device's MAC: XDP serves only unicast frames to it (all zero: any) */
+	__u8 pad[2];
 };
 
 /* The config map's one entry. */
@@ -157,7 +159,8 @@ enum np_stat {
 	NP_STAT_XDP_FWD = 14,          /* packets translated and forwarded in XDP (XDP_TX, XDP_REDIRECT) */
 	NP_STAT_XDP_PARTIAL_CSUM = 15, /* left to tc by XDP: the L4 checksum was left to offload */
 	NP_STAT_IPV6_EXTHDR = 16,      /* IPv6 with an extension header not skipped (routing, AH, ESP, ...): left to the stack */
-	NP_STAT_MAX = 17,
+	NP_STAT_OTHER_HOST = 17,       /* unicast frame to another machine's MAC (a switch's flood): left to the stack */
+	NP_STAT_MAX = 18,
 };
 
 #endif /* WAGGLE_NODEPORT_H */

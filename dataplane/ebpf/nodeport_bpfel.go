@@ -145,6 +145,8 @@ type nodePortNpDevice struct {
 	Addr4 uint32
 	Flags uint32
 	Addr6 [16]uint8
+	Mac   [6]uint8
+	Pad   [2]uint8
 }
 
 type nodePortNpMaglevChunk struct {

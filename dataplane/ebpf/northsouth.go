@@ -36,7 +36,7 @@ const (
 )
 
 // NPLayoutVersion is WAGGLE_NP_LAYOUT_VERSION (bpf/lib/nodeport.h).
-const NPLayoutVersion = 2
+const NPLayoutVersion = 3
 
 // NPMagic marks the north-south config map ("WGNP" little-endian).
 const NPMagic = 0x504e4757
@@ -271,6 +271,9 @@ type DeviceEntry struct {
 	// (invalid: none of that family).
 	SNATAddr  netip.Addr `json:"snatAddress"`
 	SNATAddr6 netip.Addr `json:"snatAddress6,omitzero"`
+	// MAC is the device's hardware address as the programs have it: XDP
+	// serves only frames unicast to it (empty: any).
+	MAC string `json:"mac,omitempty"`
 	// XDP is the mode the ingress program also runs in on this device:
 	// "native", "generic", or empty (tc only).
 	XDP string `json:"xdp,omitempty"`

@@ -23,8 +23,9 @@ func TestNorthSouthStructsMatchTheCLayout(t *testing.T) {
 		{"np_ct", unsafe.Sizeof(nodePortNpCt{}), 72},
 		{"np_affinity_key", unsafe.Sizeof(nodePortNpAffinityKey{}), 24},
 		{"np_affinity", unsafe.Sizeof(nodePortNpAffinity{}), 16},
-		{"np_device", unsafe.Sizeof(nodePortNpDevice{}), 24},
+		{"np_device", unsafe.Sizeof(nodePortNpDevice{}), 32},
 		{"np_device.addr6 offset", unsafe.Offsetof(nodePortNpDevice{}.Addr6), 8},
+		{"np_device.mac offset", unsafe.Offsetof(nodePortNpDevice{}.Mac), 24},
 		{"np_config", unsafe.Sizeof(nodePortNpConfig{}), 16},
 		{"np_svc", unsafe.Sizeof(nodePortNpSvc{}), 8},
 		{"np_src_range_key", unsafe.Sizeof(nodePortNpSrcRangeKey{}), 24},
@@ -36,8 +37,8 @@ func TestNorthSouthStructsMatchTheCLayout(t *testing.T) {
 			t.Errorf("%s: %d bytes, bpf/README.md documents %d", s.name, s.got, s.want)
 		}
 	}
-	if NPLayoutVersion != 2 || len(npStatNames) != 17 {
-		t.Errorf("layout version %d with %d counters: bpf/README.md documents layout 2 with 17 (np_stat)", NPLayoutVersion, len(npStatNames))
+	if NPLayoutVersion != 3 || len(npStatNames) != 18 {
+		t.Errorf("layout version %d with %d counters: bpf/README.md documents layout 3 with 18 (np_stat)", NPLayoutVersion, len(npStatNames))
 	}
 }
 

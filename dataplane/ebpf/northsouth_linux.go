@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -31,10 +32,11 @@ type northSouth struct {
 type device struct {
 	name    string
 	ifindex int
-	addr    netip.Addr // IPv4 SNAT source (invalid: none)
-	addr6   netip.Addr // IPv6 SNAT source (invalid: none)
-	kind    string     // netlink link type ("veth", "device", ...)
-	xdp     string     // the XDP mode attached: AccelNative, AccelGeneric or empty
+	addr    netip.Addr       // IPv4 SNAT source (invalid: none)
+	addr6   netip.Addr       // IPv6 SNAT source (invalid: none)
+	mac     net.HardwareAddr // the device's MAC (np_device.mac: XDP serves only frames to it)
+	kind    string           // netlink link type ("veth", "device", ...)
+	xdp     string           // the XDP mode attached: AccelNative, AccelGeneric or empty
 }
 
 // loadNorthSouth loads bpf/nodeport.c against the socket load balancer's
@@ -75,8 +77,8 @@ func (b *Backend) loadNorthSouth() (err error) {
 		// (established north-south flows fall back to Maglev, which picks
 		// the same backend while the backends stay the same).
 		b.log.Warn("north-south map sizes changed: recreating the conntrack and affinity maps")
-		// (np_device grew its IPv6 address in layout 2: the devices map is
-		// rewritten below anyway.)
+		// (np_device grew its IPv6 address in layout 2 and the device's MAC
+		// in layout 3: the devices map is rewritten below anyway.)
 		for _, n := range []string{MapNPConntrack, MapNPAffinity, MapNPServices, MapNPMaglev, MapNPStats, MapNPDevices} {
 			os.Remove(filepath.Join(b.cfg.PinDir, n))
 		}
@@ -177,7 +179,7 @@ func resolveDevices(cfg NorthSouth) ([]device, error) {
 			if err != nil {
 				return fmt.Errorf("north-south device %s: list addresses: %w", name, err)
 			}
-			d := device{name: name, ifindex: l.Attrs().Index, kind: l.Type()}
+			d := device{name: name, ifindex: l.Attrs().Index, kind: l.Type(), mac: l.Attrs().HardwareAddr}
 			d.addr, d.addr6 = snatAddrs(addrs)
 			if !d.addr.IsValid() && !d.addr6.IsValid() {
 				return fmt.Errorf("north-south device %s has no global IPv4 or IPv6 address to SNAT to", name)
@@ -229,6 +231,9 @@ func writeDevices(m *ebpf.Map, devs []device) error {
 		}
 		if d.addr6.IsValid() {
 			v.Addr6 = d.addr6.As16()
+		}
+		if len(d.mac) == len(v.Mac) {
+			copy(v.Mac[:], d.mac)
 		}
 		switch d.xdp {
 		case AccelNative:

@@ -603,13 +603,24 @@ func TestNorthSouthClientIPAffinity(t *testing.T) {
 // A frame for a LoadBalancer IP that the switch floods to node1 but that is
 // addressed to another machine's MAC (the announcing node's, whose port
 // went down) is left to the stack, which drops it: only the node the
-// client's ARP entry names serves the IP.
+// client's ARP entry names serves the IP. In tc (pkt_type) and in XDP (the
+// device's MAC in waggle_np_devices), for a new flow to a remote backend
+// (which XDP would forward itself), to a local one (which XDP leaves to
+// tc), and for the packets of an established flow (a conntrack hit).
 func TestNorthSouthServesOnlyFramesAddressedToTheNode(t *testing.T) {
-	tp := newNSTopo(t)
-	tp.start()
-	lb := nodePortFrontend("10.27.0.50", 80, dataplane.TCP, false, "10.27.1.10:8080")
-	lb.Kind = dataplane.LoadBalancer
-	tp.sync(lb)
+	for _, accel := range []string{AccelDisabled, AccelGeneric} {
+		t.Run("xdp="+accel, func(t *testing.T) { testServesOnlyFramesAddressedToTheNode(t, accel) })
+	}
+}
+
+func testServesOnlyFramesAddressedToTheNode(t *testing.T, accel string) {
+	tp := newNSTopoNet(t, nsTopoNet{prefix: "nsf", v4: "10.67"})
+	tp.clientWire(accel)
+	tp.start(func(c *Config) { c.NorthSouth.Acceleration = accel })
+	remote := nodePortFrontend("10.67.0.50", 80, dataplane.TCP, false, "10.67.2.10:8080")
+	local := nodePortFrontend("10.67.0.51", 80, dataplane.TCP, false, "10.67.1.10:8080")
+	remote.Kind, local.Kind = dataplane.LoadBalancer, dataplane.LoadBalancer
+	tp.sync(remote, local)
 	mac := func(n *nsNS) string {
 		f := strings.Fields(n.run(t, "cat", "/sys/class/net/eth0/address"))
 		if len(f) != 1 {
@@ -617,22 +628,75 @@ func TestNorthSouthServesOnlyFramesAddressedToTheNode(t *testing.T) {
 		}
 		return f[0]
 	}
-	// Positive marker first: with the client's neighbour entry naming
-	// node1, node1 serves the IP.
-	tp.client.run(t, "ip", "neigh", "replace", "10.27.0.50", "lladdr", mac(tp.node1), "dev", "eth0", "nud", "permanent")
-	testutil.Eventually(t, 30*time.Second, func() error {
-		c, _, err := tp.dialFrom("10.27.0.100", "10.27.0.50:80", 2*time.Second)
-		if err == nil {
-			c.Close()
+	neigh := func(lladdr string) {
+		for _, ip := range []string{"10.67.0.50", "10.67.0.51"} {
+			tp.client.run(t, "ip", "neigh", "replace", ip, "lladdr", lladdr, "dev", "eth0", "nud", "permanent")
 		}
-		return err
-	})
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := v.Devices()
+	v.Close()
+	if err != nil || len(devs) != 1 || devs[0].MAC != mac(tp.node1) {
+		t.Fatalf("devices %+v (%v): want eth0 with its MAC %s", devs, err, mac(tp.node1))
+	}
+	// Positive markers first: with the client's neighbour entries naming
+	// node1, node1 serves both IPs (the remote backend's flow in XDP when
+	// XDP is on).
+	neigh(mac(tp.node1))
+	fwd := tp.npStats()["xdp_fwd"]
+	var est net.Conn
+	for _, to := range []string{"10.67.0.50:80", "10.67.0.51:80"} {
+		testutil.Eventually(t, 30*time.Second, func() error {
+			c, _, err := tp.dialFrom("10.67.0.100", to, 2*time.Second)
+			if err != nil {
+				return err
+			}
+			if est == nil {
+				est = c
+			} else {
+				c.Close()
+			}
+			return nil
+		})
+	}
+	defer est.Close()
+	if err := echo(est, "before"); err != nil {
+		t.Fatalf("established flow: %v", err)
+	}
+	if accel == AccelGeneric && tp.npStats()["xdp_fwd"] == fwd {
+		t.Fatalf("the remote backend's flow was not forwarded in XDP: the check below would test tc only")
+	}
+
 	// A MAC no port of the bridge has: every frame to it is flooded, so
 	// node1's eth0 receives it (PACKET_OTHERHOST).
-	tp.client.run(t, "ip", "neigh", "replace", "10.27.0.50", "lladdr", "02:00:5e:00:00:99", "dev", "eth0", "nud", "permanent")
-	if c, _, err := tp.dialFrom("10.27.0.100", "10.27.0.50:80", time.Second); err == nil {
-		c.Close()
-		t.Fatal("node1 served a flooded frame addressed to another MAC")
+	other := tp.npStats()["other_host"]
+	neigh("02:00:5e:00:00:99")
+	for _, to := range []string{"10.67.0.50:80", "10.67.0.51:80"} {
+		if c, _, err := tp.dialFrom("10.67.0.100", to, time.Second); err == nil {
+			c.Close()
+			t.Errorf("node1 served a new flow to %s in a flooded frame addressed to another MAC", to)
+		}
+	}
+	est.SetDeadline(time.Now().Add(time.Second))
+	if _, err := est.Write([]byte("flood")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := est.Read(make([]byte, 16)); err == nil {
+		t.Errorf("node1 served %d bytes of an established flow in a flooded frame addressed to another MAC", n)
+	}
+	if n := tp.npStats()["other_host"]; n == other {
+		t.Errorf("flooded frames not counted as other_host (%d)", n)
+	}
+	// node1's MAC again: the established flow goes on (the client
+	// retransmits what the flood lost).
+	neigh(mac(tp.node1))
+	est.SetDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, len("flood"))
+	if _, err := io.ReadFull(est, buf); err != nil || string(buf) != "flood" {
+		t.Errorf("established flow after the flood: %q, %v", buf, err)
 	}
 }
 
@@ -818,8 +882,11 @@ func TestNorthSouthAsTCFilters(t *testing.T) {
 	if f := filters(); !strings.Contains(f, "waggle_np_ingress") || !strings.Contains(f, "waggle_np_egress") || !strings.Contains(f, "direct-action") {
 		t.Fatalf("no waggle tc filters on node1's eth0:\n%s", f)
 	}
-	if links, _ := filepath.Glob(filepath.Join(tp.pinDir, LinkDir, NPLinkPrefix+"*")); len(links) != 0 {
-		t.Errorf("tcx links pinned beside the tc filters: %v", links)
+	// (The XDP link, np-eth0-xdp, is pinned with acceleration: it is no tcx link.)
+	for _, dir := range []string{"ingress", "egress"} {
+		if links, _ := filepath.Glob(filepath.Join(tp.pinDir, LinkDir, npLinkName("*", dir))); len(links) != 0 {
+			t.Errorf("tcx links pinned beside the tc filters: %v", links)
+		}
 	}
 	dial := func(when string) {
 		t.Helper()

@@ -17,7 +17,7 @@ import (
 
 var npStatNames = [...]string{"xlate_local", "xlate_snat", "ct_hit", "reply", "no_backend", "local_drop",
 	"fragment", "snat_exhausted", "fib_miss", "maglev_miss", "affinity_hit", "backend_gone",
-	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum", "ipv6_exthdr"}
+	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum", "ipv6_exthdr", "other_host"}
 
 // NorthSouthStatNames lists the north-south counters (enum np_stat), in
 // index order.
@@ -114,6 +114,9 @@ func (v *View) Devices() ([]DeviceEntry, error) {
 		}
 		if a := netip.AddrFrom16(d.Addr6); !a.IsUnspecified() {
 			e.SNATAddr6 = a
+		}
+		if d.Mac != [6]byte{} {
+			e.MAC = net.HardwareAddr(d.Mac[:]).String()
 		}
 		switch {
 		case d.Flags&npDevXDPNative != 0:

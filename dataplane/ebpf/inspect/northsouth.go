@@ -118,7 +118,7 @@ func (l MaglevList) writeTable(w io.Writer) {
 }
 
 func (s *NorthSouthStatus) writeTable(w io.Writer) {
-	row(w, "IFINDEX", "DEVICE", "SNAT ADDRESS", "XDP")
+	row(w, "IFINDEX", "DEVICE", "MAC", "SNAT ADDRESS", "XDP")
 	for _, d := range s.Devices {
 		xdp := d.XDP
 		if xdp == "" {
@@ -130,7 +130,7 @@ func (s *NorthSouthStatus) writeTable(w io.Writer) {
 				as = append(as, a.String())
 			}
 		}
-		row(w, d.Ifindex, orDash(d.Name), orDash(strings.Join(as, " ")), xdp)
+		row(w, d.Ifindex, orDash(d.Name), orDash(d.MAC), orDash(strings.Join(as, " ")), xdp)
 	}
 	row(w)
 	row(w, "COUNTER", "VALUE")
