@@ -25,8 +25,10 @@
  *    of SNATed flows) and passes everything else on to tc unchanged —
  *    every frame not unicast to the device's MAC among it.
  *
- * IPv4 and IPv6 (tc and XDP); fragments are not
- * translated; ICMP and ICMPv6 errors about north-south flows are (ingress:
+ * IPv4 and IPv6 (tc and XDP); fragmented datagrams in tc: the first
+ * fragment's ports are kept in waggle_np_frag for the later fragments,
+ * which take the same conntrack entry (XDP passes fragments to tc); ICMP
+ * and ICMPv6 errors about north-south flows are translated (ingress:
  * SNATed ones, egress: DNAT-only ones; bpf/README.md); NDP and every other
  * ICMPv6 message pass untouched.
  */
@@ -76,6 +78,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 
 /* Keep the structs in BTF for bpf2go -type. */
 const struct np_affinity_key *unused_np_affinity_key __attribute__((unused));
+const struct np_frag *unused_np_frag __attribute__((unused));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -149,6 +152,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } waggle_np_src_ranges SEC(".maps");
 
+/* The first fragment's ports of each fragmented datagram a program
+ * translated (written by tc only: XDP passes fragments on). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct np_frag_key);
+	__type(value, struct np_frag);
+	__uint(max_entries, NP_FRAG_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_frag SEC(".maps");
+
 static __always_inline void stat(__u32 i)
 {
 	__u64 *c = bpf_map_lookup_elem(&waggle_np_stats, &i);
@@ -171,8 +184,15 @@ struct pkt {
 	__u8 tos;
 	__u8 ttl; /* IPv6: hop limit */
 	__u8 v6;
-	__u8 pad;
+	__u8 frag;    /* FRAG_FIRST, FRAG_LATER or 0: not a fragment */
+	__u32 frag_id; /* IPv4 ID (zero-extended) or IPv6 fragment identification */
 } __attribute__((aligned(8)));
+
+/* pkt.frag: the first fragment of a datagram (offset 0, more fragments:
+ * it carries the L4 header), or a later one, whose ports came from
+ * waggle_np_frag and which has no L4 header to rewrite. */
+#define FRAG_FIRST 1
+#define FRAG_LATER 2
 
 /* Word i of a 16-byte address (every address field is 4-byte aligned). */
 #define W(a, i) (((const __u32 *)(a))[i])
@@ -206,6 +226,46 @@ static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
 	return W(a, 0) == W(b, 0) && W(a, 1) == W(b, 1) && W(a, 2) == W(b, 2) && W(a, 3) == W(b, 3);
 }
 
+static __always_inline void frag_key(struct np_frag_key *k, const struct pkt *p)
+{
+	addr_copy(k->src, p->saddr);
+	addr_copy(k->dst, p->daddr);
+	k->id = p->frag_id;
+	k->proto = p->proto;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+	k->pad[2] = 0;
+}
+
+/* frag_later handles a non-first fragment in parse: 0 with the ports of
+ * its datagram's first fragment when a program translated that one
+ * (waggle_np_frag), else 1 (a fragment left to the stack). XDP never looks:
+ * it passes fragments to tc. */
+static __always_inline int frag_later(const int xdp, struct pkt *p)
+{
+	struct np_frag_key k;
+	if (xdp)
+		return 1;
+	p->frag = FRAG_LATER;
+	frag_key(&k, p);
+	struct np_frag *f = bpf_map_lookup_elem(&waggle_np_frag, &k);
+	if (!f)
+		return 1;
+	p->sport = f->sport;
+	p->dport = f->dport;
+	return 0;
+}
+
+/* frag_note records a first fragment's ports for the later fragments of
+ * its datagram, when it is translated. */
+static __always_inline void frag_note(const struct pkt *p)
+{
+	struct np_frag_key k;
+	struct np_frag v = {.sport = p->sport, .dport = p->dport};
+	frag_key(&k, p);
+	bpf_map_update_elem(&waggle_np_frag, &k, &v, BPF_ANY);
+}
+
 #define NEXTHDR_HOP_ 0
 #define NEXTHDR_ROUTING_ 43
 #define NEXTHDR_FRAGMENT_ 44
@@ -220,7 +280,10 @@ static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
 #define V6_EXTHDRS_MAX 4
 
 /* parse6 is parse for IPv6. Hop-by-hop and destination options
- * headers are skipped; a fragment header is a fragment (1); routing, AH,
+ * headers are skipped; a fragment header directly followed by TCP or UDP
+ * is a fragment (FRAG_FIRST, or FRAG_LATER through frag_later; an atomic
+ * fragment, offset 0 and no more fragments, is a whole datagram), any other
+ * is a fragment left to the stack (1); routing, AH,
  * ESP and the other extension headers, or more than V6_EXTHDRS_MAX options
  * headers, are left to the stack (3: counted). A UDP datagram with checksum
  * 0 is invalid in IPv6 (RFC 8200 8.1): the stack drops it (-1). */
@@ -248,6 +311,27 @@ static __always_inline int parse6(void *ctx, const int xdp, struct pkt *p)
 		nh = h[0];
 		off += ((__u32)h[1] + 1) * 8;
 	}
+	if (nh == NEXTHDR_FRAGMENT_) {
+		struct {
+			__u8 nexthdr;
+			__u8 reserved;
+			__be16 frag_off; /* offset << 3 | M */
+			__be32 id;
+		} fh;
+		if (ctx_load(ctx, xdp, off, &fh, sizeof(fh)) < 0)
+			return -1;
+		if (fh.nexthdr != IPPROTO_TCP && fh.nexthdr != IPPROTO_UDP)
+			return 1;
+		nh = fh.nexthdr;
+		off += sizeof(fh);
+		p->proto = nh;
+		p->l4_off = off;
+		p->frag_id = fh.id;
+		if (fh.frag_off & bpf_htons(0xfff8))
+			return frag_later(xdp, p);
+		if (fh.frag_off & bpf_htons(1))
+			p->frag = FRAG_FIRST;
+	}
 	p->proto = nh;
 	p->l4_off = off;
 	switch (nh) {
@@ -256,8 +340,6 @@ static __always_inline int parse6(void *ctx, const int xdp, struct pkt *p)
 		break;
 	case IPPROTO_ICMPV6_:
 		return 2;
-	case NEXTHDR_FRAGMENT_:
-		return 1;
 	case NEXTHDR_HOP_:
 	case NEXTHDR_DEST_:
 	case NEXTHDR_ROUTING_:
@@ -282,7 +364,9 @@ static __always_inline int parse6(void *ctx, const int xdp, struct pkt *p)
 	return 0;
 }
 
-/* parse returns 0 for a TCP or UDP packet, 1 for a fragment, 2 for an
+/* parse returns 0 for a TCP or UDP packet (a whole datagram, a first
+ * fragment, or a later fragment whose first fragment was translated: pkt.frag
+ * says which), 1 for a fragment left to the stack, 2 for an
  * unfragmented ICMP or ICMPv6 packet, 3 for an IPv6 packet whose extension
  * headers are not handled, -1 for anything else. */
 static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
@@ -310,8 +394,14 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 	p->ttl = ip->ttl;
 	p->tot_len = bpf_ntohs(ip->tot_len);
 	p->l4_off = ETH_HLEN + ip->ihl * 4;
-	if (ip->frag_off & bpf_htons(0x3fff)) /* MF or an offset */
-		return p->proto == IPPROTO_ICMP ? -1 : 1;
+	if (ip->frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
+		if (p->proto == IPPROTO_ICMP)
+			return -1;
+		p->frag_id = ip->id;
+		if (ip->frag_off & bpf_htons(0x1fff))
+			return frag_later(xdp, p);
+		p->frag = FRAG_FIRST;
+	}
 	if (p->proto == IPPROTO_ICMP)
 		return 2;
 	__be16 ports[2];
@@ -432,7 +522,9 @@ static __always_inline __s64 csum_diff16(const __u8 *old, const __u8 *new)
 
 /* set_addr rewrites the source (src) or destination address. IPv4: the IP
  * header checksum and the L4 pseudo-header; IPv6: only the L4 checksum's
- * pseudo-header (no IP header checksum). */
+ * pseudo-header (no IP header checksum). A later fragment has no L4
+ * header: the first fragment's checksum update covered the datagram's
+ * pseudo-header change. */
 static __always_inline int set_addr(void *ctx, const int xdp, const struct pkt *p, int src, const __u8 *old,
 				    const __u8 *new)
 {
@@ -440,13 +532,16 @@ static __always_inline int set_addr(void *ctx, const int xdp, const struct pkt *
 	if (addr_eq(old, new))
 		return 0;
 	if (IS6(xdp, p)) {
-		__s64 d = csum_diff16(old, new);
-		if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, mangled) < 0)
-			return -1;
+		if (p->frag != FRAG_LATER) {
+			__s64 d = csum_diff16(old, new);
+			if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, mangled) < 0)
+				return -1;
+		}
 		return ctx_store(ctx, xdp, src ? IP6_SRC_OFF : IP6_DST_OFF, (void *)new, 16);
 	}
 	__be32 o = W(old, 3), n = W(new, 3);
-	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, BPF_F_PSEUDO_HDR | sizeof(n) | mangled) < 0)
+	if (p->frag != FRAG_LATER &&
+	    ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, BPF_F_PSEUDO_HDR | sizeof(n) | mangled) < 0)
 		return -1;
 	if (ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, o, n, sizeof(n)) < 0)
 		return -1;
@@ -456,16 +551,22 @@ static __always_inline int set_addr(void *ctx, const int xdp, const struct pkt *
 static __always_inline int set_port(void *ctx, const int xdp, const struct pkt *p, int off, __be16 old, __be16 new)
 {
 	__u64 l4 = sizeof(new) | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
-	if (old == new)
+	if (old == new || p->frag == FRAG_LATER)
 		return 0;
 	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), old, new, l4) < 0)
 		return -1;
 	return ctx_store(ctx, xdp, p->l4_off + off, &new, sizeof(new));
 }
 
+/* rewrite translates the packet; a first fragment's ports are noted for
+ * the rest of its datagram, whose fragments then take the same path. */
 static __always_inline int rewrite(void *ctx, const int xdp, const struct pkt *p, const __u8 *saddr, __be16 sport,
 				   const __u8 *daddr, __be16 dport)
 {
+	if (!xdp && p->frag == FRAG_FIRST)
+		frag_note(p);
+	if (!xdp && p->frag == FRAG_LATER)
+		stat(NP_STAT_FRAG_XLATE);
 	if (set_addr(ctx, xdp, p, 1, p->saddr, saddr) < 0 || set_addr(ctx, xdp, p, 0, p->daddr, daddr) < 0 ||
 	    set_port(ctx, xdp, p, 0, p->sport, sport) < 0 || set_port(ctx, xdp, p, 2, p->dport, dport) < 0)
 		return -1;
@@ -828,8 +929,8 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, const struct pkt *
 /* np_ingress is the ingress of an external device, in tc (xdp = CTX_TC)
  * or XDP (CTX_XDP). Both make the same decisions from the same maps; XDP
  * returns XDP_PASS, before changing any state, for whatever it leaves to tc
- * (see xdp_fwd_ok, and fragments, ICMP, IPv6 extension headers, offloaded
- * checksums, TTL 1),
+ * (see xdp_fwd_ok, and frames not unicast to the device, fragments, ICMP,
+ * IPv6 extension headers, offloaded checksums, TTL 1),
  * which then handles the packet as if XDP were not there. Counters XDP would
  * bump before such a hand-over (pend) are only counted once it commits. */
 static __always_inline int np_ingress(void *ctx, const int xdp)
@@ -869,6 +970,8 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		stat(r == 1 ? NP_STAT_FRAGMENT : NP_STAT_IPV6_EXTHDR);
 		return TCX_NEXT;
 	}
+	if (xdp && p.frag)
+		return XDP_PASS; /* fragments are translated in tc (waggle_np_frag) */
 	if (r == 2) {
 		if (xdp)
 			return XDP_PASS; /* ICMP errors are translated in tc */
@@ -929,6 +1032,13 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 			pend |= 1 << NP_STAT_BACKEND_GONE;
 		else
 			stat(NP_STAT_BACKEND_GONE);
+	}
+
+	/* A later fragment only continues the flow its first fragment
+	 * started (or found): it is never a new flow. */
+	if (p.frag == FRAG_LATER) {
+		stat(NP_STAT_FRAGMENT);
+		return xdp ? XDP_PASS : TCX_NEXT;
 	}
 
 	/* A new flow to a north-south frontend? */

@@ -21,6 +21,7 @@
 #define NP_SVC_MAX 65536
 #define NP_MAGLEV_MAX 262144
 #define NP_SRC_RANGES_MAX 65536
+#define NP_FRAG_MAX 8192
 /* Maglev tables are stored in chunks of this many entries. */
 #define NP_MAGLEV_CHUNK 256
 
@@ -132,6 +133,27 @@ struct np_device {
 	__u8 pad[2];
 };
 
+/*
+ * Key of the fragment LRU: a fragmented IP datagram as it arrived (before
+ * any translation), by its addresses (IPv6 or IPv4-mapped), IP ID (IPv4's
+ * 16 bits, network order, in the low-addressed bytes; IPv6: the fragment
+ * header's 32-bit identification) and L4 protocol.
+ */
+struct np_frag_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__u32 id;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* Value of the fragment LRU: the first fragment's L4 ports, which the
+ * datagram's later fragments do not carry. */
+struct np_frag {
+	__be16 sport;
+	__be16 dport;
+};
+
 /* The config map's one entry. */
 struct np_config {
 	__u32 magic;          /* WAGGLE_NP_MAGIC */
@@ -148,7 +170,7 @@ enum np_stat {
 	NP_STAT_REPLY = 3,         /* reply translated back to the frontend */
 	NP_STAT_NO_BACKEND = 4,    /* frontend without backends: left to the stack (a reject) */
 	NP_STAT_LOCAL_DROP = 5,    /* externalTrafficPolicy Local, no local backend: dropped */
-	NP_STAT_FRAGMENT = 6,      /* IPv4 fragment, or IPv6 packet with a fragment header: not translated */
+	NP_STAT_FRAGMENT = 6,      /* fragment not translated (its first fragment was not, or not yet): left to the stack */
 	NP_STAT_SNAT_EXHAUSTED = 7, /* no free SNAT port: dropped */
 	NP_STAT_FIB_MISS = 8,      /* no route to the backend: left to the stack */
 	NP_STAT_MAGLEV_MISS = 9,   /* Maglev slot empty: fell back to the slot hash */
@@ -160,7 +182,8 @@ enum np_stat {
 	NP_STAT_XDP_PARTIAL_CSUM = 15, /* left to tc by XDP: the L4 checksum was left to offload */
 	NP_STAT_IPV6_EXTHDR = 16,      /* IPv6 with an extension header not skipped (routing, AH, ESP, ...): left to the stack */
 	NP_STAT_OTHER_HOST = 17,       /* unicast frame to another machine's MAC (a switch's flood): left to the stack */
-	NP_STAT_MAX = 18,
+	NP_STAT_FRAG_XLATE = 18,       /* non-first fragment translated with its first fragment's ports (waggle_np_frag) */
+	NP_STAT_MAX = 19,
 };
 
 #endif /* WAGGLE_NODEPORT_H */

@@ -149,6 +149,21 @@ type nodePortNpDevice struct {
 	Pad   [2]uint8
 }
 
+type nodePortNpFrag struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
+type nodePortNpFragKey struct {
+	_     structs.HostLayout
+	Src   [16]uint8
+	Dst   [16]uint8
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type nodePortNpMaglevChunk struct {
 	_       structs.HostLayout
 	Backend [256]uint32
@@ -184,6 +199,7 @@ const (
 	nodePortMapWaggleNpConfig      = "waggle_np_config"
 	nodePortMapWaggleNpCt          = "waggle_np_ct"
 	nodePortMapWaggleNpDevices     = "waggle_np_devices"
+	nodePortMapWaggleNpFrag        = "waggle_np_frag"
 	nodePortMapWaggleNpMaglev      = "waggle_np_maglev"
 	nodePortMapWaggleNpSrcRanges   = "waggle_np_src_ranges"
 	nodePortMapWaggleNpStats       = "waggle_np_stats"
@@ -197,6 +213,7 @@ const (
 	nodePortProgWaggleNpIngress    = "waggle_np_ingress"
 	nodePortProgWaggleNpXdp        = "waggle_np_xdp"
 	nodePortVarUnusedNpAffinityKey = "unused_np_affinity_key"
+	nodePortVarUnusedNpFrag        = "unused_np_frag"
 )
 
 // loadNodePort returns the embedded CollectionSpec for nodePort.
@@ -257,6 +274,7 @@ type nodePortMapSpecs struct {
 	WaggleNpConfig    *ebpf.MapSpec `ebpf:"waggle_np_config"`
 	WaggleNpCt        *ebpf.MapSpec `ebpf:"waggle_np_ct"`
 	WaggleNpDevices   *ebpf.MapSpec `ebpf:"waggle_np_devices"`
+	WaggleNpFrag      *ebpf.MapSpec `ebpf:"waggle_np_frag"`
 	WaggleNpMaglev    *ebpf.MapSpec `ebpf:"waggle_np_maglev"`
 	WaggleNpSrcRanges *ebpf.MapSpec `ebpf:"waggle_np_src_ranges"`
 	WaggleNpStats     *ebpf.MapSpec `ebpf:"waggle_np_stats"`
@@ -273,6 +291,7 @@ type nodePortMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type nodePortVariableSpecs struct {
 	UnusedNpAffinityKey *ebpf.VariableSpec `ebpf:"unused_np_affinity_key"`
+	UnusedNpFrag        *ebpf.VariableSpec `ebpf:"unused_np_frag"`
 }
 
 // nodePortObjects contains all objects after they have been loaded into the kernel.
@@ -302,6 +321,7 @@ type nodePortMaps struct {
 	WaggleNpConfig    *ebpf.Map `ebpf:"waggle_np_config"`
 	WaggleNpCt        *ebpf.Map `ebpf:"waggle_np_ct"`
 	WaggleNpDevices   *ebpf.Map `ebpf:"waggle_np_devices"`
+	WaggleNpFrag      *ebpf.Map `ebpf:"waggle_np_frag"`
 	WaggleNpMaglev    *ebpf.Map `ebpf:"waggle_np_maglev"`
 	WaggleNpSrcRanges *ebpf.Map `ebpf:"waggle_np_src_ranges"`
 	WaggleNpStats     *ebpf.Map `ebpf:"waggle_np_stats"`
@@ -322,6 +342,7 @@ func (m *nodePortMaps) Close() error {
 		m.WaggleNpConfig,
 		m.WaggleNpCt,
 		m.WaggleNpDevices,
+		m.WaggleNpFrag,
 		m.WaggleNpMaglev,
 		m.WaggleNpSrcRanges,
 		m.WaggleNpStats,
@@ -339,6 +360,7 @@ func (m *nodePortMaps) Close() error {
 // It can be passed to loadNodePortObjects or ebpf.CollectionSpec.LoadAndAssign.
 type nodePortVariables struct {
 	UnusedNpAffinityKey *ebpf.Variable `ebpf:"unused_np_affinity_key"`
+	UnusedNpFrag        *ebpf.Variable `ebpf:"unused_np_frag"`
 }
 
 // nodePortPrograms contains all programs after they have been loaded into the kernel.

@@ -33,6 +33,9 @@ const (
 	NPSvcFlagSourceRanges = 1 << 0
 	// MapNPSourceRanges: loadBalancerSourceRanges (LPM trie by service ID and client address).
 	MapNPSourceRanges = "waggle_np_src_ranges"
+	// MapNPFragments: the first fragment's ports of each fragmented
+	// datagram translated (LRU by addresses, IP ID and protocol).
+	MapNPFragments = "waggle_np_frag"
 )
 
 // NPLayoutVersion is WAGGLE_NP_LAYOUT_VERSION (bpf/lib/nodeport.h).

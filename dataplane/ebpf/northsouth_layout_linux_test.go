@@ -31,14 +31,16 @@ func TestNorthSouthStructsMatchTheCLayout(t *testing.T) {
 		{"np_src_range_key", unsafe.Sizeof(nodePortNpSrcRangeKey{}), 24},
 		{"np_maglev_key", unsafe.Sizeof(nodePortNpMaglevKey{}), 8},
 		{"np_maglev_chunk", unsafe.Sizeof(nodePortNpMaglevChunk{}), 1024},
+		{"np_frag_key", unsafe.Sizeof(nodePortNpFragKey{}), 40},
+		{"np_frag", unsafe.Sizeof(nodePortNpFrag{}), 4},
 	}
 	for _, s := range sizes {
 		if s.got != s.want {
 			t.Errorf("%s: %d bytes, bpf/README.md documents %d", s.name, s.got, s.want)
 		}
 	}
-	if NPLayoutVersion != 3 || len(npStatNames) != 18 {
-		t.Errorf("layout version %d with %d counters: bpf/README.md documents layout 3 with 18 (np_stat)", NPLayoutVersion, len(npStatNames))
+	if NPLayoutVersion != 3 || len(npStatNames) != 19 {
+		t.Errorf("layout version %d with %d counters: bpf/README.md documents layout 3 with 19 (np_stat)", NPLayoutVersion, len(npStatNames))
 	}
 }
 

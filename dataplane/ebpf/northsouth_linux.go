@@ -79,7 +79,7 @@ func (b *Backend) loadNorthSouth() (err error) {
 		b.log.Warn("north-south map sizes changed: recreating the conntrack and affinity maps")
 		// (np_device grew its IPv6 address in layout 2 and the device's MAC
 		// in layout 3: the devices map is rewritten below anyway.)
-		for _, n := range []string{MapNPConntrack, MapNPAffinity, MapNPServices, MapNPMaglev, MapNPStats, MapNPDevices} {
+		for _, n := range []string{MapNPConntrack, MapNPAffinity, MapNPServices, MapNPMaglev, MapNPStats, MapNPDevices, MapNPFragments} {
 			os.Remove(filepath.Join(b.cfg.PinDir, n))
 		}
 		err = spec.LoadAndAssign(objs, opts)
@@ -820,4 +820,4 @@ func removeNorthSouth(dir string) error {
 }
 
 var npPinnedMaps = []string{MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats, MapNPServices, MapNPMaglev,
-	MapNPSourceRanges}
+	MapNPSourceRanges, MapNPFragments}

@@ -17,7 +17,7 @@ import (
 
 var npStatNames = [...]string{"xlate_local", "xlate_snat", "ct_hit", "reply", "no_backend", "local_drop",
 	"fragment", "snat_exhausted", "fib_miss", "maglev_miss", "affinity_hit", "backend_gone",
-	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum", "ipv6_exthdr", "other_host"}
+	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum", "ipv6_exthdr", "other_host", "frag_xlate"}
 
 // NorthSouthStatNames lists the north-south counters (enum np_stat), in
 // index order.
