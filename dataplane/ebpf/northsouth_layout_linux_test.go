@@ -4,11 +4,17 @@ package ebpf
 
 import (
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/dataplane"
 )
 
 // The north-south structs as bpf/README.md ("North-south maps") documents
@@ -62,5 +68,54 @@ func TestSNATAddressesPreferUsableIPv6(t *testing.T) {
 		if v4.String() != c.v4 || v6.String() != c.v6 {
 			t.Errorf("%s: %s %s, want %s %s", c.name, v4, v6, c.v4, c.v6)
 		}
+	}
+}
+
+// A proxy finding layout 2's pinned north-south maps — the devices map's
+// 24-byte values (no MAC) and 17 counters — recreates them: XDP then has
+// the device's MAC, and the programs serve.
+func TestNorthSouthRecreatesLayout2Maps(t *testing.T) {
+	tp := newNSTopoNet(t, nsTopoNet{prefix: "nsf", v4: "10.67"})
+	tp.start()
+	tp.backend.Close()
+	for _, spec := range []*ebpf.MapSpec{
+		{Name: MapNPDevices, Type: ebpf.Hash, KeySize: 4, ValueSize: 24, MaxEntries: 64, Pinning: ebpf.PinByName},
+		{Name: MapNPStats, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 17, Pinning: ebpf.PinByName},
+	} {
+		if err := os.Remove(filepath.Join(tp.pinDir, spec.Name)); err != nil {
+			t.Fatal(err)
+		}
+		m, err := ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: tp.pinDir})
+		if err != nil {
+			t.Fatalf("pin layout 2's %s: %v", spec.Name, err)
+		}
+		m.Close()
+	}
+	b, err := New(tp.cfg)
+	if err != nil {
+		t.Fatalf("New over layout 2's maps: %v", err)
+	}
+	tp.backend = b
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	devs, err := v.Devices()
+	want := strings.TrimSpace(tp.node1.run(t, "cat", "/sys/class/net/eth0/address"))
+	if err != nil || len(devs) != 1 || devs[0].MAC != want {
+		t.Fatalf("devices %+v (%v): want eth0 with its MAC %s", devs, err, want)
+	}
+	if st, err := v.NorthSouthStats(); err != nil || len(st) != len(npStatNames) {
+		t.Fatalf("counters %v (%v): want all %d", st, err, len(npStatNames))
+	}
+	tp.sync(nodePortFrontend("10.67.0.1", 30080, dataplane.TCP, false, "10.67.2.10:8080"))
+	conn, pod, seen, err := tp.dial("10.67.0.1:30080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	if pod != "10.67.2.10" || seen != "10.67.0.1" {
+		t.Errorf("answered by %s seeing %s, want 10.67.2.10 seeing 10.67.0.1 (SNAT)", pod, seen)
 	}
 }
