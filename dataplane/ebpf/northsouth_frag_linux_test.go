@@ -112,13 +112,21 @@ func (tp *nsTopo) bigUDP(to string, msg []byte) (seen string, err error) {
 // fragments on egress). Later fragments carry no ports: they are
 // translated with their first fragment's (waggle_np_frag) and counted
 // (frag_xlate); without that they reach node1's stack, which has no socket
-// for them, and the datagram is lost.
+// for them, and the datagram is lost. With XDP, which passes fragments on
+// to tc, the same.
 func TestNorthSouthFragmentedUDP(t *testing.T) {
+	for _, accel := range []string{AccelDisabled, AccelGeneric} {
+		t.Run("xdp="+accel, func(t *testing.T) { testFragmentedUDP(t, accel) })
+	}
+}
+
+func testFragmentedUDP(t *testing.T, accel string) {
 	tp := newNSTopoNet(t, nsTopoNet{prefix: "nsf", v4: "10.67", v6: "fd07"})
 	for _, ip := range []string{"10.67.1.10", "10.67.2.10", "fd07:1::10", "fd07:2::10"} {
 		tp.serveBigUDP(ip, 9090)
 	}
-	tp.start()
+	tp.clientWire(accel)
+	tp.start(func(c *Config) { c.NorthSouth.Acceleration = accel })
 	tp.sync(
 		nodePortFrontend("10.67.0.1", 30090, dataplane.UDP, false, "10.67.2.10:9090"),
 		nodePortFrontend("10.67.0.1", 30091, dataplane.UDP, false, "10.67.1.10:9090"),
