@@ -225,7 +225,7 @@ func TestLostBackendsAndAffinityEntriesAreCleanedUp(t *testing.T) {
 	if _, err := r.sync(sorted(web, dns)); err != nil {
 		t.Fatal(err)
 	}
-	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[backendKey{addr: netip.MustParseAddr("10.244.0.1"), port: 80, proto: protoTCP}]
+	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[newBackendKey(netip.MustParseAddr("10.244.0.1"), 80, protoTCP, false)]
 	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 7, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1}
 	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 8, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1 + 1}
 	web.Endpoints = web.Endpoints[1:]
