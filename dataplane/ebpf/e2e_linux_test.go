@@ -935,19 +935,6 @@ func TestLargeSyncsMatchTheFake(t *testing.T) {
 	}
 }
 
-// failingTable fails the Put that brings *left to zero.
-type failingTable[K comparable, V any] struct {
-	table[K, V]
-	left *atomic.Int32
-}
-
-func (t failingTable[K, V]) Put(keys []K, vals []V) error {
-	if t.left.Add(-1) == 0 {
-		return errInjected
-	}
-	return t.table.Put(keys, vals)
-}
-
 // TestAFailedLargeSyncShowsNothingAndIsRepaired: when a chunk of a large
 // first sync (written on the writer goroutines) fails, no master entry has
 // been written, so no program sees any of it; the next sync completes it

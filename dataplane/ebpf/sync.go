@@ -85,10 +85,12 @@ type reconciler struct {
 	maxServices int
 	maxBackends int
 
-	fronts  map[dataplane.FrontendKey]*programmed
-	beIDs   map[backendKey]uint32
-	beByID  map[uint32]backendKey
-	refs    map[uint32]int // slots naming each backend ID
+	fronts map[dataplane.FrontendKey]*programmed
+	beIDs  map[backendKey]uint32
+	// beByID: every backend ID of the backends map, with its key and the
+	// number of slots naming it (one map, not two: a first sync of 100,000
+	// backends makes 100,000 fewer map insertions).
+	beByID  map[uint32]backendRef
 	nextSvc uint32
 	nextBe  uint32
 	// touched: backend IDs whose reference count dropped (or that are
@@ -124,8 +126,8 @@ func (r *reconciler) entries() int {
 func (r *reconciler) restore() error {
 	r.fronts = map[dataplane.FrontendKey]*programmed{}
 	r.beIDs = map[backendKey]uint32{}
-	r.beByID = map[uint32]backendKey{}
-	r.refs = map[uint32]int{}
+	r.beByID = map[uint32]backendRef{}
+	refs := map[uint32]int32{} // slots naming each backend ID, until the backends are read
 	r.nextSvc, r.nextBe = 1, 1
 	r.orphanRev = nil
 	get := func(k dataplane.FrontendKey) *programmed {
@@ -152,11 +154,16 @@ func (r *reconciler) restore() error {
 			p.slots = append(p.slots, 0)
 		}
 		p.slots[k.Slot-1] = v.BackendId
-		r.refs[v.BackendId]++
+		refs[v.BackendId]++
 		return true
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", MapServices, err)
+	}
+	// No new backend gets an ID a slot names, even one missing from the
+	// backends map: its reference count would include that slot.
+	for id := range refs {
+		r.nextBe = max(r.nextBe, id+1)
 	}
 	ids := map[uint32]*programmed{}
 	for _, p := range r.fronts {
@@ -168,7 +175,7 @@ func (r *reconciler) restore() error {
 	err = r.t.backends.Iterate(func(id uint32, v sockLBLbBackend) bool {
 		b := backendKeyOf(v)
 		r.beIDs[b] = id
-		r.beByID[id] = b
+		r.beByID[id] = backendRef{key: b, refs: refs[id]}
 		r.nextBe = max(r.nextBe, id+1)
 		return true
 	})
@@ -176,13 +183,15 @@ func (r *reconciler) restore() error {
 		return fmt.Errorf("read %s: %w", MapBackends, err)
 	}
 	r.touched = nil
-	for id := range r.beByID {
-		if r.refs[id] == 0 { // left over: deleted by the next sync
+	for id, e := range r.beByID {
+		if e.refs == 0 { // left over: deleted by the next sync
 			r.touched = append(r.touched, id)
 		}
 	}
+	hasRev := make(map[uint32]bool, len(ids))
 	err = r.t.revNat.Iterate(func(id uint32, _ sockLBLbRevNat) bool {
 		r.nextSvc = max(r.nextSvc, id+1)
+		hasRev[id] = true
 		if ids[id] == nil {
 			r.orphanRev = append(r.orphanRev, id)
 		}
@@ -190,6 +199,16 @@ func (r *reconciler) restore() error {
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", MapRevNat, err)
+	}
+	// A frontend whose entries name a service ID that has no rev_nat entry
+	// (a sync failed between writing its slots and its rev_nat, which go
+	// to the kernel in chunks, in any order) takes a new ID at the next
+	// sync, which writes every entry of it again; its name is an orphan.
+	for id, p := range ids {
+		if !hasRev[id] {
+			p.id = 0
+			delete(ids, id)
+		}
 	}
 	err = r.t.names.Iterate(func(id uint32, v sockLBLbSvcName) bool {
 		r.nextSvc = max(r.nextSvc, id+1)
@@ -467,8 +486,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	nfronts := len(r.fronts)
 	if len(r.beIDs) == 0 && len(wants) > 0 { // a first sync: size the mirror once
 		r.beIDs = make(map[backendKey]uint32, nb)
-		r.beByID = make(map[uint32]backendKey, nb)
-		r.refs = make(map[uint32]int, nb)
+		r.beByID = make(map[uint32]backendRef, nb)
 	}
 	// One allocation for every want's backend IDs (which become the
 	// frontends' slots), instead of one per frontend.
@@ -512,18 +530,22 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		if p == nil {
 			nfronts++
 		}
-		// New backends get their IDs now (the mirror is re-read from the
-		// maps if a write fails), and go to the kernel at once: every one
-		// is named by the slots of an accepted want, so none is a
-		// candidate for deletion (a failed write re-reads the maps, which
-		// finds any orphan).
+		// Every backend of the want gains a slot naming it. New backends
+		// get their IDs now (the mirror is re-read from the maps if a
+		// write fails), and go to the kernel at once: every one is named
+		// by the slots of an accepted want, so none is a candidate for
+		// deletion (a failed write re-reads the maps, which finds any
+		// orphan).
 		for i, b := range w.backends {
-			if w.ids[i] != 0 {
+			if id := w.ids[i]; id != 0 {
+				e := r.beByID[id]
+				e.refs++
+				r.beByID[id] = e
 				continue
 			}
 			id := r.nextBe
 			r.nextBe++
-			r.beIDs[b], r.beByID[id], w.ids[i] = id, b, id
+			r.beIDs[b], r.beByID[id], w.ids[i] = id, backendRef{key: b, refs: 1}, id
 			newBackends.add(id, backendValue(b))
 		}
 		accepted = append(accepted, w)
@@ -563,7 +585,6 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		p.slots = w.ids
 		visible := old != nil && old.hasMaster
 		for i, id := range w.ids {
-			r.refs[id]++
 			if old == nil || i >= len(old.slots) || old.slots[i] != id || old.id != p.id {
 				if visible {
 					slotKeys = append(slotKeys, serviceKey(w.key, uint16(i+1)))
@@ -589,7 +610,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			for _, id := range old.slots {
 				// A backend that only turned terminating is not lost:
 				// its sockets keep it.
-				if b := r.beByID[id]; id != 0 && !slices.Contains(p.slots, id) && !hasAddrPort(w.backends, b) {
+				if b := r.beByID[id].key; id != 0 && !slices.Contains(p.slots, id) && !hasAddrPort(w.backends, b) {
 					res.lost = append(res.lost, r.lost(p, w.key, id))
 					if old.flags&FlagAffinity != 0 {
 						lostPairs[[2]uint32{p.id, id}] = true
@@ -662,10 +683,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	// point at a backend their service lost.
 	var unused []uint32
 	for _, id := range r.touched {
-		if r.refs[id] == 0 {
-			if _, ok := r.beByID[id]; ok {
-				unused = append(unused, id)
-			}
+		if e, ok := r.beByID[id]; ok && e.refs == 0 {
+			unused = append(unused, id)
 		}
 	}
 	r.touched = r.touched[:0]
@@ -691,9 +710,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		return res, fmt.Errorf("delete unused backends: %w", err)
 	}
 	for _, id := range unused {
-		delete(r.beIDs, r.beByID[id])
+		delete(r.beIDs, r.beByID[id].key)
 		delete(r.beByID, id)
-		delete(r.refs, id)
 	}
 	res.deletes += len(unused)
 	slices.SortFunc(res.lost, func(a, b lostBackend) int {
@@ -875,7 +893,7 @@ func hasAddrPort(bs []backendKey, b backendKey) bool {
 func (r *reconciler) backendNames(slots []uint32) []string {
 	out := make([]string, len(slots))
 	for i, id := range slots {
-		out[i] = r.beByID[id].String()
+		out[i] = r.beByID[id].key.String()
 	}
 	return out
 }
@@ -902,12 +920,21 @@ func (r *reconciler) release(id uint32) {
 	if id == 0 {
 		return
 	}
-	r.refs[id]--
+	if e, ok := r.beByID[id]; ok {
+		e.refs--
+		r.beByID[id] = e
+	}
 	r.touched = append(r.touched, id)
 }
 
+// backendRef is a backend ID's key and the number of slots naming it.
+type backendRef struct {
+	key  backendKey
+	refs int32
+}
+
 func (r *reconciler) lost(p *programmed, k dataplane.FrontendKey, beID uint32) lostBackend {
-	b := r.beByID[beID]
+	b := r.beByID[beID].key
 	return lostBackend{serviceID: p.id, frontend: k, backend: b.addrPort(), terminateTCP: p.terminateTCP}
 }
 
