@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,7 +14,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,16 +71,22 @@ func readGCStats() gcStats {
 	return g
 }
 
-// serveGCStats answers GET /gc on the unix socket path, until the process
-// ends.
+// serveGCStats answers GET /gc (gcStats) and /heap (a heap profile) on
+// the unix socket path, until the process ends.
 func serveGCStats(path string) error {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return err
 	}
-	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/gc", func(w http.ResponseWriter, _ *http.Request) {
 		json.NewEncoder(w).Encode(readGCStats())
-	}))
+	})
+	mux.HandleFunc("/heap", func(w http.ResponseWriter, _ *http.Request) {
+		runtime.GC() // the profile shows the live heap as of now
+		pprof.Lookup("heap").WriteTo(w, 0)
+	})
+	go http.Serve(ln, mux)
 	return nil
 }
 
@@ -89,6 +98,24 @@ func newGCStatsClient(path string) *gcStatsClient {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", path)
 		}}}}
+}
+
+// heapProfile saves the proxy's heap profile in path.
+func (c *gcStatsClient) heapProfile(path string) error {
+	resp, err := c.c.Get("http://proxy/heap")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func (c *gcStatsClient) get() (gcStats, error) {
@@ -151,7 +178,9 @@ func runProxyChild(kubeconfig string) int {
 // default 20, unrecorded ones), the proxy's CPU per change and its RSS,
 // and where the time goes: the API call, the arrival of the change at a
 // watch in this process (what any watcher could see: the limit) and the
-// proxy's share after that. Run it once: -benchtime 1x.
+// proxy's share after that, and whether a GC cycle ran in either process
+// during each change. DP_BENCH_HEAP_PROFILES=dir saves the proxy's heap
+// profile at each count there. Run it once: -benchtime 1x.
 func BenchmarkEndpointChangeToMap(b *testing.B) {
 	testutil.RequiresKernelFeature(b, testutil.CgroupSockAddr)
 	counts := []int{1000, 10000}
@@ -427,6 +456,12 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		r.p50, r.p99, r.max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
 		r.cpuPerChange = cpu / time.Duration(changes)
 		r.rssMB = procRSSMB(b, cmd.Process.Pid)
+		if dir := os.Getenv("DP_BENCH_HEAP_PROFILES"); dir != "" {
+			// After the RSS: collecting the profile runs a GC.
+			if err := proxyGC.heapProfile(filepath.Join(dir, fmt.Sprintf("proxy-heap-%d.pb.gz", n))); err != nil {
+				b.Errorf("proxy heap profile: %v", err)
+			}
+		}
 		rows = append(rows, r)
 		view.Close()
 	}
@@ -458,7 +493,8 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 				(c.total - c.api).Round(10*time.Microsecond), c.watch.Round(10*time.Microsecond), c.proxy.Round(10*time.Microsecond), c.benchGC, c.proxyGC)
 		}
 	}
-	b.Log("\n" + sb.String())
+	// To stdout, not b.Log: a benchmark's log is cut after a few lines.
+	fmt.Print(sb.String())
 	last := rows[len(rows)-1]
 	b.ReportMetric(float64(last.p50.Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(last.p99.Microseconds())/1000, "p99-ms")
