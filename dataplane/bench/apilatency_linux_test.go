@@ -317,6 +317,9 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		withoutGC                [2]time.Duration
 		benchHeapMB, proxyHeapMB float64
 		slowest                  []changeTimes
+		// Run-queue wait of each process's threads during a change
+		// (ready to run, no CPU free), p50/p99.
+		benchWait, proxyWait [2]time.Duration
 	}
 	var rows []row
 	next := 0 // unique endpoint addresses for changes
@@ -354,6 +357,7 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		var cpu0 time.Duration
 		var lat, apiLat, watchLat, proxyLat []time.Duration
 		var withBench, withProxy, without []time.Duration
+		var benchWait, proxyWait []time.Duration
 		var all []changeTimes
 		r := row{services: n, setup: setup}
 		for i := range warmup + changes {
@@ -382,6 +386,7 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 					b.Fatalf("north-south table of %s: %v %v", k, ok, err)
 				}
 			}
+			brq0, prq0 := runDelay(os.Getpid()), runDelay(cmd.Process.Pid)
 			bgc0 := readGCStats()
 			pgc0, err := proxyGC.get()
 			if err != nil {
@@ -413,6 +418,7 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 				time.Sleep(100 * time.Microsecond) // a poll of the kernel map, at 0.1 ms resolution
 			}
 			done := time.Now()
+			brq1, prq1 := runDelay(os.Getpid()), runDelay(cmd.Process.Pid)
 			bgc1 := readGCStats()
 			pgc1, err := proxyGC.get()
 			if err != nil {
@@ -421,7 +427,9 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 			if i < warmup {
 				continue
 			}
-			c := changeTimes{total: done.Sub(start), api: apiDone.Sub(start), benchGC: bgc1.Cycles != bgc0.Cycles, proxyGC: pgc1.Cycles != pgc0.Cycles}
+			c := changeTimes{total: done.Sub(start), api: apiDone.Sub(start), benchGC: bgc1.Cycles != bgc0.Cycles, proxyGC: pgc1.Cycles != pgc0.Cycles,
+				benchWait: brq1 - brq0, proxyWait: prq1 - prq0}
+			benchWait, proxyWait = append(benchWait, c.benchWait), append(proxyWait, c.proxyWait)
 			r.benchHeapMB, r.proxyHeapMB = float64(bgc1.LiveHeap)/(1<<20), float64(pgc1.LiveHeap)/(1<<20)
 			lat = append(lat, c.total)
 			apiLat = append(apiLat, c.api)
@@ -447,6 +455,7 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 			all = append(all, c)
 		}
 		r.withBenchGC, r.withProxyGC, r.withoutGC = p50p99(withBench), p50p99(withProxy), p50p99(without)
+		r.benchWait, r.proxyWait = p50p99(benchWait), p50p99(proxyWait)
 		slices.SortFunc(all, func(a, b changeTimes) int { return cmp.Compare(b.total, a.total) })
 		r.slowest = all[:min(5, len(all))]
 		cpu := procCPU(b, cmd.Process.Pid) - cpu0
@@ -486,11 +495,16 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		fmt.Fprintf(&sb, "%9d  apiserver GC %3d: %20s  proxy GC only %3d: %20s  neither %3d: %20s  (proxy GC in %d changes)  live heaps %4.0f / %4.0f MB\n",
 			r.services, r.benchGC, pair(r.withBenchGC), r.proxyOnlyGC, pair(r.withProxyGC), r.noGC, pair(r.withoutGC), r.proxyGC, r.benchHeapMB, r.proxyHeapMB)
 	}
-	fmt.Fprintf(&sb, "the slowest changes: total = Update call + rest; watch seen; proxy's part; GC in apiserver process / proxy\n")
+	fmt.Fprintf(&sb, "run-queue wait during a change, summed over each process's threads (p50 / p99): API server+etcd+benchmark process; proxy\n")
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "%9d %22s %22s\n", r.services, pair(r.benchWait), pair(r.proxyWait))
+	}
+	fmt.Fprintf(&sb, "the slowest changes: total = Update call + rest; watch seen; proxy's part; GC in apiserver process / proxy; run-queue wait apiserver process / proxy\n")
 	for _, r := range rows {
 		for _, c := range r.slowest {
-			fmt.Fprintf(&sb, "%9d %10s = %10s + %10s; watch %10s; proxy %10s; gc %v/%v\n", r.services, c.total.Round(10*time.Microsecond), c.api.Round(10*time.Microsecond),
-				(c.total - c.api).Round(10*time.Microsecond), c.watch.Round(10*time.Microsecond), c.proxy.Round(10*time.Microsecond), c.benchGC, c.proxyGC)
+			fmt.Fprintf(&sb, "%9d %10s = %10s + %10s; watch %10s; proxy %10s; gc %v/%v; waited %10s / %10s\n", r.services, c.total.Round(10*time.Microsecond), c.api.Round(10*time.Microsecond),
+				(c.total - c.api).Round(10*time.Microsecond), c.watch.Round(10*time.Microsecond), c.proxy.Round(10*time.Microsecond), c.benchGC, c.proxyGC,
+				c.benchWait.Round(10*time.Microsecond), c.proxyWait.Round(10*time.Microsecond))
 		}
 	}
 	// To stdout, not b.Log: a benchmark's log is cut after a few lines.
@@ -508,6 +522,31 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 type changeTimes struct {
 	total, api, watch, proxy time.Duration
 	benchGC, proxyGC         bool
+	// benchWait, proxyWait: time the process's threads spent ready to
+	// run but waiting for a CPU during the change (summed over threads).
+	benchWait, proxyWait time.Duration
+}
+
+// runDelay is the time every thread of process pid has spent waiting on a
+// run queue (schedstat's run_delay, summed over the threads).
+func runDelay(pid int) time.Duration {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		raw, err := os.ReadFile(filepath.Join(dir, t.Name(), "schedstat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		if f := strings.Fields(string(raw)); len(f) >= 2 {
+			ns, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
 }
 
 func p50p99(d []time.Duration) [2]time.Duration {
