@@ -353,7 +353,7 @@ func sortFrontends(st *dataplane.State) {
 func bigState(n, m int) *dataplane.State {
 	st := &dataplane.State{NodeName: "node"}
 	for i := range n {
-		f := dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Protocol: dataplane.TCP},
+		f := dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)}), Port: 80, Protocol: dataplane.TCP},
 			Kind: dataplane.ClusterIP, Service: dataplane.ServicePortName{Namespace: "ns", Name: "svc"}}
 		for j := range m {
 			k := i*m + j
