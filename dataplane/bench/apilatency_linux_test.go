@@ -1,14 +1,22 @@
 package bench
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,7 +48,86 @@ const (
 	// North-south: the proxy serves ExternalIPs on this device in this netns.
 	envProxyNSDevice = "DP_BENCH_PROXY_NS_DEVICE"
 	envProxyNSNetNS  = "DP_BENCH_PROXY_NS_NETNS"
+	// The proxy answers GET /gc on this unix socket with its gcStats.
+	envProxyStats = "DP_BENCH_PROXY_STATS"
 )
+
+// gcStats is what a process's runtime says about its garbage collector.
+type gcStats struct {
+	Cycles   uint64 `json:"cycles"`
+	LiveHeap uint64 `json:"liveHeap"`
+}
+
+func readGCStats() gcStats {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	var g gcStats
+	if s[0].Value.Kind() == metrics.KindUint64 {
+		g.Cycles = s[0].Value.Uint64()
+	}
+	if s[1].Value.Kind() == metrics.KindUint64 {
+		g.LiveHeap = s[1].Value.Uint64()
+	}
+	return g
+}
+
+// serveGCStats answers GET /gc (gcStats) and /heap (a heap profile) on
+// the unix socket path, until the process ends.
+func serveGCStats(path string) error {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/gc", func(w http.ResponseWriter, _ *http.Request) {
+		json.NewEncoder(w).Encode(readGCStats())
+	})
+	mux.HandleFunc("/heap", func(w http.ResponseWriter, _ *http.Request) {
+		runtime.GC() // the profile shows the live heap as of now
+		pprof.Lookup("heap").WriteTo(w, 0)
+	})
+	go http.Serve(ln, mux)
+	return nil
+}
+
+// gcStatsClient reads a proxy's gcStats from its unix socket.
+type gcStatsClient struct{ c *http.Client }
+
+func newGCStatsClient(path string) *gcStatsClient {
+	return &gcStatsClient{&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}}}}
+}
+
+// heapProfile saves the proxy's heap profile in path.
+func (c *gcStatsClient) heapProfile(path string) error {
+	resp, err := c.c.Get("http://proxy/heap")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func (c *gcStatsClient) get() (gcStats, error) {
+	var g gcStats
+	resp, err := c.c.Get("http://proxy/gc")
+	if err != nil {
+		return g, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&g)
+	return g, err
+}
 
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(envKPMode); mode != "" {
@@ -56,6 +143,12 @@ func runProxyChild(kubeconfig string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	max, _ := strconv.Atoi(os.Getenv(envProxyMapMax))
+	if p := os.Getenv(envProxyStats); p != "" {
+		if err := serveGCStats(p); err != nil {
+			fmt.Fprintln(os.Stderr, "proxy: gc stats:", err)
+			return 1
+		}
+	}
 	var devs []string
 	if d := os.Getenv(envProxyNSDevice); d != "" {
 		devs = []string{d}
@@ -85,7 +178,9 @@ func runProxyChild(kubeconfig string) int {
 // default 20, unrecorded ones), the proxy's CPU per change and its RSS,
 // and where the time goes: the API call, the arrival of the change at a
 // watch in this process (what any watcher could see: the limit) and the
-// proxy's share after that. Run it once: -benchtime 1x.
+// proxy's share after that, and whether a GC cycle ran in either process
+// during each change. DP_BENCH_HEAP_PROFILES=dir saves the proxy's heap
+// profile at each count there. Run it once: -benchtime 1x.
 func BenchmarkEndpointChangeToMap(b *testing.B) {
 	testutil.RequiresKernelFeature(b, testutil.CgroupSockAddr)
 	counts := []int{1000, 10000}
@@ -178,8 +273,10 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	}
 	kubeconfig := filepath.Join(srv.DataDir, "admin.kubeconfig")
 	cmd := exec.Command(os.Args[0])
+	statsPath := filepath.Join(b.TempDir(), "gc.sock")
 	cmd.Env = append(os.Environ(), envProxyKubeconfig+"="+kubeconfig, envProxyCgroup+"="+cg, envProxyPinDir+"="+pin,
-		envProxyMapMax+"="+strconv.Itoa(maxEntries))
+		envProxyMapMax+"="+strconv.Itoa(maxEntries), envProxyStats+"="+statsPath)
+	proxyGC := newGCStatsClient(statsPath)
 	cmd.Env = append(cmd.Env, nsEnv...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -210,6 +307,19 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		// change (about when the proxy's informer gets it), and from
 		// there to the map entry (the proxy's share).
 		api, watch, proxy [2]time.Duration
+		// Garbage collection during the changes: how many changes saw a
+		// GC cycle start or end in the benchmark's process (API server
+		// and etcd) and in the proxy's, the latency p50/p99 of those and
+		// of the rest, and each process's live heap at the end.
+		benchGC, proxyGC         int
+		proxyOnlyGC, noGC        int
+		withBenchGC, withProxyGC [2]time.Duration
+		withoutGC                [2]time.Duration
+		benchHeapMB, proxyHeapMB float64
+		slowest                  []changeTimes
+		// Run-queue wait of each process's threads during a change
+		// (ready to run, no CPU free), p50/p99.
+		benchWait, proxyWait [2]time.Duration
 	}
 	var rows []row
 	next := 0 // unique endpoint addresses for changes
@@ -246,6 +356,9 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		seen, stopWatch := watchSlices(ctx, b, cs)
 		var cpu0 time.Duration
 		var lat, apiLat, watchLat, proxyLat []time.Duration
+		var withBench, withProxy, without []time.Duration
+		var benchWait, proxyWait []time.Duration
+		var all []changeTimes
 		r := row{services: n, setup: setup}
 		for i := range warmup + changes {
 			if i == warmup {
@@ -273,6 +386,12 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 					b.Fatalf("north-south table of %s: %v %v", k, ok, err)
 				}
 			}
+			brq0, prq0 := runDelay(os.Getpid()), runDelay(cmd.Process.Pid)
+			bgc0 := readGCStats()
+			pgc0, err := proxyGC.get()
+			if err != nil {
+				b.Fatalf("proxy gc stats: %v", err)
+			}
 			start := time.Now()
 			upd, err := cs.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{})
 			if err != nil {
@@ -299,16 +418,46 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 				time.Sleep(100 * time.Microsecond) // a poll of the kernel map, at 0.1 ms resolution
 			}
 			done := time.Now()
+			brq1, prq1 := runDelay(os.Getpid()), runDelay(cmd.Process.Pid)
+			bgc1 := readGCStats()
+			pgc1, err := proxyGC.get()
+			if err != nil {
+				b.Fatalf("proxy gc stats: %v", err)
+			}
 			if i < warmup {
 				continue
 			}
-			lat = append(lat, done.Sub(start))
-			apiLat = append(apiLat, apiDone.Sub(start))
+			c := changeTimes{total: done.Sub(start), api: apiDone.Sub(start), benchGC: bgc1.Cycles != bgc0.Cycles, proxyGC: pgc1.Cycles != pgc0.Cycles,
+				benchWait: brq1 - brq0, proxyWait: prq1 - prq0}
+			benchWait, proxyWait = append(benchWait, c.benchWait), append(proxyWait, c.proxyWait)
+			r.benchHeapMB, r.proxyHeapMB = float64(bgc1.LiveHeap)/(1<<20), float64(pgc1.LiveHeap)/(1<<20)
+			lat = append(lat, c.total)
+			apiLat = append(apiLat, c.api)
 			if w, ok := seen.at(upd.ResourceVersion, 5*time.Second); ok {
-				watchLat = append(watchLat, w.Sub(start))
-				proxyLat = append(proxyLat, done.Sub(w))
+				c.watch, c.proxy = w.Sub(start), done.Sub(w)
+				watchLat = append(watchLat, c.watch)
+				proxyLat = append(proxyLat, c.proxy)
 			}
+			switch {
+			case c.benchGC:
+				r.benchGC++
+				withBench = append(withBench, c.total)
+			case c.proxyGC:
+				r.proxyOnlyGC++
+				withProxy = append(withProxy, c.total)
+			default:
+				r.noGC++
+				without = append(without, c.total)
+			}
+			if c.proxyGC {
+				r.proxyGC++
+			}
+			all = append(all, c)
 		}
+		r.withBenchGC, r.withProxyGC, r.withoutGC = p50p99(withBench), p50p99(withProxy), p50p99(without)
+		r.benchWait, r.proxyWait = p50p99(benchWait), p50p99(proxyWait)
+		slices.SortFunc(all, func(a, b changeTimes) int { return cmp.Compare(b.total, a.total) })
+		r.slowest = all[:min(5, len(all))]
 		cpu := procCPU(b, cmd.Process.Pid) - cpu0
 		stopWatch()
 		r.api, r.watch, r.proxy = p50p99(apiLat), p50p99(watchLat), p50p99(proxyLat)
@@ -316,6 +465,12 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		r.p50, r.p99, r.max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
 		r.cpuPerChange = cpu / time.Duration(changes)
 		r.rssMB = procRSSMB(b, cmd.Process.Pid)
+		if dir := os.Getenv("DP_BENCH_HEAP_PROFILES"); dir != "" {
+			// After the RSS: collecting the profile runs a GC.
+			if err := proxyGC.heapProfile(filepath.Join(dir, fmt.Sprintf("proxy-heap-%d.pb.gz", n))); err != nil {
+				b.Errorf("proxy heap profile: %v", err)
+			}
+		}
 		rows = append(rows, r)
 		view.Close()
 	}
@@ -335,12 +490,63 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "%9d %22s %22s %22s\n", r.services, pair(r.api), pair(r.watch), pair(r.proxy))
 	}
-	b.Log("\n" + sb.String())
+	fmt.Fprintf(&sb, "garbage collection during the changes: changes that saw a GC cycle in the API server+etcd process (p50 / p99 of their latency), in the proxy only, in neither; live heaps at the end\n")
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "%9d  apiserver GC %3d: %20s  proxy GC only %3d: %20s  neither %3d: %20s  (proxy GC in %d changes)  live heaps %4.0f / %4.0f MB\n",
+			r.services, r.benchGC, pair(r.withBenchGC), r.proxyOnlyGC, pair(r.withProxyGC), r.noGC, pair(r.withoutGC), r.proxyGC, r.benchHeapMB, r.proxyHeapMB)
+	}
+	fmt.Fprintf(&sb, "run-queue wait during a change, summed over each process's threads (p50 / p99): API server+etcd+benchmark process; proxy\n")
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "%9d %22s %22s\n", r.services, pair(r.benchWait), pair(r.proxyWait))
+	}
+	fmt.Fprintf(&sb, "the slowest changes: total = Update call + rest; watch seen; proxy's part; GC in apiserver process / proxy; run-queue wait apiserver process / proxy\n")
+	for _, r := range rows {
+		for _, c := range r.slowest {
+			fmt.Fprintf(&sb, "%9d %10s = %10s + %10s; watch %10s; proxy %10s; gc %v/%v; waited %10s / %10s\n", r.services, c.total.Round(10*time.Microsecond), c.api.Round(10*time.Microsecond),
+				(c.total - c.api).Round(10*time.Microsecond), c.watch.Round(10*time.Microsecond), c.proxy.Round(10*time.Microsecond), c.benchGC, c.proxyGC,
+				c.benchWait.Round(10*time.Microsecond), c.proxyWait.Round(10*time.Microsecond))
+		}
+	}
+	// To stdout, not b.Log: a benchmark's log is cut after a few lines.
+	fmt.Print(sb.String())
 	last := rows[len(rows)-1]
 	b.ReportMetric(float64(last.p50.Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(last.p99.Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(last.cpuPerChange.Microseconds())/1000, "proxy-cpu-ms/change")
 	b.ReportMetric(last.rssMB, "proxy-rss-MB")
+}
+
+// changeTimes is one change: the whole, the Update call, until the
+// benchmark's watch saw it, from there to the map; and whether a GC cycle
+// ran in the benchmark's process (API server, etcd) or the proxy's.
+type changeTimes struct {
+	total, api, watch, proxy time.Duration
+	benchGC, proxyGC         bool
+	// benchWait, proxyWait: time the process's threads spent ready to
+	// run but waiting for a CPU during the change (summed over threads).
+	benchWait, proxyWait time.Duration
+}
+
+// runDelay is the time every thread of process pid has spent waiting on a
+// run queue (schedstat's run_delay, summed over the threads).
+func runDelay(pid int) time.Duration {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		raw, err := os.ReadFile(filepath.Join(dir, t.Name(), "schedstat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		if f := strings.Fields(string(raw)); len(f) >= 2 {
+			ns, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
 }
 
 func p50p99(d []time.Duration) [2]time.Duration {

@@ -893,8 +893,8 @@ func kernelTables(o *sockLBObjects) tables {
 }
 
 // TestLargeSyncsMatchTheFake: a sync big enough to write the backends and
-// the new frontends' slots on two threads at once (each half above
-// parallelMin) leaves the kernel maps exactly as the recording fake (one
+// the new frontends' slots on the writer goroutines (above parallelMin,
+// more than one chunk each) leaves the kernel maps exactly as the recording fake (one
 // entry at a time, checked after each), and so does a second sync that
 // changes one backend of every frontend and adds new frontends. (The
 // write order, entry by entry, is checked on the fake by the smaller tests.)
@@ -932,5 +932,56 @@ func TestLargeSyncsMatchTheFake(t *testing.T) {
 		}
 		sortFrontends(next)
 		st = next
+	}
+}
+
+// TestAFailedLargeSyncShowsNothingAndIsRepaired: when a chunk of a large
+// first sync (written on the writer goroutines) fails, no master entry has
+// been written, so no program sees any of it; the next sync completes it
+// and the kernel maps then hold what the recording fake holds.
+func TestAFailedLargeSyncShowsNothingAndIsRepaired(t *testing.T) {
+	e := newEnv(t)
+	real := kernelTables(e.b.objs)
+	st := bigState(1000, 10)
+	for _, failAt := range []int32{1, 3} { // the first chunk of slots, a later one
+		var left atomic.Int32
+		tb := real
+		tb.services = failingTable[sockLBLbServiceKey, sockLBLbService]{real.services, &left}
+		tb.parallel = true
+		r := newReconciler(tb, 1<<16, 1<<14)
+		if err := r.restore(); err != nil {
+			t.Fatal(err)
+		}
+		left.Store(failAt)
+		if _, err := r.sync(st); !errors.Is(err, errInjected) {
+			t.Fatalf("failAt %d: sync returned %v, want the injected fault", failAt, err)
+		}
+		masters := 0
+		real.services.Iterate(func(k sockLBLbServiceKey, _ sockLBLbService) bool {
+			if k.Slot == 0 {
+				masters++
+			}
+			return true
+		})
+		if masters != 0 {
+			t.Fatalf("failAt %d: %d master entries written although hidden entries failed", failAt, masters)
+		}
+		if _, err := r.sync(st); err != nil {
+			t.Fatalf("failAt %d: sync after the fault: %v", failAt, err)
+		}
+		f := newFakeMaps(1<<16, 1<<14)
+		if _, err := newReconciler(f.tables(), 1<<16, 1<<14).sync(st); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := stripIDs(dumpTables(real)), stripIDs(dumpTables(f.tables())); got != want {
+			t.Fatalf("failAt %d: kernel maps differ from the fake's after the repair", failAt)
+		}
+		if err := consistent(real); err != nil {
+			t.Fatal(err)
+		}
+		// Empty the maps for the next case.
+		if _, err := r.sync(&dataplane.State{NodeName: st.NodeName}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

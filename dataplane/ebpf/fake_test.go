@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 )
 
 // fakeTable is an in-memory table. It applies writes one entry at a time
@@ -173,4 +174,17 @@ func dumpIDs[V any](b *strings.Builder, title string, t table[uint32, V], f func
 	for _, id := range ids {
 		fmt.Fprintf(b, "%d -> %s\n", id, f(vals[id]))
 	}
+}
+
+// failingTable fails the Put that brings *left to zero.
+type failingTable[K comparable, V any] struct {
+	table[K, V]
+	left *atomic.Int32
+}
+
+func (t failingTable[K, V]) Put(keys []K, vals []V) error {
+	if t.left.Add(-1) == 0 {
+		return errInjected
+	}
+	return t.table.Put(keys, vals)
 }

@@ -128,8 +128,11 @@ func frontendOf(k sockLBLbServiceKey) dataplane.FrontendKey {
 
 // backendKey identifies a backend: the backends map holds one ID per
 // distinct address, port and protocol, shared by every frontend using it.
+// It holds no pointer (the address as the maps store it, not a
+// netip.Addr), so the mirror's maps keyed or valued by it hash it as 20
+// plain bytes and are never scanned by the garbage collector.
 type backendKey struct {
-	addr  netip.Addr
+	addr  [16]byte // IPv6, IPv4 mapped
 	port  uint16
 	proto uint8 // IPPROTO_*
 	// terminating: a serving-and-terminating endpoint (a distinct backend
@@ -137,12 +140,21 @@ type backendKey struct {
 	terminating bool
 }
 
+func newBackendKey(addr netip.Addr, port uint16, proto uint8, terminating bool) backendKey {
+	return backendKey{addr: addr.As16(), port: port, proto: proto, terminating: terminating}
+}
+
+// ip is the backend's address (IPv4 unmapped).
+func (b backendKey) ip() netip.Addr { return addrFrom16(b.addr) }
+
+func (b backendKey) addrPort() netip.AddrPort { return netip.AddrPortFrom(b.ip(), b.port) }
+
 func (b backendKey) String() string {
-	return netip.AddrPortFrom(b.addr, b.port).String() + "/" + string(protoName(b.proto))
+	return b.addrPort().String() + "/" + string(protoName(b.proto))
 }
 
 func backendValue(b backendKey) sockLBLbBackend {
-	v := sockLBLbBackend{Addr: addr16(b.addr), Port: toNet16(b.port), Proto: b.proto}
+	v := sockLBLbBackend{Addr: b.addr, Port: toNet16(b.port), Proto: b.proto}
 	if b.terminating {
 		v.Flags |= BackendFlagTerminating
 	}
@@ -150,7 +162,7 @@ func backendValue(b backendKey) sockLBLbBackend {
 }
 
 func backendKeyOf(v sockLBLbBackend) backendKey {
-	return backendKey{addr: addrFrom16(v.Addr), port: fromNet16(v.Port), proto: v.Proto, terminating: v.Flags&BackendFlagTerminating != 0}
+	return backendKey{addr: v.Addr, port: fromNet16(v.Port), proto: v.Proto, terminating: v.Flags&BackendFlagTerminating != 0}
 }
 
 func revNatValue(k dataplane.FrontendKey) sockLBLbRevNat {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/waggle-io/waggle/dataplane"
@@ -84,10 +85,12 @@ type reconciler struct {
 	maxServices int
 	maxBackends int
 
-	fronts  map[dataplane.FrontendKey]*programmed
-	beIDs   map[backendKey]uint32
-	beByID  map[uint32]backendKey
-	refs    map[uint32]int // slots naming each backend ID
+	fronts map[dataplane.FrontendKey]*programmed
+	beIDs  map[backendKey]uint32
+	// beByID: every backend ID of the backends map, with its key and the
+	// number of slots naming it (one map, not two: a first sync of 100,000
+	// backends makes 100,000 fewer map insertions).
+	beByID  map[uint32]backendRef
 	nextSvc uint32
 	nextBe  uint32
 	// touched: backend IDs whose reference count dropped (or that are
@@ -123,8 +126,8 @@ func (r *reconciler) entries() int {
 func (r *reconciler) restore() error {
 	r.fronts = map[dataplane.FrontendKey]*programmed{}
 	r.beIDs = map[backendKey]uint32{}
-	r.beByID = map[uint32]backendKey{}
-	r.refs = map[uint32]int{}
+	r.beByID = map[uint32]backendRef{}
+	refs := map[uint32]int32{} // slots naming each backend ID, until the backends are read
 	r.nextSvc, r.nextBe = 1, 1
 	r.orphanRev = nil
 	get := func(k dataplane.FrontendKey) *programmed {
@@ -151,11 +154,16 @@ func (r *reconciler) restore() error {
 			p.slots = append(p.slots, 0)
 		}
 		p.slots[k.Slot-1] = v.BackendId
-		r.refs[v.BackendId]++
+		refs[v.BackendId]++
 		return true
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", MapServices, err)
+	}
+	// No new backend gets an ID a slot names, even one missing from the
+	// backends map: its reference count would include that slot.
+	for id := range refs {
+		r.nextBe = max(r.nextBe, id+1)
 	}
 	ids := map[uint32]*programmed{}
 	for _, p := range r.fronts {
@@ -167,7 +175,7 @@ func (r *reconciler) restore() error {
 	err = r.t.backends.Iterate(func(id uint32, v sockLBLbBackend) bool {
 		b := backendKeyOf(v)
 		r.beIDs[b] = id
-		r.beByID[id] = b
+		r.beByID[id] = backendRef{key: b, refs: refs[id]}
 		r.nextBe = max(r.nextBe, id+1)
 		return true
 	})
@@ -175,13 +183,15 @@ func (r *reconciler) restore() error {
 		return fmt.Errorf("read %s: %w", MapBackends, err)
 	}
 	r.touched = nil
-	for id := range r.beByID {
-		if r.refs[id] == 0 { // left over: deleted by the next sync
+	for id, e := range r.beByID {
+		if e.refs == 0 { // left over: deleted by the next sync
 			r.touched = append(r.touched, id)
 		}
 	}
+	hasRev := make(map[uint32]bool, len(ids))
 	err = r.t.revNat.Iterate(func(id uint32, _ sockLBLbRevNat) bool {
 		r.nextSvc = max(r.nextSvc, id+1)
+		hasRev[id] = true
 		if ids[id] == nil {
 			r.orphanRev = append(r.orphanRev, id)
 		}
@@ -189,6 +199,16 @@ func (r *reconciler) restore() error {
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", MapRevNat, err)
+	}
+	// A frontend whose entries name a service ID that has no rev_nat entry
+	// (a sync failed between writing its slots and its rev_nat, which go
+	// to the kernel in chunks, in any order) takes a new ID at the next
+	// sync, which writes every entry of it again; its name is an orphan.
+	for id, p := range ids {
+		if !hasRev[id] {
+			p.id = 0
+			delete(ids, id)
+		}
 	}
 	err = r.t.names.Iterate(func(id uint32, v sockLBLbSvcName) bool {
 		r.nextSvc = max(r.nextSvc, id+1)
@@ -249,7 +269,7 @@ func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 	proto := protoNum(f.Protocol)
 	for i := range f.Endpoints {
 		e, k := &f.Endpoints[i], &p.keys[i]
-		if k.port != e.Port || k.proto != proto || k.addr != e.Addr.Unmap() || k.terminating != e.Terminating {
+		if k.port != e.Port || k.proto != proto || k.addr != e.Addr.As16() || k.terminating != e.Terminating {
 			return false
 		}
 	}
@@ -296,7 +316,7 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 		}
 		proto := protoNum(f.Protocol)
 		for _, e := range f.Endpoints {
-			b := backendKey{addr: e.Addr.Unmap(), port: e.Port, proto: proto, terminating: e.Terminating}
+			b := newBackendKey(e.Addr, e.Port, proto, e.Terminating)
 			if seen != nil {
 				if seen[b] {
 					continue
@@ -442,22 +462,32 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		r.orphanRev = nil
 	}
 
+	// What no program can reach yet (new backends, rev_nat and names of
+	// new IDs, slots of frontends without a master entry) goes to the
+	// kernel as it is found, in chunks, in any order; a large sync writes
+	// it on two goroutines (two maps at once) while the next chunks are
+	// prepared, so the kernel's share overlaps the reconciler's. Everything a program
+	// can reach waits for all of it (step 5).
+	nb := 0 // backends named by wants
+	for _, w := range wants {
+		nb += len(w.backends)
+	}
+	hw := newHiddenWriter(r.t.parallel && nb+len(wants) >= parallelMin)
+	newBackends := newChunker(hw, 0, r.t.backends, "write backends")
+	newRevNat := newChunker(hw, 0, r.t.revNat, "write reverse NAT")
+	newNames := newChunker(hw, 1, r.t.names, "write service names")
+	hiddenSlots := newChunker(hw, 1, r.t.services, "write backend slots of new frontends")
+	defer hw.wait() // on every return: no write outlives the sync
+
 	// 2. Admission: what fits in the maps, counting the peak of the
 	// make-before-break transition (new slots are written before stale
 	// ones are deleted).
 	used := r.used
 	nfronts := len(r.fronts)
-	nb := 0 // backends named by wants
-	for _, w := range wants {
-		nb += len(w.backends)
-	}
 	if len(r.beIDs) == 0 && len(wants) > 0 { // a first sync: size the mirror once
 		r.beIDs = make(map[backendKey]uint32, nb)
-		r.beByID = make(map[uint32]backendKey, nb)
-		r.refs = make(map[uint32]int, nb)
+		r.beByID = make(map[uint32]backendRef, nb)
 	}
-	newIDs := make([]uint32, 0, min(nb, r.maxBackends))
-	newVals := make([]sockLBLbBackend, 0, cap(newIDs))
 	// One allocation for every want's backend IDs (which become the
 	// frontends' slots), instead of one per frontend.
 	idBuf := make([]uint32, nb)
@@ -500,40 +530,38 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		if p == nil {
 			nfronts++
 		}
-		// New backends get their IDs now (the mirror is re-read from the
-		// maps if the write below fails).
+		// Every backend of the want gains a slot naming it. New backends
+		// get their IDs now (the mirror is re-read from the maps if a
+		// write fails), and go to the kernel at once: every one is named
+		// by the slots of an accepted want, so none is a candidate for
+		// deletion (a failed write re-reads the maps, which finds any
+		// orphan).
 		for i, b := range w.backends {
-			if w.ids[i] != 0 {
+			if id := w.ids[i]; id != 0 {
+				e := r.beByID[id]
+				e.refs++
+				r.beByID[id] = e
 				continue
 			}
 			id := r.nextBe
 			r.nextBe++
-			r.beIDs[b], r.beByID[id], w.ids[i] = id, b, id
-			newIDs = append(newIDs, id)
-			newVals = append(newVals, backendValue(b))
+			r.beIDs[b], r.beByID[id], w.ids[i] = id, backendRef{key: b, refs: 1}, id
+			newBackends.add(id, backendValue(b))
 		}
 		accepted = append(accepted, w)
 	}
 
-	// 3. What to write: new backends (above), rev_nat and names of new
-	// frontends, slots, master entries, stale slots. Every new backend is
-	// named by the slots of an accepted want, so none is a candidate for
-	// deletion (a failed write re-reads the maps, which finds any orphan).
+	// 3. rev_nat and names of new frontends and the slots of frontends
+	// without a master entry (hidden: on their way to the kernel); the
+	// slots of visible frontends, master entries and stale slots (step 5).
 	na := len(accepted)
-	revIDs, nameIDs := make([]uint32, 0, na), make([]uint32, 0, na)
-	revVals, nameVals := make([]sockLBLbRevNat, 0, na), make([]sockLBLbSvcName, 0, na)
 	masterKeys, masterVals := make([]sockLBLbServiceKey, 0, na), make([]sockLBLbService, 0, na)
 	// The slots of a frontend without a master entry in the map (a new
 	// one) are invisible to the programs until that entry is written, so
 	// they need not wait for the new backends; those of visible frontends
 	// must.
-	var hiddenKeys, slotKeys, staleKeys []sockLBLbServiceKey
-	var hiddenVals, slotVals []sockLBLbService
-	if len(r.fronts) == 0 {
-		hiddenKeys, hiddenVals = make([]sockLBLbServiceKey, 0, nb), make([]sockLBLbService, 0, nb)
-	} else {
-		slotKeys, slotVals = make([]sockLBLbServiceKey, 0, nb), make([]sockLBLbService, 0, nb)
-	}
+	var slotKeys, staleKeys []sockLBLbServiceKey
+	var slotVals []sockLBLbService
 	// next[i] is accepted[i] as it will be programmed; one allocation for
 	// all of them.
 	next := make([]programmed, na)
@@ -549,24 +577,20 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			r.nextSvc++
 		}
 		if old == nil || old.id != p.id {
-			revIDs = append(revIDs, p.id)
-			revVals = append(revVals, revNatValue(w.key))
+			newRevNat.add(p.id, revNatValue(w.key))
 		}
 		if old == nil || old.id != p.id || old.kind != w.kind || old.name != w.name {
-			nameIDs = append(nameIDs, p.id)
-			nameVals = append(nameVals, nameValue(w.kind, w.name))
+			newNames.add(p.id, nameValue(w.kind, w.name))
 		}
 		p.slots = w.ids
 		visible := old != nil && old.hasMaster
 		for i, id := range w.ids {
-			r.refs[id]++
 			if old == nil || i >= len(old.slots) || old.slots[i] != id || old.id != p.id {
 				if visible {
 					slotKeys = append(slotKeys, serviceKey(w.key, uint16(i+1)))
 					slotVals = append(slotVals, sockLBLbService{BackendId: id, RevNatId: p.id})
 				} else {
-					hiddenKeys = append(hiddenKeys, serviceKey(w.key, uint16(i+1)))
-					hiddenVals = append(hiddenVals, sockLBLbService{BackendId: id, RevNatId: p.id})
+					hiddenSlots.add(serviceKey(w.key, uint16(i+1)), sockLBLbService{BackendId: id, RevNatId: p.id})
 				}
 			}
 		}
@@ -586,7 +610,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			for _, id := range old.slots {
 				// A backend that only turned terminating is not lost:
 				// its sockets keep it.
-				if b := r.beByID[id]; id != 0 && !slices.Contains(p.slots, id) && !hasAddrPort(w.backends, b) {
+				if b := r.beByID[id].key; id != 0 && !slices.Contains(p.slots, id) && !hasAddrPort(w.backends, b) {
 					res.lost = append(res.lost, r.lost(p, w.key, id))
 					if old.flags&FlagAffinity != 0 {
 						lostPairs[[2]uint32{p.id, id}] = true
@@ -595,32 +619,15 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			}
 		}
 	}
-	// 4. What no program can reach yet, in any order: new backends,
-	// rev_nat and names of new IDs, slots of frontends without a master
-	// entry. A large batch goes on two threads (two maps at once).
-	writeBackends := func() error {
-		if err := r.t.backends.Put(newIDs, newVals); err != nil {
-			return fmt.Errorf("write backends: %w", err)
-		}
-		if err := r.t.revNat.Put(revIDs, revVals); err != nil {
-			return fmt.Errorf("write reverse NAT: %w", err)
-		}
-		return nil
-	}
-	writeHidden := func() error {
-		if err := r.t.names.Put(nameIDs, nameVals); err != nil {
-			return fmt.Errorf("write service names: %w", err)
-		}
-		if err := r.t.services.Put(hiddenKeys, hiddenVals); err != nil {
-			return fmt.Errorf("write backend slots of new frontends: %w", err)
-		}
-		return nil
-	}
-	if err := inParallel(r.t.parallel && len(newIDs)+len(revIDs) >= parallelMin && len(hiddenKeys) >= parallelMin,
-		writeBackends, writeHidden); err != nil {
+	// 4. The last of what no program can reach, then wait for all of it.
+	newBackends.flush()
+	newRevNat.flush()
+	newNames.flush()
+	hiddenSlots.flush()
+	if err := hw.wait(); err != nil {
 		return res, err
 	}
-	res.writes += len(newIDs) + len(hiddenKeys)
+	res.writes += newBackends.n + hiddenSlots.n
 	// 5. Slots of visible frontends (their backends exist now), then
 	// master entries (the count last), then stale slots.
 	if err := r.t.services.Put(slotKeys, slotVals); err != nil {
@@ -632,7 +639,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	if err := r.t.services.Delete(staleKeys); err != nil {
 		return res, fmt.Errorf("delete stale slots: %w", err)
 	}
-	res.writes += len(revIDs) + len(nameIDs) + len(slotKeys) + len(masterKeys)
+	res.writes += newRevNat.n + newNames.n + len(slotKeys) + len(masterKeys)
 	res.deletes += len(staleKeys)
 	// Maglev tables of the north-south frontends whose slots changed (old
 	// backends stay in the backends map until step 5, so a table being
@@ -676,10 +683,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	// point at a backend their service lost.
 	var unused []uint32
 	for _, id := range r.touched {
-		if r.refs[id] == 0 {
-			if _, ok := r.beByID[id]; ok {
-				unused = append(unused, id)
-			}
+		if e, ok := r.beByID[id]; ok && e.refs == 0 {
+			unused = append(unused, id)
 		}
 	}
 	r.touched = r.touched[:0]
@@ -705,9 +710,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		return res, fmt.Errorf("delete unused backends: %w", err)
 	}
 	for _, id := range unused {
-		delete(r.beIDs, r.beByID[id])
+		delete(r.beIDs, r.beByID[id].key)
 		delete(r.beByID, id)
-		delete(r.refs, id)
 	}
 	res.deletes += len(unused)
 	slices.SortFunc(res.lost, func(a, b lostBackend) int {
@@ -719,23 +723,159 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	return res, nil
 }
 
-// parallelMin is the smallest batch (entries in each half) written on two
-// threads: below it a goroutine costs more than it saves.
+// parallelMin is the smallest sync (backends and frontends to write) whose
+// hidden entries are written on a goroutine of their own: below it a
+// goroutine costs more than it saves.
 const parallelMin = 4096
 
-// inParallel runs a and b, on two goroutines when parallel (else a, then
-// b), and returns the first error.
-func inParallel(parallel bool, a, b func() error) error {
-	if !parallel {
-		if err := a(); err != nil {
-			return err
+// chunkSize is how many entries a chunker hands to the kernel at once.
+const chunkSize = 4096
+
+// hiddenWriter writes what no program can reach yet, chunk by chunk:
+// synchronously, in the order given, or on two goroutines (lanes, one per
+// pair of maps: two maps written at once), each in the order given to it.
+// After a failed write nothing more is written; wait returns the first
+// error.
+type hiddenWriter struct {
+	lanes []chan func(failed bool) error // nil: synchronous
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	err   error
+	// waited: wait has run (it is idempotent).
+	waited bool
+}
+
+func newHiddenWriter(async bool) *hiddenWriter {
+	w := &hiddenWriter{}
+	if async {
+		w.lanes = make([]chan func(bool) error, 2)
+		for i := range w.lanes {
+			lane := make(chan func(bool) error, 8)
+			w.lanes[i] = lane
+			w.wg.Go(func() {
+				for fn := range lane {
+					w.run(fn)
+				}
+			})
 		}
-		return b()
 	}
-	errA := make(chan error, 1)
-	go func() { errA <- a() }()
-	errB := b()
-	return cmp.Or(<-errA, errB)
+	return w
+}
+
+func (w *hiddenWriter) run(fn func(failed bool) error) {
+	w.mu.Lock()
+	failed := w.err != nil
+	w.mu.Unlock()
+	if err := fn(failed); err != nil {
+		w.mu.Lock()
+		if w.err == nil {
+			w.err = err
+		}
+		w.mu.Unlock()
+	}
+}
+
+// do writes a chunk on lane (0 or 1).
+func (w *hiddenWriter) do(lane int, fn func(failed bool) error) {
+	if w.lanes != nil {
+		w.lanes[lane] <- fn
+		return
+	}
+	w.run(fn)
+}
+
+// wait returns once every chunk given is written (or skipped after a
+// failure), with the first error.
+func (w *hiddenWriter) wait() error {
+	if w.lanes != nil && !w.waited {
+		for _, l := range w.lanes {
+			close(l)
+		}
+		w.wg.Wait()
+	}
+	w.waited = true
+	return w.err
+}
+
+// chunker gathers entries for one table and hands them to a hiddenWriter
+// chunkSize at a time. An asynchronous writer gets buffers of their own
+// (at most chunkBuffers per chunker, recycled), a synchronous one the same
+// buffer each time.
+type chunker[K comparable, V any] struct {
+	w    *hiddenWriter
+	lane int
+	t    table[K, V]
+	what string
+	keys []K
+	vals []V
+	// n: entries added.
+	n int
+	// free returns buffers the writer is done with; made: buffers made.
+	free chan chunkBuf[K, V]
+	made int
+}
+
+type chunkBuf[K comparable, V any] struct {
+	keys []K
+	vals []V
+}
+
+const chunkBuffers = 3
+
+func newChunker[K comparable, V any](w *hiddenWriter, lane int, t table[K, V], what string) *chunker[K, V] {
+	c := &chunker[K, V]{w: w, lane: lane, t: t, what: what}
+	if w.lanes != nil {
+		c.free = make(chan chunkBuf[K, V], chunkBuffers)
+	}
+	return c
+}
+
+func (c *chunker[K, V]) add(k K, v V) {
+	if c.keys == nil && c.free != nil {
+		c.buffer()
+	}
+	c.keys, c.vals = append(c.keys, k), append(c.vals, v)
+	c.n++
+	if len(c.keys) == chunkSize {
+		c.flush()
+	}
+}
+
+// buffer takes an empty buffer: a new one while fewer than chunkBuffers
+// exist, else the next one the writer is done with.
+func (c *chunker[K, V]) buffer() {
+	if c.made < chunkBuffers {
+		c.made++
+		c.keys, c.vals = make([]K, 0, chunkSize), make([]V, 0, chunkSize)
+		return
+	}
+	b := <-c.free
+	c.keys, c.vals = b.keys[:0], b.vals[:0]
+}
+
+// flush hands what was added to the writer.
+func (c *chunker[K, V]) flush() {
+	if len(c.keys) == 0 {
+		return
+	}
+	keys, vals := c.keys, c.vals
+	c.w.do(c.lane, func(failed bool) error {
+		var err error
+		if !failed {
+			if err = c.t.Put(keys, vals); err != nil {
+				err = fmt.Errorf("%s: %w", c.what, err)
+			}
+		}
+		if c.free != nil {
+			c.free <- chunkBuf[K, V]{keys, vals}
+		}
+		return err
+	})
+	if c.free != nil {
+		c.keys, c.vals = nil, nil
+	} else {
+		c.keys, c.vals = keys[:0], vals[:0]
+	}
 }
 
 // hasAddrPort reports whether bs holds b's address and port (in any
@@ -753,7 +893,7 @@ func hasAddrPort(bs []backendKey, b backendKey) bool {
 func (r *reconciler) backendNames(slots []uint32) []string {
 	out := make([]string, len(slots))
 	for i, id := range slots {
-		out[i] = r.beByID[id].String()
+		out[i] = r.beByID[id].key.String()
 	}
 	return out
 }
@@ -780,13 +920,22 @@ func (r *reconciler) release(id uint32) {
 	if id == 0 {
 		return
 	}
-	r.refs[id]--
+	if e, ok := r.beByID[id]; ok {
+		e.refs--
+		r.beByID[id] = e
+	}
 	r.touched = append(r.touched, id)
 }
 
+// backendRef is a backend ID's key and the number of slots naming it.
+type backendRef struct {
+	key  backendKey
+	refs int32
+}
+
 func (r *reconciler) lost(p *programmed, k dataplane.FrontendKey, beID uint32) lostBackend {
-	b := r.beByID[beID]
-	return lostBackend{serviceID: p.id, frontend: k, backend: netip.AddrPortFrom(b.addr, b.port), terminateTCP: p.terminateTCP}
+	b := r.beByID[beID].key
+	return lostBackend{serviceID: p.id, frontend: k, backend: b.addrPort(), terminateTCP: p.terminateTCP}
 }
 
 // errMapFull wraps a kernel E2BIG into the dataplane's ErrMapFull.

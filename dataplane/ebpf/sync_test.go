@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -225,7 +226,7 @@ func TestLostBackendsAndAffinityEntriesAreCleanedUp(t *testing.T) {
 	if _, err := r.sync(sorted(web, dns)); err != nil {
 		t.Fatal(err)
 	}
-	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[backendKey{addr: netip.MustParseAddr("10.244.0.1"), port: 80, proto: protoTCP}]
+	webID, be1 := r.fronts[web.FrontendKey].id, r.beIDs[newBackendKey(netip.MustParseAddr("10.244.0.1"), 80, protoTCP, false)]
 	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 7, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1}
 	f.affinity.m[sockLBLbAffinityKey{NetnsCookie: 8, RevNatId: webID}] = sockLBLbAffinity{BackendId: be1 + 1}
 	web.Endpoints = web.Endpoints[1:]
@@ -352,7 +353,7 @@ func sortFrontends(st *dataplane.State) {
 func bigState(n, m int) *dataplane.State {
 	st := &dataplane.State{NodeName: "node"}
 	for i := range n {
-		f := dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Protocol: dataplane.TCP},
+		f := dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)}), Port: 80, Protocol: dataplane.TCP},
 			Kind: dataplane.ClusterIP, Service: dataplane.ServicePortName{Namespace: "ns", Name: "svc"}}
 		for j := range m {
 			k := i*m + j
@@ -550,5 +551,73 @@ func TestTerminatingBackendsAreMarkedAndNotLost(t *testing.T) {
 	}
 	if n != 2 {
 		t.Errorf("%d backends, want 2", n)
+	}
+}
+
+// TestARestoredSlotNamingAMissingBackendKeepsItsIDUnused: after a restart
+// over maps where a slot names a backend ID missing from the backends map,
+// that ID is not given to a new backend: the old slot's release would
+// otherwise take a reference the new backend needs, and the backend would
+// be deleted while a frontend names it.
+func TestARestoredSlotNamingAMissingBackendKeepsItsIDUnused(t *testing.T) {
+	r, f := newFakeReconciler(t, 1024, 1024)
+	web := fe("10.96.0.10:80", dataplane.TCP, "10.244.1.5:8080")
+	if _, err := r.sync(sorted(web)); err != nil {
+		t.Fatal(err)
+	}
+	f.check = nil // the maps are broken on purpose: checked at the end
+	k := serviceKey(web.FrontendKey, 1)
+	v := f.services.m[k]
+	v.BackendId = 7 // missing, above every backend ID
+	f.services.m[k] = v
+	restarted := newReconciler(f.tables(), 1024, 1024)
+	web = fe("10.96.0.10:80", dataplane.TCP, "10.244.1.6:8080")
+	other := fe("10.96.0.11:80", dataplane.TCP, "10.244.2.1:80", "10.244.2.2:80", "10.244.2.3:80", "10.244.2.4:80",
+		"10.244.2.5:80", "10.244.2.6:80")
+	if _, err := restarted.sync(sorted(web, other)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.backends.m[7]; ok {
+		t.Errorf("backend ID 7, named by a restored slot, was given to a new backend")
+	}
+	if err := consistent(f.tables()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSlotsWrittenBeforeTheirRevNatAreRepaired: a first sync that fails
+// writing rev_nat after some slots of new frontends went to the maps (they
+// go in chunks, in any order) leaves slots naming service IDs without a
+// rev_nat entry; the next sync re-reads the maps, gives those frontends new
+// IDs and writes them whole.
+func TestSlotsWrittenBeforeTheirRevNatAreRepaired(t *testing.T) {
+	f := newFakeMaps(1<<16, 1<<16) // checked after each sync (at 10,000 entries, not after each entry)
+	var left atomic.Int32
+	left.Store(1)
+	tb := f.tables()
+	tb.revNat = failingTable[uint32, sockLBLbRevNat]{tb.revNat, &left}
+	r := newReconciler(tb, 1<<16, 1<<16)
+	st := bigState(1000, 10)
+	if _, err := r.sync(st); !errors.Is(err, errInjected) {
+		t.Fatalf("sync returned %v, want the injected fault", err)
+	}
+	if len(f.services.m) == 0 {
+		t.Fatal("no slot went to the maps before the rev_nat write failed: nothing to repair")
+	}
+	if err := consistent(f.tables()); err != nil {
+		t.Fatalf("after the failed sync: %v", err)
+	}
+	if _, err := r.sync(st); err != nil {
+		t.Fatalf("sync after the fault: %v", err)
+	}
+	ref := newFakeMaps(1<<16, 1<<16)
+	if _, err := newReconciler(ref.tables(), 1<<16, 1<<16).sync(st); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stripIDs(dumpTables(f.tables())), stripIDs(dumpTables(ref.tables())); got != want {
+		t.Fatal("the maps differ from a fresh sync's after the repair")
+	}
+	if err := consistent(f.tables()); err != nil {
+		t.Fatal(err)
 	}
 }

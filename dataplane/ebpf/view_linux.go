@@ -115,7 +115,7 @@ func (v *View) Backends() ([]BackendEntry, error) {
 	var out []BackendEntry
 	err := iterate(v.maps[MapBackends], MapBackends, func(id uint32, b sockLBLbBackend) {
 		k := backendKeyOf(b)
-		out = append(out, BackendEntry{ID: id, Backend: netip.AddrPortFrom(k.addr, k.port), Protocol: protoName(k.proto), Terminating: k.terminating})
+		out = append(out, BackendEntry{ID: id, Backend: k.addrPort(), Protocol: protoName(k.proto), Terminating: k.terminating})
 	})
 	slices.SortFunc(out, func(a, b BackendEntry) int { return cmp.Compare(a.ID, b.ID) })
 	return out, err
@@ -438,7 +438,7 @@ func (v *View) Frontend(k dataplane.FrontendKey) (svc Service, ok bool, err erro
 			var b sockLBLbBackend
 			if err := v.maps[MapBackends].Lookup(s.BackendId, &b); err == nil {
 				bk := backendKeyOf(b)
-				slot.Backend, slot.Terminating = netip.AddrPortFrom(bk.addr, bk.port), bk.terminating
+				slot.Backend, slot.Terminating = bk.addrPort(), bk.terminating
 			}
 		}
 		svc.Slots = append(svc.Slots, slot)
