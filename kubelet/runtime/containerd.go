@@ -107,6 +107,8 @@ type Containerd struct {
 	client *containerd.Client
 	log    *slog.Logger
 	pulls  singleflight.Group
+	// lookups are EnsureImage's lookups of present images in flight.
+	lookups singleflight.Group
 	// stopEvents ends the OOM event subscription.
 	stopEvents context.CancelFunc
 	// missing is when each container was first seen without a task.
@@ -364,6 +366,9 @@ func (c *Containerd) forgetImage(ref string) {
 	delete(c.images, ref)
 }
 
+// unpackError is an unpack's failure, told apart from the lookup's.
+type unpackError struct{ error }
+
 // EnsureImage implements Runtime.
 func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullPolicy) (string, error) {
 	ctx = c.ctx(ctx)
@@ -378,21 +383,30 @@ func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullP
 	}
 	if policy != PullAlways {
 		t0 := time.Now()
-		img, gen := c.cachedImage(ref)
-		if img != nil {
-			c.observe("image_status", t0)
-			return img.Target().Digest.String(), nil
-		}
-		img, err := c.client.GetImage(ctx, ref)
-		if err == nil {
-			defer c.observe("image_status", t0)
+		// Pods of one image arriving together share one lookup.
+		v, err, _ := c.lookups.Do(ref, func() (any, error) {
+			img, gen := c.cachedImage(ref)
+			if img != nil {
+				return img, nil
+			}
+			img, err := c.client.GetImage(ctx, ref)
+			if err != nil {
+				return nil, err
+			}
 			if ok, _ := img.IsUnpacked(ctx, c.opts.Snapshotter); !ok {
 				if err := img.Unpack(ctx, c.opts.Snapshotter); err != nil {
-					return "", fmt.Errorf("unpack image %s: %w", ref, err)
+					return nil, unpackError{fmt.Errorf("unpack image %s: %w", ref, err)}
 				}
 			}
 			c.keepImage(ref, img, gen)
-			return img.Target().Digest.String(), nil
+			return img, nil
+		})
+		if err == nil {
+			c.observe("image_status", t0)
+			return v.(containerd.Image).Target().Digest.String(), nil
+		}
+		if ue := (unpackError{}); errors.As(err, &ue) {
+			return "", ue.error
 		}
 		if !errdefs.IsNotFound(err) {
 			return "", fmt.Errorf("look up image %s: %w", ref, err)
