@@ -121,7 +121,9 @@ type Containerd struct {
 	// Any image event (create, update, delete: a pull, a retag, a removal,
 	// by us or anyone) and any gap in the event subscription forget them
 	// all; imagesGen counts those, so that a lookup that raced one is not
-	// kept.
+	// kept. (An event in the moment a subscription is being set up can be
+	// missed: StartContainer looks an image up again when creating from
+	// the kept one fails.)
 	imagesMu  sync.Mutex
 	images    map[string]containerd.Image
 	imagesGen uint64
