@@ -35,7 +35,7 @@ func cgroupPath(root string) string {
 
 // cgroupMountPoints lists every cgroup (v1 and v2) mount point.
 func cgroupMountPoints() []string {
-	ms, _ := cgroupfs.Mounts()
+	ms, _ := cgroupfs.Hierarchies()
 	out := make([]string, 0, len(ms))
 	for _, m := range ms {
 		out = append(out, m.Path)

@@ -241,9 +241,11 @@ func TestActiveDeadlineFailsPod(t *testing.T) {
 	if c := h.current("deadline", "echo"); c.State != runtime.StateExited {
 		t.Errorf("container %s after the deadline", c.State)
 	}
-	if len(h.events("deadline", EventDeadlineExceeded)) == 0 {
-		t.Error("no DeadlineExceeded event")
-	}
+	// Events reach the API through the recorder's goroutine, after or
+	// before the status: wait for it.
+	waitFor(t, 10*time.Second, "a DeadlineExceeded event", func() (bool, string) {
+		return len(h.events("deadline", EventDeadlineExceeded)) > 0, ""
+	})
 }
 
 // Ephemeral containers added to a running pod start once, are reported in

@@ -82,6 +82,9 @@ type Kubelet struct {
 	nodeObj  *v1.Node
 	workers  map[types.UID]*podWorker
 	snapshot map[types.UID][]runtime.Container
+	// snapshotAt is when the snapshot's listing began: what a worker
+	// started or stopped after it is not in it yet.
+	snapshotAt time.Time
 	// sourcesReady is set once the API and static sources have listed:
 	// only then are unknown containers and sandboxes orphans.
 	sourcesReady atomic.Bool

@@ -71,7 +71,7 @@ func (k *Kubelet) upsertWorker(p *v1.Pod, static bool) {
 	}
 	w := &podWorker{k: k, uid: p.UID, pod: p.DeepCopy(), static: static,
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
-		waiting: map[string]waitReason{}, pending: map[string]runtime.Container{}, removed: map[string]bool{}, resized: map[string]string{}}
+		waiting: map[string]waitReason{}, pending: map[string]runtime.Container{}, pendingAt: map[string]time.Time{}, removed: map[string]bool{}, resized: map[string]string{}}
 	if !static {
 		w.rejected = k.admitLocked(p)
 	}
@@ -126,8 +126,11 @@ type podWorker struct {
 	sb      *sandboxState
 	waiting map[string]waitReason
 	pending map[string]runtime.Container // started, not yet relisted
-	removed map[string]bool              // removed, maybe still relisted
-	resized map[string]string            // resized in place: new record, maybe not yet relisted
+	// pendingAt is when each pending entry was made: a listing that
+	// began before it cannot show it (containers).
+	pendingAt map[string]time.Time
+	removed   map[string]bool   // removed, maybe still relisted
+	resized   map[string]string // resized in place: new record, maybe not yet relisted
 	// resizePending and resizeError are the pod's resize conditions
 	// (resize.go); nil when there is none.
 	resizePending, resizeError *resizeCondition
@@ -215,6 +218,7 @@ func (w *podWorker) run(ctx context.Context) {
 func (w *podWorker) containers() []runtime.Container {
 	w.k.mu.Lock()
 	listed := append([]runtime.Container(nil), w.k.snapshot[w.uid]...)
+	listedAt := w.k.snapshotAt
 	w.k.mu.Unlock()
 	seen := map[string]bool{}
 	out := listed[:0]
@@ -225,6 +229,13 @@ func (w *podWorker) containers() []runtime.Container {
 		}
 		p, ok := w.pending[c.ID]
 		switch {
+		case ok && listedAt.Before(w.pendingAt[c.ID]):
+			// Listed before our start (or stop) returned: under load a
+			// container's task can take seconds to appear, and such a
+			// listing shows it created, without a task or even exited
+			// (ContainerCannotRun) while it was starting; taking that
+			// for its state would start it twice.
+			c = p
 		case ok && p.State == runtime.StateExited && c.State == runtime.StateRunning:
 			c = p // stopped by us, not yet relisted as exited
 		case ok && c.State == runtime.StateRunning && c.StartedAt.IsZero():
@@ -234,6 +245,7 @@ func (w *podWorker) containers() []runtime.Container {
 			c.StartedAt = p.StartedAt
 		default:
 			delete(w.pending, c.ID)
+			delete(w.pendingAt, c.ID)
 		}
 		if r, ok := w.resized[c.ID]; ok {
 			if c.ResourcesRecord == r {
@@ -563,6 +575,7 @@ func (w *podWorker) stopAll(ctx context.Context, pod *v1.Pod, ctrs []runtime.Con
 			exited.State, exited.ExitCode, exited.Reason, exited.FinishedAt = runtime.StateExited, 137, "Error", time.Now()
 			mu.Lock()
 			w.pending[c.ID] = exited
+			w.pendingAt[c.ID] = time.Now()
 			mu.Unlock()
 		}(c)
 	}
@@ -1018,6 +1031,7 @@ func (w *podWorker) start(ctx context.Context, pod *v1.Pod, c *v1.Container, att
 		Name: c.Name, Attempt: attempt, Init: init, Image: c.Image, ImageID: imageID,
 		State: runtime.StateRunning, CreatedAt: now, StartedAt: now, LogPath: cfg.LogPath}
 	w.pending[id] = rc
+	w.pendingAt[id] = now
 	k.kickRelist()
 	if c.Lifecycle != nil && c.Lifecycle.PostStart != nil {
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -60,6 +60,7 @@ func (k *Kubelet) relist(ctx context.Context) {
 	defer k.relistMu.Unlock()
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	listedAt := time.Now()
 	list, err := k.rt.ListContainers(lctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -81,7 +82,7 @@ func (k *Kubelet) relist(ctx context.Context) {
 	}
 	k.mu.Lock()
 	old := k.snapshot
-	k.snapshot = snap
+	k.snapshot, k.snapshotAt = snap, listedAt
 	var changed []*podWorker
 	var orphans []types.UID
 	for uid, w := range k.workers {

@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // ErrNoV2 means no cgroup v2 hierarchy is mounted.
@@ -38,6 +39,40 @@ func Mounts() ([]Mount, error) {
 	}
 	defer f.Close()
 	return parse(f)
+}
+
+// known is the mount table's cgroup hierarchies as Hierarchies first read
+// them.
+var known struct {
+	sync.Mutex
+	ms []Mount
+	ok bool
+}
+
+// Hierarchies is Mounts read once per process (the first read that
+// succeeds), what V2Root and V1Controller look in: hierarchies are mounted
+// at boot and stay, as runc's and the kubelet's cgroup managers assume
+// (they too look once), while the mount table around them grows and
+// shrinks with every container's rootfs and network namespace. Reading it
+// for every pod put the kernel's mount-table walk on the start path.
+// Callers get a copy. Code that must see the table as it is now (teardown)
+// calls Mounts.
+func Hierarchies() ([]Mount, error) {
+	known.Lock()
+	defer known.Unlock()
+	if !known.ok {
+		ms, err := Mounts()
+		if err != nil {
+			return nil, err
+		}
+		known.ms, known.ok = ms, true
+	}
+	out := make([]Mount, len(known.ms))
+	for i, m := range known.ms {
+		m.Controllers = slices.Clone(m.Controllers)
+		out[i] = m
+	}
+	return out, nil
 }
 
 var v1Controllers = []string{"cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "hugetlb", "net_cls", "net_prio", "perf_event", "rdma", "misc"}
@@ -66,9 +101,9 @@ func parse(r io.Reader) ([]Mount, error) {
 	return out, s.Err()
 }
 
-// V2Root returns the cgroup v2 mount point, or ErrNoV2.
+// V2Root returns the cgroup v2 mount point (see Hierarchies), or ErrNoV2.
 func V2Root() (string, error) {
-	ms, err := Mounts()
+	ms, err := Hierarchies()
 	if err != nil {
 		return "", err
 	}
@@ -81,9 +116,9 @@ func V2Root() (string, error) {
 }
 
 // V1Controller returns the mount point of a v1 controller ("memory"), if a
-// v1 hierarchy carries it.
+// v1 hierarchy carries it (see Hierarchies).
 func V1Controller(name string) (string, bool) {
-	ms, err := Mounts()
+	ms, err := Hierarchies()
 	if err != nil {
 		return "", false
 	}

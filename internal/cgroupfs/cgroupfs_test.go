@@ -35,3 +35,30 @@ func TestParseIgnoresMalformedLines(t *testing.T) {
 		t.Fatalf("got %v, %v", got, err)
 	}
 }
+
+func TestHierarchiesIsTheMountTableReadOnceAndHandsOutCopies(t *testing.T) {
+	live, err := Mounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Hierarchies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, live) {
+		t.Fatalf("Hierarchies %+v, the mount table %+v", got, live)
+	}
+	for i := range got {
+		got[i].Path = "changed"
+		for j := range got[i].Controllers {
+			got[i].Controllers[j] = "changed"
+		}
+	}
+	again, err := Hierarchies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(again, live) {
+		t.Fatalf("a caller's change reached the cache: %+v", again)
+	}
+}

@@ -107,11 +107,26 @@ type Containerd struct {
 	client *containerd.Client
 	log    *slog.Logger
 	pulls  singleflight.Group
+	// lookups are EnsureImage's lookups of present images in flight.
+	lookups singleflight.Group
 	// stopEvents ends the OOM event subscription.
 	stopEvents context.CancelFunc
 	// missing is when each container was first seen without a task.
 	missingMu sync.Mutex
 	missing   map[string]time.Time
+	// images are the references EnsureImage found present and unpacked,
+	// what StartContainer then creates from: a burst of pods of one image
+	// asks containerd once, as a client starting them directly would, not
+	// two GetImage and an IsUnpacked (manifest, config, snapshot) each.
+	// Any image event (create, update, delete: a pull, a retag, a removal,
+	// by us or anyone) and any gap in the event subscription forget them
+	// all; imagesGen counts those, so that a lookup that raced one is not
+	// kept. (An event in the moment a subscription is being set up can be
+	// missed: StartContainer looks an image up again when creating from
+	// the kept one fails.)
+	imagesMu  sync.Mutex
+	images    map[string]containerd.Image
+	imagesGen uint64
 }
 
 // fifoIO is the IO of a task with stdin: the shim reads stdin from a FIFO
@@ -213,29 +228,39 @@ func NewContainerd(opts ContainerdOptions) (*Containerd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd at %s: %w", opts.Address, err)
 	}
-	c := &Containerd{opts: opts, client: client, log: opts.Log, missing: map[string]time.Time{}}
+	c := &Containerd{opts: opts, client: client, log: opts.Log, missing: map[string]time.Time{},
+		images: map[string]containerd.Image{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stopEvents = cancel
-	go c.watchOOM(ctx)
+	go c.watchEvents(ctx)
 	return c, nil
 }
 
-// watchOOM records containerd's OOM events in the containers' labels, so
-// an OOM kill is known after restarts too. It reconnects after containerd
-// restarts.
-func (c *Containerd) watchOOM(ctx context.Context) {
+// watchEvents records containerd's OOM events in the containers' labels, so
+// an OOM kill is known after restarts too, and forgets the images EnsureImage
+// resolved at any image event. It reconnects after containerd restarts.
+func (c *Containerd) watchEvents(ctx context.Context) {
 	for ctx.Err() == nil {
 		ch, errs := c.client.Subscribe(namespaces.WithNamespace(ctx, c.opts.Namespace),
-			fmt.Sprintf(`namespace==%q,topic=="/tasks/oom"`, c.opts.Namespace))
+			fmt.Sprintf(`namespace==%q,topic=="/tasks/oom"`, c.opts.Namespace),
+			fmt.Sprintf(`namespace==%q,topic~="^/images/"`, c.opts.Namespace))
+		// What was resolved before this subscription may have changed
+		// unseen.
+		c.forgetImages()
 	loop:
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-errs:
+				c.forgetImages()
 				break loop
 			case env := <-ch:
 				if env == nil || env.Event == nil {
+					continue
+				}
+				if strings.HasPrefix(env.Topic, "/images/") {
+					c.forgetImages()
 					continue
 				}
 				v, err := typeurl.UnmarshalAny(env.Event)
@@ -311,6 +336,41 @@ func localOnly(ref string, others []string) bool {
 	return d == LocalRegistry || slices.Contains(others, d)
 }
 
+// forgetImages empties the image cache (see Containerd.images).
+func (c *Containerd) forgetImages() {
+	c.imagesMu.Lock()
+	defer c.imagesMu.Unlock()
+	c.imagesGen++
+	clear(c.images)
+}
+
+// cachedImage is the image EnsureImage resolved for ref, if any, and the
+// cache's generation to pass to keepImage.
+func (c *Containerd) cachedImage(ref string) (containerd.Image, uint64) {
+	c.imagesMu.Lock()
+	defer c.imagesMu.Unlock()
+	return c.images[ref], c.imagesGen
+}
+
+// keepImage caches img for ref unless an image event came after gen.
+func (c *Containerd) keepImage(ref string, img containerd.Image, gen uint64) {
+	c.imagesMu.Lock()
+	defer c.imagesMu.Unlock()
+	if gen == c.imagesGen {
+		c.images[ref] = img
+	}
+}
+
+// forgetImage drops ref from the cache (its image failed a use).
+func (c *Containerd) forgetImage(ref string) {
+	c.imagesMu.Lock()
+	defer c.imagesMu.Unlock()
+	delete(c.images, ref)
+}
+
+// unpackError is an unpack's failure, told apart from the lookup's.
+type unpackError struct{ error }
+
 // EnsureImage implements Runtime.
 func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullPolicy) (string, error) {
 	ctx = c.ctx(ctx)
@@ -325,15 +385,30 @@ func (c *Containerd) EnsureImage(ctx context.Context, image string, policy PullP
 	}
 	if policy != PullAlways {
 		t0 := time.Now()
-		img, err := c.client.GetImage(ctx, ref)
-		if err == nil {
-			defer c.observe("image_status", t0)
+		// Pods of one image arriving together share one lookup.
+		v, err, _ := c.lookups.Do(ref, func() (any, error) {
+			img, gen := c.cachedImage(ref)
+			if img != nil {
+				return img, nil
+			}
+			img, err := c.client.GetImage(ctx, ref)
+			if err != nil {
+				return nil, err
+			}
 			if ok, _ := img.IsUnpacked(ctx, c.opts.Snapshotter); !ok {
 				if err := img.Unpack(ctx, c.opts.Snapshotter); err != nil {
-					return "", fmt.Errorf("unpack image %s: %w", ref, err)
+					return nil, unpackError{fmt.Errorf("unpack image %s: %w", ref, err)}
 				}
 			}
-			return img.Target().Digest.String(), nil
+			c.keepImage(ref, img, gen)
+			return img, nil
+		})
+		if err == nil {
+			c.observe("image_status", t0)
+			return v.(containerd.Image).Target().Digest.String(), nil
+		}
+		if ue := (unpackError{}); errors.As(err, &ue) {
+			return "", ue.error
 		}
 		if !errdefs.IsNotFound(err) {
 			return "", fmt.Errorf("look up image %s: %w", ref, err)
@@ -405,18 +480,44 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 	if err != nil {
 		return "", err
 	}
-	image, err := c.client.GetImage(ctx, ref)
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return "", fmt.Errorf("%w: %s", ErrImageNotFound, ref)
+	// The image EnsureImage resolved, else containerd's. A cached one that
+	// fails (gone in a gap of the event subscription) is looked up again,
+	// under a new ID (a failed create may leave its snapshot's key taken
+	// until containerd's garbage collection).
+	image, _ := c.cachedImage(ref)
+	cached := image != nil
+	for {
+		id := newID()
+		cgroup := ""
+		if cfg.CgroupParent != "" {
+			cgroup = filepath.Join(cfg.CgroupParent, id)
 		}
-		return "", fmt.Errorf("image %s: %w", ref, err)
+		if !cached {
+			var err error
+			if image, err = c.client.GetImage(ctx, ref); err != nil {
+				if errdefs.IsNotFound(err) {
+					return "", fmt.Errorf("%w: %s", ErrImageNotFound, ref)
+				}
+				return "", fmt.Errorf("image %s: %w", ref, err)
+			}
+		}
+		ctr, err := c.newContainer(ctx, id, cgroup, image, cfg)
+		if err != nil && cached {
+			c.forgetImage(ref)
+			cached = false
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("create container %s: %w", cfg.Name, err)
+		}
+		c.observe("create_container", tCreate)
+		return c.startTask(ctx, ctr, id, cfg)
 	}
-	id := newID()
-	cgroup := ""
-	if cfg.CgroupParent != "" {
-		cgroup = filepath.Join(cfg.CgroupParent, id)
-	}
+}
+
+// newContainer creates container id of cfg from image: its snapshot, spec
+// and labels.
+func (c *Containerd) newContainer(ctx context.Context, id, cgroup string, image containerd.Image, cfg ContainerConfig) (containerd.Container, error) {
 	opts := []oci.SpecOpts{oci.WithImageConfig(image)}
 	switch {
 	case len(cfg.Command) > 0:
@@ -487,17 +588,18 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 	if cfg.Init {
 		labels[LabelInit] = "true"
 	}
-	ctr, err := c.client.NewContainer(ctx, id,
+	return c.client.NewContainer(ctx, id,
 		containerd.WithImage(image),
 		containerd.WithSnapshotter(c.opts.Snapshotter),
 		containerd.WithNewSnapshot(id, image),
 		containerd.WithRuntime(c.opts.RuntimeName, nil),
 		containerd.WithNewSpec(opts...),
 		containerd.WithContainerLabels(labels))
-	if err != nil {
-		return "", fmt.Errorf("create container %s: %w", cfg.Name, err)
-	}
-	c.observe("create_container", tCreate)
+}
+
+// startTask starts the task of the new container ctr (id), its IO the log
+// cfg names, and records the start time; on failure ctr is removed.
+func (c *Containerd) startTask(ctx context.Context, ctr containerd.Container, id string, cfg ContainerConfig) (string, error) {
 	tStart := time.Now()
 	fail := func(err error) (string, error) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)

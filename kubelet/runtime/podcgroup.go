@@ -79,7 +79,7 @@ func removePodCgroup(path string) error {
 	if path == "" || path == "/" {
 		return nil
 	}
-	ms, err := cgroupfs.Mounts()
+	ms, err := cgroupfs.Hierarchies()
 	if err != nil {
 		return err
 	}

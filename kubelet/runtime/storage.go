@@ -54,6 +54,8 @@ func (c *Containerd) ListImages(ctx context.Context) ([]Image, error) {
 // has released the content and snapshots when it returns.
 func (c *Containerd) RemoveImage(ctx context.Context, id string) error {
 	ctx = c.ctx(ctx)
+	// Forgotten now rather than at containerd's delete event.
+	defer c.forgetImages()
 	is := c.client.ImageService()
 	imgs, err := is.List(ctx, fmt.Sprintf("target.digest==%s", id))
 	if err != nil {
