@@ -85,7 +85,7 @@ spec:
 `, node, echoImage)
 }
 
-// TestLab brings a two-node lab up once and checks, in order, what a user of
+// TestLab brings a two-node dual-stack lab up once and checks, in order, what a user of
 // a Deployment behind a Service relies on; the lab's teardown then checks
 // that nothing is left behind.
 func TestLab(t *testing.T) {
@@ -133,6 +133,7 @@ func TestLab(t *testing.T) {
 	})
 
 	t.Run("ClusterDNSFromPodsOnEveryNode", func(t *testing.T) { testClusterDNS(t, e, nodes, vip) })
+	t.Run("DualStack", func(t *testing.T) { testDualStack(t, e, nodes) })
 	t.Run("CrashLoopingPodsEvents", func(t *testing.T) { testCrashLoopEvents(t, e) })
 	t.Run("KubectlTop", func(t *testing.T) { testKubectlTop(t, e, nodes) })
 	t.Run("HPAScaleUp", func(t *testing.T) { testHPAScaleUp(t, e) })
