@@ -24,14 +24,17 @@
  *    external device (new flows to remote backends, their packets, replies
  *    of SNATed flows) and passes everything else on to tc unchanged.
  *
- * IPv4 only; fragments are not translated; ICMP errors about north-south
- * flows are (ingress: SNATed ones, egress: DNAT-only ones; bpf/README.md).
+ * IPv4 and IPv6 (tc and XDP); fragments are not
+ * translated; ICMP and ICMPv6 errors about north-south flows are (ingress:
+ * SNATed ones, egress: DNAT-only ones; bpf/README.md); NDP and every other
+ * ICMPv6 message pass untouched.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
 #include <linux/pkt_cls.h>
@@ -48,6 +51,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define TCX_NEXT -1
 #endif
 #define AF_INET_ 2
+#define AF_INET6_ 10
 #ifndef offsetof
 #define offsetof(t, m) __builtin_offsetof(t, m)
 #endif
@@ -65,6 +69,9 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define IP_TTL_OFF (ETH_HLEN + offsetof(struct iphdr, ttl))
 #define IP_SRC_OFF (ETH_HLEN + offsetof(struct iphdr, saddr))
 #define IP_DST_OFF (ETH_HLEN + offsetof(struct iphdr, daddr))
+#define IP6_HOPLIMIT_OFF (ETH_HLEN + offsetof(struct ipv6hdr, hop_limit))
+#define IP6_SRC_OFF (ETH_HLEN + offsetof(struct ipv6hdr, saddr))
+#define IP6_DST_OFF (ETH_HLEN + offsetof(struct ipv6hdr, daddr))
 
 /* Keep the structs in BTF for bpf2go -type. */
 const struct np_affinity_key *unused_np_affinity_key __attribute__((unused));
@@ -148,21 +155,135 @@ static __always_inline void stat(__u32 i)
 		*c += 1;
 }
 
+/* A parsed packet. Addresses are IPv6 or IPv4-mapped (as every map stores
+ * them), 4-byte aligned so W() reads them a word at a time. */
 struct pkt {
-	__be32 saddr;
-	__be32 daddr;
+	__u8 saddr[16];
+	__u8 daddr[16];
 	__be16 sport;
 	__be16 dport;
 	__u32 l4_off;
-	__u16 tot_len;
+	__be32 flowinfo; /* IPv6: traffic class and flow label (for the FIB) */
+	__u16 tot_len;   /* the IP packet's length, header included */
 	__u8 proto;
 	__u8 tcp_flags; /* byte 13 of the TCP header */
 	__u8 tos;
-	__u8 ttl;
-};
+	__u8 ttl; /* IPv6: hop limit */
+	__u8 v6;
+	__u8 pad;
+} __attribute__((aligned(8)));
 
-/* parse returns 0 for a TCP or UDP IPv4 packet, 1 for an IPv4 fragment, 2
- * for an unfragmented ICMP packet, -1 for anything else. */
+/* Word i of a 16-byte address (every address field is 4-byte aligned). */
+#define W(a, i) (((const __u32 *)(a))[i])
+
+/* IS6: an IPv6 packet (in tc and in XDP alike). */
+#define IS6(xdp, p) ((p)->v6)
+
+static __always_inline void mapped4(__u8 *a, __be32 v4)
+{
+	((__u32 *)a)[0] = 0;
+	((__u32 *)a)[1] = 0;
+	((__u32 *)a)[2] = bpf_htonl(0xffff);
+	((__u32 *)a)[3] = v4;
+}
+
+static __always_inline int is_mapped4(const __u8 *a)
+{
+	return W(a, 0) == 0 && W(a, 1) == 0 && W(a, 2) == bpf_htonl(0xffff);
+}
+
+static __always_inline void addr_copy(__u8 *d, const __u8 *s)
+{
+	((__u32 *)d)[0] = W(s, 0);
+	((__u32 *)d)[1] = W(s, 1);
+	((__u32 *)d)[2] = W(s, 2);
+	((__u32 *)d)[3] = W(s, 3);
+}
+
+static __always_inline int addr_eq(const __u8 *a, const __u8 *b)
+{
+	return W(a, 0) == W(b, 0) && W(a, 1) == W(b, 1) && W(a, 2) == W(b, 2) && W(a, 3) == W(b, 3);
+}
+
+#define NEXTHDR_HOP_ 0
+#define NEXTHDR_ROUTING_ 43
+#define NEXTHDR_FRAGMENT_ 44
+#define NEXTHDR_ESP_ 50
+#define NEXTHDR_AUTH_ 51
+#define NEXTHDR_DEST_ 60
+#define NEXTHDR_MOBILITY_ 135
+#define NEXTHDR_HIP_ 139
+#define NEXTHDR_SHIM6_ 140
+#define IPPROTO_ICMPV6_ 58
+/* Hop-by-hop and destination options headers skipped before the L4 header. */
+#define V6_EXTHDRS_MAX 4
+
+/* parse6 is parse for IPv6. Hop-by-hop and destination options
+ * headers are skipped; a fragment header is a fragment (1); routing, AH,
+ * ESP and the other extension headers, or more than V6_EXTHDRS_MAX options
+ * headers, are left to the stack (3: counted). A UDP datagram with checksum
+ * 0 is invalid in IPv6 (RFC 8200 8.1): the stack drops it (-1). */
+static __always_inline int parse6(void *ctx, const int xdp, struct pkt *p)
+{
+	struct ipv6hdr ip6;
+	__u32 off = ETH_HLEN + sizeof(ip6);
+	__u8 nh, h[2];
+
+	if (ctx_load(ctx, xdp, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+		return -1;
+	p->v6 = 1;
+	addr_copy(p->saddr, (__u8 *)&ip6.saddr);
+	addr_copy(p->daddr, (__u8 *)&ip6.daddr);
+	p->flowinfo = W(&ip6, 0) & bpf_htonl(0x0fffffff);
+	p->ttl = ip6.hop_limit;
+	p->tot_len = sizeof(ip6) + bpf_ntohs(ip6.payload_len);
+	nh = ip6.nexthdr;
+#pragma unroll
+	for (int i = 0; i < V6_EXTHDRS_MAX; i++) {
+		if (nh != NEXTHDR_HOP_ && nh != NEXTHDR_DEST_)
+			break;
+		if (ctx_load(ctx, xdp, off, h, 2) < 0)
+			return -1;
+		nh = h[0];
+		off += ((__u32)h[1] + 1) * 8;
+	}
+	p->proto = nh;
+	p->l4_off = off;
+	switch (nh) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+		break;
+	case IPPROTO_ICMPV6_:
+		return 2;
+	case NEXTHDR_FRAGMENT_:
+		return 1;
+	case NEXTHDR_HOP_:
+	case NEXTHDR_DEST_:
+	case NEXTHDR_ROUTING_:
+	case NEXTHDR_ESP_:
+	case NEXTHDR_AUTH_:
+	case NEXTHDR_MOBILITY_:
+	case NEXTHDR_HIP_:
+	case NEXTHDR_SHIM6_:
+		return 3;
+	default:
+		return -1;
+	}
+	__be16 l4[4];
+	if (ctx_load(ctx, xdp, off, l4, sizeof(l4)) < 0)
+		return -1;
+	p->sport = l4[0];
+	p->dport = l4[1];
+	if (nh == IPPROTO_UDP && l4[3] == 0)
+		return -1;
+	if (nh == IPPROTO_TCP && ctx_load(ctx, xdp, off + 13, &p->tcp_flags, 1) < 0)
+		return -1;
+	return 0;
+}
+
+/* parse returns 0 for a TCP or UDP packet, 1 for a fragment, 2 for an
+ * unfragmented ICMP or ICMPv6 packet, 3 for an IPv6 packet whose extension
+ * headers are not handled, -1 for anything else. */
 static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 {
 	void *data = ctx_data(ctx, xdp);
@@ -170,6 +291,10 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
 
+	if (data + ETH_HLEN > end)
+		return -1;
+	if ((xdp ? eth->h_proto : ((struct __sk_buff *)ctx)->protocol) == bpf_htons(ETH_P_IPV6))
+		return parse6(ctx, xdp, p);
 	if ((void *)(ip + 1) > end)
 		return -1;
 	if ((xdp ? eth->h_proto : ((struct __sk_buff *)ctx)->protocol) != bpf_htons(ETH_P_IP))
@@ -177,8 +302,8 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 	if (ip->ihl < 5 ||
 	    (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP && ip->protocol != IPPROTO_ICMP))
 		return -1;
-	p->saddr = ip->saddr;
-	p->daddr = ip->daddr;
+	mapped4(p->saddr, ip->saddr);
+	mapped4(p->daddr, ip->daddr);
 	p->proto = ip->protocol;
 	p->tos = ip->tos;
 	p->ttl = ip->ttl;
@@ -198,34 +323,30 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 	return 0;
 }
 
-static __always_inline void mapped4(__u8 *a, __be32 v4)
+/* csum_is_seed6 is csum_is_seed (lib/ctx.h) with IPv6 addresses. */
+static __always_inline int csum_is_seed6(__u16 check, const __u8 *saddr, const __u8 *daddr, __u8 proto, __u16 l4_len)
 {
-	__builtin_memset(a, 0, 10);
-	a[10] = 0xff;
-	a[11] = 0xff;
-	__builtin_memcpy(a + 12, &v4, 4);
+	__u32 s = bpf_htons((__u16)proto) + bpf_htons(l4_len);
+	for (int i = 0; i < 4; i++) {
+		s += (W(saddr, i) & 0xffff) + (W(saddr, i) >> 16);
+		s += (W(daddr, i) & 0xffff) + (W(daddr, i) >> 16);
+	}
+	return check == csum_fold16(s);
 }
 
-static __always_inline int is_mapped4(const __u8 *a)
+/* ct_key: src NULL is the zero address (NP_CT_CLIENT entries). */
+static __always_inline void ct_key(struct np_ct_key *k, const __u8 *src, __be16 sport, const __u8 *dst,
+				   __be16 dport, __u8 proto, __u8 dir)
 {
-	for (int i = 0; i < 10; i++)
-		if (a[i])
-			return 0;
-	return a[10] == 0xff && a[11] == 0xff;
-}
-
-static __always_inline __be32 v4of(const __u8 *a)
-{
-	__be32 v;
-	__builtin_memcpy(&v, a + 12, 4);
-	return v;
-}
-
-static __always_inline void ct_key(struct np_ct_key *k, __be32 src, __be16 sport, __be32 dst, __be16 dport,
-				   __u8 proto, __u8 dir)
-{
-	mapped4(k->src, src);
-	mapped4(k->dst, dst);
+	if (src) {
+		addr_copy(k->src, src);
+	} else {
+		((__u32 *)k->src)[0] = 0;
+		((__u32 *)k->src)[1] = 0;
+		((__u32 *)k->src)[2] = 0;
+		((__u32 *)k->src)[3] = 0;
+	}
+	addr_copy(k->dst, dst);
 	k->sport = sport;
 	k->dport = dport;
 	k->proto = proto;
@@ -256,10 +377,22 @@ static __always_inline __u32 fmix(__u32 h)
 	return h;
 }
 
-static __always_inline __u32 flow_hash(const struct pkt *p)
+/* addr_mix mixes an address in: IPv4 as its 4 bytes (the hash of the
+ * first IPv4-only programs), IPv6 as its four words. */
+static __always_inline __u32 addr_mix(__u32 h, const __u8 *a, __u8 v6)
 {
-	__u32 h = mix(0x5741474c, p->saddr);
-	h = mix(h, p->daddr);
+	if (v6) {
+		h = mix(h, W(a, 0));
+		h = mix(h, W(a, 1));
+		h = mix(h, W(a, 2));
+	}
+	return mix(h, W(a, 3));
+}
+
+static __always_inline __u32 flow_hash(const struct pkt *p, const int xdp)
+{
+	__u32 h = addr_mix(0x5741474c, p->saddr, IS6(xdp, p));
+	h = addr_mix(h, p->daddr, IS6(xdp, p));
 	h = mix(h, ((__u32)p->sport << 16) | p->dport);
 	h = mix(h, p->proto);
 	return fmix(h);
@@ -289,16 +422,34 @@ static __always_inline int csum_off(const struct pkt *p)
 	return p->l4_off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
 }
 
-static __always_inline int set_addr(void *ctx, const int xdp, const struct pkt *p, int off, __be32 old, __be32 new)
+/* csum_diff16 is the one's-complement difference of two 16-byte addresses,
+ * for bpf_l4_csum_replace(from 0, to diff, size 0). */
+static __always_inline __s64 csum_diff16(const __u8 *old, const __u8 *new)
 {
-	__u64 l4 = BPF_F_PSEUDO_HDR | sizeof(new) | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
-	if (old == new)
+	return bpf_csum_diff((__be32 *)old, 16, (__be32 *)new, 16, 0);
+}
+
+/* set_addr rewrites the source (src) or destination address. IPv4: the IP
+ * header checksum and the L4 pseudo-header; IPv6: only the L4 checksum's
+ * pseudo-header (no IP header checksum). */
+static __always_inline int set_addr(void *ctx, const int xdp, const struct pkt *p, int src, const __u8 *old,
+				    const __u8 *new)
+{
+	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	if (addr_eq(old, new))
 		return 0;
-	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), old, new, l4) < 0)
+	if (IS6(xdp, p)) {
+		__s64 d = csum_diff16(old, new);
+		if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, mangled) < 0)
+			return -1;
+		return ctx_store(ctx, xdp, src ? IP6_SRC_OFF : IP6_DST_OFF, (void *)new, 16);
+	}
+	__be32 o = W(old, 3), n = W(new, 3);
+	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, BPF_F_PSEUDO_HDR | sizeof(n) | mangled) < 0)
 		return -1;
-	if (ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, old, new, sizeof(new)) < 0)
+	if (ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, o, n, sizeof(n)) < 0)
 		return -1;
-	return ctx_store(ctx, xdp, off, &new, sizeof(new));
+	return ctx_store(ctx, xdp, src ? IP_SRC_OFF : IP_DST_OFF, &n, sizeof(n));
 }
 
 static __always_inline int set_port(void *ctx, const int xdp, const struct pkt *p, int off, __be16 old, __be16 new)
@@ -311,52 +462,83 @@ static __always_inline int set_port(void *ctx, const int xdp, const struct pkt *
 	return ctx_store(ctx, xdp, p->l4_off + off, &new, sizeof(new));
 }
 
-static __always_inline int rewrite(void *ctx, const int xdp, const struct pkt *p, __be32 saddr, __be16 sport,
-				   __be32 daddr, __be16 dport)
+static __always_inline int rewrite(void *ctx, const int xdp, const struct pkt *p, const __u8 *saddr, __be16 sport,
+				   const __u8 *daddr, __be16 dport)
 {
-	if (set_addr(ctx, xdp, p, IP_SRC_OFF, p->saddr, saddr) < 0 ||
-	    set_addr(ctx, xdp, p, IP_DST_OFF, p->daddr, daddr) < 0 || set_port(ctx, xdp, p, 0, p->sport, sport) < 0 ||
-	    set_port(ctx, xdp, p, 2, p->dport, dport) < 0)
+	if (set_addr(ctx, xdp, p, 1, p->saddr, saddr) < 0 || set_addr(ctx, xdp, p, 0, p->daddr, daddr) < 0 ||
+	    set_port(ctx, xdp, p, 0, p->sport, sport) < 0 || set_port(ctx, xdp, p, 2, p->dport, dport) < 0)
 		return -1;
 	return 0;
 }
 
-static __always_inline int fib(void *ctx, const int xdp, const struct pkt *p, __be32 saddr, __be32 daddr,
+static __always_inline int fib(void *ctx, const int xdp, const struct pkt *p, const __u8 *saddr, const __u8 *daddr,
 			       struct bpf_fib_lookup *f)
 {
 	__builtin_memset(f, 0, sizeof(*f));
-	f->family = AF_INET_;
 	f->l4_protocol = p->proto;
-	f->tot_len = p->tot_len;
-	f->tos = p->tos;
+	/* tc: no tot_len, so the kernel checks the skb against the egress
+	 * device's MTU the GSO-aware way (is_skb_forwardable); a tot_len is
+	 * compared as it is, and a GRO/GSO packet's exceeds the MTU (the
+	 * lookup said FRAG_NEEDED and the packet took the stack's path). XDP
+	 * frames are never GSO. */
+	if (xdp)
+		f->tot_len = p->tot_len;
 	f->ifindex = ctx_ifindex(ctx, xdp);
-	f->ipv4_src = saddr;
-	f->ipv4_dst = daddr;
+	if (IS6(xdp, p)) {
+		f->family = AF_INET6_;
+		f->flowinfo = p->flowinfo;
+		addr_copy((__u8 *)f->ipv6_src, saddr);
+		addr_copy((__u8 *)f->ipv6_dst, daddr);
+	} else {
+		f->family = AF_INET_;
+		f->tos = p->tos;
+		f->ipv4_src = W(saddr, 3);
+		f->ipv4_dst = W(daddr, 3);
+	}
 	return bpf_fib_lookup(ctx, f, sizeof(*f), 0);
 }
 
 /* forward sends the rewritten packet where the FIB said: the next hop's
- * MAC, one hop less, out of the device (a pod's veth or an external device).
- * XDP only forwards what the FIB resolved (SUCCESS) and what has TTL to
- * spare: its callers checked both before rewriting anything. */
-static __always_inline int forward(void *ctx, const int xdp, int rc, struct bpf_fib_lookup *f)
+ * MAC, one hop less (IPv4 TTL with its header checksum, IPv6 hop limit),
+ * out of the device (a pod's veth or an external device). XDP only
+ * forwards what the FIB resolved (SUCCESS) and what has TTL to spare: its
+ * callers checked both before rewriting anything. */
+static __always_inline int forward(void *ctx, const int xdp, const struct pkt *p, int rc, struct bpf_fib_lookup *f)
 {
 	__u16 word, nword;
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return xdp ? XDP_PASS : TC_ACT_OK; /* local, or no route: the stack decides */
-	if (ctx_load(ctx, xdp, IP_TTL_OFF, &word, sizeof(word)) < 0)
-		return xdp ? XDP_DROP : TC_ACT_SHOT;
-	if ((bpf_ntohs(word) >> 8) <= 1)
-		return xdp ? XDP_PASS : TC_ACT_OK; /* the stack sends time-exceeded */
-	nword = bpf_htons(bpf_ntohs(word) - 0x100);
-	if (ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, word, nword, sizeof(word)) < 0 ||
-	    ctx_store(ctx, xdp, IP_TTL_OFF, &nword, sizeof(nword)) < 0)
-		return xdp ? XDP_DROP : TC_ACT_SHOT;
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		if (xdp)
-			return XDP_PASS; /* not reached: XDP leaves unresolved neighbours to tc */
-		struct bpf_redir_neigh nh = {.nh_family = AF_INET_, .ipv4_nh = f->ipv4_dst};
-		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
+	if (IS6(xdp, p)) {
+		__u8 hl;
+		if (ctx_load(ctx, xdp, IP6_HOPLIMIT_OFF, &hl, 1) < 0)
+			return xdp ? XDP_DROP : TC_ACT_SHOT;
+		if (hl <= 1)
+			return xdp ? XDP_PASS : TC_ACT_OK; /* the stack sends time-exceeded */
+		hl--;
+		if (ctx_store(ctx, xdp, IP6_HOPLIMIT_OFF, &hl, 1) < 0)
+			return xdp ? XDP_DROP : TC_ACT_SHOT;
+		if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+			if (xdp)
+				return XDP_PASS; /* not reached: XDP leaves unresolved neighbours to tc */
+			struct bpf_redir_neigh nh = {.nh_family = AF_INET6_};
+			addr_copy((__u8 *)nh.ipv6_nh, (__u8 *)f->ipv6_dst);
+			return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
+		}
+	} else {
+		if (ctx_load(ctx, xdp, IP_TTL_OFF, &word, sizeof(word)) < 0)
+			return xdp ? XDP_DROP : TC_ACT_SHOT;
+		if ((bpf_ntohs(word) >> 8) <= 1)
+			return xdp ? XDP_PASS : TC_ACT_OK; /* the stack sends time-exceeded */
+		nword = bpf_htons(bpf_ntohs(word) - 0x100);
+		if (ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, word, nword, sizeof(word)) < 0 ||
+		    ctx_store(ctx, xdp, IP_TTL_OFF, &nword, sizeof(nword)) < 0)
+			return xdp ? XDP_DROP : TC_ACT_SHOT;
+		if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+			if (xdp)
+				return XDP_PASS; /* not reached: XDP leaves unresolved neighbours to tc */
+			struct bpf_redir_neigh nh = {.nh_family = AF_INET_, .ipv4_nh = f->ipv4_dst};
+			return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
+		}
 	}
 	if (ctx_store(ctx, xdp, 0, f->dmac, ETH_ALEN) < 0 || ctx_store(ctx, xdp, ETH_ALEN, f->smac, ETH_ALEN) < 0)
 		return xdp ? XDP_DROP : TC_ACT_SHOT;
@@ -365,8 +547,8 @@ static __always_inline int forward(void *ctx, const int xdp, int rc, struct bpf_
 	return bpf_redirect(f->ifindex, 0);
 }
 
-static __always_inline void mark_replied(__be32 client, __be16 cport, __be32 front, __be16 fport, __u8 proto,
-					 __u8 flags)
+static __always_inline void mark_replied(const __u8 *client, __be16 cport, const __u8 *front, __be16 fport,
+					 __u8 proto, __u8 flags)
 {
 	struct np_ct_key k;
 	ct_key(&k, client, cport, front, fport, proto, NP_CT_ORIGINAL);
@@ -380,7 +562,7 @@ static __always_inline void mark_replied(__be32 client, __be16 cport, __be32 fro
 /* A FIN or RST seen in one direction shortens the other direction's entry
  * too: a flow's SNAT port is held by its reply entry, which the backend may
  * never refresh again after the client's RST. */
-static __always_inline void close_other(__be32 src, __be16 sport, __be32 dst, __be16 dport, __u8 dir,
+static __always_inline void close_other(const __u8 *src, __be16 sport, const __u8 *dst, __be16 dport, __u8 dir,
 					const struct pkt *p, __u64 now)
 {
 	struct np_ct_key k;
@@ -394,13 +576,25 @@ static __always_inline void close_other(__be32 src, __be16 sport, __be32 dst, __
 		o->expires_ns = exp;
 }
 
-static __always_inline int is_external(__u32 ifindex, __be32 *addr)
+/* ext_dev returns the np_device of an external device, or NULL. */
+static __always_inline struct np_device *ext_dev(__u32 ifindex)
 {
 	struct np_device *d = bpf_map_lookup_elem(&waggle_np_devices, &ifindex);
 	if (!d || !(d->flags & NP_DEV_F_EXTERNAL))
 		return 0;
-	*addr = d->addr4;
-	return 1;
+	return d;
+}
+
+/* snat_addr fills addr with the device's SNAT source of the packet's
+ * family; 0 when the device has none. */
+static __always_inline int snat_addr(const struct np_device *d, int v6, __u8 *addr)
+{
+	if (v6) {
+		addr_copy(addr, d->addr6);
+		return W(addr, 0) | W(addr, 1) | W(addr, 2) | W(addr, 3);
+	}
+	mapped4(addr, d->addr4);
+	return d->addr4 != 0;
 }
 
 /* xdp_fwd_ok: XDP forwards a packet only to a resolved next hop behind an
@@ -410,8 +604,7 @@ static __always_inline int is_external(__u32 ifindex, __be32 *addr)
  * NetworkPolicy's among them), the node itself — is left to tc. */
 static __always_inline int xdp_fwd_ok(int rc, struct bpf_fib_lookup *f)
 {
-	__be32 a;
-	return rc == BPF_FIB_LKUP_RET_SUCCESS && is_external(f->ifindex, &a);
+	return rc == BPF_FIB_LKUP_RET_SUCCESS && ext_dev(f->ifindex);
 }
 
 /* A reply to a flow whose source this node rewrote: back to the client,
@@ -419,7 +612,7 @@ static __always_inline int xdp_fwd_ok(int rc, struct bpf_fib_lookup *f)
 static __always_inline int reply_snat(void *ctx, const int xdp, const struct pkt *p, struct np_ct *ct, __u64 now)
 {
 	struct bpf_fib_lookup f;
-	__be32 client = v4of(ct->addr), front = v4of(ct->nat);
+	const __u8 *client = ct->addr, *front = ct->nat;
 	__be16 cport = ct->port, fport = ct->nat_port;
 	int rc = fib(ctx, xdp, p, front, client, &f);
 
@@ -436,7 +629,7 @@ static __always_inline int reply_snat(void *ctx, const int xdp, const struct pkt
 		stat(NP_STAT_XDP_FWD);
 	if (rewrite(ctx, xdp, p, front, fport, client, cport) < 0)
 		return xdp ? XDP_DROP : TC_ACT_SHOT;
-	return forward(ctx, xdp, rc, &f);
+	return forward(ctx, xdp, p, rc, &f);
 }
 
 /* ICMP errors (RFC 792: destination unreachable, including "fragmentation
@@ -447,6 +640,11 @@ static __always_inline int reply_snat(void *ctx, const int xdp, const struct pkt
 #define ICMP_TIME_EXCEEDED_ 11
 #define ICMP_PARAMETERPROB_ 12
 #define ICMP_HLEN 8
+/* ICMPv6 errors (RFC 4443): destination unreachable, packet too big, time
+ * exceeded, parameter problem. Informational messages (echo, NDP, MLD:
+ * types 128 and up) are never touched. */
+#define ICMPV6_DEST_UNREACH_ 1
+#define ICMPV6_PARAMPROB_ 4
 
 /* icmp_store rewrites 4 (or 2) bytes inside an ICMP error's quoted packet
  * and updates the ICMP checksum, which covers them (ICMP has no
@@ -458,6 +656,41 @@ static __always_inline int icmp_store(struct __sk_buff *skb, int icsum, int off,
 	if (bpf_l4_csum_replace(skb, icsum, old, new, size) < 0)
 		return -1;
 	return bpf_skb_store_bytes(skb, off, &new, size, 0);
+}
+
+/* icmp6_store16 rewrites a 16-byte address in an ICMPv6 error and its
+ * checksum: pseudo for the outer header's (ICMPv6 has a pseudo-header),
+ * plain for the quoted one's. */
+static __always_inline int icmp6_store16(struct __sk_buff *skb, int icsum, int off, const __u8 *old, const __u8 *new,
+					 __u64 pseudo)
+{
+	if (addr_eq(old, new))
+		return 0;
+	__s64 d = csum_diff16(old, new);
+	if (d < 0 || bpf_l4_csum_replace(skb, icsum, 0, d, pseudo) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, (void *)new, 16, 0);
+}
+
+/* icmp_flow finds the north-south flow an ICMP error quotes: the quote
+ * (src:sport -> dst:dport) is node:snat_port -> backend (ingress, SNATed
+ * flows) or client -> backend (egress, DNAT-only flows), so the flow's
+ * reply direction is dst:dport -> src:sport. */
+static __always_inline struct np_ct *icmp_flow(const __u8 *src, __be16 sport, const __u8 *dst, __be16 dport,
+					       __u8 proto, __u64 now, int egress)
+{
+	struct np_ct_key k;
+	ct_key(&k, dst, dport, src, sport, proto, NP_CT_REPLY);
+	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (!ct && egress) {
+		/* As for replies: the quote's backend side may have been
+		 * masqueraded by the node's netfilter; find it by its client. */
+		ct_key(&k, 0, 0, src, sport, proto, NP_CT_CLIENT);
+		ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	}
+	if (!ct || !(ct->flags & NP_CT_F_SNAT) != !!egress || ct->expires_ns <= now)
+		return 0;
+	return ct;
 }
 
 /* icmp_error translates an ICMP error about a north-south flow so the
@@ -473,6 +706,7 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 	__u8 type;
 	struct iphdr in;
 	__be16 ports[2];
+	__u8 qs[16], qd[16];
 	int icsum = p->l4_off + 2, ioff = p->l4_off + ICMP_HLEN;
 
 	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
@@ -485,20 +719,12 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 		return TCX_NEXT;
 	if (bpf_skb_load_bytes(skb, ioff + sizeof(in), ports, sizeof(ports)) < 0)
 		return TCX_NEXT;
-	/* The quoted packet is node:snat_port -> backend: the flow's reply
-	 * direction is backend -> node:snat_port. */
-	struct np_ct_key k;
-	ct_key(&k, in.daddr, ports[1], in.saddr, ports[0], in.protocol, NP_CT_REPLY);
-	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
-	if (!ct && egress) {
-		/* As for replies: the quote's backend side may have been
-		 * masqueraded by the node's netfilter; find it by its client. */
-		ct_key(&k, 0, 0, in.saddr, ports[0], in.protocol, NP_CT_CLIENT);
-		ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
-	}
-	if (!ct || !(ct->flags & NP_CT_F_SNAT) != !!egress || ct->expires_ns <= now)
+	mapped4(qs, in.saddr);
+	mapped4(qd, in.daddr);
+	struct np_ct *ct = icmp_flow(qs, ports[0], qd, ports[1], in.protocol, now, egress);
+	if (!ct)
 		return TCX_NEXT;
-	__be32 client = v4of(ct->addr), front = v4of(ct->nat);
+	__be32 client = W(ct->addr, 3), front = W(ct->nat, 3);
 	__be16 cport = ct->port, fport = ct->nat_port;
 	int qcsum = ioff + offsetof(struct iphdr, check);
 	__u16 oldsum = in.check, newsum;
@@ -515,24 +741,72 @@ static __always_inline int icmp_error(struct __sk_buff *skb, const struct pkt *p
 	    icmp_store(skb, icsum, ioff + sizeof(in) + 2, ports[1], fport, 2) < 0)
 		return TC_ACT_SHOT;
 	/* The outer header: frontend -> client (no pseudo-header for ICMP). */
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, p->saddr, front, 4) < 0 ||
+	__be32 osrc = W(p->saddr, 3), odst = W(p->daddr, 3);
+	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, osrc, front, 4) < 0 ||
 	    bpf_skb_store_bytes(skb, IP_SRC_OFF, &front, 4, 0) < 0 ||
-	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, p->daddr, client, 4) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, odst, client, 4) < 0 ||
 	    bpf_skb_store_bytes(skb, IP_DST_OFF, &client, 4, 0) < 0)
 		return TC_ACT_SHOT;
 	stat(NP_STAT_ICMP_ERROR);
 	if (egress)
 		return TCX_NEXT;
 	struct bpf_fib_lookup f;
+	mapped4(qs, front);
+	mapped4(qd, client);
+	int rc = fib(skb, CTX_TC, p, qs, qd, &f);
+	return forward(skb, CTX_TC, p, rc, &f);
+}
+
+/* icmp6_error is icmp_error for ICMPv6 (destination unreachable, packet
+ * too big, time exceeded, parameter problem), quoting an IPv6 header
+ * without extension headers. ICMPv6's checksum covers a pseudo-header:
+ * the outer addresses change it as they change a TCP checksum. */
+static __always_inline int icmp6_error(struct __sk_buff *skb, const struct pkt *p, __u64 now, int egress)
+{
+	__u8 type;
+	struct ipv6hdr in;
+	__be16 ports[2];
+	int icsum = p->l4_off + 2, ioff = p->l4_off + ICMP_HLEN;
+
+	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
+		return TCX_NEXT;
+	if (type < ICMPV6_DEST_UNREACH_ || type > ICMPV6_PARAMPROB_)
+		return TCX_NEXT;
+	if (bpf_skb_load_bytes(skb, ioff, &in, sizeof(in)) < 0 ||
+	    (in.nexthdr != IPPROTO_TCP && in.nexthdr != IPPROTO_UDP))
+		return TCX_NEXT;
+	if (bpf_skb_load_bytes(skb, ioff + sizeof(in), ports, sizeof(ports)) < 0)
+		return TCX_NEXT;
+	struct np_ct *ct = icmp_flow((__u8 *)&in.saddr, ports[0], (__u8 *)&in.daddr, ports[1], in.nexthdr, now, egress);
+	if (!ct)
+		return TCX_NEXT;
+	const __u8 *client = ct->addr, *front = ct->nat;
+	__be16 cport = ct->port, fport = ct->nat_port;
+
+	/* The quote: node (or client) -> client, backend -> frontend. */
+	if (icmp6_store16(skb, icsum, ioff + offsetof(struct ipv6hdr, saddr), (__u8 *)&in.saddr, client, 0) < 0 ||
+	    icmp6_store16(skb, icsum, ioff + offsetof(struct ipv6hdr, daddr), (__u8 *)&in.daddr, front, 0) < 0 ||
+	    icmp_store(skb, icsum, ioff + sizeof(in), ports[0], cport, 2) < 0 ||
+	    icmp_store(skb, icsum, ioff + sizeof(in) + 2, ports[1], fport, 2) < 0)
+		return TC_ACT_SHOT;
+	/* The outer header: frontend -> client. */
+	if (icmp6_store16(skb, icsum, IP6_SRC_OFF, p->saddr, front, BPF_F_PSEUDO_HDR) < 0 ||
+	    icmp6_store16(skb, icsum, IP6_DST_OFF, p->daddr, client, BPF_F_PSEUDO_HDR) < 0)
+		return TC_ACT_SHOT;
+	stat(NP_STAT_ICMP_ERROR);
+	if (egress)
+		return TCX_NEXT;
+	struct bpf_fib_lookup f;
 	int rc = fib(skb, CTX_TC, p, front, client, &f);
-	return forward(skb, CTX_TC, rc, &f);
+	return forward(skb, CTX_TC, p, rc, &f);
 }
 
 /* np_ingress is the ingress of an external device, in tc (xdp = CTX_TC)
  * or XDP (CTX_XDP). Both make the same decisions from the same maps; XDP
  * returns XDP_PASS, before changing any state, for whatever it leaves to tc
- * (see xdp_fwd_ok, and fragments, ICMP, offloaded checksums, TTL 1), which
- * then handles the packet as if XDP were not there. Counters XDP would
+ * (see xdp_fwd_ok, and fragments, ICMP, IPv6 extension headers, offloaded
+ * checksums, TTL 1),
+ * which then handles the packet as if XDP were not there. Counters XDP would
  * bump before such a hand-over (pend) are only counted once it commits. */
 static __always_inline int np_ingress(void *ctx, const int xdp)
 {
@@ -559,22 +833,26 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	r = parse(ctx, xdp, &p);
 	if (r < 0)
 		return xdp ? XDP_PASS : TCX_NEXT;
-	if (r == 1) {
+	if (r == 1 || r == 3) {
 		if (xdp)
 			return XDP_PASS; /* tc counts it */
-		stat(NP_STAT_FRAGMENT);
+		stat(r == 1 ? NP_STAT_FRAGMENT : NP_STAT_IPV6_EXTHDR);
 		return TCX_NEXT;
 	}
 	if (r == 2) {
 		if (xdp)
 			return XDP_PASS; /* ICMP errors are translated in tc */
+		if (p.v6)
+			return icmp6_error(ctx, &p, bpf_ktime_get_ns(), 0);
 		return icmp_error(ctx, &p, bpf_ktime_get_ns(), 0);
 	}
 	if (xdp) {
 		__u16 check;
 		if (p.ttl <= 1 || ctx_load(ctx, xdp, csum_off(&p), &check, 2) < 0)
 			return XDP_PASS;
-		if (csum_is_seed(check, p.saddr, p.daddr, p.proto, p.tot_len - (p.l4_off - ETH_HLEN))) {
+		__u16 l4len = p.tot_len - (p.l4_off - ETH_HLEN);
+		if (p.v6 ? csum_is_seed6(check, p.saddr, p.daddr, p.proto, l4len)
+			 : csum_is_seed(check, W(p.saddr, 3), W(p.daddr, 3), p.proto, l4len)) {
 			stat(NP_STAT_XDP_PARTIAL_CSUM);
 			return XDP_PASS;
 		}
@@ -592,14 +870,14 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
 	if (ct && ct->expires_ns > now) {
 		struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &ct->backend_id);
-		if (be && be->port == ct->port && v4of(be->addr) == v4of(ct->addr)) {
-			__be32 baddr = v4of(ct->addr), saddr = p.saddr;
+		if (be && be->port == ct->port && addr_eq(be->addr, ct->addr)) {
+			const __u8 *baddr = ct->addr, *saddr = p.saddr;
 			__be16 bport = ct->port, sport = p.sport;
 			rc = fib(ctx, xdp, &p, p.saddr, baddr, &f);
 			if (xdp && !xdp_fwd_ok(rc, &f))
 				return XDP_PASS;
 			if (ct->flags & NP_CT_F_SNAT) {
-				saddr = v4of(ct->nat);
+				saddr = ct->nat;
 				sport = ct->nat_port;
 			}
 			ct->flags |= closing(&p);
@@ -615,7 +893,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 				stat(NP_STAT_XDP_FWD);
 			if (rewrite(ctx, xdp, &p, saddr, sport, baddr, bport) < 0)
 				return xdp ? XDP_DROP : TC_ACT_SHOT;
-			return forward(ctx, xdp, rc, &f);
+			return forward(ctx, xdp, &p, rc, &f);
 		}
 		if (xdp)
 			pend |= 1 << NP_STAT_BACKEND_GONE;
@@ -625,7 +903,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 
 	/* A new flow to a north-south frontend? */
 	struct lb_service_key sk = {};
-	mapped4(sk.addr, p.daddr);
+	addr_copy(sk.addr, p.daddr);
 	sk.port = p.dport;
 	sk.proto = p.proto;
 	struct lb_service *svc = bpf_map_lookup_elem(&waggle_services, &sk);
@@ -638,7 +916,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	__u32 table = ns->table;
 	if (ns->flags & NP_SVC_F_SRC_RANGES) {
 		struct np_src_range_key rk = {.prefixlen = 32 + 128, .rev_nat_id = bpf_htonl(id)};
-		mapped4(rk.addr, p.saddr);
+		addr_copy(rk.addr, p.saddr);
 		if (!bpf_map_lookup_elem(&waggle_np_src_ranges, &rk)) {
 			stat(NP_STAT_SRC_RANGE_DROP);
 			return xdp ? XDP_DROP : TC_ACT_SHOT; /* kube-proxy drops too (KUBE-PROXY-FIREWALL) */
@@ -662,7 +940,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	__u32 h;
 	int new_affinity = 0;
 	if (svc->flags & SVC_FLAG_AFFINITY) {
-		mapped4(ak.client, p.saddr);
+		addr_copy(ak.client, p.saddr);
 		ak.rev_nat_id = id;
 		struct np_affinity *a = bpf_map_lookup_elem(&waggle_np_affinity, &ak);
 		if (a && now - a->last_used_ns <= (__u64)svc->affinity_timeout * NSEC &&
@@ -674,9 +952,10 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 			else
 				stat(NP_STAT_AFFINITY_HIT);
 		}
-		h = fmix(mix(0x5741474c, p.saddr)); /* the client alone: every node agrees */
+		/* the client alone: every node agrees */
+		h = fmix(addr_mix(0x5741474c, p.saddr, IS6(xdp, &p)));
 	} else {
-		h = flow_hash(&p);
+		h = flow_hash(&p, xdp);
 	}
 	if (!be_id) {
 		__u32 idx = h % cfg->maglev_size;
@@ -698,9 +977,11 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		new_affinity = svc->flags & SVC_FLAG_AFFINITY;
 	}
 	struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &be_id);
-	if (!be || !is_mapped4(be->addr))
+	/* The backend is of the frontend's family (no NAT46/64). */
+	if (!be || is_mapped4(be->addr) == IS6(xdp, &p))
 		return xdp ? XDP_PASS : TCX_NEXT;
-	__be32 baddr = v4of(be->addr), saddr = p.saddr, snat = 0;
+	const __u8 *baddr = be->addr, *saddr = p.saddr;
+	__u8 snat[16];
 	__be16 bport = be->port, sport = p.sport;
 	__u8 local = svc->flags & SVC_FLAG_LOCAL;
 
@@ -719,15 +1000,18 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	nv.created_ns = now;
 	nv.rev_nat_id = id;
 	nv.flags = closing(&p);
-	if (!local && rc != BPF_FIB_LKUP_RET_NOT_FWDED && is_external(f.ifindex, &snat) && snat) {
+	addr_copy(nv.addr, p.saddr);
+	nv.port = p.sport;
+	addr_copy(nv.nat, p.daddr);
+	nv.nat_port = p.dport;
+	struct np_device *dev = 0;
+	if (!local && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
+		dev = ext_dev(f.ifindex);
+	if (dev && snat_addr(dev, IS6(xdp, &p), snat)) {
 		/* Remote backend: the reply must come back here. Find a free
 		 * source port of the range for (backend, node address). */
 		__u32 range = (__u32)cfg->snat_max - cfg->snat_min + 1;
 		int found = 0;
-		mapped4(nv.addr, p.saddr);
-		nv.port = p.sport;
-		mapped4(nv.nat, p.daddr);
-		nv.nat_port = p.dport;
 		nv.flags |= NP_CT_F_SNAT;
 		for (int i = 0; i < SNAT_TRIES; i++) {
 			__be16 port = bpf_htons(cfg->snat_min + (h + i * 2654435761u) % range);
@@ -749,10 +1033,6 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		saddr = snat;
 		stat(NP_STAT_XLATE_SNAT);
 	} else {
-		mapped4(nv.addr, p.saddr);
-		nv.port = p.sport;
-		mapped4(nv.nat, p.daddr);
-		nv.nat_port = p.dport;
 		nv.expires_ns = now + lifetime(&p, nv.flags);
 		ct_key(&k, baddr, bport, p.saddr, p.sport, p.proto, NP_CT_REPLY);
 		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
@@ -770,10 +1050,10 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 			stat(NP_STAT_MAGLEV_MISS);
 	}
 	/* The original direction: backend and SNAT source. */
-	mapped4(nv.addr, baddr);
+	addr_copy(nv.addr, baddr);
 	nv.port = bport;
 	if (nv.flags & NP_CT_F_SNAT) {
-		mapped4(nv.nat, saddr);
+		addr_copy(nv.nat, saddr);
 		nv.nat_port = sport;
 	} else {
 		__builtin_memset(nv.nat, 0, sizeof(nv.nat));
@@ -786,7 +1066,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 
 	if (rewrite(ctx, xdp, &p, saddr, sport, baddr, bport) < 0)
 		return xdp ? XDP_DROP : TC_ACT_SHOT;
-	return forward(ctx, xdp, rc, &f);
+	return forward(ctx, xdp, &p, rc, &f);
 }
 
 SEC("tc")
@@ -814,8 +1094,11 @@ int waggle_np_egress(struct __sk_buff *skb)
 	__u64 now;
 	int r = parse(skb, CTX_TC, &p);
 
-	if (r == 2)
+	if (r == 2) {
+		if (p.v6)
+			return icmp6_error(skb, &p, bpf_ktime_get_ns(), 1);
 		return icmp_error(skb, &p, bpf_ktime_get_ns(), 1);
+	}
 	if (r != 0)
 		return TCX_NEXT;
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_REPLY);
@@ -834,11 +1117,11 @@ int waggle_np_egress(struct __sk_buff *skb)
 	ct->flags |= closing(&p) | NP_CT_F_REPLIED;
 	ct->expires_ns = now + lifetime(&p, ct->flags);
 	ct->packets++;
-	mark_replied(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, p.proto, closing(&p));
+	mark_replied(ct->addr, ct->port, ct->nat, ct->nat_port, p.proto, closing(&p));
 	if (closing(&p))
-		close_other(v4of(ct->addr), ct->port, v4of(ct->nat), ct->nat_port, NP_CT_ORIGINAL, &p, now);
+		close_other(ct->addr, ct->port, ct->nat, ct->nat_port, NP_CT_ORIGINAL, &p, now);
 	stat(NP_STAT_REPLY);
-	if (rewrite(skb, CTX_TC, &p, v4of(ct->nat), ct->nat_port, p.daddr, p.dport) < 0)
+	if (rewrite(skb, CTX_TC, &p, ct->nat, ct->nat_port, p.daddr, p.dport) < 0)
 		return TC_ACT_SHOT;
 	return TCX_NEXT;
 }

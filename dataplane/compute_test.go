@@ -228,6 +228,30 @@ func TestCompute(t *testing.T) {
 			},
 		},
 		{
+			name: "dual-stack NodePort and LoadBalancer: each family on the node's address of that family",
+			services: []*v1.Service{svc("web", func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeLoadBalancer
+				s.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::10"}
+				s.Spec.Ports[0].NodePort = 30080
+				s.Spec.ExternalIPs = []string{"fd00:ee::5"}
+				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "198.51.100.7"}, {IP: "fd00:1b::7"}}
+			})},
+			slices: []*discoveryv1.EndpointSlice{
+				slice("web", "web-4", 8080, ready("10.0.0.1", "a")),
+				slice("web", "web-6", 8080, ready("fd00:10::1", "a")),
+			},
+			opts: ComputeOptions{NoLoopbackNodePorts: true},
+			want: map[string][]string{
+				"ClusterIP 10.96.0.10:80/TCP":      {"10.0.0.1:8080"},
+				"ClusterIP [fd00:96::10]:80/TCP":   {"[fd00:10::1]:8080"},
+				"NodePort 192.168.1.1:30080/TCP":   {"10.0.0.1:8080"},
+				"NodePort [fd00::1]:30080/TCP":     {"[fd00:10::1]:8080"},
+				"ExternalIP [fd00:ee::5]:80/TCP":   {"[fd00:10::1]:8080"},
+				"LoadBalancer 198.51.100.7:80/TCP": {"10.0.0.1:8080"},
+				"LoadBalancer [fd00:1b::7]:80/TCP": {"[fd00:10::1]:8080"},
+			},
+		},
+		{
 			name: "headless and ExternalName services have no frontends",
 			services: []*v1.Service{
 				svc("headless", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }),

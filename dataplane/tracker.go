@@ -477,7 +477,7 @@ func (t *Tracker) localReadyLocked(ref ServiceRef) int {
 	return len(seen)
 }
 
-// LoadBalancerIPs returns the IPv4 LoadBalancer ingress IPs of a Service
+// LoadBalancerIPs returns the LoadBalancer ingress IPs (IPv4 and IPv6) of a Service
 // this node can serve to traffic from outside (the L2 announcement
 // candidates): all of them for externalTrafficPolicy Cluster; for Local only
 // while this node has a ready endpoint of the Service. ipMode Proxy IPs are
@@ -499,7 +499,7 @@ func (t *Tracker) LoadBalancerIPs(ref ServiceRef) []netip.Addr {
 		if in.IPMode != nil && *in.IPMode == v1.LoadBalancerIPModeProxy {
 			continue
 		}
-		if a, err := netip.ParseAddr(in.IP); err == nil && a.Unmap().Is4() {
+		if a, err := netip.ParseAddr(in.IP); err == nil {
 			out = append(out, a.Unmap())
 		}
 	}

@@ -117,6 +117,26 @@ static __always_inline int ctx_l4_csum_replace(void *ctx, const int xdp, __u32 o
 	return ctx_store(ctx, xdp, off, &check, 2);
 }
 
+/* ctx_l4_csum_diff applies diff — bpf_csum_diff's sum of the difference
+ * between old and new words of the pseudo-header (IPv6 addresses) — to a
+ * TCP/UDP checksum at off, as bpf_l4_csum_replace(from 0, to diff,
+ * BPF_F_PSEUDO_HDR) does in tc: HC' = ~(~HC + diff). mangled is
+ * BPF_F_MARK_MANGLED_0 or 0, as for ctx_l4_csum_replace. */
+static __always_inline int ctx_l4_csum_diff(void *ctx, const int xdp, __u32 off, __u32 diff, __u64 mangled)
+{
+	__u16 check;
+	if (!xdp)
+		return bpf_l4_csum_replace(ctx, off, 0, diff, BPF_F_PSEUDO_HDR | mangled);
+	if (ctx_load(ctx, xdp, off, &check, 2) < 0)
+		return -1;
+	if (mangled && check == 0)
+		return 0;
+	check = (__u16)~csum_fold16((__u32)(__u16)~check + (diff & 0xffff) + (diff >> 16));
+	if (mangled && check == 0)
+		check = 0xffff;
+	return ctx_store(ctx, xdp, off, &check, 2);
+}
+
 /* csum_is_seed reports whether a TCP/UDP checksum field holds only the
  * pseudo-header sum (saddr, daddr, protocol, L4 length; folded, not
  * complemented): what a sender whose checksum is offloaded writes

@@ -11,7 +11,7 @@
 
 #include <linux/types.h>
 
-#define WAGGLE_NP_LAYOUT_VERSION 1
+#define WAGGLE_NP_LAYOUT_VERSION 2
 /* "WGNP" as a little-endian u32. */
 #define WAGGLE_NP_MAGIC 0x504e4757
 
@@ -43,7 +43,7 @@
 
 /*
  * Key of the conntrack LRU. Addresses are IPv6 or IPv4-mapped, network
- * order, as in lb.h; the programs serve IPv4 today.
+ * order, as in lb.h.
  */
 struct np_ct_key {
 	__u8 src[16];
@@ -122,10 +122,12 @@ struct np_maglev_chunk {
 	__u32 backend[NP_MAGLEV_CHUNK];
 };
 
-/* Value of the devices map (key: __u32 ifindex). */
+/* Value of the devices map (key: __u32 ifindex). Layout 2 appended addr6
+ * (8 bytes in layout 1). */
 struct np_device {
-	__be32 addr4; /* the SNAT source for traffic leaving this device */
-	__u32 flags;  /* NP_DEV_F_* */
+	__be32 addr4;    /* the IPv4 SNAT source for traffic leaving this device (0: none) */
+	__u32 flags;     /* NP_DEV_F_* */
+	__u8 addr6[16];  /* the IPv6 SNAT source (all zero: none) */
 };
 
 /* The config map's one entry. */
@@ -144,7 +146,7 @@ enum np_stat {
 	NP_STAT_REPLY = 3,         /* reply translated back to the frontend */
 	NP_STAT_NO_BACKEND = 4,    /* frontend without backends: left to the stack (a reject) */
 	NP_STAT_LOCAL_DROP = 5,    /* externalTrafficPolicy Local, no local backend: dropped */
-	NP_STAT_FRAGMENT = 6,      /* IPv4 fragment to a frontend: not translated */
+	NP_STAT_FRAGMENT = 6,      /* IPv4 fragment, or IPv6 packet with a fragment header: not translated */
 	NP_STAT_SNAT_EXHAUSTED = 7, /* no free SNAT port: dropped */
 	NP_STAT_FIB_MISS = 8,      /* no route to the backend: left to the stack */
 	NP_STAT_MAGLEV_MISS = 9,   /* Maglev slot empty: fell back to the slot hash */
@@ -154,7 +156,8 @@ enum np_stat {
 	NP_STAT_ICMP_ERROR = 13,     /* ICMP error about a SNATed flow translated back to the client */
 	NP_STAT_XDP_FWD = 14,          /* packets translated and forwarded in XDP (XDP_TX, XDP_REDIRECT) */
 	NP_STAT_XDP_PARTIAL_CSUM = 15, /* left to tc by XDP: the L4 checksum was left to offload */
-	NP_STAT_MAX = 16,
+	NP_STAT_IPV6_EXTHDR = 16,      /* IPv6 with an extension header not skipped (routing, AH, ESP, ...): left to the stack */
+	NP_STAT_MAX = 17,
 };
 
 #endif /* WAGGLE_NODEPORT_H */

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -87,7 +88,11 @@ func runLab(ctx context.Context, args []string) error {
 		if len(rest) < 2 {
 			return errors.New("usage: waggle lab exec [--data-dir DIR] client|NODE [--] CMD [ARG...]")
 		}
-		return lab.Exec(ctx, cfg.DataDir, rest[0], rest[1:], os.Stdin, os.Stdout, os.Stderr)
+		err := lab.Exec(ctx, cfg.DataDir, rest[0], rest[1:], os.Stdin, os.Stdout, os.Stderr)
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) && ee.Exited() {
+			return childExit(ee.ExitCode())
+		}
+		return err
 	case "stop", "restart":
 		node := fs.String("node", "", "the node (empty: the control plane's processes)")
 		component := fs.String("component", "proxy", "kubelet, proxy, control-plane or containerd")

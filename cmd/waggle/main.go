@@ -60,6 +60,14 @@ func hiddenCommands() []command {
 // exitCoder lets a command choose its process exit code (waggle bpf does).
 type exitCoder interface{ ExitCode() int }
 
+// childExit is the exit status of a command Waggle ran for the user (waggle
+// lab exec), passed through as Waggle's own. The command has already said
+// what went wrong, so nothing more is printed, as kubectl exec and ssh do.
+type childExit int
+
+func (c childExit) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
+func (c childExit) ExitCode() int { return int(c) }
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
@@ -81,23 +89,29 @@ func run(args []string, stderr io.Writer) int {
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		err := c.run(ctx, args[1:])
-		switch {
-		case err == nil:
-			return 0
-		case errors.Is(err, flag.ErrHelp):
-			return 0
-		}
-		fmt.Fprintf(stderr, "waggle %s: %v\n", c.name, err)
-		var ec exitCoder
-		if errors.As(err, &ec) {
-			return ec.ExitCode()
-		}
-		return 1
+		return exitStatus(stderr, c.name, c.run(ctx, args[1:]))
 	}
 	fmt.Fprintf(stderr, "waggle: unknown command %q\n\n", args[0])
 	usage(stderr)
 	return 2
+}
+
+// exitStatus reports a command's error on stderr and returns the process's
+// exit code.
+func exitStatus(stderr io.Writer, name string, err error) int {
+	var child childExit
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &child):
+		return child.ExitCode()
+	}
+	fmt.Fprintf(stderr, "waggle %s: %v\n", name, err)
+	var ec exitCoder
+	if errors.As(err, &ec) {
+		return ec.ExitCode()
+	}
+	return 1
 }
 
 func usage(w io.Writer) {

@@ -34,6 +34,13 @@ const (
 	nsPortIPT    = 30081
 	nsNodeXAddr  = "10.27.10.9" // the eBPF node with XDP
 	nsPortXDP    = 30090
+	// IPv6 beside (NorthSouthConfig.IPv6): the same hosts in fd06:10::/64,
+	// the backends in fd06:12::/64.
+	nsClientAddr6 = "fd06:10::100"
+	nsNode1Addr6  = "fd06:10::1"
+	nsNode2Addr6  = "fd06:10::2"
+	nsPodNet6     = "fd06:12::/64"
+	nsNodeXAddr6  = "fd06:10::9"
 )
 
 // nsTopo: a client outside every node, three nodes on a bridge, the
@@ -47,6 +54,7 @@ type nsTopo struct {
 	node3                      string // the iptables node
 	pod                        string
 	backends                   []netip.Addr
+	backends6                  []netip.Addr // with IPv6: the same backends' IPv6 addresses
 	cgroup                     string
 	closers                    []func()
 	listeners                  []io.Closer
@@ -71,7 +79,7 @@ func (t *nsTopo) close() {
 	}
 }
 
-func newNSTopo(backends int) (t *nsTopo, err error) {
+func newNSTopo(backends int, ipv6 bool) (t *nsTopo, err error) {
 	t = &nsTopo{suffix: randSuffix()[:6]}
 	t.wire, t.client, t.node1, t.node2, t.pod = "ns-bw"+t.suffix, "ns-bc"+t.suffix, "ns-b1"+t.suffix, "ns-b2"+t.suffix, "ns-bp"+t.suffix
 	t.node3 = "ns-b3" + t.suffix
@@ -138,6 +146,26 @@ func newNSTopo(backends int) (t *nsTopo, err error) {
 		t.backends = append(t.backends, a)
 		steps = append(steps, []string{t.pod, "ip", "addr", "add", a.String() + "/32", "dev", "eth0"})
 	}
+	if ipv6 {
+		// The same paths in IPv6: the pod's gateway is fe80::1 on node2's
+		// side of its veth.
+		steps = append(steps,
+			[]string{t.client, "ip", "addr", "add", nsClientAddr6 + "/64", "dev", "eth0", "nodad"},
+			[]string{t.node1, "ip", "addr", "add", nsNode1Addr6 + "/64", "dev", "eth0", "nodad"},
+			[]string{t.node2, "ip", "addr", "add", nsNode2Addr6 + "/64", "dev", "eth0", "nodad"},
+			[]string{t.node1, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
+			[]string{t.node2, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
+			[]string{t.node1, "ip", "-6", "route", "add", nsPodNet6, "via", nsNode2Addr6},
+			[]string{t.node2, "ip", "addr", "add", "fe80::1/64", "dev", "p0", "nodad"},
+			[]string{t.node2, "ip", "-6", "route", "add", nsPodNet6, "dev", "p0"},
+			[]string{t.client, "ip", "-6", "route", "add", nsPodNet6, "via", nsNode1Addr6},
+			[]string{t.pod, "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"})
+		for i := range backends {
+			a := netip.MustParseAddr(fmt.Sprintf("fd06:12::%d", 10+i))
+			t.backends6 = append(t.backends6, a)
+			steps = append(steps, []string{t.pod, "ip", "addr", "add", a.String() + "/128", "dev", "eth0", "nodad"})
+		}
+	}
 	for _, s := range steps {
 		if err := t.in(s[0], s[1:]...); err != nil {
 			return t, err
@@ -145,7 +173,7 @@ func newNSTopo(backends int) (t *nsTopo, err error) {
 	}
 	// Echo servers in the pod namespace.
 	err = inNS(t.pod, func() error {
-		for _, a := range t.backends {
+		for _, a := range append(slices.Clone(t.backends), t.backends6...) {
 			ln, err := net.Listen("tcp", netip.AddrPortFrom(a, bePort).String())
 			if err != nil {
 				return err
@@ -227,6 +255,10 @@ type NorthSouthConfig struct {
 	// checksums (tx checksum offload off on its veth, as packets from
 	// another machine arrive; every path sees the same client).
 	XDP bool
+	// IPv6 adds the IPv6 paths beside: direct6 (the client to the
+	// backends' IPv6 addresses through node1) and ebpf-tc6 (node1's IPv6
+	// NodePort, the same tc programs), their ratios against direct6.
+	IPv6 bool
 	// Peers are other proxies measured beside (upstream kube-proxy: the
 	// benchmark test supplies them), each on its own node namespace.
 	Peers  []Peer
@@ -319,7 +351,7 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 	if !cfg.XDP {
 		rep.Notes = append(rep.Notes, "XDP not measured (NorthSouthConfig.XDP)")
 	}
-	t, err := newNSTopo(cfg.Backends)
+	t, err := newNSTopo(cfg.Backends, cfg.IPv6)
 	defer t.close()
 	if err != nil {
 		return nil, fmt.Errorf("set up namespaces: %w", err)
@@ -337,6 +369,10 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 	}
 	t.closers = append(t.closers, func() { eb.Cleanup(context.Background()) })
 	paths := []string{"direct", "ebpf-tc"}
+	if cfg.IPv6 {
+		paths = append(paths, "direct6", "ebpf-tc6")
+		rep.Notes = append(rep.Notes, "direct6, ebpf-tc6: the same two paths over IPv6 (client "+nsClientAddr6+", NodePort ["+nsNode1Addr6+"]:30080 on the same node1 programs, SNAT to "+nsNode1Addr6+", backends fd06:12::10+i in the same pod namespace); their ratios are against direct6")
+	}
 	var xb *ebpf.Backend
 	var xpin string
 	if cfg.XDP {
@@ -344,6 +380,10 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			return rep, err
 		}
 		paths = append(paths, "ebpf-xdp")
+		if cfg.IPv6 {
+			paths = append(paths, "ebpf-xdp6")
+			rep.Notes = append(rep.Notes, "ebpf-xdp6: the XDP node's IPv6 NodePort ["+nsNodeXAddr6+"]:30090, ratio against direct6 (the XDP counters below cover both families)")
+		}
 		rep.Notes = append(rep.Notes, "ebpf-xdp: the same programs on a node of its own ("+nsNodeXAddr+"), the ingress in generic XDP on its eth0 (a veth): new flows, their packets and their replies forwarded with XDP_TX; the client and the backends send full checksums (tx offload off) for every path, as from other machines")
 	}
 	var ib *iptables.Backend
@@ -461,8 +501,12 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 						P99us: float64(l[min(len(l)-1, len(l)*99/100)].Nanoseconds()) / 1000}
 				}
 			}
-			for _, s := range r.Rate {
-				if d := r.Rate["direct"]; d != nil && d.Median > 0 {
+			for p, s := range r.Rate {
+				base := "direct"
+				if strings.HasSuffix(p, "6") {
+					base = "direct6"
+				}
+				if d := r.Rate[base]; d != nil && d.Median > 0 {
 					s.Ratio = s.Median / d.Median
 				}
 			}
@@ -495,6 +539,17 @@ func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
 	nx := "ns-bx" + t.suffix
 	if err := t.addNode(nx, nsNodeXAddr, "nx"); err != nil {
 		return nil, "", fmt.Errorf("XDP node: %w", err)
+	}
+	if len(t.backends6) > 0 {
+		for _, c := range [][]string{
+			{"ip", "addr", "add", nsNodeXAddr6 + "/64", "dev", "eth0", "nodad"},
+			{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
+			{"ip", "-6", "route", "add", nsPodNet6, "via", nsNode2Addr6},
+		} {
+			if err := t.in(nx, c...); err != nil {
+				return nil, "", fmt.Errorf("XDP node: %w", err)
+			}
+		}
 	}
 	// The client and the backends send full checksums, as from other
 	// machines: XDP leaves offloaded ones (CHECKSUM_PARTIAL) to tc.
@@ -541,6 +596,17 @@ func (t *nsTopo) state(n int, port uint16, node string) *dataplane.State {
 		fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr(node), Port: port, Protocol: proto},
 			Kind: dataplane.NodePort, Service: dataplane.ServicePortName{Namespace: "bench", Name: "nodeport"}, Endpoints: eps})
 	}
+	node6 := map[string]string{nsNode1Addr: nsNode1Addr6, nsNodeXAddr: nsNodeXAddr6}[node]
+	if node6 != "" && len(t.backends6) > 0 {
+		var eps6 []dataplane.Endpoint
+		for _, a := range t.backends6 {
+			eps6 = append(eps6, dataplane.Endpoint{Addr: a, Port: bePort})
+		}
+		for _, proto := range []dataplane.Protocol{dataplane.TCP, dataplane.UDP} {
+			fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr(node6), Port: port, Protocol: proto},
+				Kind: dataplane.NodePort, Service: dataplane.ServicePortName{Namespace: "bench", Name: "nodeport"}, Endpoints: eps6})
+		}
+	}
 	for i := 1; i < n; i++ {
 		a := netip.AddrFrom4([4]byte{10, 28, byte(i >> 8), byte(i)})
 		fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: a, Port: 80, Protocol: dataplane.TCP},
@@ -561,6 +627,12 @@ func (t *nsTopo) nsTarget(path, test string, peers map[string]string) func(i int
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNode3Addr, nsPortIPT) }
 	case "ebpf-xdp":
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeXAddr, nsPortXDP) }
+	case "ebpf-xdp6":
+		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNodeXAddr6, nsPortXDP) }
+	case "ebpf-tc6":
+		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNode1Addr6, nsPortEBPF) }
+	case "direct6":
+		return func(i int) string { return netip.AddrPortFrom(t.backends6[i%len(t.backends6)], bePort).String() }
 	}
 	return func(i int) string { return netip.AddrPortFrom(t.backends[i%len(t.backends)], bePort).String() }
 }

@@ -16,7 +16,8 @@ import (
 // upstream kube-proxy's iptables and nftables proxiers as peers:
 // DP_NS_SERVICES (default 1), DP_NS_DURATION (default 1s), DP_NS_ROUNDS (3),
 // DP_NS_KUBE_PROXY (iptables,nftables; none), DP_NS_XDP (1: the eBPF XDP
-// column, generic XDP on a veth).
+// column, generic XDP on a veth), DP_NS_IPV6 (1: the direct and eBPF tc
+// paths over IPv6 beside).
 func BenchmarkNorthSouth(b *testing.B) {
 	testutil.RequiresRoot(b)
 	testutil.RequiresKernelFeature(b, testutil.BTF)
@@ -42,6 +43,7 @@ func BenchmarkNorthSouth(b *testing.B) {
 		}
 	}
 	cfg.XDP = os.Getenv("DP_NS_XDP") == "1"
+	cfg.IPv6 = os.Getenv("DP_NS_IPV6") == "1"
 	if d, err := time.ParseDuration(os.Getenv("DP_NS_DURATION")); err == nil {
 		cfg.Duration = d
 	}

@@ -144,6 +144,7 @@ type nodePortNpDevice struct {
 	_     structs.HostLayout
 	Addr4 uint32
 	Flags uint32
+	Addr6 [16]uint8
 }
 
 type nodePortNpMaglevChunk struct {

@@ -36,7 +36,7 @@ const (
 )
 
 // NPLayoutVersion is WAGGLE_NP_LAYOUT_VERSION (bpf/lib/nodeport.h).
-const NPLayoutVersion = 1
+const NPLayoutVersion = 2
 
 // NPMagic marks the north-south config map ("WGNP" little-endian).
 const NPMagic = 0x504e4757
@@ -61,9 +61,10 @@ const NPLinkPrefix = "np-"
 // off (sockets on the node are still load-balanced).
 type NorthSouth struct {
 	// Devices are the external interfaces (by name) whose traffic is
-	// served: at least one, each must exist (in NetNS) and have an IPv4
-	// address, which is the SNAT source for remote backends reached
-	// through it.
+	// served: at least one, each must exist (in NetNS) and have a global
+	// IPv4 or IPv6 address (or both): the SNAT source of that family for
+	// remote backends reached through it. A device without an address of
+	// a family serves that family's frontends with DNAT only.
 	Devices []string
 	// NetNS is the path of the network namespace holding Devices (and the
 	// routes to the backends); empty: the caller's.
@@ -264,9 +265,12 @@ type MaglevEntry struct {
 
 // DeviceEntry is one north-south device.
 type DeviceEntry struct {
-	Ifindex  uint32     `json:"ifindex"`
-	Name     string     `json:"name,omitempty"`
-	SNATAddr netip.Addr `json:"snatAddress"`
+	Ifindex uint32 `json:"ifindex"`
+	Name    string `json:"name,omitempty"`
+	// SNATAddr and SNATAddr6 are the device's IPv4 and IPv6 SNAT sources
+	// (invalid: none of that family).
+	SNATAddr  netip.Addr `json:"snatAddress"`
+	SNATAddr6 netip.Addr `json:"snatAddress6,omitzero"`
 	// XDP is the mode the ingress program also runs in on this device:
 	// "native", "generic", or empty (tc only).
 	XDP string `json:"xdp,omitempty"`

@@ -31,9 +31,10 @@ type northSouth struct {
 type device struct {
 	name    string
 	ifindex int
-	addr    netip.Addr
-	kind    string // netlink link type ("veth", "device", ...)
-	xdp     string // the XDP mode attached: AccelNative, AccelGeneric or empty
+	addr    netip.Addr // IPv4 SNAT source (invalid: none)
+	addr6   netip.Addr // IPv6 SNAT source (invalid: none)
+	kind    string     // netlink link type ("veth", "device", ...)
+	xdp     string     // the XDP mode attached: AccelNative, AccelGeneric or empty
 }
 
 // loadNorthSouth loads bpf/nodeport.c against the socket load balancer's
@@ -74,7 +75,9 @@ func (b *Backend) loadNorthSouth() (err error) {
 		// (established north-south flows fall back to Maglev, which picks
 		// the same backend while the backends stay the same).
 		b.log.Warn("north-south map sizes changed: recreating the conntrack and affinity maps")
-		for _, n := range []string{MapNPConntrack, MapNPAffinity, MapNPServices, MapNPMaglev, MapNPStats} {
+		// (np_device grew its IPv6 address in layout 2: the devices map is
+		// rewritten below anyway.)
+		for _, n := range []string{MapNPConntrack, MapNPAffinity, MapNPServices, MapNPMaglev, MapNPStats, MapNPDevices} {
 			os.Remove(filepath.Join(b.cfg.PinDir, n))
 		}
 		err = spec.LoadAndAssign(objs, opts)
@@ -126,7 +129,13 @@ func (b *Backend) loadNorthSouth() (err error) {
 	}
 	names := make([]string, len(devs))
 	for i, d := range b.np.devs {
-		names[i] = fmt.Sprintf("%s(%s", d.name, d.addr)
+		var as []string
+		for _, a := range []netip.Addr{d.addr, d.addr6} {
+			if a.IsValid() {
+				as = append(as, a.String())
+			}
+		}
+		names[i] = fmt.Sprintf("%s(%s", d.name, strings.Join(as, " "))
 		if d.xdp != "" {
 			names[i] += ", xdp " + d.xdp
 		}
@@ -164,19 +173,14 @@ func resolveDevices(cfg NorthSouth) ([]device, error) {
 				return fmt.Errorf("north-south device %q: no such interface in %s (have %s): %w",
 					name, where, strings.Join(have, ", "), ErrNoDevice)
 			}
-			addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
 			if err != nil {
 				return fmt.Errorf("north-south device %s: list addresses: %w", name, err)
 			}
 			d := device{name: name, ifindex: l.Attrs().Index, kind: l.Type()}
-			for _, a := range addrs {
-				if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip.IsGlobalUnicast() {
-					d.addr = ip
-					break
-				}
-			}
-			if !d.addr.IsValid() {
-				return fmt.Errorf("north-south device %s has no IPv4 address to SNAT to", name)
+			d.addr, d.addr6 = snatAddrs(addrs)
+			if !d.addr.IsValid() && !d.addr6.IsValid() {
+				return fmt.Errorf("north-south device %s has no global IPv4 or IPv6 address to SNAT to", name)
 			}
 			out = append(out, d)
 		}
@@ -185,10 +189,47 @@ func resolveDevices(cfg NorthSouth) ([]device, error) {
 	return out, err
 }
 
+// snatAddrs picks a device's SNAT sources: its first global unicast IPv4
+// address, and its first global unicast IPv6 address (a ULA counts),
+// preferring one that is neither tentative (duplicate address detection
+// pending: right after boot) nor deprecated, but taking such a one rather
+// than none (it becomes usable once DAD is done; the devices are resolved
+// once, at start). An address whose DAD failed is never used.
+func snatAddrs(addrs []netlink.Addr) (v4, v6 netip.Addr) {
+	var v6Later netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		switch {
+		case !ip.IsGlobalUnicast():
+		case ip.Is4() && !v4.IsValid():
+			v4 = ip
+		case !ip.Is6() || v6.IsValid() || a.Flags&unix.IFA_F_DADFAILED != 0:
+		case a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DEPRECATED) == 0:
+			v6 = ip
+		case !v6Later.IsValid():
+			v6Later = ip
+		}
+	}
+	if !v6.IsValid() {
+		v6 = v6Later
+	}
+	return v4, v6
+}
+
 func writeDevices(m *ebpf.Map, devs []device) error {
 	want := map[uint32]bool{}
 	for _, d := range devs {
-		v := nodePortNpDevice{Addr4: ipv4Net(d.addr), Flags: npDevExternal}
+		v := nodePortNpDevice{Flags: npDevExternal}
+		if d.addr.IsValid() {
+			v.Addr4 = ipv4Net(d.addr)
+		}
+		if d.addr6.IsValid() {
+			v.Addr6 = d.addr6.As16()
+		}
 		switch d.xdp {
 		case AccelNative:
 			v.Flags |= npDevXDPNative

@@ -32,8 +32,13 @@ import (
 //	client 10.27.0.100 ─┐
 //	node1  10.27.0.1   ─┼─ br0 (wire)      node1: pod 10.27.1.10, 10.27.1.11
 //	node2  10.27.0.2   ─┘                  node2: pod 10.27.2.10
+//
+// newNSTopoNet builds the same network from other prefixes, and dual-stack
+// with an IPv6 prefix P (wire P::/64, node1's pods P:1::/64, node2's
+// P:2::/64, the same host numbers: client P::100, node1 P::1, pod P:1::10).
 type nsTopo struct {
 	t                   *testing.T
+	net                 nsTopoNet
 	wire, client        *nsNS
 	node1, node2        *nsNS
 	pods                map[string]*nsNS // by pod IP
@@ -45,6 +50,23 @@ type nsTopo struct {
 	cgroup              string
 }
 
+// nsTopoNet names a topology's namespaces and addresses.
+type nsTopoNet struct {
+	prefix string // of the network namespaces' names
+	v4     string // the first two octets: "10.27"
+	v6     string // "" (IPv4 only) or the first group: "fd06"
+}
+
+// ip4 and ip6 are host h of subnet n (0: the wire, 1 and 2: node1's and
+// node2's pods).
+func (n nsTopoNet) ip4(sub, h int) string { return fmt.Sprintf("%s.%d.%d", n.v4, sub, h) }
+func (n nsTopoNet) ip6(sub, h int) string {
+	if sub == 0 {
+		return fmt.Sprintf("%s::%d", n.v6, h)
+	}
+	return fmt.Sprintf("%s:%d::%d", n.v6, sub, h)
+}
+
 type nsNS struct {
 	name string
 	h    ns.NetNS
@@ -52,11 +74,13 @@ type nsNS struct {
 
 func (n *nsNS) path() string { return filepath.Join("/run/netns", n.name) }
 
-func newNSNetNS(t *testing.T, role string) *nsNS {
+func newNSNetNS(t *testing.T, role string) *nsNS { return newNSNetNSNamed(t, "nsx", role) }
+
+func newNSNetNSNamed(t *testing.T, prefix, role string) *nsNS {
 	t.Helper()
 	var b [3]byte
 	rand.Read(b[:])
-	name := "nsx-" + role + "-" + hex.EncodeToString(b[:])
+	name := prefix + "-" + role + "-" + hex.EncodeToString(b[:])
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
@@ -97,46 +121,79 @@ func plug(t *testing.T, from *nsNS, fromName string, to *nsNS, toName string) {
 	to.run(t, "ip", "link", "set", toName, "up")
 }
 
-func newNSTopo(t *testing.T) *nsTopo {
+func newNSTopo(t *testing.T) *nsTopo { return newNSTopoNet(t, nsTopoNet{prefix: "nsx", v4: "10.27"}) }
+
+// newNSTopo6 is the dual-stack topology (10.66.0.0/16, fd06::/16).
+func newNSTopo6(t *testing.T) *nsTopo {
+	return newNSTopoNet(t, nsTopoNet{prefix: "ns6", v4: "10.66", v6: "fd06"})
+}
+
+func newNSTopoNet(t *testing.T, n nsTopoNet) *nsTopo {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	testutil.RequiresKernelFeature(t, testutil.CgroupSockAddr)
 	testutil.RequiresKernelFeature(t, testutil.BTF)
-	tp := &nsTopo{t: t, pods: map[string]*nsNS{},
-		node1Addr: netip.MustParseAddr("10.27.0.1"), node2Addr: netip.MustParseAddr("10.27.0.2"),
-		clientIP: netip.MustParseAddr("10.27.0.100")}
-	tp.wire = newNSNetNS(t, "wire")
-	tp.client = newNSNetNS(t, "client")
-	tp.node1 = newNSNetNS(t, "node1")
-	tp.node2 = newNSNetNS(t, "node2")
+	tp := &nsTopo{t: t, net: n, pods: map[string]*nsNS{},
+		node1Addr: netip.MustParseAddr(n.ip4(0, 1)), node2Addr: netip.MustParseAddr(n.ip4(0, 2)),
+		clientIP: netip.MustParseAddr(n.ip4(0, 100))}
+	tp.wire = newNSNetNSNamed(t, n.prefix, "wire")
+	tp.client = newNSNetNSNamed(t, n.prefix, "client")
+	tp.node1 = newNSNetNSNamed(t, n.prefix, "node1")
+	tp.node2 = newNSNetNSNamed(t, n.prefix, "node2")
 	tp.wire.run(t, "ip", "link", "add", "br0", "type", "bridge")
 	tp.wire.run(t, "ip", "link", "set", "br0", "up")
 	for _, x := range []struct {
 		n    *nsNS
 		port string
-		addr string
-	}{{tp.client, "c0", "10.27.0.100/24"}, {tp.node1, "n1", "10.27.0.1/24"}, {tp.node2, "n2", "10.27.0.2/24"}} {
+		host int
+	}{{tp.client, "c0", 100}, {tp.node1, "n1", 1}, {tp.node2, "n2", 2}} {
 		plug(t, tp.wire, x.port, x.n, "eth0")
 		tp.wire.run(t, "ip", "link", "set", x.port, "master", "br0")
-		x.n.run(t, "ip", "addr", "add", x.addr, "dev", "eth0")
+		x.n.run(t, "ip", "addr", "add", n.ip4(0, x.host)+"/24", "dev", "eth0")
+		if n.v6 != "" {
+			x.n.run(t, "ip", "addr", "add", n.ip6(0, x.host)+"/64", "dev", "eth0", "nodad")
+		}
 	}
-	for _, n := range []*nsNS{tp.node1, tp.node2} {
-		n.run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	for _, node := range []*nsNS{tp.node1, tp.node2} {
+		node.run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+		if n.v6 != "" {
+			node.run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+		}
 	}
-	tp.node1.run(t, "ip", "route", "add", "10.27.2.0/24", "via", "10.27.0.2")
-	tp.node2.run(t, "ip", "route", "add", "10.27.1.0/24", "via", "10.27.0.1")
-	// The client reaches pod IPs directly only for the "direct" comparison.
-	tp.client.run(t, "ip", "route", "add", "10.27.2.0/24", "via", "10.27.0.2")
-	tp.client.run(t, "ip", "route", "add", "10.27.1.0/24", "via", "10.27.0.1")
-	tp.addPod("10.27.1.10", tp.node1, "10.27.0.1")
-	tp.addPod("10.27.1.11", tp.node1, "10.27.0.1")
-	tp.addPod("10.27.2.10", tp.node2, "10.27.0.2")
+	route := func(in *nsNS, to, via string) {
+		if strings.Contains(to, ":") {
+			in.run(t, "ip", "-6", "route", "add", to, "via", via)
+		} else {
+			in.run(t, "ip", "route", "add", to, "via", via)
+		}
+	}
+	nets := []func(sub, h int) string{n.ip4}
+	if n.v6 != "" {
+		nets = append(nets, n.ip6)
+	}
+	for _, ip := range nets {
+		pfx := "/24"
+		if strings.Contains(ip(0, 1), ":") {
+			pfx = "/64"
+		}
+		route(tp.node1, ip(2, 0)+pfx, ip(0, 2))
+		route(tp.node2, ip(1, 0)+pfx, ip(0, 1))
+		// The client reaches pod IPs directly only for the "direct" comparison.
+		route(tp.client, ip(2, 0)+pfx, ip(0, 2))
+		route(tp.client, ip(1, 0)+pfx, ip(0, 1))
+	}
+	tp.addPod(n.ip4(1, 10), tp.node1, n.ip4(0, 1))
+	tp.addPod(n.ip4(1, 11), tp.node1, n.ip4(0, 1))
+	tp.addPod(n.ip4(2, 10), tp.node2, n.ip4(0, 2))
 	return tp
 }
 
+// addPod adds a pod with address ip behind node (gw: the node's address);
+// in a dual-stack topology the pod has the IPv6 address of the same host
+// number too (its gateway: fe80::1 on the node's side of its veth).
 func (tp *nsTopo) addPod(ip string, node *nsNS, gw string) {
 	t := tp.t
-	p := newNSNetNS(t, "pod")
+	p := newNSNetNSNamed(t, tp.net.prefix, "pod")
 	host := "p" + strings.ReplaceAll(ip, ".", "")[4:]
 	plug(t, node, host, p, "eth0")
 	p.run(t, "ip", "addr", "add", ip+"/32", "dev", "eth0")
@@ -145,6 +202,17 @@ func (tp *nsTopo) addPod(ip string, node *nsNS, gw string) {
 	node.run(t, "ip", "route", "add", ip+"/32", "dev", host)
 	tp.pods[ip] = p
 	tp.serve(p, ip)
+	if tp.net.v6 == "" {
+		return
+	}
+	a := netip.MustParseAddr(ip).As4()
+	ip6 := tp.net.ip6(int(a[2]), int(a[3]))
+	node.run(t, "ip", "addr", "add", "fe80::1/64", "dev", host, "nodad")
+	p.run(t, "ip", "addr", "add", ip6+"/128", "dev", "eth0", "nodad")
+	p.run(t, "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0")
+	node.run(t, "ip", "-6", "route", "add", ip6+"/128", "dev", host)
+	tp.pods[ip6] = p
+	tp.serve(p, ip6)
 }
 
 // serve runs a TCP server on pod ip:8080 that writes "<pod ip> <peer>\n"
@@ -154,10 +222,10 @@ func (tp *nsTopo) serve(p *nsNS, ip string) {
 	var ln net.Listener
 	var pc net.PacketConn
 	if err := p.do(func() (err error) {
-		if ln, err = net.Listen("tcp", ip+":8080"); err != nil {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(ip, "8080")); err != nil {
 			return err
 		}
-		pc, err = net.ListenPacket("udp", ip+":8080")
+		pc, err = net.ListenPacket("udp", net.JoinHostPort(ip, "8080"))
 		return err
 	}); err != nil {
 		t.Fatalf("listen in pod %s: %v", ip, err)
@@ -371,7 +439,10 @@ func TestNorthSouthNodePortToLocalAndRemoteBackends(t *testing.T) {
 		if pod != c.pod || seen != c.seen {
 			t.Errorf("%s: answered by %s seeing %s, want %s seeing %s", c.to, pod, seen, c.pod, c.seen)
 		}
-		if err := echo(conn, "hello"); err != nil {
+		// More than an MTU: a GSO packet, which the FIB lookup must not
+		// call too big (and send through the stack, whose masquerade then
+		// remaps the client's port: a reset).
+		if err := echo(conn, strings.Repeat("hello ", 300)); err != nil {
 			t.Errorf("%s: echo: %v", c.to, err)
 		}
 		// The client sees the NodePort as its peer (reverse NAT).

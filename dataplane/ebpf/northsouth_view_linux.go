@@ -17,7 +17,7 @@ import (
 
 var npStatNames = [...]string{"xlate_local", "xlate_snat", "ct_hit", "reply", "no_backend", "local_drop",
 	"fragment", "snat_exhausted", "fib_miss", "maglev_miss", "affinity_hit", "backend_gone",
-	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum"}
+	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum", "ipv6_exthdr"}
 
 // NorthSouthStatNames lists the north-south counters (enum np_stat), in
 // index order.
@@ -108,8 +108,13 @@ func (v *View) Devices() ([]DeviceEntry, error) {
 	}
 	var out []DeviceEntry
 	err = iterate(m, MapNPDevices, func(idx uint32, d nodePortNpDevice) {
-		a := netip.AddrFrom4([4]byte{byte(d.Addr4), byte(d.Addr4 >> 8), byte(d.Addr4 >> 16), byte(d.Addr4 >> 24)})
-		e := DeviceEntry{Ifindex: idx, SNATAddr: a}
+		e := DeviceEntry{Ifindex: idx}
+		if d.Addr4 != 0 {
+			e.SNATAddr = netip.AddrFrom4([4]byte{byte(d.Addr4), byte(d.Addr4 >> 8), byte(d.Addr4 >> 16), byte(d.Addr4 >> 24)})
+		}
+		if a := netip.AddrFrom16(d.Addr6); !a.IsUnspecified() {
+			e.SNATAddr6 = a
+		}
 		switch {
 		case d.Flags&npDevXDPNative != 0:
 			e.XDP = AccelNative

@@ -1,19 +1,21 @@
-// Package l2announce answers ARP for the LoadBalancer IPs this node owns,
+// Package l2announce answers ARP and NDP for the LoadBalancer IPs this node owns,
 // so that machines on the node network reach them without BGP: Layer 2
 // announcement, as MetalLB's L2 mode and Cilium's L2 announcements do.
 //
 // Every node whose proxy runs north-south load balancing (--nodeport-devices)
-// is a candidate for every IPv4 LoadBalancer ingress IP it can serve (for
+// is a candidate for every LoadBalancer ingress IP it can serve (for
 // externalTrafficPolicy Local, only while it has a ready local endpoint). One
 // candidate per IP leads, through a coordination.k8s.io Lease named
 // waggle-l2-<ip> in kube-system (internal/leaderelect: released on stop, so a
 // standby takes over at once; after a node loss, after the lease duration).
-// The leader answers ARP requests for the IP on the devices with the device's
-// MAC address and announces it with a gratuitous ARP when it takes over, so
-// switches and neighbours move to it at once. The node does not add the IP to
-// an interface: the north-south tc programs translate packets to it.
+// The leader answers ARP requests (IPv4) or neighbour solicitations (IPv6)
+// for the IP on the devices with the device's MAC address and announces it
+// with a gratuitous ARP or an unsolicited neighbour advertisement (override
+// set) when it takes over, so switches and neighbours move to it at once. The
+// node does not add the IP to an interface: the north-south tc programs
+// translate packets to it.
 //
-// IPv6 (NDP) and BGP are not implemented.
+// BGP is not implemented.
 package l2announce
 
 import (
@@ -33,16 +35,22 @@ import (
 // LeasePrefix starts the name of each IP's Lease.
 const LeasePrefix = "waggle-l2-"
 
-// LeaseName is the Lease of ip: waggle-l2-10-0-0-5.
+// LeaseName is the Lease of ip: waggle-l2-10-0-0-5, waggle-l2-fd06-9--50.
+// An IPv6 address ending in "::" gets a 0 (a name must end alphanumeric;
+// the canonical form never ends in "::0", so names stay distinct).
 func LeaseName(ip netip.Addr) string {
-	return LeasePrefix + strings.NewReplacer(".", "-", ":", "-").Replace(ip.String())
+	n := LeasePrefix + strings.NewReplacer(".", "-", ":", "-").Replace(ip.Unmap().String())
+	if strings.HasSuffix(n, "-") {
+		n += "0"
+	}
+	return n
 }
 
 // Config configures an Announcer.
 type Config struct {
 	Client   kubernetes.Interface
 	NodeName string
-	// Devices answer ARP (the north-south devices).
+	// Devices answer ARP and NDP (the north-south devices).
 	Devices []string
 	// NetNS is the network namespace of Devices (empty: the caller's).
 	NetNS string
@@ -130,16 +138,16 @@ func (a *Announcer) Run(ctx context.Context) error {
 	return a.resp.close()
 }
 
-// SetCandidates makes this node a candidate for exactly ips (IPv4; others
-// are ignored): elections start for new ones, and stop (releasing the Lease)
-// for the ones left out (before Run: once it starts).
+// SetCandidates makes this node a candidate for exactly ips (IPv4 and
+// IPv6): elections start for new ones, and stop (releasing the Lease) for
+// the ones left out (before Run: once it starts).
 func (a *Announcer) SetCandidates(ips []netip.Addr) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.want = map[netip.Addr]bool{}
 	for _, ip := range ips {
-		if ip.Is4() {
-			a.want[ip] = true
+		if ip.IsValid() {
+			a.want[ip.Unmap()] = true
 		}
 	}
 	a.reconcile()
@@ -185,9 +193,13 @@ func (a *Announcer) elect(ctx context.Context, ip netip.Addr) {
 			a.mu.Lock()
 			a.owned[ip] = true
 			a.mu.Unlock()
-			log.Info("announcing LoadBalancer IP (ARP)", "devices", strings.Join(a.cfg.Devices, ","))
+			how := "ARP"
+			if ip.Is6() {
+				how = "NDP"
+			}
+			log.Info("announcing LoadBalancer IP ("+how+")", "devices", strings.Join(a.cfg.Devices, ","))
 			if err := a.resp.announce(ip); err != nil {
-				log.Warn("gratuitous ARP failed", "err", err)
+				log.Warn("announcement failed ("+how+")", "err", err)
 			}
 			<-lead.Done()
 			a.mu.Lock()

@@ -23,11 +23,13 @@ import (
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
-func netnsFor(t *testing.T, role string) string {
+func netnsFor(t *testing.T, role string) string { return netnsNamed(t, "ns-l2", role) }
+
+func netnsNamed(t *testing.T, prefix, role string) string {
 	t.Helper()
 	var b [3]byte
 	rand.Read(b[:])
-	name := "ns-l2" + role + hex.EncodeToString(b[:])
+	name := prefix + role + hex.EncodeToString(b[:])
 	run(t, "ip", "netns", "add", name)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
 	run(t, "ip", "netns", "exec", name, "ip", "link", "set", "lo", "up")
@@ -66,14 +68,24 @@ func mac(t *testing.T, n, dev string) string {
 // node takes the Lease over and its gratuitous ARP moves the client's
 // neighbour entry to it.
 func TestOneNodeAnswersARPAndAnotherTakesOver(t *testing.T) {
+	takeover(t, "ns-l2", func(i int) string { return fmt.Sprintf("10.27.20.%d/24", i) }, netip.MustParseAddr("10.27.20.50"))
+}
+
+// The same for an IPv6 LoadBalancer IP: neighbour solicitations answered by
+// the leader, an unsolicited neighbour advertisement on takeover.
+func TestOneNodeAnswersNDPAndAnotherTakesOver(t *testing.T) {
+	takeover(t, "ns6-l2", func(i int) string { return fmt.Sprintf("fd06:20::%d/64", i) }, netip.MustParseAddr("fd06:20::50"))
+}
+
+func takeover(t *testing.T, prefix string, addr func(i int) string, ip netip.Addr) {
 	testutil.RequiresRoot(t)
 	srv := apiservertest.Start(t, apiservertest.Options{})
 	cs, err := kubernetes.NewForConfig(srv.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wire, client := netnsFor(t, "w"), netnsFor(t, "c")
-	nodes := []string{netnsFor(t, "a"), netnsFor(t, "b")}
+	wire, client := netnsNamed(t, prefix, "w"), netnsNamed(t, prefix, "c")
+	nodes := []string{netnsNamed(t, prefix, "a"), netnsNamed(t, prefix, "b")}
 	in(t, wire, "ip", "link", "add", "br0", "type", "bridge")
 	in(t, wire, "ip", "link", "set", "br0", "up")
 	for i, n := range append([]string{client}, nodes...) {
@@ -82,10 +94,9 @@ func TestOneNodeAnswersARPAndAnotherTakesOver(t *testing.T) {
 		in(t, wire, "ip", "link", "set", "tmp"+port, "netns", n)
 		in(t, n, "ip", "link", "set", "tmp"+port, "name", "eth0")
 		in(t, wire, "ip", "link", "set", port, "master", "br0", "up")
-		in(t, n, "ip", "addr", "add", fmt.Sprintf("10.27.20.%d/24", i+1), "dev", "eth0")
+		in(t, n, "ip", "addr", "add", addr(i+1), "dev", "eth0", "nodad")
 		in(t, n, "ip", "link", "set", "eth0", "up")
 	}
-	ip := netip.MustParseAddr("10.27.20.50")
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	var anns []*Announcer
 	var stops []context.CancelFunc
@@ -128,7 +139,7 @@ func TestOneNodeAnswersARPAndAnotherTakesOver(t *testing.T) {
 	neigh := func() string {
 		// A datagram makes the client's kernel resolve the IP.
 		ns.WithNetNSPath(filepath.Join("/run/netns", client), func(ns.NetNS) error {
-			c, err := net.Dial("udp", ip.String()+":9")
+			c, err := net.Dial("udp", netip.AddrPortFrom(ip, 9).String())
 			if err == nil {
 				c.Write([]byte("x"))
 				c.Close()

@@ -22,10 +22,12 @@ const (
 	opReply   = 2
 )
 
-// arpResponder holds one AF_PACKET socket per device, each answering ARP
-// requests for owned IPs.
+// arpResponder holds two AF_PACKET sockets per device, answering ARP
+// requests for owned IPv4 addresses and neighbour solicitations for owned
+// IPv6 addresses (ndp_linux.go).
 type arpResponder struct {
 	devs []*arpDev
+	ndp  []*ndpDev
 	wg   sync.WaitGroup
 	done atomic.Bool
 }
@@ -66,6 +68,11 @@ func newResponder(cfg Config, owns func(netip.Addr) bool) (responder, error) {
 				return fmt.Errorf("bind ARP socket to %s: %w", name, err)
 			}
 			r.devs = append(r.devs, &arpDev{name: name, ifindex: ifc.Index, mac: ifc.HardwareAddr, fd: fd})
+			nd, err := openNDP(name, ifc)
+			if err != nil {
+				return err
+			}
+			r.ndp = append(r.ndp, nd)
 		}
 		return nil
 	}
@@ -80,6 +87,13 @@ func newResponder(cfg Config, owns func(netip.Addr) bool) (responder, error) {
 		return nil, err
 	}
 	for _, d := range r.devs {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			d.serve(owns, cfg, &r.done)
+		}()
+	}
+	for _, d := range r.ndp {
 		r.wg.Add(1)
 		go func() {
 			defer r.wg.Done()
@@ -148,9 +162,18 @@ func (d *arpDev) send(op uint16, ip netip.Addr, tha net.HardwareAddr, tpa [4]byt
 	return unix.Sendto(d.fd, f, 0, &unix.SockaddrLinklayer{Protocol: htons(ethPARP), Ifindex: d.ifindex, Halen: 6, Addr: ll})
 }
 
-// announce sends a gratuitous ARP request (SPA = TPA = ip) on every device.
+// announce sends a gratuitous ARP request (SPA = TPA = ip) on every device,
+// or for IPv6 an unsolicited neighbour advertisement.
 func (r *arpResponder) announce(ip netip.Addr) error {
 	var errs []error
+	if ip.Is6() {
+		for _, d := range r.ndp {
+			if err := d.unsolicited(ip); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", d.name, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
 	for _, d := range r.devs {
 		if err := d.send(opRequest, ip, nil, ip.As4()); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", d.name, err))
@@ -165,6 +188,9 @@ func (r *arpResponder) close() error {
 	for _, d := range r.devs {
 		unix.Close(d.fd)
 	}
-	r.devs = nil
+	for _, d := range r.ndp {
+		unix.Close(d.fd)
+	}
+	r.devs, r.ndp = nil, nil
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -123,7 +124,13 @@ func (s *NorthSouthStatus) writeTable(w io.Writer) {
 		if xdp == "" {
 			xdp = "off (tc only)"
 		}
-		row(w, d.Ifindex, orDash(d.Name), d.SNATAddr, xdp)
+		var as []string
+		for _, a := range []netip.Addr{d.SNATAddr, d.SNATAddr6} {
+			if a.IsValid() {
+				as = append(as, a.String())
+			}
+		}
+		row(w, d.Ifindex, orDash(d.Name), orDash(strings.Join(as, " ")), xdp)
 	}
 	row(w)
 	row(w, "COUNTER", "VALUE")

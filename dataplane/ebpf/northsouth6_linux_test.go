@@ -1,0 +1,422 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/dataplane"
+	"github.com/waggle-io/waggle/internal/ethtool"
+	"github.com/waggle-io/waggle/internal/testutil"
+)
+
+// IPv6 north-south, on the dual-stack topology (newNSTopo6):
+//
+//	client fd06::100 ─┐
+//	node1  fd06::1   ─┼─ br0      node1: pods fd06:1::10, fd06:1::11
+//	node2  fd06::2   ─┘           node2: pod  fd06:2::10
+//
+// (and 10.66.0.0/16 beside it).
+
+// fullChecksums makes the client and the pods send full TCP/UDP checksums,
+// as a machine on a wire does, so every receiver verifies what the programs
+// rewrote (a veth's offload leaves the checksum unchecked).
+func (tp *nsTopo) fullChecksums() { tp.clientWire(AccelGeneric) }
+
+func TestNorthSouthIPv6NodePort(t *testing.T) {
+	tp := newNSTopo6(t)
+	// As for IPv4: the node's netfilter masquerades pod traffic leaving the
+	// pod network, before tc egress sees a local backend's reply.
+	tp.node1.run(t, "nft", "add table ip6 ns6masq")
+	tp.node1.run(t, "nft", "add chain ip6 ns6masq post { type nat hook postrouting priority 100 ; }")
+	tp.node1.run(t, "nft", "add rule ip6 ns6masq post ip6 saddr fd06:1::/64 oifname eth0 masquerade")
+	tp.start()
+	tp.sync(
+		// Cluster policy, the backend on another node: SNAT to node1's IPv6 address.
+		nodePortFrontend("fd06::1", 30080, dataplane.TCP, false, "[fd06:2::10]:8080"),
+		// Cluster policy, the backend on this node: DNAT only.
+		nodePortFrontend("fd06::1", 30081, dataplane.TCP, false, "[fd06:1::10]:8080"),
+		// Local policy: the client's address kept.
+		nodePortFrontend("fd06::1", 30082, dataplane.TCP, true, "[fd06:1::11]:8080"),
+		nodePortFrontend("fd06::1", 30080, dataplane.UDP, false, "[fd06:2::10]:8080"),
+		nodePortFrontend("fd06::1", 30081, dataplane.UDP, false, "[fd06:1::10]:8080"),
+		// Local, no local endpoint: dropped.
+		nodePortFrontend("fd06::1", 30083, dataplane.TCP, true),
+		// Cluster, no endpoint: the node's stack rejects.
+		nodePortFrontend("fd06::1", 30084, dataplane.TCP, false),
+	)
+	check := func(when string) {
+		t.Helper()
+		for _, c := range []struct {
+			to, pod, seen string
+		}{
+			{"[fd06::1]:30080", "fd06:2::10", "fd06::1"},   // SNAT: the pod sees node1
+			{"[fd06::1]:30081", "fd06:1::10", "fd06::100"}, // a local backend: the client
+			{"[fd06::1]:30082", "fd06:1::11", "fd06::100"}, // ETP Local: the client
+		} {
+			conn, pod, seen, err := tp.dial(c.to)
+			if err != nil {
+				t.Fatalf("%s: %s: %v", when, c.to, err)
+			}
+			if pod != c.pod || seen != c.seen {
+				t.Errorf("%s: %s: answered by %s seeing %s, want %s seeing %s", when, c.to, pod, seen, c.pod, c.seen)
+			}
+			if err := echo(conn, strings.Repeat("hello ", 300)); err != nil {
+				t.Errorf("%s: %s: echo: %v", when, c.to, err)
+			}
+			// The client sees the NodePort as its peer (reverse NAT).
+			if got := conn.RemoteAddr().String(); got != c.to {
+				t.Errorf("%s: client's peer %s, want %s", when, got, c.to)
+			}
+			conn.Close()
+		}
+		for _, c := range []struct{ to, pod, seen string }{
+			{"[fd06::1]:30080", "fd06:2::10", "fd06::1"},
+			{"[fd06::1]:30081", "fd06:1::10", "fd06::100"},
+		} {
+			pod, seen, err := tp.udp(c.to)
+			if err != nil || pod != c.pod || seen != c.seen {
+				t.Errorf("%s: UDP %s: %s seeing %s, %v; want %s seeing %s", when, c.to, pod, seen, err, c.pod, c.seen)
+			}
+		}
+	}
+	check("offloaded checksums")
+	// Full checksums, verified by every receiver: the incremental updates
+	// (the pseudo-header's 16-byte addresses, the ports) are right.
+	tp.fullChecksums()
+	check("full checksums")
+
+	// Cluster without endpoints: a reset from the node (connection refused).
+	if _, _, _, err := tp.dial("[fd06::1]:30084"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("no endpoints, Cluster: %v, want connection refused", err)
+	}
+	// Local without local endpoints: dropped.
+	err := tp.client.do(func() error {
+		c, err := net.DialTimeout("tcp", "[fd06::1]:30083", 500*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return errors.New("connected")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("no local endpoints, Local: %v", err)
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	st, err := v.NorthSouthStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st["local_drop"] == 0 || st["xlate_snat"] == 0 || st["xlate_local"] == 0 || st["reply"] == 0 {
+		t.Errorf("stats %v", st)
+	}
+	ct, err := v.Conntrack()
+	if err != nil || len(ct) == 0 {
+		t.Fatalf("conntrack: %d entries, %v", len(ct), err)
+	}
+	var snat bool
+	for _, e := range ct {
+		if e.SNAT && e.Direction == "reply" && e.Src.String() == "[fd06:2::10]:8080" && e.Dst.Addr().String() == "fd06::1" {
+			snat = true
+		}
+	}
+	if !snat {
+		t.Errorf("no SNAT reply entry for [fd06:2::10]:8080 in %+v", ct)
+	}
+	devs, err := v.Devices()
+	if err != nil || len(devs) != 1 || devs[0].SNATAddr.String() != "10.66.0.1" || devs[0].SNATAddr6.String() != "fd06::1" {
+		t.Errorf("devices %+v, %v; want eth0 with SNAT addresses 10.66.0.1 and fd06::1", devs, err)
+	}
+}
+
+// A dual-stack Service answers on both families, each with its family's
+// endpoints: NodePorts and ExternalIPs, with ClientIP affinity per family.
+func TestNorthSouthDualStackService(t *testing.T) {
+	tp := newNSTopo6(t)
+	tp.client.run(t, "ip", "-6", "route", "add", "fd06:8::80/128", "via", "fd06::1")
+	tp.client.run(t, "ip", "route", "add", "10.66.8.80/32", "via", "10.66.0.1")
+	tp.start()
+	var fs []dataplane.Frontend
+	for _, fam := range []struct {
+		node, ext string
+		bes       []string
+	}{
+		{"10.66.0.1", "10.66.8.80", []string{"10.66.1.10:8080", "10.66.1.11:8080", "10.66.2.10:8080"}},
+		{"fd06::1", "fd06:8::80", []string{"[fd06:1::10]:8080", "[fd06:1::11]:8080", "[fd06:2::10]:8080"}},
+	} {
+		np := nodePortFrontend(fam.node, 30090, dataplane.TCP, false, fam.bes...)
+		np.Service.Name = "ds"
+		ext := nodePortFrontend(fam.ext, 80, dataplane.TCP, false, fam.bes...)
+		ext.Service.Name, ext.Kind = "ds", dataplane.ExternalIP
+		aff := nodePortFrontend(fam.node, 30091, dataplane.TCP, false, fam.bes...)
+		aff.AffinityTimeout = time.Hour
+		fs = append(fs, np, ext, aff)
+	}
+	tp.sync(fs...)
+	for _, to := range []string{"10.66.0.1:30090", "[fd06::1]:30090", "10.66.8.80:80", "[fd06:8::80]:80"} {
+		want6 := strings.HasPrefix(to, "[")
+		seen := map[string]bool{}
+		for i := 0; i < 12; i++ {
+			c, pod, _, err := tp.dial(to)
+			if err != nil {
+				t.Fatalf("%s: %v", to, err)
+			}
+			c.Close()
+			if netip.MustParseAddr(pod).Is6() != want6 {
+				t.Errorf("%s answered by %s, another family", to, pod)
+			}
+			seen[pod] = true
+		}
+		if len(seen) < 2 {
+			t.Errorf("12 flows to %s reached only %v (Maglev should spread them)", to, seen)
+		}
+	}
+	for _, to := range []string{"10.66.0.1:30091", "[fd06::1]:30091"} {
+		first := ""
+		for i := 0; i < 8; i++ {
+			c, pod, _, err := tp.dial(to)
+			if err != nil {
+				t.Fatalf("%s: %v", to, err)
+			}
+			c.Close()
+			if first == "" {
+				first = pod
+			} else if pod != first {
+				t.Fatalf("%s: connection %d reached %s, want %s (ClientIP affinity)", to, i, pod, first)
+			}
+		}
+	}
+}
+
+// loadBalancerSourceRanges over IPv6: the LPM trie's IPv6 keys.
+func TestNorthSouthIPv6LoadBalancerSourceRanges(t *testing.T) {
+	tp := newNSTopo6(t)
+	tp.client.run(t, "ip", "addr", "add", "fd06::101/64", "dev", "eth0", "nodad")
+	tp.client.run(t, "ip", "-6", "route", "add", "fd06:9::50/128", "via", "fd06::1")
+	tp.start()
+	lb := nodePortFrontend("fd06:9::50", 80, dataplane.TCP, false, "[fd06:1::10]:8080", "[fd06:2::10]:8080")
+	lb.Kind = dataplane.LoadBalancer
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("fd06::101/128"), netip.MustParsePrefix("2001:db8::/32")}
+	tp.sync(lb)
+	const allowed, denied, to = "fd06::101", "fd06::100", "[fd06:9::50]:80"
+	var kept net.Conn
+	testutil.Eventually(t, 30*time.Second, func() error {
+		c, _, err := tp.dialFrom(allowed, to, 2*time.Second)
+		if err == nil {
+			kept = c
+		}
+		return err
+	})
+	defer kept.Close()
+	if c, _, err := tp.dialFrom(denied, to, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("%s reached the LoadBalancer IP outside loadBalancerSourceRanges", denied)
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["src_range_drop"] == 0 {
+		t.Errorf("src_range_drop not counted: %v %v", st, err)
+	}
+	// A range covering the denied client: served, the established flow stays.
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("fd06::100/127")}
+	tp.sync(lb)
+	if err := echo(kept, "still here"); err != nil {
+		t.Fatalf("established flow cut by a source range change: %v", err)
+	}
+	c, _, err := tp.dialFrom(denied, to, 5*time.Second)
+	if err != nil {
+		t.Fatalf("%s after it was allowed: %v", denied, err)
+	}
+	c.Close()
+}
+
+// ICMPv6 errors about north-south flows reach the client translated
+// (here: port unreachable from a remote backend, ingress, and from a local
+// one, egress), while neighbour discovery keeps working through the
+// programs (every test above resolves its neighbours through them).
+func TestNorthSouthICMPv6ErrorsReachTheClient(t *testing.T) {
+	tp := newNSTopo6(t)
+	tp.start()
+	tp.sync(nodePortFrontend("fd06::1", 30097, dataplane.UDP, false, "[fd06:2::10]:8080"),
+		nodePortFrontend("fd06::1", 30098, dataplane.UDP, false, "[fd06:2::10]:9999"),
+		nodePortFrontend("fd06::1", 30099, dataplane.UDP, false, "[fd06:1::10]:9999"))
+	testutil.Eventually(t, 30*time.Second, func() error { _, _, err := tp.udp("[fd06::1]:30097"); return err })
+	for _, to := range []string{"[fd06::1]:30098", "[fd06::1]:30099"} {
+		refused(t, tp, to)
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] < 2 {
+		t.Errorf("icmp_error not counted twice: %v %v", st, err)
+	}
+}
+
+// IPv6 extension headers: hop-by-hop and destination options headers
+// before the UDP header are skipped (the L4 offset follows them, the
+// checksum update lands in the right place), so such datagrams are
+// translated like any other.
+func TestNorthSouthIPv6SkipsOptionsHeaders(t *testing.T) {
+	tp := newNSTopo6(t)
+	tp.start()
+	tp.sync(nodePortFrontend("fd06::1", 30080, dataplane.UDP, false, "[fd06:2::10]:8080"),
+		nodePortFrontend("fd06::1", 30081, dataplane.UDP, false, "[fd06:1::10]:8080"))
+	tp.fullChecksums()
+	// An options header of 8 bytes: next header (set by the kernel),
+	// length 0, a PadN option of 4 bytes.
+	opts := string([]byte{0, 0, 1, 4, 0, 0, 0, 0})
+	for _, c := range []struct{ to, pod, seen string }{
+		{"[fd06::1]:30080", "fd06:2::10", "fd06::1"},
+		{"[fd06::1]:30081", "fd06:1::10", "fd06::100"},
+	} {
+		var pod, seen string
+		err := tp.client.do(func() error {
+			conn, err := net.Dial("udp", c.to)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			rc, err := conn.(*net.UDPConn).SyscallConn()
+			if err != nil {
+				return err
+			}
+			var serr error
+			rc.Control(func(fd uintptr) {
+				if serr = unix.SetsockoptString(int(fd), unix.IPPROTO_IPV6, unix.IPV6_HOPOPTS, opts); serr == nil {
+					serr = unix.SetsockoptString(int(fd), unix.IPPROTO_IPV6, unix.IPV6_DSTOPTS, opts)
+				}
+			})
+			if serr != nil {
+				return fmt.Errorf("set options headers: %w", serr)
+			}
+			buf := make([]byte, 256)
+			for i := 0; i < 5; i++ {
+				conn.Write([]byte("hi"))
+				conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+				n, err := conn.Read(buf)
+				if err == nil {
+					f := strings.Fields(string(buf[:n]))
+					pod = f[0]
+					seen, _, _ = net.SplitHostPort(f[1])
+					return nil
+				}
+			}
+			return errors.New("no UDP answer")
+		})
+		if err != nil || pod != c.pod || seen != c.seen {
+			t.Errorf("UDP %s with hop-by-hop and destination options headers: %s seeing %s, %v; want %s seeing %s", c.to, pod, seen, err, c.pod, c.seen)
+		}
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["ipv6_exthdr"] != 0 || st["xlate_snat"] == 0 || st["xlate_local"] == 0 {
+		t.Errorf("stats %v, %v: want the datagrams translated, none left to the stack", st, err)
+	}
+}
+
+// Path MTU discovery through the NodePort: a router between node1 and a
+// remote backend (node2, its route to the pod locked at 1280 bytes) sends
+// "packet too big" to node1's SNAT address; node1 translates it back to
+// the client, whose TCP lowers its segment size and gets through. Without
+// the translation the client never learns the MTU and the large echo
+// times out.
+func TestNorthSouthIPv6PacketTooBigReachesTheClient(t *testing.T) {
+	tp := newNSTopo6(t)
+	tp.node2.run(t, "ip", "-6", "route", "replace", "fd06:2::10/128", "dev", "p210", "mtu", "lock", "1280")
+	tp.start()
+	tp.sync(nodePortFrontend("fd06::1", 30085, dataplane.TCP, false, "[fd06:2::10]:8080"))
+	conn, pod, _, err := tp.dial("[fd06::1]:30085")
+	if err != nil || pod != "fd06:2::10" {
+		t.Fatalf("dial: %s, %v", pod, err)
+	}
+	defer conn.Close()
+	if err := echo(conn, strings.Repeat("0123456789", 400)); err != nil {
+		t.Fatalf("4,000 bytes over a 1,280-byte hop: %v (packet too big not translated?)", err)
+	}
+	v, err := OpenPinned(tp.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] == 0 {
+		t.Errorf("icmp_error not counted: %v %v", st, err)
+	}
+}
+
+// IPv6 in XDP (generic, on node1's veth): a NodePort with a remote
+// backend is translated and forwarded by XDP both ways (the 16-byte
+// pseudo-header change applied to full checksums, verified by the
+// receivers), a local backend is left to tc, and a client whose checksums
+// are left to offload (the IPv6 pseudo-header sum in the field) is
+// recognized and left to tc too.
+func TestNorthSouthIPv6XDP(t *testing.T) {
+	tp := newNSTopo6(t)
+	tp.fullChecksums()
+	tp.start(func(c *Config) { c.NorthSouth.Acceleration = AccelGeneric })
+	if mode, err := tp.xdpMode(); err != nil || mode != AccelGeneric {
+		t.Fatalf("node1 eth0 XDP mode %q (%v), want generic", mode, err)
+	}
+	tp.sync(nodePortFrontend("fd06::1", 30080, dataplane.TCP, false, "[fd06:2::10]:8080"),
+		nodePortFrontend("fd06::1", 30081, dataplane.TCP, false, "[fd06:1::10]:8080"),
+		nodePortFrontend("fd06::1", 30080, dataplane.UDP, false, "[fd06:2::10]:8080"))
+	check := func(to, wantPod, wantSeen string, byXDP bool) {
+		t.Helper()
+		before := tp.npStats()
+		conn, pod, seen, err := tp.dial(to)
+		if err != nil {
+			t.Fatalf("%s: %v", to, err)
+		}
+		if pod != wantPod || seen != wantSeen {
+			t.Errorf("%s: answered by %s seeing %s, want %s seeing %s", to, pod, seen, wantPod, wantSeen)
+		}
+		if err := echo(conn, "hello over xdp"); err != nil {
+			t.Errorf("%s: echo: %v", to, err)
+		}
+		conn.Close()
+		after := tp.npStats()
+		if fwd := after["xdp_fwd"] - before["xdp_fwd"]; byXDP && fwd < 6 {
+			t.Errorf("%s: %d packets forwarded in XDP, want the flow's (stats %v)", to, fwd, after)
+		} else if !byXDP && fwd > 2 {
+			t.Errorf("%s: %d packets forwarded in XDP, want tc's flow (stats %v)", to, fwd, after)
+		}
+	}
+	check("[fd06::1]:30080", "fd06:2::10", "fd06::1", true)
+	check("[fd06::1]:30081", "fd06:1::10", "fd06::100", false)
+	before := tp.npStats()["xdp_fwd"]
+	if pod, seen, err := tp.udp("[fd06::1]:30080"); err != nil || pod != "fd06:2::10" || seen != "fd06::1" {
+		t.Errorf("UDP NodePort: %s seeing %s, %v", pod, seen, err)
+	}
+	if tp.npStats()["xdp_fwd"] < before+2 {
+		t.Errorf("UDP request and reply not forwarded in XDP")
+	}
+	// Offloaded checksums: tc serves them, XDP counts them.
+	for _, n := range []*nsNS{tp.client, tp.pods["fd06:2::10"]} {
+		if err := n.do(func() error { return ethtool.SetTxChecksum("eth0", true) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	partial := tp.npStats()["xdp_partial_csum"]
+	check("[fd06::1]:30080", "fd06:2::10", "fd06::1", false)
+	if tp.npStats()["xdp_partial_csum"] == partial {
+		t.Errorf("offloaded IPv6 checksums not counted as left to tc")
+	}
+}
