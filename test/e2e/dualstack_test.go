@@ -11,8 +11,8 @@ import (
 )
 
 // echoDualStack is two echo pods, one on each node, behind a RequireDualStack
-// Service whose primary family is IPv6 and a PreferDualStack one that keeps
-// the cluster's primary (IPv4) first.
+// Service whose primary family is IPv6 and a PreferDualStack NodePort one
+// that keeps the cluster's primary (IPv4) first.
 const echoDualStack = `
 apiVersion: apps/v1
 kind: Deployment
@@ -55,6 +55,7 @@ apiVersion: v1
 kind: Service
 metadata: {name: echo-ds-prefer, namespace: default}
 spec:
+  type: NodePort
   ipFamilyPolicy: PreferDualStack
   selector: {app: echo-ds}
   ports:
@@ -65,7 +66,8 @@ spec:
 // InternalIP and a pod CIDR of each family, pods with an address of each,
 // pod to pod across nodes over IPv6, dual-stack ClusterIP Services answering
 // on their IPv6 address from pods on every node through the eBPF socket
-// load balancer (backends on the other node included), and AAAA records.
+// load balancer (backends on the other node included), a NodePort on each
+// node's IPv6 address from the lab's external client, and AAAA records.
 func testDualStack(t *testing.T, e *env, nodes []string) {
 	if !e.cfg.DualStack() {
 		t.Fatal("the e2e lab is not dual-stack")
@@ -190,6 +192,18 @@ func testDualStack(t *testing.T, e *env, nodes []string) {
 					return nil
 				})
 			}
+		}
+	})
+
+	t.Run("NodePortOnEveryNodesIPv6AddressFromOutside", func(t *testing.T) {
+		port := strings.TrimSpace(e.kubectl(t, "get", "service", "echo-ds-prefer", "-o", "jsonpath={.spec.ports[0].nodePort}"))
+		for _, n := range nodes {
+			addr := "[" + info[n].ips[1].Addr().String() + "]:" + port
+			// externalTrafficPolicy Cluster: both backends, the other
+			// node's through this one.
+			eventually(t, 30*time.Second, "from the client to "+n+"'s NodePort "+addr+", both backends answer", func() error {
+				return e.clientReaches(addr, 2)
+			})
 		}
 	})
 
