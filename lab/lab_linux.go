@@ -70,7 +70,11 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 		return err
 	}
 
-	step.next("client %s at %s (an external machine on the lab network)", cfg.ClientName(), cfg.ClientAddr().Addr())
+	clientAddrs := cfg.ClientAddr().Addr().String()
+	if a := cfg.Addr6(cfg.ClientAddr()); a.IsValid() {
+		clientAddrs += "," + a.Addr().String()
+	}
+	step.next("client %s at %s (an external machine on the lab network)", cfg.ClientName(), clientAddrs)
 	if err := makeClient(ctx, &cfg, st); err != nil {
 		return fmt.Errorf("client namespace: %w", err)
 	}
