@@ -77,7 +77,11 @@ type Config struct {
 	SchedulerPort         int
 	ControllerManagerPort int
 	// ClusterCIDR is the pod network (nodes get /24s of it);
-	// ServiceClusterIPRange and ServiceNodePortRange the Services'.
+	// ServiceClusterIPRange and ServiceNodePortRange the Services'. For a
+	// dual-stack cluster ClusterCIDR and ServiceClusterIPRange each hold
+	// two comma-separated CIDRs, one per family, the primary first (as
+	// upstream's flags: 10.244.0.0/16,fd00:10:244::/56); nodes then get a
+	// /64 of the IPv6 pod network too.
 	ClusterCIDR           string
 	ServiceClusterIPRange string
 	ServiceNodePortRange  string
@@ -192,14 +196,17 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DataDir == "" {
 		return errors.New("--data-dir is required")
 	}
-	if _, err := netip.ParsePrefix(cfg.ClusterCIDR); err != nil {
-		return fmt.Errorf("--cluster-cidr: %w", err)
+	clusterCIDRs, err := kubelet.ParseDualStackPrefixes(cfg.ClusterCIDR)
+	if err != nil || len(clusterCIDRs) == 0 {
+		return fmt.Errorf("--cluster-cidr %q: want a CIDR, or one IPv4 and one IPv6 comma-separated (%v)", cfg.ClusterCIDR, err)
 	}
-	svcCIDR, err := netip.ParsePrefix(cfg.ServiceClusterIPRange)
-	if err != nil {
-		return fmt.Errorf("--service-cluster-ip-range: %w", err)
+	svcCIDRs, err := kubelet.ParseDualStackPrefixes(cfg.ServiceClusterIPRange)
+	if err != nil || len(svcCIDRs) == 0 {
+		return fmt.Errorf("--service-cluster-ip-range %q: want a CIDR, or one IPv4 and one IPv6 comma-separated (%v)", cfg.ServiceClusterIPRange, err)
 	}
-	dnsIP := clusterdns.ServiceIP(svcCIDR)
+	// The cluster DNS Service is single-stack in the primary family, as
+	// kubeadm's kube-dns of a dual-stack cluster.
+	dnsIP := clusterdns.ServiceIP(svcCIDRs[0])
 	if cfg.ClusterDomain == "" {
 		cfg.ClusterDomain = clusterdns.DefaultClusterDomain
 	}
@@ -324,7 +331,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return supervise(gctx, log, "controller-manager", func() error { return controllers.Run(gctx, cm) })
 	})
 	if cfg.Node {
-		if err := runNode(gctx, g, cfg, fp, log, kc, dnsIP); err != nil {
+		if err := runNode(gctx, g, cfg, fp, log, kc, dnsIP, clusterCIDRs); err != nil {
 			cancel()
 			_ = g.Wait()
 			return err
@@ -377,7 +384,7 @@ func leaderElection(name, nodeName string) leaderelect.Config {
 }
 
 // runNode starts containerd (when needed), the kubelet and the proxy.
-func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, log *slog.Logger, kc func(string) string, dnsIP netip.Addr) error {
+func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, log *slog.Logger, kc func(string) string, dnsIP netip.Addr, clusterCIDRs []netip.Prefix) error {
 	nodeName := cfg.NodeName
 	if nodeName == "" {
 		h, err := os.Hostname()
@@ -434,7 +441,6 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, 
 		Log:             componentLog("kubelet", cfg.LogLevel),
 	}
 	g.Go(func() error { return kubelet.Run(ctx, kcfg) })
-	cidr, _ := netip.ParsePrefix(cfg.ClusterCIDR)
 	npDevices, err := NodePortDevices(cfg.NodePortDevices, cfg.NodeIP)
 	if err != nil {
 		return err
@@ -464,7 +470,7 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, 
 			MaxAffinity:       ebpf.DefaultMaxAffinity,
 			MaxRevSocks:       ebpf.DefaultMaxReverseSockets,
 			IPVSScheduler:     "rr",
-			ClusterCIDRs:      []netip.Prefix{cidr.Masked()},
+			ClusterCIDRs:      clusterCIDRs,
 			HealthBindAddress: "127.0.0.1:10256",
 			SyncPeriod:        30 * time.Second,
 			MinSyncPeriod:     time.Second,

@@ -13,7 +13,7 @@ import (
 // join` into the proxy's external devices, on which eBPF serves NodePort,
 // ExternalIP and LoadBalancer traffic from other machines (and answers ARP
 // for LoadBalancer IPs). "auto" is the device that holds the node's address
-// (nodeIP, else the kubelet's default InternalIP: the default route's
+// (nodeIP — its first address if it is a dual-stack pair — else the kubelet's default InternalIP: the default route's
 // source address), as a kube-proxy user
 // expects a NodePort to answer on the node's address from anywhere; a
 // loopback address gives none. "none" or "" is off; anything else is a
@@ -33,7 +33,7 @@ func NodePortDevices(spec, nodeIP string) ([]string, error) {
 		}
 		return devs, nil
 	}
-	ip := nodeIP
+	ip, _, _ := strings.Cut(nodeIP, ",") // a dual-stack node's primary address
 	if ip == "" {
 		ip = kubelet.DefaultNodeIP() // the InternalIP the node registers
 	}

@@ -65,7 +65,9 @@ type Config struct {
 	// RestConfig.
 	RotateCertificates bool
 	// NodeIP is the node's InternalIP (default: the address of the default
-	// route's interface).
+	// route's interface), or, as upstream's --node-ip, two comma-separated
+	// addresses of different families for a dual-stack node (the first is
+	// the primary: status.hostIP and the first InternalIP).
 	NodeIP string
 	// NodeLabels are extra labels; RegisterWithTaints are taints set at
 	// registration ("key=value:Effect").
@@ -93,6 +95,8 @@ type Config struct {
 	CNICacheDir string
 	// PodCIDR is used to write the CNI config when the Node has no
 	// spec.podCIDR; ClusterCIDR goes into that config (no masquerade inside).
+	// ClusterCIDR may be dual-stack: one comma-separated CIDR per family,
+	// as the controller-manager's --cluster-cidr.
 	PodCIDR     string
 	ClusterCIDR string
 	// CgroupRoot is the cgroup path (relative to the hierarchy roots, or
@@ -304,22 +308,21 @@ func (c Config) Validate() error {
 	if c.Runtime != RuntimeContainerd && c.Runtime != RuntimeHollow {
 		return fmt.Errorf("%w: --runtime=%q (want containerd or hollow)", ErrInvalidConfig, c.Runtime)
 	}
-	for _, p := range []struct{ name, v string }{{"--pod-cidr", c.PodCIDR}, {"--cluster-cidr", c.ClusterCIDR}} {
-		if p.v != "" {
-			if _, err := netip.ParsePrefix(p.v); err != nil {
-				return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, p.name, err)
-			}
+	if c.PodCIDR != "" {
+		if _, err := netip.ParsePrefix(c.PodCIDR); err != nil {
+			return fmt.Errorf("%w: --pod-cidr: %v", ErrInvalidConfig, err)
 		}
+	}
+	if _, err := ParseDualStackPrefixes(c.ClusterCIDR); err != nil {
+		return fmt.Errorf("%w: --cluster-cidr: %v", ErrInvalidConfig, err)
 	}
 	for _, ip := range c.ClusterDNS {
 		if _, err := netip.ParseAddr(ip); err != nil {
 			return fmt.Errorf("%w: --cluster-dns: %v", ErrInvalidConfig, err)
 		}
 	}
-	if c.NodeIP != "" {
-		if _, err := netip.ParseAddr(c.NodeIP); err != nil {
-			return fmt.Errorf("%w: --node-ip: %v", ErrInvalidConfig, err)
-		}
+	if _, err := ParseNodeIPs(c.NodeIP); err != nil {
+		return fmt.Errorf("%w: --node-ip: %v", ErrInvalidConfig, err)
 	}
 	if _, err := ParseTaints(c.RegisterWithTaints); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)

@@ -62,7 +62,10 @@ type Kubelet struct {
 	prober     Prober
 	recorder   record.EventRecorder
 	health     *ops.Health
-	nodeIP     string
+	// nodeIP is the primary InternalIP; nodeIPs every one (one per family
+	// on a dual-stack node, primary first).
+	nodeIP  string
+	nodeIPs []string
 	// hostNetNS is the network namespace hostNetwork pods join (hostNetNS());
 	// hostNetNSFile holds it open.
 	hostNetNS     string
@@ -203,10 +206,15 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 		}
 	}
 	k.hostNetNS, k.hostNetNSFile = hostNetNS()
-	k.nodeIP = cfg.NodeIP
-	if k.nodeIP == "" {
-		k.nodeIP = DefaultNodeIP()
+	// Validated by cfg.Validate above.
+	ips, _ := ParseNodeIPs(cfg.NodeIP)
+	for _, a := range ips {
+		k.nodeIPs = append(k.nodeIPs, a.String())
 	}
+	if len(k.nodeIPs) == 0 {
+		k.nodeIPs = []string{DefaultNodeIP()}
+	}
+	k.nodeIP = k.nodeIPs[0]
 	if k.health == nil {
 		k.health = ops.NewHealth()
 	}
@@ -525,15 +533,23 @@ func (k *Kubelet) ensureCNIConfig(ctx context.Context) error {
 			k.log.Error("node pod CIDR", "cidr", cidr, "err", err)
 			return false
 		}
-		var cluster netip.Prefix
-		if k.cfg.ClusterCIDR != "" {
-			cluster, _ = netip.ParsePrefix(k.cfg.ClusterCIDR)
+		pods := []netip.Prefix{pod}
+		if n := k.node(); n != nil && n.Spec.PodCIDR == cidr {
+			// A dual-stack node: spec.podCIDRs holds the primary and one
+			// CIDR of the other family.
+			for _, c := range n.Spec.PodCIDRs {
+				if p, err := netip.ParsePrefix(c); err == nil && p.Addr().Is4() != pod.Addr().Is4() {
+					pods = append(pods, p)
+					break
+				}
+			}
 		}
-		changed, err := conf.Configure(pod, cluster)
+		clusters, _ := ParseDualStackPrefixes(k.cfg.ClusterCIDR)
+		changed, err := conf.Configure(pods, clusters)
 		if err != nil {
 			k.log.Error("configure pod network", "err", err)
 		} else if changed {
-			k.log.Info("configured pod network", "podCIDR", cidr)
+			k.log.Info("configured pod network", "podCIDRs", pods)
 		}
 		return true
 	}

@@ -178,10 +178,11 @@ func (k *Kubelet) fillStatus(n *v1.Node) {
 	}
 	n.Status.Capacity = capacity
 	n.Status.Allocatable = capacity.DeepCopy()
-	n.Status.Addresses = []v1.NodeAddress{
-		{Type: v1.NodeInternalIP, Address: k.nodeIP},
-		{Type: v1.NodeHostName, Address: k.cfg.NodeName},
+	n.Status.Addresses = nil
+	for _, ip := range k.nodeIPs {
+		n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeInternalIP, Address: ip})
 	}
+	n.Status.Addresses = append(n.Status.Addresses, v1.NodeAddress{Type: v1.NodeHostName, Address: k.cfg.NodeName})
 	n.Status.DaemonEndpoints.KubeletEndpoint.Port = int32(k.apiPort())
 	rtName, rtVersion, _ := k.rt.Version(context.Background())
 	n.Status.NodeInfo = v1.NodeSystemInfo{

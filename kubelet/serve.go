@@ -73,8 +73,10 @@ func (k *Kubelet) servingCert() (tls.Certificate, error) {
 		DNSNames:     []string{k.cfg.NodeName, "localhost"},
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
 	}
-	if ip := net.ParseIP(k.nodeIP); ip != nil {
-		tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+	for _, a := range k.nodeIPs {
+		if ip := net.ParseIP(a); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {

@@ -129,13 +129,15 @@ func (w *podWorker) computeStatus(pod *v1.Pod, ctrs []runtime.Container, deletin
 	named := byName(ctrs)
 	st := v1.PodStatus{QOSClass: qosClass(pod)}
 	st.HostIP = w.k.nodeIP
-	st.HostIPs = []v1.HostIP{{IP: w.k.nodeIP}}
+	for _, ip := range w.k.nodeIPs {
+		st.HostIPs = append(st.HostIPs, v1.HostIP{IP: ip})
+	}
 	if w.sb != nil {
 		t := metav1.NewTime(w.sb.StartTime)
 		st.StartTime = &t
 		ips := w.sb.IPs
 		if pod.Spec.HostNetwork {
-			ips = []string{w.k.nodeIP}
+			ips = w.k.nodeIPs
 		}
 		if len(ips) > 0 {
 			st.PodIP = ips[0]

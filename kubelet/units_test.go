@@ -38,7 +38,7 @@ func TestMakeEnvResolvesEverySource(t *testing.T) {
 		&v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Namespace: "ns"}, Data: map[string]string{"k": "cmv", "ALL": "1"}},
 		&v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "ns"}, Data: map[string][]byte{"k": []byte("sv")}},
 	)
-	k := &Kubelet{client: cs, nodeIP: "192.0.2.1"}
+	k := &Kubelet{client: cs, nodeIP: "192.0.2.1", nodeIPs: []string{"192.0.2.1"}}
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"app": "x"}},
 		Spec: v1.PodSpec{NodeName: "n1"}}
 	c := &v1.Container{

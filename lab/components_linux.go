@@ -76,8 +76,8 @@ func startControlPlane(ctx context.Context, cfg *Config, st *State) error {
 		"--components-bind-address", cfg.BridgeAddr().Addr().String(),
 		"--scheduler-port", strconv.Itoa(cfg.SchedulerPort),
 		"--controller-manager-port", strconv.Itoa(cfg.ControllerManagerPort),
-		"--cluster-cidr", cfg.ClusterCIDR.String(),
-		"--service-cluster-ip-range", cfg.ServiceCIDR.String(),
+		"--cluster-cidr", cfg.ClusterCIDRs(),
+		"--service-cluster-ip-range", cfg.ServiceCIDRs(),
 		"--node-monitor-grace-period", cfg.NodeMonitorGracePeriod.String(),
 	}
 	pool := cfg.LoadBalancerIPPool
@@ -144,7 +144,7 @@ func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {
 	return []string{cfg.Binary, "kubelet",
 		"--kubeconfig", kc,
 		"--node-name", n.Name,
-		"--node-ip", n.Addr,
+		"--node-ip", nodeIPs(n),
 		"--root-dir", filepath.Join(nodeDir, "kubelet"),
 		"--netns-dir", filepath.Join(nodeDir, "netns"),
 		"--containerd-address", containerdSocket(cfg.DataDir),
@@ -152,7 +152,7 @@ func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {
 		"--cgroup-root", n.CgroupDir,
 		"--cni-conf-dir", filepath.Join(nodeDir, "cni", "net.d"),
 		"--cni-bin-dir", cfg.CNIBinDir,
-		"--cluster-cidr", cfg.ClusterCIDR.String(),
+		"--cluster-cidr", cfg.ClusterCIDRs(),
 		"--port", "10250",
 		"--client-ca-file", filepath.Join(controlPlaneDir(cfg.DataDir), "pki", "ca.crt"),
 		"--image-dir", cfg.ImageDir,
@@ -167,6 +167,15 @@ func kubeletArgs(cfg *Config, n NodeState, nodeDir, kc string) []string {
 	}
 }
 
+// nodeIPs is the node's --node-ip: its lab address, and its IPv6 one after
+// a comma in a dual-stack lab (as upstream's dual-stack kubelets).
+func nodeIPs(n NodeState) string {
+	if n.Addr6 != "" {
+		return n.Addr + "," + n.Addr6
+	}
+	return n.Addr
+}
+
 func proxyArgs(cfg *Config, n NodeState, kc string) []string {
 	return []string{cfg.Binary, "proxy",
 		"--kubeconfig", kc,
@@ -174,7 +183,7 @@ func proxyArgs(cfg *Config, n NodeState, kc string) []string {
 		"--mode", cfg.ProxyMode,
 		"--cgroup-root", n.CgroupDir,
 		"--bpf-pin-dir", n.PinDir,
-		"--cluster-cidr", cfg.ClusterCIDR.String(),
+		"--cluster-cidr", cfg.ClusterCIDRs(),
 		// Traffic from outside the node (the host, other machines on
 		// the lab bridge) to NodePorts, ExternalIPs and LoadBalancer IPs:
 		// eBPF on the node's eth0 (ignored in iptables mode).
@@ -237,9 +246,13 @@ func printNodes(ctx context.Context, kubeconfig string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}
-	fmt.Fprintf(out, "%-14s %-8s %s\n", "NODE", "READY", "POD CIDR")
+	fmt.Fprintf(out, "%-14s %-8s %s\n", "NODE", "READY", "POD CIDRS")
 	for _, n := range nodes.Items {
-		fmt.Fprintf(out, "%-14s %-8v %s\n", n.Name, nodeReady(&n), n.Spec.PodCIDR)
+		cidrs := strings.Join(n.Spec.PodCIDRs, ",")
+		if cidrs == "" {
+			cidrs = n.Spec.PodCIDR
+		}
+		fmt.Fprintf(out, "%-14s %-8v %s\n", n.Name, nodeReady(&n), cidrs)
 	}
 	return nil
 }

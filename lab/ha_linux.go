@@ -33,7 +33,8 @@ func startHAControlPlane(ctx context.Context, cfg *Config, st *State, out io.Wri
 	var token, hash string
 	for i := 1; i <= cfg.Servers; i++ {
 		name := cfg.ServerName(i)
-		n := NodeState{Name: name, NetNS: "waggle-" + name, HostVeth: fmt.Sprintf("wl%ss%d", cfg.Name, i), Addr: cfg.ServerAddr(i).Addr().String()}
+		n := NodeState{Name: name, NetNS: "waggle-" + name, HostVeth: fmt.Sprintf("wl%ss%d", cfg.Name, i), Addr: cfg.ServerAddr(i).Addr().String(),
+			Addr6: addrString(cfg.Addr6(cfg.ServerAddr(i)))}
 		st.Servers = append(st.Servers, n)
 		if err := st.save(cfg.DataDir); err != nil {
 			return err
@@ -58,8 +59,8 @@ func startHAControlPlane(ctx context.Context, cfg *Config, st *State, out io.Wri
 			"--components-bind-address", n.Addr,
 			"--scheduler-port", strconv.Itoa(cfg.SchedulerPort),
 			"--controller-manager-port", strconv.Itoa(cfg.ControllerManagerPort),
-			"--cluster-cidr", cfg.ClusterCIDR.String(),
-			"--service-cluster-ip-range", cfg.ServiceCIDR.String(),
+			"--cluster-cidr", cfg.ClusterCIDRs(),
+			"--service-cluster-ip-range", cfg.ServiceCIDRs(),
 			"--node-monitor-grace-period", cfg.NodeMonitorGracePeriod.String(),
 		}
 		if i == 1 {

@@ -49,8 +49,12 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 	}
 	step := newProgress(out, 5+cfg.Nodes)
 
-	step.next("lab bridge %s %s", cfg.Bridge, cfg.BridgeAddr())
-	if err := ensureBridge(cfg.Bridge, cfg.BridgeAddr()); err != nil {
+	bridgeAddrs := []netip.Prefix{cfg.BridgeAddr()}
+	if cfg.DualStack() {
+		bridgeAddrs = append(bridgeAddrs, cfg.Addr6(cfg.BridgeAddr()))
+	}
+	step.next("lab bridge %s %v", cfg.Bridge, bridgeAddrs)
+	if err := ensureBridge(cfg.Bridge, bridgeAddrs...); err != nil {
 		return err
 	}
 	st.Bridge, st.BridgeAddr = cfg.Bridge, cfg.BridgeAddr().String()
@@ -66,7 +70,11 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 		return err
 	}
 
-	step.next("client %s at %s (an external machine on the lab network)", cfg.ClientName(), cfg.ClientAddr().Addr())
+	clientAddrs := cfg.ClientAddr().Addr().String()
+	if a := cfg.Addr6(cfg.ClientAddr()); a.IsValid() {
+		clientAddrs += "," + a.Addr().String()
+	}
+	step.next("client %s at %s (an external machine on the lab network)", cfg.ClientName(), clientAddrs)
 	if err := makeClient(ctx, &cfg, st); err != nil {
 		return fmt.Errorf("client namespace: %w", err)
 	}
@@ -86,7 +94,7 @@ func Up(ctx context.Context, cfg Config, out io.Writer) error {
 	}
 
 	for i := 1; i <= cfg.Nodes; i++ {
-		step.next("node %s at %s", cfg.NodeName(i), cfg.NodeAddr(i).Addr())
+		step.next("node %s at %s", cfg.NodeName(i), cfg.NodeIPs(i))
 		if err := addNode(ctx, &cfg, st, i); err != nil {
 			return fmt.Errorf("node %s: %w", cfg.NodeName(i), err)
 		}
@@ -177,7 +185,7 @@ func Status(ctx context.Context, dataDir string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "bridge %s %s, kubeconfig %s\n\n", st.Bridge, st.BridgeAddr, st.Kubeconfig)
-	fmt.Fprintf(out, "%-14s %-10s %-15s %-8s %s\n", "NODE", "PROCESS", "ADDRESS", "PID", "STATE")
+	fmt.Fprintf(out, "%-14s %-10s %-15s %-8s %s\n", "NODE", "PROCESS", "ADDRESSES", "PID", "STATE")
 	for _, p := range st.Processes {
 		state := "running"
 		if !alive(p) {
@@ -186,7 +194,7 @@ func Status(ctx context.Context, dataDir string, out io.Writer) error {
 		node, addr := p.Node, ""
 		for _, n := range append(st.Nodes, st.Servers...) {
 			if n.Name == p.Node {
-				addr = n.Addr
+				addr = nodeIPs(n)
 			}
 		}
 		if node == "" {
@@ -195,7 +203,7 @@ func Status(ctx context.Context, dataDir string, out io.Writer) error {
 		fmt.Fprintf(out, "%-14s %-10s %-15s %-8d %s\n", node, p.Name, addr, p.PID, state)
 	}
 	if c := st.Client; c != nil {
-		fmt.Fprintf(out, "%-14s %-10s %-15s %-8s %s\n", c.Name, "-", c.Addr, "-", "network namespace "+c.NetNS+" (waggle lab exec client -- CMD)")
+		fmt.Fprintf(out, "%-14s %-10s %-15s %-8s %s\n", c.Name, "-", nodeIPs(*c), "-", "network namespace "+c.NetNS+" (waggle lab exec client -- CMD)")
 	}
 	if st.Kubeconfig != "" {
 		fmt.Fprintln(out)
@@ -278,19 +286,25 @@ func routePodCIDRs(ctx context.Context, cfg *Config, st *State) error {
 		}
 		for _, c := range append([]string{node.Spec.PodCIDR}, node.Spec.PodCIDRs...) {
 			dst, err := netlink.ParseIPNet(c)
-			if c == "" || err != nil || dst.IP.To4() == nil {
+			if c == "" || err != nil {
 				continue
 			}
-			r := netlink.Route{LinkIndex: br.Attrs().Index, Dst: dst, Gw: net.ParseIP(n.Addr)}
+			gw := n.Addr
+			if dst.IP.To4() == nil {
+				if gw = n.Addr6; gw == "" {
+					continue
+				}
+			}
+			r := netlink.Route{LinkIndex: br.Attrs().Index, Dst: dst, Gw: net.ParseIP(gw)}
 			if err := netlink.RouteReplace(&r); err != nil {
-				return fmt.Errorf("route pod network %s via %s: %w", c, n.Addr, err)
+				return fmt.Errorf("route pod network %s via %s: %w", c, gw, err)
 			}
 		}
 	}
 	return nil
 }
 
-func ensureBridge(name string, addr netip.Prefix) error {
+func ensureBridge(name string, addrs ...netip.Prefix) error {
 	l, err := netlink.LinkByName(name)
 	if err != nil {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
@@ -301,9 +315,19 @@ func ensureBridge(name string, addr netip.Prefix) error {
 			return err
 		}
 	}
-	a, _ := netlink.ParseAddr(addr.String())
-	if err := netlink.AddrReplace(l, a); err != nil {
-		return fmt.Errorf("address %s on %s: %w", addr, name, err)
+	for _, addr := range addrs {
+		a, _ := netlink.ParseAddr(addr.String())
+		if addr.Addr().Is6() {
+			// Nothing else claims a lab address: no duplicate address
+			// detection, which would hold the address back for a while.
+			a.Flags = unix.IFA_F_NODAD
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("0"), 0o644); err != nil {
+				return fmt.Errorf("enable IPv6 on %s: %w", name, err)
+			}
+		}
+		if err := netlink.AddrReplace(l, a); err != nil {
+			return fmt.Errorf("address %s on %s: %w", addr, name, err)
+		}
 	}
 	return netlink.LinkSetUp(l)
 }
@@ -337,6 +361,7 @@ func makeNode(ctx context.Context, cfg *Config, st *State, i int) (NodeState, st
 		NetNS:     ns,
 		HostVeth:  fmt.Sprintf("wl%s%d", cfg.Name, i),
 		Addr:      cfg.NodeAddr(i).Addr().String(),
+		Addr6:     addrString(cfg.Addr6(cfg.NodeAddr(i))),
 		CgroupDir: filepath.Join(st.CgroupDir, name),
 		PinDir:    filepath.Join(bpffsRoot, name),
 	}
@@ -417,11 +442,11 @@ func Join(ctx context.Context, dataDir string, out io.Writer) (string, error) {
 	if err != nil {
 		return n.Name, err
 	}
-	fmt.Fprintf(out, "node %s at %s joins with a bootstrap token\n", n.Name, n.Addr)
+	fmt.Fprintf(out, "node %s at %s joins with a bootstrap token\n", n.Name, cfg.NodeIPs(i))
 	args := []string{cfg.Binary, "join", "--server", cfg.APIServer(), "--token", tok, "--discovery-token-ca-cert-hash", hash,
-		"--data-dir", nodeDir, "--node-name", n.Name, "--node-ip", n.Addr,
+		"--data-dir", nodeDir, "--node-name", n.Name, "--node-ip", cfg.NodeIPs(i),
 		"--containerd-address", containerdSocket(cfg.DataDir), "--cni-bin-dir", cfg.CNIBinDir,
-		"--cluster-cidr", cfg.ClusterCIDR.String(), "--service-cluster-ip-range", cfg.ServiceCIDR.String(),
+		"--cluster-cidr", cfg.ClusterCIDRs(), "--service-cluster-ip-range", cfg.ServiceCIDRs(),
 		"--proxy-mode", cfg.ProxyMode}
 	if cfg.ImageDir != "" {
 		args = append(args, "--image-dir", cfg.ImageDir)
@@ -460,6 +485,7 @@ func makeClient(ctx context.Context, cfg *Config, st *State) error {
 		NetNS:    "waggle-" + cfg.ClientName(),
 		HostVeth: fmt.Sprintf("wl%sc", cfg.Name),
 		Addr:     cfg.ClientAddr().Addr().String(),
+		Addr6:    addrString(cfg.Addr6(cfg.ClientAddr())),
 	}
 	st.Client = &c
 	if err := st.save(cfg.DataDir); err != nil {
@@ -508,13 +534,28 @@ func plugNode(cfg *Config, n NodeState, addr netip.Prefix, router bool) error {
 	cmds := [][]string{
 		{"ip", "link", "set", tmpPeer, "name", "eth0"},
 		{"ip", "addr", "add", addr.String(), "dev", "eth0"},
-		{"ip", "link", "set", "eth0", "up"},
-		{"ip", "link", "set", "lo", "up"},
 	}
+	addr6 := cfg.Addr6(addr)
+	if addr6.IsValid() {
+		// A second address on the lab network, IPv6, without duplicate
+		// address detection (which holds an address back for a while;
+		// the lab numbers its hosts itself).
+		cmds = append(cmds,
+			[]string{"sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.eth0.disable_ipv6=0"},
+			[]string{"ip", "-6", "addr", "add", addr6.String(), "dev", "eth0", "nodad"})
+	}
+	cmds = append(cmds,
+		[]string{"ip", "link", "set", "eth0", "up"},
+		[]string{"ip", "link", "set", "lo", "up"})
 	if router {
 		cmds = append(cmds,
 			[]string{"ip", "route", "add", "default", "via", cfg.BridgeAddr().Addr().String()},
 			[]string{"sysctl", "-qw", "net.ipv4.ip_forward=1"})
+		if addr6.IsValid() {
+			cmds = append(cmds,
+				[]string{"ip", "-6", "route", "add", "default", "via", cfg.Addr6(cfg.BridgeAddr()).Addr().String()},
+				[]string{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"})
+		}
 	}
 	for _, c := range cmds {
 		if out, err := exec.Command("ip", append([]string{"netns", "exec", n.NetNS}, c...)...).CombinedOutput(); err != nil {
@@ -522,6 +563,13 @@ func plugNode(cfg *Config, n NodeState, addr netip.Prefix, router bool) error {
 		}
 	}
 	return nil
+}
+
+func addrString(p netip.Prefix) string {
+	if !p.IsValid() {
+		return ""
+	}
+	return p.Addr().String()
 }
 
 // startProcess starts a lab process in its own session (inside netns, when

@@ -98,3 +98,67 @@ func TestStateRoundTripsAndAMissingLabIsErrNoLab(t *testing.T) {
 		t.Fatalf("corrupt state: %v", err)
 	}
 }
+
+func TestDualStackLabNumbersItsIPv6HostsAsItsIPv4Ones(t *testing.T) {
+	c := Defaults()
+	if c.DualStack() || c.NodeIPs(1) != "10.250.0.11" || c.ClusterCIDRs() != "10.244.0.0/16" {
+		t.Fatalf("the default lab is IPv4-only: dual %v, node IPs %q, cluster CIDRs %q", c.DualStack(), c.NodeIPs(1), c.ClusterCIDRs())
+	}
+	c.Name, c.Subnet = "lsix", netip.MustParsePrefix("10.251.6.0/24")
+	c.EnableDualStack()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("dual-stack defaults refused: %v", err)
+	}
+	for _, tc := range []struct{ got, want string }{
+		{c.Subnet6.String(), "fd00:10:251:6::/64"},
+		{c.Addr6(c.BridgeAddr()).String(), "fd00:10:251:6::1/64"},
+		{c.Addr6(c.ServerAddr(2)).String(), "fd00:10:251:6::3/64"},
+		{c.Addr6(c.ClientAddr()).String(), "fd00:10:251:6::9/64"},
+		{c.NodeIPs(1), "10.251.6.11,fd00:10:251:6::11"},
+		{c.NodeIPs(200), "10.251.6.210,fd00:10:251:6::210"},
+		{c.ClusterCIDRs(), "10.244.0.0/16,fd00:10:244::/56"},
+		{c.ServiceCIDRs(), "10.96.0.0/12,fd00:10:96::/112"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %s, want %s", tc.got, tc.want)
+		}
+	}
+	c.Subnet = netip.MustParsePrefix("10.252.0.0/23")
+	c.Subnet6 = DefaultSubnet6(c.Subnet)
+	if got := c.Addr6(netip.MustParsePrefix("10.252.1.4/23")).Addr().String(); got != "fd00:10:252::260" {
+		t.Errorf("IPv6 of the 260th address of a /23: %s", got)
+	}
+}
+
+func TestDualStackFlagsAndRangesAreChecked(t *testing.T) {
+	v4, v6, err := ParseDualStack("--cluster-cidr", "10.244.0.0/16, fd00:10:244::/56")
+	if err != nil || v4.String() != "10.244.0.0/16" || v6.String() != "fd00:10:244::/56" {
+		t.Fatalf("IPv4,IPv6: %s %s %v", v4, v6, err)
+	}
+	if _, v6, err := ParseDualStack("--subnet", "10.250.0.0/24"); err != nil || v6.IsValid() {
+		t.Fatalf("IPv4 alone: %s %v", v6, err)
+	}
+	for _, bad := range []string{"fd00::/64,10.0.0.0/8", "10.0.0.0/8,10.1.0.0/16", "10.0.0.0/8,fd00::/64,fd01::/64", "10.0.0.0/8,nope"} {
+		if _, _, err := ParseDualStack("--subnet", bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	for name, mutate := range map[string]func(*Config){
+		"IPv6 subnet alone":       func(c *Config) { c.ClusterCIDR6, c.ServiceCIDR6 = netip.Prefix{}, netip.Prefix{} },
+		"IPv4 as the IPv6 subnet": func(c *Config) { c.Subnet6 = netip.MustParsePrefix("10.9.0.0/24") },
+		"IPv6 subnet too small":   func(c *Config) { c.Subnet6 = netip.MustParsePrefix("fd00::/124") },
+		"pod network of one /64":  func(c *Config) { c.ClusterCIDR6 = netip.MustParsePrefix("fd00:10:244::/64") },
+		"pod network too large":   func(c *Config) { c.ClusterCIDR6 = netip.MustParsePrefix("fd00::/40") },
+		"service range too large": func(c *Config) { c.ServiceCIDR6 = netip.MustParsePrefix("fd00:10:96::/64") },
+		"IPv6 primary cluster":    func(c *Config) { c.ClusterCIDR = netip.MustParsePrefix("fd00:1::/56") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := Defaults()
+			c.EnableDualStack()
+			mutate(&c)
+			if err := c.Validate(); err == nil {
+				t.Fatalf("config accepted: %+v", c)
+			}
+		})
+	}
+}

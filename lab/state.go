@@ -29,10 +29,12 @@ type State struct {
 
 // NodeState is what the lab made for one node.
 type NodeState struct {
-	Name      string `json:"name"`
-	NetNS     string `json:"netns"`
-	HostVeth  string `json:"hostVeth"`
-	Addr      string `json:"addr"`
+	Name     string `json:"name"`
+	NetNS    string `json:"netns"`
+	HostVeth string `json:"hostVeth"`
+	Addr     string `json:"addr"`
+	// Addr6 is the IPv6 address on the lab network of a dual-stack lab.
+	Addr6     string `json:"addr6,omitempty"`
 	CgroupDir string `json:"cgroupDir"`
 	PinDir    string `json:"pinDir"`
 }

@@ -51,6 +51,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.RootCAFile, "root-ca-file", cfg.RootCAFile, "CA bundle published as every namespace's kube-root-ca.crt ConfigMap (default: the CA of --kubeconfig)")
 	fs.IntVar(&dnsPort, "cluster-dns-port", 10053, "port of each node's cluster DNS server (waggle proxy --cluster-dns-address)")
 	fs.IntVar(&cfg.NodeCIDRMaskSize, "node-cidr-mask-size", cfg.NodeCIDRMaskSize, "prefix length of each node's (IPv4) podCIDR")
+	fs.IntVar(&cfg.NodeCIDRMaskSize, "node-cidr-mask-size-ipv4", cfg.NodeCIDRMaskSize, "prefix length of each node's IPv4 podCIDR in a dual-stack cluster (upstream's name for --node-cidr-mask-size there)")
 	fs.IntVar(&cfg.NodeCIDRMaskSizeIPv6, "node-cidr-mask-size-ipv6", cfg.NodeCIDRMaskSizeIPv6, "prefix length of each node's IPv6 podCIDR in a dual-stack cluster (0: 64)")
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may go without renewing its Lease before it is marked unhealthy")
 	fs.DurationVar(&cfg.NodeMonitorPeriod, "node-monitor-period", cfg.NodeMonitorPeriod, "how often node health is checked")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -40,12 +39,12 @@ func runJoin(ctx context.Context, args []string) error {
 	unsafeSkip := fs.Bool("discovery-token-unsafe-skip-ca-verification", false, "join without pinning the cluster CA (trust the first answer)")
 	dataDir := fs.String("data-dir", def.DataDir, "the node's state: CA, certificates, kubelet, CNI; the same dir resumes the same node")
 	nodeName := fs.String("node-name", "", "this node's name (default: the hostname, lower-cased)")
-	nodeIP := fs.String("node-ip", "", "this node's InternalIP (default: the default route's address)")
+	nodeIP := fs.String("node-ip", "", "this node's InternalIP, or IPv4,IPv6 for a dual-stack node (default: the default route's address)")
 	containerd := fs.String("containerd-address", "", "containerd socket (default: the system's if it runs, else a supervised one under the data dir)")
 	cniBin := fs.String("cni-bin-dir", "", "directory of the waggle CNI plugin (default: cni/ beside this binary)")
 	imageDir := fs.String("image-dir", "", "OCI image archives imported at start")
-	clusterCIDR := fs.String("cluster-cidr", def.ClusterCIDR, "the cluster's pod network (the servers' --cluster-cidr)")
-	serviceRange := fs.String("service-cluster-ip-range", def.ServiceClusterIPRange, "the cluster's Service range (the servers'); its tenth address is the cluster DNS Service")
+	clusterCIDR := fs.String("cluster-cidr", def.ClusterCIDR, "the cluster's pod network (the servers' --cluster-cidr; IPv4,IPv6 for dual-stack)")
+	serviceRange := fs.String("service-cluster-ip-range", def.ServiceClusterIPRange, "the cluster's Service range (the servers'; IPv4,IPv6 for dual-stack); the tenth address of the first is the cluster DNS Service")
 	clusterDomain := fs.String("cluster-domain", def.ClusterDomain, "the cluster DNS zone")
 	proxyMode := fs.String("proxy-mode", def.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")
 	npDevices := fs.String("nodeport-devices", def.NodePortDevices, "devices on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from other machines: auto (the device of the node's address), none, or comma-separated names")
@@ -64,12 +63,16 @@ func runJoin(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	svc, err := netip.ParsePrefix(*serviceRange)
-	if err != nil {
-		return fmt.Errorf("--service-cluster-ip-range %q: %w", *serviceRange, err)
+	svcs, err := kubelet.ParseDualStackPrefixes(*serviceRange)
+	if err != nil || len(svcs) == 0 {
+		return fmt.Errorf("--service-cluster-ip-range %q: want a CIDR, or one IPv4 and one IPv6 comma-separated (%v)", *serviceRange, err)
 	}
-	if _, err := netip.ParsePrefix(*clusterCIDR); err != nil {
-		return fmt.Errorf("--cluster-cidr %q: %w", *clusterCIDR, err)
+	svc := svcs[0] // the cluster DNS Service is in the primary range
+	if cidrs, err := kubelet.ParseDualStackPrefixes(*clusterCIDR); err != nil || len(cidrs) == 0 {
+		return fmt.Errorf("--cluster-cidr %q: want a CIDR, or one IPv4 and one IPv6 comma-separated (%v)", *clusterCIDR, err)
+	}
+	if _, err := kubelet.ParseNodeIPs(*nodeIP); err != nil {
+		return fmt.Errorf("--node-ip: %w", err)
 	}
 	name := *nodeName
 	if name == "" {

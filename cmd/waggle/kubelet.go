@@ -32,7 +32,7 @@ func runKubelet(ctx context.Context, args []string) error {
 		rotate = v
 		return nil
 	})
-	fs.StringVar(&cfg.NodeIP, "node-ip", "", "the node's InternalIP (default: the default route's source address)")
+	fs.StringVar(&cfg.NodeIP, "node-ip", "", "the node's InternalIP, or two comma-separated (IPv4,IPv6) for a dual-stack node (default: the default route's source address)")
 	fs.Var(&labels, "node-labels", "extra node labels, key=value[,key=value...]")
 	fs.Var(&taints, "register-with-taints", "taints set at registration, key=value:Effect[,...]")
 	fs.IntVar(&cfg.MaxPods, "max-pods", 110, "pods capacity")
@@ -44,7 +44,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.Var(&cniBin, "cni-bin-dir", "CNI plugin dirs (default /opt/cni/bin,/usr/lib/cni)")
 	fs.StringVar(&cfg.CNICacheDir, "cni-cache-dir", "", "libcni result cache (default <root-dir>/cni-cache)")
 	fs.StringVar(&cfg.PodCIDR, "pod-cidr", "", "pod CIDR when the Node has no spec.podCIDR (standalone)")
-	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", "", "cluster pod CIDR, not masqueraded (goes into the CNI config)")
+	fs.StringVar(&cfg.ClusterCIDR, "cluster-cidr", "", "cluster pod CIDR (IPv4,IPv6 for dual-stack), not masqueraded (goes into the CNI config)")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup under which pods' cgroups are made (default /waggle/<node>)")
 	fs.StringVar(&cfg.RootDir, "root-dir", "", "kubelet state dir (default /var/lib/waggle/kubelet/<node>)")
 	fs.StringVar(&cfg.NetNSDir, "netns-dir", "/run/netns", "where pod network namespaces are bind-mounted")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,9 +27,10 @@ func runLab(ctx context.Context, args []string) error {
 		fs.IntVar(&cfg.Servers, "servers", cfg.Servers, "control plane servers: 1 (in the host namespace), or 3 or 5 for an HA control plane (each in its own namespace, an etcd member, API server, scheduler and controller-manager)")
 		fs.StringVar(&cfg.Name, "name", cfg.Name, "lab name: prefixes node names and the lab's cgroup")
 		fs.StringVar(&cfg.Bridge, "bridge", cfg.Bridge, "name of the lab bridge")
-		subnet := fs.String("subnet", cfg.Subnet.String(), "lab network (IPv4)")
-		clusterCIDR := fs.String("cluster-cidr", cfg.ClusterCIDR.String(), "pod network; each node gets a /24 of it, routed from the host")
-		serviceCIDR := fs.String("service-cidr", cfg.ServiceCIDR.String(), "Service ClusterIP range")
+		subnet := fs.String("subnet", cfg.Subnet.String(), "lab network: IPv4, or IPv4,IPv6 for a dual-stack lab (default IPv6 with --dual-stack: fd00:A:B:C::/64 for the IPv4 A.B.C.0)")
+		clusterCIDR := fs.String("cluster-cidr", cfg.ClusterCIDR.String(), "pod network; each node gets a /24 of it (and a /64 of the IPv6 one), routed from the host: IPv4, or IPv4,IPv6 (default IPv6 with --dual-stack: "+lab.DefaultClusterCIDR6.String()+")")
+		serviceCIDR := fs.String("service-cidr", cfg.ServiceCIDR.String(), "Service ClusterIP range: IPv4, or IPv4,IPv6 (default IPv6 with --dual-stack: "+lab.DefaultServiceCIDR6.String()+")")
+		dualStack := fs.Bool("dual-stack", false, "a dual-stack lab: every node, the bridge and the client get an IPv6 address too, each node a pod CIDR of each family, and Services may be IPv6 or dual-stack (implied by an IPv6 CIDR in --subnet, --cluster-cidr or --service-cidr)")
 		fs.IntVar(&cfg.APIPort, "api-port", cfg.APIPort, "API server port (on the bridge address)")
 		fs.IntVar(&cfg.SchedulerPort, "scheduler-port", cfg.SchedulerPort, "scheduler HTTPS health/metrics port (on the bridge address)")
 		fs.IntVar(&cfg.ControllerManagerPort, "controller-manager-port", cfg.ControllerManagerPort, "controller-manager HTTPS health/metrics port (on the bridge address)")
@@ -44,16 +44,18 @@ func runLab(ctx context.Context, args []string) error {
 		if err := cliflag.Parse(fs, args[1:]); err != nil {
 			return err
 		}
-		p, err := netip.ParsePrefix(*subnet)
-		if err != nil {
-			return fmt.Errorf("--subnet: %w", err)
+		var err error
+		if cfg.Subnet, cfg.Subnet6, err = lab.ParseDualStack("--subnet", *subnet); err != nil {
+			return err
 		}
-		cfg.Subnet = p
-		if cfg.ClusterCIDR, err = netip.ParsePrefix(*clusterCIDR); err != nil {
-			return fmt.Errorf("--cluster-cidr: %w", err)
+		if cfg.ClusterCIDR, cfg.ClusterCIDR6, err = lab.ParseDualStack("--cluster-cidr", *clusterCIDR); err != nil {
+			return err
 		}
-		if cfg.ServiceCIDR, err = netip.ParsePrefix(*serviceCIDR); err != nil {
-			return fmt.Errorf("--service-cidr: %w", err)
+		if cfg.ServiceCIDR, cfg.ServiceCIDR6, err = lab.ParseDualStack("--service-cidr", *serviceCIDR); err != nil {
+			return err
+		}
+		if *dualStack || cfg.Subnet6.IsValid() || cfg.ClusterCIDR6.IsValid() || cfg.ServiceCIDR6.IsValid() {
+			cfg.EnableDualStack()
 		}
 		if cfg.Binary, err = os.Executable(); err != nil {
 			return err

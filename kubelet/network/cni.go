@@ -227,11 +227,28 @@ func WriteConfig(dir string, podCIDR, clusterCIDR netip.Prefix, opts ...wcni.Con
 var _ Configurer = (*CNI)(nil)
 
 // Configure implements Configurer: it writes the waggle configuration for
-// podCIDR into the config dir unless one is there.
-func (c *CNI) Configure(podCIDR, clusterCIDR netip.Prefix) (bool, error) {
+// the node's pod CIDRs into the config dir unless one is there. A
+// dual-stack node's pods get an address of each family (the primary
+// first); the cluster CIDR of each family is kept from masquerading.
+func (c *CNI) Configure(podCIDRs, clusterCIDRs []netip.Prefix) (bool, error) {
+	if len(podCIDRs) == 0 {
+		return false, errors.New("configure pod network: no pod CIDR")
+	}
+	primary := podCIDRs[0]
+	cluster := func(is4 bool) netip.Prefix {
+		for _, p := range clusterCIDRs {
+			if p.Addr().Is4() == is4 {
+				return p
+			}
+		}
+		return netip.Prefix{}
+	}
 	var opts []wcni.ConfListOption
 	if c.opts.IPAMDataDir != "" {
 		opts = append(opts, wcni.WithDataDir(c.opts.IPAMDataDir))
 	}
-	return WriteConfig(c.opts.ConfDir, podCIDR, clusterCIDR, opts...)
+	for _, p := range podCIDRs[1:] {
+		opts = append(opts, wcni.WithDualStack(p, cluster(p.Addr().Is4())))
+	}
+	return WriteConfig(c.opts.ConfDir, primary, cluster(primary.Addr().Is4()), opts...)
 }

@@ -56,9 +56,12 @@ type Manager interface {
 
 // Configurer is a Manager whose configuration comes from the node's pod
 // CIDR once it is known: the kubelet calls Configure when the Manager is not
-// Ready and the Node has a pod CIDR. configured reports whether anything changed.
+// Ready and the Node has a pod CIDR. podCIDRs holds the node's primary pod
+// CIDR first and, on a dual-stack node, one of the other family;
+// clusterCIDRs the cluster's (none, one, or one per family). changed
+// reports whether anything changed.
 type Configurer interface {
-	Configure(podCIDR, clusterCIDR netip.Prefix) (changed bool, err error)
+	Configure(podCIDRs, clusterCIDRs []netip.Prefix) (changed bool, err error)
 }
 
 // Hollow is the hollow node's network (--runtime=hollow): addresses from the
@@ -77,16 +80,17 @@ var _ Configurer = (*Hollow)(nil)
 // pod CIDR); an invalid prefix leaves it unconfigured.
 func NewHollow(prefix netip.Prefix) *Hollow {
 	h := &Hollow{used: map[netip.Addr]string{}}
-	h.Configure(prefix, netip.Prefix{})
+	h.Configure([]netip.Prefix{prefix}, nil)
 	return h
 }
 
-// Configure implements Configurer: allocation continues from the new prefix.
-func (h *Hollow) Configure(prefix, _ netip.Prefix) (bool, error) {
-	if !prefix.IsValid() {
+// Configure implements Configurer: allocation continues from the new
+// primary prefix (a hollow pod has one address).
+func (h *Hollow) Configure(prefixes, _ []netip.Prefix) (bool, error) {
+	if len(prefixes) == 0 || !prefixes[0].IsValid() {
 		return false, nil
 	}
-	prefix = prefix.Masked()
+	prefix := prefixes[0].Masked()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.prefix == prefix {

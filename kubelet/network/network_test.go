@@ -47,14 +47,14 @@ func TestHollowIsNotReadyUntilConfigured(t *testing.T) {
 	if _, err := h.SetUp(context.Background(), Pod{UID: "a"}); err == nil {
 		t.Fatal("unconfigured hollow network allocates")
 	}
-	if changed, _ := h.Configure(netip.MustParsePrefix("10.2.3.0/24"), netip.Prefix{}); !changed || h.Ready() != nil {
+	if changed, _ := h.Configure([]netip.Prefix{netip.MustParsePrefix("10.2.3.0/24")}, nil); !changed || h.Ready() != nil {
 		t.Fatalf("Configure: changed=%v ready=%v", changed, h.Ready())
 	}
 	sb, err := h.SetUp(context.Background(), Pod{UID: "a"})
 	if err != nil || !netip.MustParsePrefix("10.2.3.0/24").Contains(netip.MustParseAddr(sb.IPs[0])) {
 		t.Fatalf("SetUp = %v, %v", sb, err)
 	}
-	if changed, _ := h.Configure(netip.MustParsePrefix("10.2.3.0/24"), netip.Prefix{}); changed {
+	if changed, _ := h.Configure([]netip.Prefix{netip.MustParsePrefix("10.2.3.0/24")}, nil); changed {
 		t.Error("the same prefix again counts as a change")
 	}
 }

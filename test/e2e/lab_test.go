@@ -50,6 +50,10 @@ func startLab(t *testing.T) *env {
 	cfg := lab.Defaults()
 	cfg.Name, cfg.Bridge, cfg.Nodes = labName, labBridge, labNodes
 	cfg.Subnet = netip.MustParsePrefix(labSubnet)
+	// Dual-stack, as a user's cluster may be: the IPv4 checks run as on an
+	// IPv4-only lab (IPv4 is the primary family), and testDualStack checks
+	// the IPv6 half.
+	cfg.EnableDualStack()
 	dataDir := filepath.Join("/var/lib", "waggle-e2e-"+testutil.UniqueName(""))
 	e := &env{bin: bin, dataDir: dataDir, kubeconfig: filepath.Join(dataDir, "control-plane", "admin.kubeconfig"), cfg: cfg}
 	t.Cleanup(func() {
@@ -70,7 +74,7 @@ func startLab(t *testing.T) *env {
 	defer cancel()
 	up := exec.CommandContext(ctx, e.bin, "lab", "up",
 		"--name", labName, "--bridge", labBridge, "--subnet", labSubnet,
-		"--nodes", strconv.Itoa(labNodes), "--data-dir", dataDir,
+		"--nodes", strconv.Itoa(labNodes), "--data-dir", dataDir, "--dual-stack",
 		"--image-dir", images, "--node-monitor-grace-period", "10s", "--ready-timeout", "3m")
 	var out bytes.Buffer
 	up.Stdout, up.Stderr = &out, &out

@@ -85,7 +85,7 @@ spec:
 `, node, echoImage)
 }
 
-// TestLab brings a two-node lab up once and checks, in order, what a user of
+// TestLab brings a two-node dual-stack lab up once and checks, in order, what a user of
 // a Deployment behind a Service relies on; the lab's teardown then checks
 // that nothing is left behind.
 func TestLab(t *testing.T) {
@@ -133,6 +133,7 @@ func TestLab(t *testing.T) {
 	})
 
 	t.Run("ClusterDNSFromPodsOnEveryNode", func(t *testing.T) { testClusterDNS(t, e, nodes, vip) })
+	t.Run("DualStack", func(t *testing.T) { testDualStack(t, e, nodes) })
 	t.Run("CrashLoopingPodsEvents", func(t *testing.T) { testCrashLoopEvents(t, e) })
 	t.Run("KubectlTop", func(t *testing.T) { testKubectlTop(t, e, nodes) })
 	t.Run("HPAScaleUp", func(t *testing.T) { testHPAScaleUp(t, e) })
@@ -319,6 +320,15 @@ func testNodeJoins(t *testing.T, e *env, vip string) {
 	}
 	e.apply(t, clientPod(joined))
 	e.kubectl(t, "wait", "--for=condition=Ready", "pod", "client-"+joined, "--timeout=3m")
+	// In the dual-stack lab, a joined node is dual-stack too: waggle join
+	// passes its --node-ip IPv4,IPv6 and --cluster-cidr to its kubelet.
+	ips := e.kubectl(t, "get", "node", joined, "-o", `jsonpath={range .status.addresses[?(@.type=="InternalIP")]}{.address},{end}`)
+	if want := e.cfg.NodeIPs(labNodes+1) + ","; ips != want {
+		t.Errorf("joined node's InternalIPs %q, want %q", ips, want)
+	}
+	if podIPs := strings.Fields(e.kubectl(t, "get", "pod", "client-"+joined, "-o", "jsonpath={.status.podIPs[*].ip}")); e.cfg.DualStack() && len(podIPs) != 2 {
+		t.Errorf("pod on the joined node: podIPs %v, want one of each family", podIPs)
+	}
 	eventually(t, 30*time.Second, "every connect from the joined node to the Service succeeds", func() error {
 		out, err := e.kubectlErr("exec", "client-"+joined, "--", "/waggle-echo", "dial", "-n", "20", "tcp", vip+":80")
 		if err != nil {
