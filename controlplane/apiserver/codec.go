@@ -144,8 +144,9 @@ func decodeInto(body []byte, into runtime.Object, contentType, directive string)
 }
 
 // encodeForStorage marshals obj without its resourceVersion (the revision is
-// the version) and with apiVersion and kind set.
-func encodeForStorage(res *catalog.Resource, obj runtime.Object) ([]byte, error) {
+// the version) and with apiVersion and kind set: as Kubernetes protobuf when
+// asked and its type has that encoding, else as JSON.
+func encodeForStorage(res *catalog.Resource, obj runtime.Object, protobuf bool) ([]byte, error) {
 	m, err := meta.Accessor(obj)
 	if err != nil {
 		return nil, err
@@ -167,7 +168,7 @@ func encodeForStorage(res *catalog.Resource, obj runtime.Object) ([]byte, error)
 		stored.GetObjectKind().SetGroupVersionKind(c.storage.GroupVersionKind())
 	}
 	var b []byte
-	if _, ok := stored.(runtime.ProtobufMarshaller); ok {
+	if _, ok := stored.(runtime.ProtobufMarshaller); ok && protobuf {
 		// Built-in kinds are stored as Kubernetes protobuf, as
 		// kube-apiserver stores them: cheaper to encode here and to decode
 		// in the watch cache than JSON. Custom resources stay JSON (their

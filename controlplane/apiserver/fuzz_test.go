@@ -50,7 +50,7 @@ func FuzzDecodeDefaultValidate(f *testing.F) {
 			_ = st.validateUpdate(r, obj, obj.DeepCopyObject(), "")
 			_ = st.validateUpdate(r, obj, obj.DeepCopyObject(), "status")
 			_ = st.fieldSet(obj)
-			if _, err := encodeForStorage(res, obj); err != nil {
+			if _, err := encodeForStorage(res, obj, true); err != nil {
 				t.Fatalf("%s: decoded object does not encode: %v", res.Resource, err)
 			}
 		}
@@ -106,7 +106,7 @@ func FuzzWithResourceVersion(f *testing.F) {
 		if err != nil {
 			t.Skipf("input not encodable for storage: %v", err)
 		}
-		pb, err := encodeForStorage(res, cm.DeepCopy())
+		pb, err := encodeForStorage(res, cm.DeepCopy(), true)
 		if err != nil || !bytes.HasPrefix(pb, protobufMagic) {
 			t.Fatalf("protobuf storage: %v %q", err, pb)
 		}

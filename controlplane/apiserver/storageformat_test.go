@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
 	"github.com/waggle-io/waggle/internal/testutil"
 	corev1 "k8s.io/api/core/v1"
@@ -105,5 +106,30 @@ func TestReadsJSONStoredByEarlierBuilds(t *testing.T) {
 	}
 	if raw := rawEtcd(t, srv, "/registry/configmaps/default/new-cm"); !strings.HasPrefix(raw, protobufMagic) {
 		t.Fatalf("a new ConfigMap is stored as %.40q, want protobuf", raw)
+	}
+
+	// --storage-media-type=application/json (a rolling upgrade, while
+	// servers of the JSON build share the etcd) writes JSON again and still
+	// reads protobuf.
+	srv.Stop()
+	srv = apiservertest.Start(t, apiservertest.Options{DataDir: dir, Configure: func(c *apiserver.Config) { c.StorageMediaType = "application/json" }})
+	cs = kubernetes.NewForConfigOrDie(srv.Config)
+	got, err = cs.CoreV1().ConfigMaps("default").Get(ctx, "legacy-cm", metav1.GetOptions{})
+	if err != nil || got.Data["k2"] != "v2" {
+		t.Fatalf("protobuf value under --storage-media-type=application/json: %v %+v", err, got)
+	}
+	got.Data["k3"] = "v3"
+	if _, err := cs.CoreV1().ConfigMaps("default").Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if raw := rawEtcd(t, srv, "/registry/configmaps/default/legacy-cm"); !strings.HasPrefix(raw, `{"kind":"ConfigMap"`) || !strings.Contains(raw, `"k3":"v3"`) {
+		t.Fatalf("under --storage-media-type=application/json the ConfigMap is stored as %.60q", raw)
+	}
+}
+
+func TestStorageMediaTypeIsChecked(t *testing.T) {
+	_, err := apiserver.New(context.Background(), apiserver.Config{DataDir: t.TempDir(), StorageMediaType: "application/yaml"})
+	if err == nil || !strings.Contains(err.Error(), "--storage-media-type") {
+		t.Fatalf("New with --storage-media-type=application/yaml: %v", err)
 	}
 }
