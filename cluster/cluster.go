@@ -55,6 +55,9 @@ type Config struct {
 	SecretsEncryption        bool
 	Audit                    apiserver.AuditConfig
 	PodSecurityConfigFile    string
+	// StorageMediaType is the API server's --storage-media-type (empty:
+	// protobuf).
+	StorageMediaType string
 	// DataDir holds etcd, the PKI, the kubeconfigs, the kubelet's state and
 	// (when supervised) containerd. Running again with the same DataDir
 	// resumes the same cluster.
@@ -258,6 +261,7 @@ func Run(ctx context.Context, cfg Config) error {
 		MetricsAPI:                          cfg.MetricsAPI,
 		MetricsResolution:                   cfg.MetricsResolution,
 		EncryptionProviderConfig:            encConfig,
+		StorageMediaType:                    cfg.StorageMediaType,
 		Audit:                               cfg.Audit,
 		PodSecurityConfigFile:               cfg.PodSecurityConfigFile,
 		// componentstatuses probes the ports this machine's components

@@ -21,6 +21,7 @@ func runAPIServer(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.EtcdCertFile, "etcd-certfile", "", "client certificate for the external etcd")
 	fs.StringVar(&cfg.EtcdKeyFile, "etcd-keyfile", "", "key of --etcd-certfile")
 	fs.StringVar(&cfg.EncryptionProviderConfig, "encryption-provider-config", "", "EncryptionConfiguration file (apiserver.config.k8s.io/v1): how resources are encrypted at rest in etcd (aescbc, aesgcm, secretbox, identity)")
+	fs.StringVar(&cfg.StorageMediaType, "storage-media-type", "application/vnd.kubernetes.protobuf", "how built-in objects are written to etcd: application/vnd.kubernetes.protobuf, or application/json (what Waggle before protobuf storage reads: set it on upgraded servers until every API server sharing the etcd is upgraded); both are read, custom resources are always JSON")
 	fs.StringVar(&cfg.Audit.PolicyFile, "audit-policy-file", "", "audit policy (audit.k8s.io/v1 Policy); with --audit-log-path turns on the audit log")
 	fs.StringVar(&cfg.Audit.LogPath, "audit-log-path", "", "audit log file (JSON lines of audit.k8s.io/v1 Events; '-' is standard output)")
 	fs.IntVar(&cfg.Audit.MaxAge, "audit-log-maxage", 0, "days to keep rotated audit log files (0: no limit)")

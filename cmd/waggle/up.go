@@ -57,6 +57,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.EtcdCertFile, "etcd-certfile", "", "client certificate for the external etcd")
 	fs.StringVar(&cfg.EtcdKeyFile, "etcd-keyfile", "", "client key for the external etcd")
 	fs.StringVar(&cfg.EncryptionProviderConfig, "encryption-provider-config", "", "EncryptionConfiguration file for encryption at rest (see docs/security.md)")
+	fs.StringVar(&cfg.StorageMediaType, "storage-media-type", "application/vnd.kubernetes.protobuf", "how the API server writes built-in objects to etcd: application/vnd.kubernetes.protobuf, or application/json while servers of a build before protobuf storage share the etcd (a rolling upgrade); both are read")
 	fs.BoolVar(&cfg.SecretsEncryption, "secrets-encryption", false, "encrypt Secrets in etcd with an aescbc key generated once under <data-dir>/pki/encryption-config.yaml")
 	fs.StringVar(&cfg.Audit.PolicyFile, "audit-policy-file", "", "audit policy (audit.k8s.io/v1); with --audit-log-path turns on the audit log")
 	fs.StringVar(&cfg.Audit.LogPath, "audit-log-path", "", "audit log file ('-': standard output)")

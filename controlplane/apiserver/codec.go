@@ -144,8 +144,9 @@ func decodeInto(body []byte, into runtime.Object, contentType, directive string)
 }
 
 // encodeForStorage marshals obj without its resourceVersion (the revision is
-// the version) and with apiVersion and kind set.
-func encodeForStorage(res *catalog.Resource, obj runtime.Object) ([]byte, error) {
+// the version) and with apiVersion and kind set: as Kubernetes protobuf when
+// asked and its type has that encoding, else as JSON.
+func encodeForStorage(res *catalog.Resource, obj runtime.Object, protobuf bool) ([]byte, error) {
 	m, err := meta.Accessor(obj)
 	if err != nil {
 		return nil, err
@@ -166,9 +167,39 @@ func encodeForStorage(res *catalog.Resource, obj runtime.Object) ([]byte, error)
 		objectMeta(stored).SetResourceVersion("")
 		stored.GetObjectKind().SetGroupVersionKind(c.storage.GroupVersionKind())
 	}
-	b, err := json.Marshal(stored)
+	var b []byte
+	if _, ok := stored.(runtime.ProtobufMarshaller); ok && protobuf {
+		// Built-in kinds are stored as Kubernetes protobuf, as
+		// kube-apiserver stores them: cheaper to encode here and to decode
+		// in the watch cache than JSON. Custom resources stay JSON (their
+		// registry encodes them), as upstream.
+		b, err = encodeProtobuf(stored)
+	} else {
+		b, err = json.Marshal(stored)
+	}
 	m.SetResourceVersion(rv)
 	return b, err
+}
+
+// protobufMagic begins every value stored as Kubernetes protobuf; stored
+// JSON begins with '{'. Values written before built-in kinds were stored
+// as protobuf are JSON, and both are read.
+var protobufMagic = []byte("k8s\x00")
+
+// unmarshalStored decodes a stored value, Kubernetes protobuf or JSON, into
+// into.
+func unmarshalStored(value []byte, into runtime.Object) error {
+	if !bytes.HasPrefix(value, protobufMagic) {
+		return json.Unmarshal(value, into)
+	}
+	out, _, err := protobufCodec.Decode(value, nil, into)
+	if err != nil {
+		return err
+	}
+	if out != into {
+		return fmt.Errorf("stored %T where %T was expected", out, into)
+	}
+	return nil
 }
 
 // storageCodec decodes stored values of one resource for the watch cache and
@@ -212,7 +243,7 @@ func (c *storageCodec) Decode(key string, value []byte, rev int64) (*storage.Obj
 		return c.decodeConverted(key, value, rev)
 	}
 	obj := c.res.New()
-	if err := json.Unmarshal(value, obj); err != nil {
+	if err := unmarshalStored(value, obj); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", key, err)
 	}
 	m, err := meta.Accessor(obj)
@@ -221,20 +252,21 @@ func (c *storageCodec) Decode(key string, value []byte, rev int64) (*storage.Obj
 	}
 	m.SetResourceVersion(strconv.FormatInt(rev, 10))
 	obj.GetObjectKind().SetGroupVersionKind(c.res.GroupVersionKind())
-	enc := withResourceVersion(value, rev)
-	if enc == nil || !bytes.HasPrefix(bytes.TrimSpace(value), []byte(`{"kind":`)) {
-		if enc, err = json.Marshal(obj); err != nil {
-			return nil, err
-		}
+	o := &storage.Object{Key: key, Rev: rev, Obj: obj, Labels: labels.Set(m.GetLabels()), Fields: c.fields(obj)}
+	// Stored JSON is served as it is, with the resourceVersion spliced in;
+	// a protobuf value's JSON is encoded on first use (a JSON watcher or
+	// read), and not at all while only protobuf clients read it.
+	if value[0] == '{' && bytes.HasPrefix(bytes.TrimSpace(value), []byte(`{"kind":`)) {
+		o.JSON = withResourceVersion(value, rev)
 	}
-	return &storage.Object{Key: key, Rev: rev, Obj: obj, JSON: enc, Labels: labels.Set(m.GetLabels()), Fields: c.fields(obj)}, nil
+	return o, nil
 }
 
 // decodeConverted decodes a value stored in another resource's version and
 // converts it to this resource's.
 func (c *storageCodec) decodeConverted(key string, value []byte, rev int64) (*storage.Object, error) {
 	stored := c.conv.storage.New()
-	if err := json.Unmarshal(value, stored); err != nil {
+	if err := unmarshalStored(value, stored); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", key, err)
 	}
 	obj, err := c.conv.fromStorage(stored)
@@ -244,11 +276,7 @@ func (c *storageCodec) decodeConverted(key string, value []byte, rev int64) (*st
 	m := objectMeta(obj)
 	m.SetResourceVersion(strconv.FormatInt(rev, 10))
 	obj.GetObjectKind().SetGroupVersionKind(c.res.GroupVersionKind())
-	enc, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
-	return &storage.Object{Key: key, Rev: rev, Obj: obj, JSON: enc, Labels: labels.Set(m.GetLabels()), Fields: c.fields(obj)}, nil
+	return &storage.Object{Key: key, Rev: rev, Obj: obj, Labels: labels.Set(m.GetLabels()), Fields: c.fields(obj)}, nil
 }
 
 // listJSON builds a list document from already-encoded items without

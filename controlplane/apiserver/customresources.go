@@ -193,7 +193,7 @@ func (r *registry) decode(body []byte, contentType, directive string) (runtime.O
 // and kind; custom resources in their CRD's storage version.
 func (r *registry) encode(obj runtime.Object) ([]byte, error) {
 	if r.cr == nil {
-		return encodeForStorage(r.res, obj)
+		return encodeForStorage(r.res, obj, r.srv == nil || r.srv.cfg.StorageMediaType != "application/json")
 	}
 	u := obj.(*unstructured.Unstructured)
 	c := &unstructured.Unstructured{Object: make(map[string]any, len(u.Object))}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	corev1 "k8s.io/api/core/v1"
@@ -49,7 +50,7 @@ func FuzzDecodeDefaultValidate(f *testing.F) {
 			_ = st.validateUpdate(r, obj, obj.DeepCopyObject(), "")
 			_ = st.validateUpdate(r, obj, obj.DeepCopyObject(), "status")
 			_ = st.fieldSet(obj)
-			if _, err := encodeForStorage(res, obj); err != nil {
+			if _, err := encodeForStorage(res, obj, true); err != nil {
 				t.Fatalf("%s: decoded object does not encode: %v", res.Resource, err)
 			}
 		}
@@ -88,8 +89,9 @@ func FuzzContinueToken(f *testing.F) {
 	})
 }
 
-// FuzzWithResourceVersion: splicing the revision into stored JSON gives the
-// same document as re-encoding.
+// FuzzWithResourceVersion: splicing the revision into stored JSON (what
+// builds before protobuf storage wrote, still read) gives the same document
+// as re-encoding, and the same as a protobuf value of the same object.
 func FuzzWithResourceVersion(f *testing.F) {
 	f.Add("a", "app", "x", int64(7))
 	f.Add("", "", "", int64(1))
@@ -99,25 +101,54 @@ func FuzzWithResourceVersion(f *testing.F) {
 		}
 		res, _ := catalog.Lookup(corev1.SchemeGroupVersion.WithResource("configmaps"))
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{k: v}}, Data: map[string]string{k: v}}
-		stored, err := encodeForStorage(res, cm)
+		cm.SetGroupVersionKind(res.GroupVersionKind())
+		stored, err := json.Marshal(cm)
 		if err != nil {
 			t.Skipf("input not encodable for storage: %v", err)
+		}
+		pb, err := encodeForStorage(res, cm.DeepCopy(), true)
+		if err != nil || !bytes.HasPrefix(pb, protobufMagic) {
+			t.Fatalf("protobuf storage: %v %q", err, pb)
 		}
 		c := &storageCodec{res: res, fields: strategyFor(res).fieldSet}
 		o, err := c.Decode("/k", stored, rev)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, _ := json.Marshal(o.Obj)
-		var a, b any
-		if err := json.Unmarshal(o.JSON, &a); err != nil {
-			t.Fatalf("spliced JSON invalid: %v: %s", err, o.JSON)
+		if o.JSON == nil {
+			t.Fatalf("stored JSON %s not spliced", stored)
 		}
-		_ = json.Unmarshal(want, &b)
-		aj, _ := json.Marshal(a)
-		bj, _ := json.Marshal(b)
-		if !bytes.Equal(aj, bj) {
+		want, _ := json.Marshal(o.Obj)
+		norm := func(j []byte) []byte {
+			var a any
+			if err := json.Unmarshal(j, &a); err != nil {
+				t.Fatalf("JSON invalid: %v: %s", err, j)
+			}
+			out, _ := json.Marshal(a)
+			return out
+		}
+		got, err := o.EncodedJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if aj, bj := norm(got), norm(want); !bytes.Equal(aj, bj) {
 			t.Fatalf("spliced %s\nencoded %s", aj, bj)
+		}
+		// JSON turns invalid UTF-8 into U+FFFD where protobuf keeps the
+		// bytes (as upstream's protobuf storage does).
+		if !utf8.ValidString(name + k + v) {
+			return
+		}
+		po, err := c.Decode("/k", pb, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pj, err := po.EncodedJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if aj, bj := norm(pj), norm(got); !bytes.Equal(aj, bj) {
+			t.Fatalf("from protobuf %s\nfrom JSON %s", aj, bj)
 		}
 	})
 }

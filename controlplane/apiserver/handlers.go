@@ -323,7 +323,11 @@ func (s *Server) serveGet(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// The cached object is shared: encoding only reads it.
 		return writeProtobuf(w, http.StatusOK, o.Obj)
 	}
-	writeJSON(w, http.StatusOK, o.JSON)
+	j, err := o.EncodedJSON()
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, j)
 	return nil
 }
 
@@ -397,7 +401,11 @@ func (s *Server) serveList(ctx context.Context, w http.ResponseWriter, r *http.R
 	}
 	items := make([][]byte, len(res.items))
 	for i, o := range res.items {
-		items[i] = o.JSON
+		j, err := o.EncodedJSON()
+		if err != nil {
+			return err
+		}
+		items[i] = j
 	}
 	writeJSON(w, http.StatusOK, listJSON(req.reg.res, items, res.rev, res.cont, res.remain))
 	return nil

@@ -64,6 +64,12 @@ type Config struct {
 	// choosing how each resource is encrypted in etcd; empty stores values
 	// as they are.
 	EncryptionProviderConfig string
+	// StorageMediaType is --storage-media-type, as kube-apiserver's: how
+	// built-in objects are written to etcd, "application/vnd.kubernetes.protobuf"
+	// (the default) or "application/json", what builds before protobuf
+	// storage read (for a rolling upgrade of several API servers sharing
+	// one etcd). Both are always read; custom resources are always JSON.
+	StorageMediaType string
 	// Audit is --audit-policy-file, --audit-log-path and the log's rotation
 	// (--audit-log-maxage, -maxbackup, -maxsize).
 	Audit AuditConfig
@@ -290,6 +296,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg.setDefaults()
 	if cfg.DataDir == "" {
 		return nil, errors.New("apiserver: --data-dir is required")
+	}
+	switch cfg.StorageMediaType {
+	case "", protobufType, "application/json":
+	default:
+		return nil, fmt.Errorf("apiserver: --storage-media-type %q: application/vnd.kubernetes.protobuf or application/json", cfg.StorageMediaType)
 	}
 	// Upstream's pod validation reads --allow-privileged from this
 	// process-wide setting, which is false until someone sets it.

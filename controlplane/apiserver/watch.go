@@ -187,7 +187,11 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 		case table:
 			tbl, err := req.reg.table(r, e.Obj.Obj, !headers)
 			if errors.Is(err, errNoTable) {
-				buf = appendFrame(buf, t, e.Obj.JSON)
+				j, err := e.Obj.EncodedJSON()
+				if err != nil {
+					return nil
+				}
+				buf = appendFrame(buf, t, j)
 				break
 			}
 			if err != nil {
@@ -203,7 +207,11 @@ func (s *Server) serveWatch(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 			buf = appendFrame(buf, t, tj)
 		default:
-			buf = appendFrame(buf, t, e.Obj.JSON)
+			j, err := e.Obj.EncodedJSON()
+			if err != nil {
+				return nil
+			}
+			buf = appendFrame(buf, t, j)
 		}
 		if len(buf) > 256<<10 {
 			if _, err := w.Write(buf); err != nil {

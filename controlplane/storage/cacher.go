@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,15 +27,33 @@ type Object struct {
 	// Obj is the decoded object with resourceVersion set. Never mutate it:
 	// deep-copy first.
 	Obj runtime.Object
-	// JSON is Obj encoded (with apiVersion, kind and resourceVersion).
+	// JSON is Obj encoded (with apiVersion, kind and resourceVersion) when
+	// the codec had it at hand; nil means EncodedJSON encodes Obj on first
+	// use. Read it through EncodedJSON.
 	JSON []byte
 	// Labels and Fields are what selectors match against.
 	Labels labels.Set
 	Fields fields.Set
 
-	altOnce sync.Once
-	alt     []byte
-	altErr  error
+	jsonOnce sync.Once
+	json     []byte
+	jsonErr  error
+	altOnce  sync.Once
+	alt      []byte
+	altErr   error
+}
+
+// EncodedJSON returns Obj as JSON: the codec's JSON, or Obj encoded on first
+// use and then shared by every reader and watcher.
+func (o *Object) EncodedJSON() ([]byte, error) {
+	o.jsonOnce.Do(func() {
+		if o.JSON != nil {
+			o.json = o.JSON
+			return
+		}
+		o.json, o.jsonErr = json.Marshal(o.Obj)
+	})
+	return o.json, o.jsonErr
 }
 
 // Alternate returns Obj in a second encoding (the API server's protobuf),

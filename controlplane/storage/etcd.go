@@ -104,7 +104,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, err
 		}
 		s.embedded = e
-		endpoints = []string{e.ClientURL}
+		// This process's own socket: no TLS (the socket is owner-only).
+		endpoints, tlsCfg = []string{e.LocalURL}, nil
 	}
 	kc, err := kubernetes.New(clientv3.Config{
 		Endpoints:          endpoints,

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -67,14 +68,22 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 
 func (c *slogCore) Sync() error { return nil }
 
-// silenced drops every entry once off is set.
+// expectedWarning tells the warnings that etcd gives about Waggle's own,
+// deliberate configuration: the local client socket (plain gRPC on a unix
+// socket in the 0700 data dir) beside certificate files meant for the TCP
+// listeners.
+func expectedWarning(msg string) bool {
+	return strings.HasPrefix(msg, "scheme is http or unix while")
+}
+
+// silenced drops every entry once off is set, and the expected warnings.
 type silenced struct {
 	zapcore.Core
 	off *atomic.Bool
 }
 
 func (s silenced) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
-	if s.off.Load() {
+	if s.off.Load() || expectedWarning(e.Message) {
 		return ce
 	}
 	return s.Core.Check(e, ce)

@@ -3,10 +3,15 @@ package storage
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -56,7 +61,13 @@ func TestEmbeddedEtcdRefusesUnauthenticatedClients(t *testing.T) {
 	if _, err := s.Create(ctx, "/registry/secrets/default/s", []byte(`{"data":{"k":"c2VjcmV0"}}`)); err != nil {
 		t.Fatal(err)
 	}
-	url := s.Endpoints()[0]
+	// The process's own client is on the owner-only socket
+	// (TestEmbeddedEtcdSocketIsOwnerOnly); every TCP listener needs TLS
+	// with a client certificate.
+	if ep := s.Endpoints()[0]; !strings.HasPrefix(ep, "unix:///") {
+		t.Fatalf("the API server's etcd client uses %s, want the local socket", ep)
+	}
+	url := s.embedded.ClientURL
 	if !strings.HasPrefix(url, "https://127.0.0.1:") {
 		t.Fatalf("embedded etcd at %s, want https on loopback", url)
 	}
@@ -139,5 +150,106 @@ func TestEmbeddedEtcdNeedsCertificates(t *testing.T) {
 	}
 	if _, err := ClientTLS("/nonexistent/ca.crt", "", ""); err == nil || !strings.Contains(err.Error(), "--etcd-cafile") {
 		t.Fatalf("ClientTLS with a missing CA: %v", err)
+	}
+}
+
+// TestEmbeddedEtcdSocketIsOwnerOnly: the plain-gRPC socket of the
+// process's own etcd client is a 0600 socket in a 0700 directory of this
+// user, and another local user cannot connect to it (the kernel refuses
+// before etcd sees anything), while this user reads through it.
+func TestEmbeddedEtcdSocketIsOwnerOnly(t *testing.T) {
+	testutil.Privileged(t)
+	dir := t.TempDir()
+	cfg, _ := embeddedTLS(t, dir)
+	e, err := StartEmbedded(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	sock := strings.TrimPrefix(e.LocalURL, "unix://")
+	if !strings.HasPrefix(e.LocalURL, "unix:///") || filepath.Dir(sock) != filepath.Join(dir, "etcd") {
+		t.Fatalf("local URL %s, want a socket in %s", e.LocalURL, filepath.Join(dir, "etcd"))
+	}
+	for path, want := range map[string]os.FileMode{sock: os.ModeSocket | 0o600, filepath.Dir(sock): os.ModeDir | 0o700} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode() != want || fi.Sys().(*syscall.Stat_t).Uid != uint32(os.Getuid()) {
+			t.Errorf("%s: mode %v uid %d, want %v owned by %d", path, fi.Mode(), fi.Sys().(*syscall.Stat_t).Uid, want, os.Getuid())
+		}
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{e.LocalURL}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Put(ctx, "/registry/k", "v"); err != nil {
+		t.Fatalf("put through the socket: %v", err)
+	}
+	// Another user (nobody) dials the socket from a copy of this test
+	// binary it can run.
+	bin, err := os.MkdirTemp("", "waggle-sockcheck-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(bin)
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(bin, "storage.test")
+	if err := os.WriteFile(exe, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run", "^TestHelperDialUnixSocket$")
+	cmd.Env = append(os.Environ(), "WAGGLE_DIAL_UNIX="+sock)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "dial refused:") {
+		t.Fatalf("another user dialing the socket: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "permission denied") {
+		t.Fatalf("another user's dial failed for another reason than permissions:\n%s", out)
+	}
+}
+
+// TestHelperDialUnixSocket is TestEmbeddedEtcdSocketIsOwnerOnly's other
+// user: it dials WAGGLE_DIAL_UNIX and says how that went.
+func TestHelperDialUnixSocket(t *testing.T) {
+	sock := os.Getenv("WAGGLE_DIAL_UNIX")
+	if sock == "" {
+		t.Skip("only run by TestEmbeddedEtcdSocketIsOwnerOnly")
+	}
+	c, err := net.DialTimeout("unix", sock, 5*time.Second)
+	if err != nil {
+		fmt.Println("dial refused:", err)
+		return
+	}
+	c.Close()
+	t.Fatalf("uid %d connected to %s", os.Getuid(), sock)
+}
+
+// A data dir too long for a socket address puts the socket in a private
+// temporary dir, removed on Close.
+func TestLocalSocketPathFallsBackForLongDirs(t *testing.T) {
+	sock, tmp, err := localSocketPath("/x")
+	if err != nil || sock != "/x/grpc.sock" || tmp != "" {
+		t.Fatalf("short dir: %q %q %v", sock, tmp, err)
+	}
+	long := "/" + strings.Repeat("d", 120)
+	sock, tmp, err = localSocketPath(long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer removeSockDir(tmp)
+	fi, err := os.Stat(tmp)
+	if err != nil || fi.Mode() != os.ModeDir|0o700 || filepath.Dir(sock) != tmp || len(sock) > maxSocketPath {
+		t.Fatalf("long dir: socket %q in %q (%v, %v)", sock, tmp, fi.Mode(), err)
 	}
 }
