@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/waggle-io/waggle/cni/ipam"
+	"github.com/waggle-io/waggle/internal/netlinkdump"
 )
 
 // Indexes of the interfaces in an ADD result.
@@ -266,7 +267,7 @@ func ensureBridge(cfg *Config) (netlink.Link, error) {
 			return nil, ioError("set bridge %s up: %v", cfg.Bridge, err)
 		}
 	}
-	have, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_ALL) })
+	have, err := netlinkdump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, ioError("list addresses of %s: %v", cfg.Bridge, err)
 	}
@@ -468,7 +469,7 @@ func Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return internalError("bridge %s: %v", cfg.Bridge, err)
 	}
-	brAddrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(br, netlink.FAMILY_ALL) })
+	brAddrs, err := netlinkdump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(br, netlink.FAMILY_ALL) })
 	if err != nil {
 		return ioError("list addresses of %s: %v", cfg.Bridge, err)
 	}
@@ -536,7 +537,7 @@ func GC(args *skel.CmdArgs) error {
 	}
 	// Interfaces first: an address is released only once nothing uses it.
 	if br, err := netlink.LinkByName(cfg.Bridge); err == nil {
-		links, err := retryDump(netlink.LinkList)
+		links, err := netlinkdump.Retry(netlink.LinkList)
 		if err != nil {
 			return ioError("list links: %v", err)
 		}
@@ -601,24 +602,4 @@ func Status(args *skel.CmdArgs) error {
 		}
 	}
 	return nil
-}
-
-// dumpAttempts bounds the retries of a netlink dump the kernel interrupted
-// (NLM_F_DUMP_INTR: the list changed while it was read), which netlink
-// v1.3.0 reports as EINTR. A burst of pods makes it common: every ADD adds
-// a veth and its addresses while the others list the bridge's addresses,
-// and 1-2 of 100 concurrent ADDs failed with "interrupted system call".
-const dumpAttempts = 10
-
-// retryDump runs a netlink dump until it is not interrupted, at most
-// dumpAttempts times.
-func retryDump[T any](dump func() (T, error)) (T, error) {
-	var v T
-	var err error
-	for range dumpAttempts {
-		if v, err = dump(); !errors.Is(err, unix.EINTR) {
-			return v, err
-		}
-	}
-	return v, err
 }

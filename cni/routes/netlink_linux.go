@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/internal/netlinkdump"
 )
 
 // NewNetlink returns the kernel Dataplane of the calling thread's network
@@ -37,8 +39,10 @@ func linkName(idx int) string {
 }
 
 func (netlinkDP) Routes() ([]Route, error) {
-	rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN},
-		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	rs, err := netlinkdump.Retry(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN},
+			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +136,7 @@ func (netlinkDP) EnsureVXLAN(v VXLANDevice) error {
 			return fmt.Errorf("set MAC: %w", err)
 		}
 	}
-	have, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+	have, err := netlinkdump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
 		return err
 	}
@@ -190,7 +194,7 @@ func (netlinkDP) Neighbors(dev string) ([]Neighbor, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, err := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_ALL)
+	ns, err := netlinkdump.Retry(func() ([]netlink.Neigh, error) { return netlink.NeighList(l.Attrs().Index, netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +254,7 @@ func (netlinkDP) FDB(dev string) ([]FDBEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, err := netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
+	ns, err := netlinkdump.Retry(func() ([]netlink.Neigh, error) { return netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE) })
 	if err != nil {
 		return nil, err
 	}
