@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -395,6 +396,40 @@ func runWritePathVsUpstream(b *testing.B, bin, version string) {
 	we := &writeSeries{name: "Waggle's etcd puts", bytes: len(wval)}
 	uc := &writeSeries{name: "kube-apiserver creates", bytes: len(uval), enc: storedEncoding(uval)}
 	ue := &writeSeries{name: "kube-apiserver's etcd puts", bytes: len(uval)}
+	// WRITE_BENCH_KUBE_APISERVER_CPUPROFILE=file takes kube-apiserver's
+	// own CPU profile (its /debug/pprof) over the rounds.
+	profDone := make(chan struct{})
+	if path := os.Getenv("WRITE_BENCH_KUBE_APISERVER_CPUPROFILE"); path != "" {
+		hc, err := rest.HTTPClientFor(peer.config)
+		if err != nil {
+			b.Fatal(err)
+		}
+		started := make(chan struct{})
+		go func() {
+			defer close(profDone)
+			close(started)
+			resp, err := hc.Get(peer.config.Host + "/debug/pprof/profile?seconds=" + strconv.Itoa(4*rounds))
+			if err != nil {
+				b.Errorf("kube-apiserver CPU profile: %v", err)
+				return
+			}
+			defer resp.Body.Close()
+			data, err := io.ReadAll(resp.Body)
+			if err == nil && resp.StatusCode != 200 {
+				err = fmt.Errorf("%s: %s", resp.Status, data)
+			}
+			if err == nil {
+				err = os.WriteFile(path, data, 0o644)
+			}
+			if err != nil {
+				b.Errorf("kube-apiserver CPU profile: %v", err)
+			}
+		}()
+		<-started
+	} else {
+		close(profDone)
+	}
+	defer func() { <-profDone }()
 	for r := 0; r < rounds; r++ {
 		base := r * perRound
 		run(wc, self, func(i int) error {
