@@ -58,6 +58,18 @@ require (
 )
 
 require (
+	github.com/Azure/go-ansiterm v0.0.0-20250102033503-faa5f7b0171c // indirect
+	github.com/coreos/go-oidc v2.5.0+incompatible // indirect
+	github.com/moby/term v0.5.2 // indirect
+	github.com/pquerna/cachecontrol v0.1.0 // indirect
+	golang.org/x/tools v0.51.0 // indirect
+	k8s.io/externaljwt v0.0.0 // indirect
+	k8s.io/kube-controller-manager v0.0.0 // indirect
+	k8s.io/kube-proxy v0.0.0 // indirect
+	k8s.io/kubectl v0.0.0 // indirect
+)
+
+require (
 	cel.dev/expr v0.25.2 // indirect
 	cyphar.com/go-pathrs v0.2.5 // indirect
 	github.com/NYTimes/gziphandler v1.1.1 // indirect
@@ -75,7 +87,7 @@ require (
 	github.com/spf13/cobra v1.10.2 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
 	gopkg.in/go-jose/go-jose.v2 v2.6.3 // indirect
-	k8s.io/cloud-provider v0.0.0 // indirect
+	k8s.io/cloud-provider v0.37.2 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.37.2 // indirect
 	k8s.io/endpointslice v0.37.2 // indirect
