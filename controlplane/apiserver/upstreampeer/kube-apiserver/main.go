@@ -1,10 +1,12 @@
+//go:build waggle_upstream_peer
+
 // Command kube-apiserver is upstream Kubernetes's own API server, built from
 // the k8s.io/kubernetes module at the version go.mod pins (v1.37.2): the
 // peer BenchmarkWritePathVsUpstream (controlplane/apiserver) measures Waggle's
 // write path against. It is only built when that benchmark runs
-// (WRITE_BENCH_KUBE_APISERVER=1), into a cache directory, so neither
-// `make build` nor `make test` compiles kube-apiserver; `go vet ./...`
-// type-checks it.
+// (WRITE_BENCH_KUBE_APISERVER=1), into a cache directory, with the build
+// tag waggle_upstream_peer, so neither `make build` nor `make test` nor
+// `go vet ./...` compiles kube-apiserver's ~300 packages.
 package main
 
 import (
