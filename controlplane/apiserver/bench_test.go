@@ -96,36 +96,11 @@ func runAPIServerBench(b *testing.B) {
 	add := func(k, v string, raw any) { rows = append(rows, [2]string{k, v}); results[k] = raw }
 
 	create := func(ns string, from, to, workers int) (time.Duration, []time.Duration, int64) {
-		var next atomic.Int64
-		next.Store(int64(from))
-		var errs atomic.Int64
-		var mu sync.Mutex
-		var lats []time.Duration
-		var wg sync.WaitGroup
-		start := time.Now()
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var mine []time.Duration
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= to {
-						break
-					}
-					t0 := time.Now()
-					if _, err := cs.CoreV1().Pods(ns).Create(ctx, benchPod(fmt.Sprintf("p-%06d", i)), metav1.CreateOptions{}); err != nil {
-						errs.Add(1)
-					}
-					mine = append(mine, time.Since(t0))
-				}
-				mu.Lock()
-				lats = append(lats, mine...)
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-		return time.Since(start), lats, errs.Load()
+		took, lats, errs, _ := concurrently(workers, to-from, func(i int) error {
+			_, err := cs.CoreV1().Pods(ns).Create(ctx, benchPod(fmt.Sprintf("p-%06d", from+i)), metav1.CreateOptions{})
+			return err
+		})
+		return took, lats, errs
 	}
 
 	// 1. Create throughput: 16 concurrent clients.
@@ -385,6 +360,41 @@ func etcdCreateQuantiles(srv *apiservertest.Server) string {
 	return fmt.Sprintf("etcd txn of those creates: p50 %s, p99 %s (histogram buckets)", q(.5), q(.99))
 }
 
+// concurrently runs op(0) … op(n-1) on workers goroutines, each taking the
+// next index as it finishes one, and returns how long all took, every
+// call's latency, how many failed and the first failure.
+func concurrently(workers, n int, op func(i int) error) (took time.Duration, lats []time.Duration, errs int64, first error) {
+	var next, failed atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					break
+				}
+				t0 := time.Now()
+				if err := op(i); err != nil && failed.Add(1) == 1 {
+					mu.Lock()
+					first = err
+					mu.Unlock()
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lats = append(lats, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return time.Since(start), lats, failed.Load(), first
+}
+
 // BenchmarkWritePathVsEtcd measures, in one run on one server (embedded
 // etcd with fsync), single-object creates through the whole API server
 // (HTTPS, client-go, authn, admission, defaulting, validation, managed
@@ -419,34 +429,8 @@ func runWritePathVsEtcd(b *testing.B) {
 	}
 	value := got.Kvs[0].Value
 	run := func(n int, op func(i int) error) (time.Duration, []time.Duration, int64) {
-		var next, errs atomic.Int64
-		var mu sync.Mutex
-		var lats []time.Duration
-		var wg sync.WaitGroup
-		start := time.Now()
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var mine []time.Duration
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= n {
-						break
-					}
-					t0 := time.Now()
-					if err := op(i); err != nil {
-						errs.Add(1)
-					}
-					mine = append(mine, time.Since(t0))
-				}
-				mu.Lock()
-				lats = append(lats, mine...)
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-		return time.Since(start), lats, errs.Load()
+		took, lats, errs, _ := concurrently(workers, n, op)
+		return took, lats, errs
 	}
 	var apiTook, etcdTook, apiCPU, etcdCPU time.Duration
 	var apiLat, etcdLat []time.Duration

@@ -15,8 +15,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -359,38 +357,15 @@ func runWritePathVsUpstream(b *testing.B, bin, version string) {
 	uval := createTemplatePod(b, ucs, peer.etcd)
 
 	run := func(s *writeSeries, cpu func() time.Duration, op func(i int) error) {
-		var next, errs atomic.Int64
-		var mu sync.Mutex
-		var wg sync.WaitGroup
 		cpu0 := cpu()
-		start := time.Now()
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var mine []time.Duration
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= perRound {
-						break
-					}
-					t0 := time.Now()
-					if err := op(i); err != nil {
-						if errs.Add(1) == 1 {
-							b.Logf("%s: %v", s.name, err)
-						}
-					}
-					mine = append(mine, time.Since(t0))
-				}
-				mu.Lock()
-				s.lats = append(s.lats, mine...)
-				mu.Unlock()
-			}()
+		took, lats, errs, first := concurrently(workers, perRound, op)
+		if first != nil {
+			b.Logf("%s: %v", s.name, first)
 		}
-		wg.Wait()
-		s.took += time.Since(start)
+		s.lats = append(s.lats, lats...)
+		s.took += took
 		s.cpu += cpu() - cpu0
-		s.errs += errs.Load()
+		s.errs += errs
 	}
 	self := func() time.Duration { return processCPU(b) }
 	// The upstream side's CPU: this process (client-go, the peer's etcd)

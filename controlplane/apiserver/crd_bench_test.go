@@ -7,8 +7,6 @@ import (
 	"os"
 	"runtime"
 	"sort"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,34 +106,8 @@ func runCustomResourceCreates(b *testing.B) {
 		b.Fatal(err)
 	}
 	run := func(op func(i int) error) (float64, []time.Duration, int64) {
-		var next, errs atomic.Int64
-		var mu sync.Mutex
-		var lats []time.Duration
-		var wg sync.WaitGroup
-		start := time.Now()
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var mine []time.Duration
-				for {
-					i := int(next.Add(1) - 1)
-					if i >= perRound {
-						break
-					}
-					t0 := time.Now()
-					if err := op(i); err != nil {
-						errs.Add(1)
-					}
-					mine = append(mine, time.Since(t0))
-				}
-				mu.Lock()
-				lats = append(lats, mine...)
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-		return float64(perRound) / time.Since(start).Seconds(), lats, errs.Load()
+		took, lats, errs, _ := concurrently(workers, perRound, op)
+		return float64(perRound) / took.Seconds(), lats, errs
 	}
 	var crRates, cmRates []float64
 	var crLat, cmLat []time.Duration
