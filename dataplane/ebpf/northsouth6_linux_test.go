@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,116 +28,6 @@ import (
 // as a machine on a wire does, so every receiver verifies what the programs
 // rewrote (a veth's offload leaves the checksum unchecked).
 func (tp *nsTopo) fullChecksums() { tp.clientWire(AccelGeneric) }
-
-func TestNorthSouthIPv6NodePort(t *testing.T) {
-	tp := newNSTopo6(t)
-	// As for IPv4: the node's netfilter masquerades pod traffic leaving the
-	// pod network, before tc egress sees a local backend's reply.
-	tp.node1.run(t, "nft", "add table ip6 ns6masq")
-	tp.node1.run(t, "nft", "add chain ip6 ns6masq post { type nat hook postrouting priority 100 ; }")
-	tp.node1.run(t, "nft", "add rule ip6 ns6masq post ip6 saddr fd06:1::/64 oifname eth0 masquerade")
-	tp.start()
-	tp.sync(
-		// Cluster policy, the backend on another node: SNAT to node1's IPv6 address.
-		nodePortFrontend("fd06::1", 30080, dataplane.TCP, false, "[fd06:2::10]:8080"),
-		// Cluster policy, the backend on this node: DNAT only.
-		nodePortFrontend("fd06::1", 30081, dataplane.TCP, false, "[fd06:1::10]:8080"),
-		// Local policy: the client's address kept.
-		nodePortFrontend("fd06::1", 30082, dataplane.TCP, true, "[fd06:1::11]:8080"),
-		nodePortFrontend("fd06::1", 30080, dataplane.UDP, false, "[fd06:2::10]:8080"),
-		nodePortFrontend("fd06::1", 30081, dataplane.UDP, false, "[fd06:1::10]:8080"),
-		// Local, no local endpoint: dropped.
-		nodePortFrontend("fd06::1", 30083, dataplane.TCP, true),
-		// Cluster, no endpoint: the node's stack rejects.
-		nodePortFrontend("fd06::1", 30084, dataplane.TCP, false),
-	)
-	check := func(when string) {
-		t.Helper()
-		for _, c := range []struct {
-			to, pod, seen string
-		}{
-			{"[fd06::1]:30080", "fd06:2::10", "fd06::1"},   // SNAT: the pod sees node1
-			{"[fd06::1]:30081", "fd06:1::10", "fd06::100"}, // a local backend: the client
-			{"[fd06::1]:30082", "fd06:1::11", "fd06::100"}, // ETP Local: the client
-		} {
-			conn, pod, seen, err := tp.dial(c.to)
-			if err != nil {
-				t.Fatalf("%s: %s: %v", when, c.to, err)
-			}
-			if pod != c.pod || seen != c.seen {
-				t.Errorf("%s: %s: answered by %s seeing %s, want %s seeing %s", when, c.to, pod, seen, c.pod, c.seen)
-			}
-			if err := echo(conn, strings.Repeat("hello ", 300)); err != nil {
-				t.Errorf("%s: %s: echo: %v", when, c.to, err)
-			}
-			// The client sees the NodePort as its peer (reverse NAT).
-			if got := conn.RemoteAddr().String(); got != c.to {
-				t.Errorf("%s: client's peer %s, want %s", when, got, c.to)
-			}
-			conn.Close()
-		}
-		for _, c := range []struct{ to, pod, seen string }{
-			{"[fd06::1]:30080", "fd06:2::10", "fd06::1"},
-			{"[fd06::1]:30081", "fd06:1::10", "fd06::100"},
-		} {
-			pod, seen, err := tp.udp(c.to)
-			if err != nil || pod != c.pod || seen != c.seen {
-				t.Errorf("%s: UDP %s: %s seeing %s, %v; want %s seeing %s", when, c.to, pod, seen, err, c.pod, c.seen)
-			}
-		}
-	}
-	check("offloaded checksums")
-	// Full checksums, verified by every receiver: the incremental updates
-	// (the pseudo-header's 16-byte addresses, the ports) are right.
-	tp.fullChecksums()
-	check("full checksums")
-
-	// Cluster without endpoints: a reset from the node (connection refused).
-	if _, _, _, err := tp.dial("[fd06::1]:30084"); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Errorf("no endpoints, Cluster: %v, want connection refused", err)
-	}
-	// Local without local endpoints: dropped.
-	err := tp.client.do(func() error {
-		c, err := net.DialTimeout("tcp", "[fd06::1]:30083", 500*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return errors.New("connected")
-		}
-		return nil
-	})
-	if err != nil {
-		t.Errorf("no local endpoints, Local: %v", err)
-	}
-	v, err := OpenPinned(tp.pinDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	st, err := v.NorthSouthStats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st["local_drop"] == 0 || st["xlate_snat"] == 0 || st["xlate_local"] == 0 || st["reply"] == 0 {
-		t.Errorf("stats %v", st)
-	}
-	ct, err := v.Conntrack()
-	if err != nil || len(ct) == 0 {
-		t.Fatalf("conntrack: %d entries, %v", len(ct), err)
-	}
-	var snat bool
-	for _, e := range ct {
-		if e.SNAT && e.Direction == "reply" && e.Src.String() == "[fd06:2::10]:8080" && e.Dst.Addr().String() == "fd06::1" {
-			snat = true
-		}
-	}
-	if !snat {
-		t.Errorf("no SNAT reply entry for [fd06:2::10]:8080 in %+v", ct)
-	}
-	devs, err := v.Devices()
-	if err != nil || len(devs) != 1 || devs[0].SNATAddr.String() != "10.66.0.1" || devs[0].SNATAddr6.String() != "fd06::1" {
-		t.Errorf("devices %+v, %v; want eth0 with SNAT addresses 10.66.0.1 and fd06::1", devs, err)
-	}
-}
 
 // A dual-stack Service answers on both families, each with its family's
 // endpoints: NodePorts and ExternalIPs, with ClientIP affinity per family.

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -404,98 +405,142 @@ func (tp *nsTopo) udp(to string) (pod, seen string, err error) {
 	return pod, seen, err
 }
 
+// TestNorthSouthNodePortToLocalAndRemoteBackends serves NodePorts from an
+// external client over each family: a remote backend (SNAT to the node),
+// a local one (DNAT only) and ETP Local (the client's address kept), TCP and
+// UDP, with offloaded and with full checksums; then the reject of a Cluster
+// frontend without endpoints and the drop of a Local one without local
+// endpoints, and the counters, conntrack and device entries behind them.
 func TestNorthSouthNodePortToLocalAndRemoteBackends(t *testing.T) {
-	tp := newNSTopo(t)
-	// As waggle-cni does: pod traffic leaving for outside the pod network
-	// is masqueraded by the node's netfilter, before tc egress sees it.
-	tp.node1.run(t, "nft", "add table ip nsmasq")
-	tp.node1.run(t, "nft", "add chain ip nsmasq post { type nat hook postrouting priority 100 ; }")
-	tp.node1.run(t, "nft", "add rule ip nsmasq post ip saddr 10.27.1.0/24 oifname eth0 masquerade")
-	tp.start()
-	tp.sync(
-		// Cluster policy, the backend on another node: SNAT to node1.
-		nodePortFrontend("10.27.0.1", 30080, dataplane.TCP, false, "10.27.2.10:8080"),
-		// Cluster policy, the backend on this node: DNAT only.
-		nodePortFrontend("10.27.0.1", 30081, dataplane.TCP, false, "10.27.1.10:8080"),
-		// Local policy: client address kept.
-		nodePortFrontend("10.27.0.1", 30082, dataplane.TCP, true, "10.27.1.11:8080"),
-		nodePortFrontend("10.27.0.1", 30080, dataplane.UDP, false, "10.27.2.10:8080"),
-		// Local, no local endpoint: dropped.
-		nodePortFrontend("10.27.0.1", 30083, dataplane.TCP, true),
-		// Cluster, no endpoint: the node's stack rejects.
-		nodePortFrontend("10.27.0.1", 30084, dataplane.TCP, false),
-	)
-	for _, c := range []struct {
-		to, pod, seen string
+	for _, fam := range []struct {
+		name, nft string
+		topo      func(*testing.T) *nsTopo
+		ip        func(nsTopoNet) func(sub, h int) string
+		pfx       string
 	}{
-		{"10.27.0.1:30080", "10.27.2.10", "10.27.0.1"},   // SNAT: the pod sees node1
-		{"10.27.0.1:30081", "10.27.1.10", "10.27.0.100"}, // local backend: the client
-		{"10.27.0.1:30082", "10.27.1.11", "10.27.0.100"}, // ETP Local: the client
+		{"IPv4", "ip", newNSTopo, func(n nsTopoNet) func(int, int) string { return n.ip4 }, "/24"},
+		{"IPv6", "ip6", newNSTopo6, func(n nsTopoNet) func(int, int) string { return n.ip6 }, "/64"},
 	} {
-		conn, pod, seen, err := tp.dial(c.to)
-		if err != nil {
-			t.Fatalf("%s: %v", c.to, err)
-		}
-		if pod != c.pod || seen != c.seen {
-			t.Errorf("%s: answered by %s seeing %s, want %s seeing %s", c.to, pod, seen, c.pod, c.seen)
-		}
-		// More than an MTU: a GSO packet, which the FIB lookup must not
-		// call too big (and send through the stack, whose masquerade then
-		// remaps the client's port: a reset).
-		if err := echo(conn, strings.Repeat("hello ", 300)); err != nil {
-			t.Errorf("%s: echo: %v", c.to, err)
-		}
-		// The client sees the NodePort as its peer (reverse NAT).
-		if got := conn.RemoteAddr().String(); got != c.to {
-			t.Errorf("client's peer %s, want %s", got, c.to)
-		}
-		conn.Close()
-	}
-	pod, seen, err := tp.udp("10.27.0.1:30080")
-	if err != nil || pod != "10.27.2.10" || seen != "10.27.0.1" {
-		t.Errorf("UDP NodePort: %s seeing %s, %v", pod, seen, err)
-	}
-	// Cluster without endpoints: a reset from the node (connection refused).
-	if _, _, _, err := tp.dial("10.27.0.1:30084"); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Errorf("no endpoints, Cluster: %v, want connection refused", err)
-	}
-	// Local without local endpoints: dropped (a timeout), after the
-	// program counted it.
-	err = tp.client.do(func() error {
-		c, err := net.DialTimeout("tcp", "10.27.0.1:30083", 500*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return errors.New("connected")
-		}
-		return nil
-	})
-	if err != nil {
-		t.Errorf("no local endpoints, Local: %v", err)
-	}
-	v, err := OpenPinned(tp.pinDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	st, err := v.NorthSouthStats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st["local_drop"] == 0 || st["xlate_snat"] == 0 || st["xlate_local"] == 0 || st["reply"] == 0 {
-		t.Errorf("stats %v", st)
-	}
-	ct, err := v.Conntrack()
-	if err != nil || len(ct) == 0 {
-		t.Fatalf("conntrack: %d entries, %v", len(ct), err)
-	}
-	var snat bool
-	for _, e := range ct {
-		if e.SNAT && e.Direction == "reply" && e.Src.String() == "10.27.2.10:8080" && e.Dst.Addr().String() == "10.27.0.1" {
-			snat = true
-		}
-	}
-	if !snat {
-		t.Errorf("no SNAT reply entry for 10.27.2.10:8080 in %+v", ct)
+		t.Run(fam.name, func(t *testing.T) {
+			tp := fam.topo(t)
+			ip := fam.ip(tp.net)
+			hp := func(addr string, port int) string { return net.JoinHostPort(addr, strconv.Itoa(port)) }
+			node, client := ip(0, 1), ip(0, 100)
+			// As waggle-cni does: pod traffic leaving for outside the pod
+			// network is masqueraded by the node's netfilter, before tc
+			// egress sees a local backend's reply.
+			tp.node1.run(t, "nft", "add table "+fam.nft+" nsmasq")
+			tp.node1.run(t, "nft", "add chain "+fam.nft+" nsmasq post { type nat hook postrouting priority 100 ; }")
+			tp.node1.run(t, "nft", "add rule "+fam.nft+" nsmasq post "+fam.nft+" saddr "+ip(1, 0)+fam.pfx+" oifname eth0 masquerade")
+			tp.start()
+			tp.sync(
+				// Cluster policy, the backend on another node: SNAT to node1.
+				nodePortFrontend(node, 30080, dataplane.TCP, false, hp(ip(2, 10), 8080)),
+				// Cluster policy, the backend on this node: DNAT only.
+				nodePortFrontend(node, 30081, dataplane.TCP, false, hp(ip(1, 10), 8080)),
+				// Local policy: the client's address kept.
+				nodePortFrontend(node, 30082, dataplane.TCP, true, hp(ip(1, 11), 8080)),
+				nodePortFrontend(node, 30080, dataplane.UDP, false, hp(ip(2, 10), 8080)),
+				nodePortFrontend(node, 30081, dataplane.UDP, false, hp(ip(1, 10), 8080)),
+				// Local, no local endpoint: dropped.
+				nodePortFrontend(node, 30083, dataplane.TCP, true),
+				// Cluster, no endpoint: the node's stack rejects.
+				nodePortFrontend(node, 30084, dataplane.TCP, false),
+			)
+			check := func(when string) {
+				t.Helper()
+				for _, c := range []struct{ to, pod, seen string }{
+					{hp(node, 30080), ip(2, 10), node},   // SNAT: the pod sees node1
+					{hp(node, 30081), ip(1, 10), client}, // a local backend: the client
+					{hp(node, 30082), ip(1, 11), client}, // ETP Local: the client
+				} {
+					conn, pod, seen, err := tp.dial(c.to)
+					if err != nil {
+						t.Fatalf("%s: %s: %v", when, c.to, err)
+					}
+					if pod != c.pod || seen != c.seen {
+						t.Errorf("%s: %s: answered by %s seeing %s, want %s seeing %s", when, c.to, pod, seen, c.pod, c.seen)
+					}
+					// More than an MTU: a GSO packet, which the FIB lookup
+					// must not call too big (and send through the stack,
+					// whose masquerade then remaps the client's port: a
+					// reset).
+					if err := echo(conn, strings.Repeat("hello ", 300)); err != nil {
+						t.Errorf("%s: %s: echo: %v", when, c.to, err)
+					}
+					// The client sees the NodePort as its peer (reverse NAT).
+					if got := conn.RemoteAddr().String(); got != c.to {
+						t.Errorf("%s: client's peer %s, want %s", when, got, c.to)
+					}
+					conn.Close()
+				}
+				for _, c := range []struct{ to, pod, seen string }{
+					{hp(node, 30080), ip(2, 10), node},
+					{hp(node, 30081), ip(1, 10), client},
+				} {
+					pod, seen, err := tp.udp(c.to)
+					if err != nil || pod != c.pod || seen != c.seen {
+						t.Errorf("%s: UDP %s: %s seeing %s, %v; want %s seeing %s", when, c.to, pod, seen, err, c.pod, c.seen)
+					}
+				}
+			}
+			check("offloaded checksums")
+			// Full checksums, verified by every receiver: the incremental
+			// updates (the pseudo-header's addresses, the ports) are right.
+			tp.fullChecksums()
+			check("full checksums")
+
+			// Cluster without endpoints: a reset from the node (connection refused).
+			if _, _, _, err := tp.dial(hp(node, 30084)); !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("no endpoints, Cluster: %v, want connection refused", err)
+			}
+			// Local without local endpoints: dropped (a timeout), after the
+			// program counted it.
+			err := tp.client.do(func() error {
+				c, err := net.DialTimeout("tcp", hp(node, 30083), 500*time.Millisecond)
+				if err == nil {
+					c.Close()
+					return errors.New("connected")
+				}
+				return nil
+			})
+			if err != nil {
+				t.Errorf("no local endpoints, Local: %v", err)
+			}
+			v, err := OpenPinned(tp.pinDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			st, err := v.NorthSouthStats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st["local_drop"] == 0 || st["xlate_snat"] == 0 || st["xlate_local"] == 0 || st["reply"] == 0 {
+				t.Errorf("stats %v", st)
+			}
+			ct, err := v.Conntrack()
+			if err != nil || len(ct) == 0 {
+				t.Fatalf("conntrack: %d entries, %v", len(ct), err)
+			}
+			var snat bool
+			for _, e := range ct {
+				if e.SNAT && e.Direction == "reply" && e.Src.String() == hp(ip(2, 10), 8080) && e.Dst.Addr().String() == node {
+					snat = true
+				}
+			}
+			if !snat {
+				t.Errorf("no SNAT reply entry for %s in %+v", hp(ip(2, 10), 8080), ct)
+			}
+			devs, err := v.Devices()
+			want6 := netip.Addr{}
+			if fam.name == "IPv6" {
+				want6 = netip.MustParseAddr(node)
+			}
+			if err != nil || len(devs) != 1 || devs[0].SNATAddr.String() != tp.net.ip4(0, 1) || devs[0].SNATAddr6 != want6 {
+				t.Errorf("devices %+v, %v; want eth0 with SNAT addresses %s and %v", devs, err, tp.net.ip4(0, 1), want6)
+			}
+		})
 	}
 }
 
