@@ -63,9 +63,10 @@ RACE_EXCLUDE :=
 test-race: ## run the unit tests under the race detector (CI runs it after make test)
 	$(GO) test -race -short -timeout 25m $$($(GO) list ./... | { if [ -n '$(RACE_EXCLUDE)' ]; then grep -Ev '$(RACE_EXCLUDE)'; else cat; fi; })
 
-lint: ## gofmt and go vet
+lint: ## gofmt, go vet, and the non-Linux build (the *_other.go stubs must keep up with their Linux sides)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	GOOS=darwin $(GO) build ./...
 
 bench: deps build ## run the benchmarks and print their tables
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./controlplane/...

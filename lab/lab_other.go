@@ -30,7 +30,7 @@ func Stop(string, string, string) error { return errLinuxOnly }
 func Restart(string, string, string) error { return errLinuxOnly }
 
 // RunHAScenario is Linux-only.
-func RunHAScenario(context.Context, string, string, time.Duration, io.Writer) (*HAResult, error) {
+func RunHAScenario(context.Context, string, string, time.Duration, time.Duration, io.Writer) (*HAResult, error) {
 	return nil, errLinuxOnly
 }
 

@@ -15,18 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var npStatNames = [...]string{"xlate_local", "xlate_snat", "ct_hit", "reply", "no_backend", "local_drop",
-	"fragment", "snat_exhausted", "fib_miss", "maglev_miss", "affinity_hit", "backend_gone",
-	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum", "ipv6_exthdr", "other_host", "frag_xlate"}
-
-// NorthSouthStatNames lists the north-south counters (enum np_stat), in
-// index order.
-func NorthSouthStatNames() []string { return slices.Clone(npStatNames[:]) }
-
-// ErrNoNorthSouth: the pinned state has no north-south maps (the proxy runs
-// without --nodeport-devices).
-var ErrNoNorthSouth = errors.New("north-south load balancing is not enabled on this node")
-
 // npMap opens one pinned north-south map (cached in the View).
 func (v *View) npMap(name string) (*ebpf.Map, error) {
 	if m := v.maps[name]; m != nil {

@@ -28,10 +28,10 @@ import (
 
 // Names of the iptables fallback (filter table of both families) and its
 // ipsets.
+// (IPTablesChain and iptChainPrefix, which the view parses on every
+// platform, are in iptview.go.)
 const (
-	IPTablesChain    = "WAGGLE-POLICY" // jumped to first from FORWARD
-	iptChainPrefix   = "WAGGLE-POL-"   // WAGGLE-POL-I-<ifindex>, WAGGLE-POL-E-<ifindex>
-	IPSetPrefix      = "waggle-pol-"   // waggle-pol-<hash>-4|6: the peers of one rule
+	IPSetPrefix      = "waggle-pol-" // waggle-pol-<hash>-4|6: the peers of one rule
 	iptComment       = "waggle NetworkPolicy"
 	revokedMark      = 0x00100000 // ct mark bit: a policy change denied this established flow
 	iptablesTimeout  = time.Minute
@@ -479,13 +479,6 @@ func (d *IPTables) renderChain(st *EndpointState, dir uint8, fam ipFamily, group
 	}
 	fmt.Fprintf(&b, "-A %s -m comment --comment %s -j DROP\n", chain, quote(st.Pod+" "+dirName(dir)+": no policy allows it"))
 	return b.String()
-}
-
-func dirName(dir uint8) string {
-	if dir == DirIngress {
-		return "ingress"
-	}
-	return "egress"
 }
 
 // Commit implements the batching Program ends with: sets (created and

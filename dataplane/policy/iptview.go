@@ -13,6 +13,20 @@ import (
 	"strings"
 )
 
+// The iptables fallback's chains (filter table of both families).
+const (
+	IPTablesChain  = "WAGGLE-POLICY" // jumped to first from FORWARD
+	iptChainPrefix = "WAGGLE-POL-"   // WAGGLE-POL-I-<ifindex>, WAGGLE-POL-E-<ifindex>
+)
+
+// dirName names a direction in rule comments.
+func dirName(dir uint8) string {
+	if dir == DirIngress {
+		return "ingress"
+	}
+	return "egress"
+}
+
 // IPTablesView reads what the iptables fallback programmed, from
 // `iptables-save -c` alone (so it works without the agent): each isolated
 // endpoint's chains, their rules and packet counters. The rules carry the

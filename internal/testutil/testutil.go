@@ -13,6 +13,9 @@
 package testutil
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -61,4 +64,14 @@ func RequiresBinary(t testing.TB, name string) string {
 		unmet(t, "needs %s on PATH: %v", name, err)
 	}
 	return p
+}
+
+// UniqueName returns prefix followed by random hex, short enough for an
+// interface name (at most 15 bytes for prefixes of up to 5 bytes).
+func UniqueName(prefix string) string {
+	var b [5]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return prefix + hex.EncodeToString(b[:])
 }

@@ -1,9 +1,6 @@
 package testutil
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -52,14 +49,4 @@ func (n *NetNS) Run(t testing.TB, name string, args ...string) string {
 		t.Fatalf("in netns %s: %s %s: %v: %s", n.Name, name, strings.Join(args, " "), err, out)
 	}
 	return string(out)
-}
-
-// UniqueName returns prefix followed by random hex, short enough for an
-// interface name (at most 15 bytes for prefixes of up to 5 bytes).
-func UniqueName(prefix string) string {
-	var b [5]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(fmt.Sprintf("crypto/rand: %v", err))
-	}
-	return prefix + hex.EncodeToString(b[:])
 }
