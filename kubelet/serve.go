@@ -237,29 +237,45 @@ func (p *provider) Container(ns, pod, container string, previous bool) (runtime.
 			container = podObj.Spec.Containers[0].Name
 		}
 	}
-	idx := 0
-	if previous {
-		idx = 1
-	}
 	lookup := func() []runtime.Container {
 		k.mu.Lock()
 		defer k.mu.Unlock()
 		return byName(k.snapshot[w.uid])[container]
 	}
 	l := lookup()
-	if len(l) <= idx || (!previous && l[0].State != runtime.StateRunning) {
+	c, ok := logInstance(l, previous)
+	if !ok || (!previous && c.State != runtime.StateRunning) {
 		// Just started or just exited: the last relist may lag behind.
 		k.relist(context.Background())
-		l = lookup()
+		c, ok = logInstance(lookup(), previous)
 	}
-	if len(l) <= idx {
+	if !ok {
 		what := "container"
 		if previous {
 			what = "previous terminated container"
 		}
 		return runtime.Container{}, "", fmt.Errorf("%w: %s %q in pod %s/%s", server.ErrNotFound, what, container, ns, pod)
 	}
-	return l[idx], w.uid, nil
+	return c, w.uid, nil
+}
+
+// logInstance picks, among one container's instances (newest first), the
+// one whose log /containerLogs serves: the newest, or with previous the one
+// before it. A newest instance that a restart created but has not started
+// yet has an empty log, and its container is waiting to start: then the
+// last terminated instance is served, as upstream's kubelet answers from the
+// container status's lastState.
+func logInstance(l []runtime.Container, previous bool) (runtime.Container, bool) {
+	idx := 0
+	if previous {
+		idx = 1
+	} else if len(l) > 1 && l[0].State == runtime.StateCreated {
+		idx = 1
+	}
+	if len(l) <= idx {
+		return runtime.Container{}, false
+	}
+	return l[idx], true
 }
 
 // Summary implements /stats/summary: the node's figures from the machine
