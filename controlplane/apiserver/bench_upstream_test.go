@@ -23,6 +23,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
 	"github.com/waggle-io/waggle/controlplane/apiserver/pki"
 	"github.com/waggle-io/waggle/controlplane/storage"
+	"github.com/waggle-io/waggle/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -308,17 +309,10 @@ func createTemplatePod(b *testing.B, cs kubernetes.Interface, kv *clientv3.Clien
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.Eventually(b, 30*time.Second, func() error {
 		_, err := cs.CoreV1().Pods("default").Create(ctx, benchPod("template"), metav1.CreateOptions{})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("create the first pod: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 	got, err := kv.Get(ctx, "/registry/pods/default/template")
 	if err != nil || len(got.Kvs) != 1 {
 		b.Fatalf("read the stored pod: %v", err)
