@@ -12,8 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/waggle-io/waggle/dataplane"
-	"github.com/waggle-io/waggle/internal/ethtool"
-	"github.com/waggle-io/waggle/internal/testutil"
 )
 
 // IPv6 north-south, on the dual-stack topology (newNSTopo6):
@@ -85,75 +83,6 @@ func TestNorthSouthDualStackService(t *testing.T) {
 				t.Fatalf("%s: connection %d reached %s, want %s (ClientIP affinity)", to, i, pod, first)
 			}
 		}
-	}
-}
-
-// loadBalancerSourceRanges over IPv6: the LPM trie's IPv6 keys.
-func TestNorthSouthIPv6LoadBalancerSourceRanges(t *testing.T) {
-	tp := newNSTopo6(t)
-	tp.client.run(t, "ip", "addr", "add", "fd06::101/64", "dev", "eth0", "nodad")
-	tp.client.run(t, "ip", "-6", "route", "add", "fd06:9::50/128", "via", "fd06::1")
-	tp.start()
-	lb := nodePortFrontend("fd06:9::50", 80, dataplane.TCP, false, "[fd06:1::10]:8080", "[fd06:2::10]:8080")
-	lb.Kind = dataplane.LoadBalancer
-	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("fd06::101/128"), netip.MustParsePrefix("2001:db8::/32")}
-	tp.sync(lb)
-	const allowed, denied, to = "fd06::101", "fd06::100", "[fd06:9::50]:80"
-	var kept net.Conn
-	testutil.Eventually(t, 30*time.Second, func() error {
-		c, _, err := tp.dialFrom(allowed, to, 2*time.Second)
-		if err == nil {
-			kept = c
-		}
-		return err
-	})
-	defer kept.Close()
-	if c, _, err := tp.dialFrom(denied, to, time.Second); err == nil {
-		c.Close()
-		t.Fatalf("%s reached the LoadBalancer IP outside loadBalancerSourceRanges", denied)
-	}
-	v, err := OpenPinned(tp.pinDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	if st, err := v.NorthSouthStats(); err != nil || st["src_range_drop"] == 0 {
-		t.Errorf("src_range_drop not counted: %v %v", st, err)
-	}
-	// A range covering the denied client: served, the established flow stays.
-	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("fd06::100/127")}
-	tp.sync(lb)
-	if err := echo(kept, "still here"); err != nil {
-		t.Fatalf("established flow cut by a source range change: %v", err)
-	}
-	c, _, err := tp.dialFrom(denied, to, 5*time.Second)
-	if err != nil {
-		t.Fatalf("%s after it was allowed: %v", denied, err)
-	}
-	c.Close()
-}
-
-// ICMPv6 errors about north-south flows reach the client translated
-// (here: port unreachable from a remote backend, ingress, and from a local
-// one, egress), while neighbour discovery keeps working through the
-// programs (every test above resolves its neighbours through them).
-func TestNorthSouthICMPv6ErrorsReachTheClient(t *testing.T) {
-	tp := newNSTopo6(t)
-	tp.start()
-	tp.sync(nodePortFrontend("fd06::1", 30097, dataplane.UDP, false, "[fd06:2::10]:8080"),
-		nodePortFrontend("fd06::1", 30098, dataplane.UDP, false, "[fd06:2::10]:9999"),
-		nodePortFrontend("fd06::1", 30099, dataplane.UDP, false, "[fd06:1::10]:9999"))
-	testutil.Eventually(t, 30*time.Second, func() error { _, _, err := tp.udp("[fd06::1]:30097"); return err })
-	for _, to := range []string{"[fd06::1]:30098", "[fd06::1]:30099"} {
-		refused(t, tp, to)
-	}
-	v, err := OpenPinned(tp.pinDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] < 2 {
-		t.Errorf("icmp_error not counted twice: %v %v", st, err)
 	}
 }
 
@@ -248,64 +177,5 @@ func TestNorthSouthIPv6PacketTooBigReachesTheClient(t *testing.T) {
 	defer v.Close()
 	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] == 0 {
 		t.Errorf("icmp_error not counted: %v %v", st, err)
-	}
-}
-
-// IPv6 in XDP (generic, on node1's veth): a NodePort with a remote
-// backend is translated and forwarded by XDP both ways (the 16-byte
-// pseudo-header change applied to full checksums, verified by the
-// receivers), a local backend is left to tc, and a client whose checksums
-// are left to offload (the IPv6 pseudo-header sum in the field) is
-// recognized and left to tc too.
-func TestNorthSouthIPv6XDP(t *testing.T) {
-	tp := newNSTopo6(t)
-	tp.fullChecksums()
-	tp.start(func(c *Config) { c.NorthSouth.Acceleration = AccelGeneric })
-	if mode, err := tp.xdpMode(); err != nil || mode != AccelGeneric {
-		t.Fatalf("node1 eth0 XDP mode %q (%v), want generic", mode, err)
-	}
-	tp.sync(nodePortFrontend("fd06::1", 30080, dataplane.TCP, false, "[fd06:2::10]:8080"),
-		nodePortFrontend("fd06::1", 30081, dataplane.TCP, false, "[fd06:1::10]:8080"),
-		nodePortFrontend("fd06::1", 30080, dataplane.UDP, false, "[fd06:2::10]:8080"))
-	check := func(to, wantPod, wantSeen string, byXDP bool) {
-		t.Helper()
-		before := tp.npStats()
-		conn, pod, seen, err := tp.dial(to)
-		if err != nil {
-			t.Fatalf("%s: %v", to, err)
-		}
-		if pod != wantPod || seen != wantSeen {
-			t.Errorf("%s: answered by %s seeing %s, want %s seeing %s", to, pod, seen, wantPod, wantSeen)
-		}
-		if err := echo(conn, "hello over xdp"); err != nil {
-			t.Errorf("%s: echo: %v", to, err)
-		}
-		conn.Close()
-		after := tp.npStats()
-		if fwd := after["xdp_fwd"] - before["xdp_fwd"]; byXDP && fwd < 6 {
-			t.Errorf("%s: %d packets forwarded in XDP, want the flow's (stats %v)", to, fwd, after)
-		} else if !byXDP && fwd > 2 {
-			t.Errorf("%s: %d packets forwarded in XDP, want tc's flow (stats %v)", to, fwd, after)
-		}
-	}
-	check("[fd06::1]:30080", "fd06:2::10", "fd06::1", true)
-	check("[fd06::1]:30081", "fd06:1::10", "fd06::100", false)
-	before := tp.npStats()["xdp_fwd"]
-	if pod, seen, err := tp.udp("[fd06::1]:30080"); err != nil || pod != "fd06:2::10" || seen != "fd06::1" {
-		t.Errorf("UDP NodePort: %s seeing %s, %v", pod, seen, err)
-	}
-	if tp.npStats()["xdp_fwd"] < before+2 {
-		t.Errorf("UDP request and reply not forwarded in XDP")
-	}
-	// Offloaded checksums: tc serves them, XDP counts them.
-	for _, n := range []*nsNS{tp.client, tp.pods["fd06:2::10"]} {
-		if err := n.do(func() error { return ethtool.SetTxChecksum("eth0", true) }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	partial := tp.npStats()["xdp_partial_csum"]
-	check("[fd06::1]:30080", "fd06:2::10", "fd06::1", false)
-	if tp.npStats()["xdp_partial_csum"] == partial {
-		t.Errorf("offloaded IPv6 checksums not counted as left to tc")
 	}
 }

@@ -2,7 +2,6 @@ package ebpf
 
 import (
 	"bufio"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -68,48 +66,30 @@ func (n nsTopoNet) ip6(sub, h int) string {
 	return fmt.Sprintf("%s:%d::%d", n.v6, sub, h)
 }
 
+// nsNS is a north-south test's network namespace: testutil.NetNS with
+// the short-hands these tests use (name is NetNS.Name).
 type nsNS struct {
+	*testutil.NetNS
 	name string
-	h    ns.NetNS
 }
 
 func (n *nsNS) path() string { return filepath.Join("/run/netns", n.name) }
 
 func newNSNetNS(t *testing.T, role string) *nsNS { return newNSNetNSNamed(t, "nsx", role) }
 
+// newNSNetNSNamed makes a namespace named <prefix>-<role>-<random>.
 func newNSNetNSNamed(t *testing.T, prefix, role string) *nsNS {
 	t.Helper()
-	var b [3]byte
-	rand.Read(b[:])
-	name := prefix + "-" + role + "-" + hex.EncodeToString(b[:])
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	h, err := ns.GetNS(filepath.Join("/run/netns", name))
-	if err != nil {
-		t.Fatalf("open netns %s: %v", name, err)
-	}
-	t.Cleanup(func() { h.Close() })
-	n := &nsNS{name: name, h: h}
-	n.run(t, "ip", "link", "set", "lo", "up")
-	return n
+	n := testutil.NewNetNSNamed(t, prefix+"-"+role+"-")
+	return &nsNS{NetNS: n, name: n.Name}
 }
 
 func (n *nsNS) run(t *testing.T, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("ip", append([]string{"netns", "exec", n.name}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("in %s: %s: %v: %s", n.name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return n.Run(t, args[0], args[1:]...)
 }
 
-func (n *nsNS) do(fn func() error) error { return n.h.Do(func(ns.NetNS) error { return fn() }) }
+func (n *nsNS) do(fn func() error) error { return n.Do(func(ns.NetNS) error { return fn() }) }
 
 // plug connects a veth from `from` (named fromName) to `to` (named toName).
 func plug(t *testing.T, from *nsNS, fromName string, to *nsNS, toName string) {
@@ -405,6 +385,36 @@ func (tp *nsTopo) udp(to string) (pod, seen string, err error) {
 	return pod, seen, err
 }
 
+// nsFamily is one address family of the north-south tests: the topology
+// to build (IPv6 needs the dual-stack one), its host addresses (ip(sub, h):
+// nsTopoNet.ip4 or ip6), their prefix length on the wire and the nft
+// family. The tests that run per family range over nsFamilies, one
+// subtest each.
+type nsFamily struct {
+	name, nft string
+	topo      func(*testing.T) *nsTopo
+	ip        func(nsTopoNet) func(sub, h int) string
+	pfx, host string // the wire's prefix length, a host's
+	doc       string // a documentation range (RFC 5737, RFC 3849): no host of the topology
+}
+
+var nsFamilies = []nsFamily{
+	{"IPv4", "ip", newNSTopo, func(n nsTopoNet) func(int, int) string { return n.ip4 }, "/24", "/32", "192.0.2.0/24"},
+	{"IPv6", "ip6", newNSTopo6, func(n nsTopoNet) func(int, int) string { return n.ip6 }, "/64", "/128", "2001:db8::/32"},
+}
+
+// addClientAddr adds an address of the wire to the client namespace.
+func (tp *nsTopo) addClientAddr(fam nsFamily, addr string) {
+	args := []string{"ip", "addr", "add", addr + fam.pfx, "dev", "eth0"}
+	if fam.name == "IPv6" {
+		args = append(args, "nodad")
+	}
+	tp.client.run(tp.t, args...)
+}
+
+// hp is addr:port, bracketed for an IPv6 address.
+func hp(addr string, port int) string { return net.JoinHostPort(addr, strconv.Itoa(port)) }
+
 // TestNorthSouthNodePortToLocalAndRemoteBackends serves NodePorts from an
 // external client over each family: a remote backend (SNAT to the node),
 // a local one (DNAT only) and ETP Local (the client's address kept), TCP and
@@ -412,19 +422,10 @@ func (tp *nsTopo) udp(to string) (pod, seen string, err error) {
 // frontend without endpoints and the drop of a Local one without local
 // endpoints, and the counters, conntrack and device entries behind them.
 func TestNorthSouthNodePortToLocalAndRemoteBackends(t *testing.T) {
-	for _, fam := range []struct {
-		name, nft string
-		topo      func(*testing.T) *nsTopo
-		ip        func(nsTopoNet) func(sub, h int) string
-		pfx       string
-	}{
-		{"IPv4", "ip", newNSTopo, func(n nsTopoNet) func(int, int) string { return n.ip4 }, "/24"},
-		{"IPv6", "ip6", newNSTopo6, func(n nsTopoNet) func(int, int) string { return n.ip6 }, "/64"},
-	} {
+	for _, fam := range nsFamilies {
 		t.Run(fam.name, func(t *testing.T) {
 			tp := fam.topo(t)
 			ip := fam.ip(tp.net)
-			hp := func(addr string, port int) string { return net.JoinHostPort(addr, strconv.Itoa(port)) }
 			node, client := ip(0, 1), ip(0, 100)
 			// As waggle-cni does: pod traffic leaving for outside the pod
 			// network is masqueraded by the node's netfilter, before tc
@@ -745,18 +746,31 @@ func testServesOnlyFramesAddressedToTheNode(t *testing.T, accel string) {
 	}
 }
 
+// TestNorthSouthLoadBalancerSourceRanges enforces loadBalancerSourceRanges
+// over each family (the LPM trie's IPv4 and IPv6 keys): an allowed source
+// served, another dropped and counted, the NodePort of the same source
+// open, the ranges shown, a range change keeping the established flow, a
+// restart enforcing before the first sync, and no entry left without
+// ranges.
 func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
-	tp := newNSTopo(t)
-	tp.client.run(t, "ip", "addr", "add", "10.27.0.101/24", "dev", "eth0")
-	tp.client.run(t, "ip", "addr", "add", "10.27.0.102/24", "dev", "eth0")
-	tp.client.run(t, "ip", "route", "add", "10.27.9.50/32", "via", "10.27.0.1")
+	for _, fam := range nsFamilies {
+		t.Run(fam.name, func(t *testing.T) { testLoadBalancerSourceRanges(t, fam) })
+	}
+}
+
+func testLoadBalancerSourceRanges(t *testing.T, fam nsFamily) {
+	tp := fam.topo(t)
+	ip := fam.ip(tp.net)
+	tp.addClientAddr(fam, ip(0, 101))
+	tp.addClientAddr(fam, ip(0, 102))
+	tp.client.run(t, "ip", "route", "add", ip(9, 50)+fam.host, "via", ip(0, 1))
 	tp.start()
-	lb := nodePortFrontend("10.27.9.50", 80, dataplane.TCP, false, "10.27.1.10:8080", "10.27.2.10:8080")
+	lb := nodePortFrontend(ip(9, 50), 80, dataplane.TCP, false, hp(ip(1, 10), 8080), hp(ip(2, 10), 8080))
 	lb.Kind = dataplane.LoadBalancer
-	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.27.0.101/32"), netip.MustParsePrefix("192.0.2.0/24")}
-	np := nodePortFrontend("10.27.0.1", 30096, dataplane.TCP, false, "10.27.1.10:8080")
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix(ip(0, 101) + fam.host), netip.MustParsePrefix(fam.doc)}
+	np := nodePortFrontend(ip(0, 1), 30096, dataplane.TCP, false, hp(ip(1, 10), 8080))
 	tp.sync(lb, np)
-	const allowed, denied, to = "10.27.0.101", "10.27.0.100", "10.27.9.50:80"
+	allowed, denied, to := ip(0, 101), ip(0, 100), hp(ip(9, 50), 80)
 	// Positive marker first: the allowed source is served.
 	var kept net.Conn
 	testutil.Eventually(t, 30*time.Second, func() error {
@@ -773,7 +787,7 @@ func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
 	}
 	// Ranges apply to LoadBalancer frontends only, as upstream: the NodePort
 	// of the same source stays open.
-	c, _, err := tp.dialFrom(denied, "10.27.0.1:30096", 5*time.Second)
+	c, _, err := tp.dialFrom(denied, hp(ip(0, 1), 30096), 5*time.Second)
 	if err != nil {
 		t.Fatalf("NodePort from %s: %v", denied, err)
 	}
@@ -792,11 +806,13 @@ func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	shown := 0
+	// In address order, as the trie holds them.
+	want := slices.SortedFunc(slices.Values(lb.SourceRanges), func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	for _, e := range mg {
 		if len(e.SourceRanges) > 0 {
 			shown++
-			if !slices.Equal(e.SourceRanges, lb.SourceRanges) {
-				t.Errorf("%s: source ranges %v, want %v", e.Frontend, e.SourceRanges, lb.SourceRanges)
+			if !slices.Equal(e.SourceRanges, want) {
+				t.Errorf("%s: source ranges %v, want %v", e.Frontend, e.SourceRanges, want)
 			}
 		}
 	}
@@ -805,7 +821,7 @@ func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
 	}
 
 	// Swap the ranges: the established flow stays, new flows follow.
-	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.27.0.100/31")}
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix(ip(0, 100) + map[string]string{"IPv4": "/31", "IPv6": "/127"}[fam.name])}
 	tp.sync(lb, np)
 	if err := echo(kept, "still here"); err != nil {
 		t.Fatalf("established flow cut by a source range change: %v", err)
@@ -823,9 +839,9 @@ func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
 		t.Fatalf("%s after a restart: %v", allowed, err)
 	}
 	c.Close()
-	if c, _, err := tp.dialFrom("10.27.0.102", to, time.Second); err == nil {
+	if c, _, err := tp.dialFrom(ip(0, 102), to, time.Second); err == nil {
 		c.Close()
-		t.Fatal("10.27.0.102 served after a restart")
+		t.Fatalf("%s served after a restart", ip(0, 102))
 	}
 	// Without ranges every source is served again, and nothing is left
 	// in the trie.
@@ -847,31 +863,34 @@ func TestNorthSouthLoadBalancerSourceRanges(t *testing.T) {
 	}
 }
 
-// An ICMP error a remote backend sends about a SNATed flow (here: port
+// An ICMP error a backend sends about a north-south flow (here: port
 // unreachable, nothing listens on the backend's port) reaches the client
-// translated, so its connected UDP socket gets ECONNREFUSED at once instead
-// of waiting for a timeout.
+// translated, over each family, so its connected UDP socket gets
+// ECONNREFUSED at once instead of waiting for a timeout: a remote
+// backend's error comes in SNATed (ingress), a local one's leaves DNAT-only
+// (egress). Over IPv6, neighbour discovery keeps working through the
+// programs meanwhile (every north-south test resolves its neighbours
+// through them).
 func TestNorthSouthICMPErrorsReachTheClient(t *testing.T) {
-	tp := newNSTopo(t)
-	tp.start()
-	// A served port first (the positive marker), then one whose backend
-	// has no socket.
-	// The remote backend's error comes in SNATed (ingress); the local one's
-	// leaves DNAT-only (egress).
-	tp.sync(nodePortFrontend("10.27.0.1", 30097, dataplane.UDP, false, "10.27.2.10:8080"),
-		nodePortFrontend("10.27.0.1", 30098, dataplane.UDP, false, "10.27.2.10:9999"),
-		nodePortFrontend("10.27.0.1", 30099, dataplane.UDP, false, "10.27.1.10:9999"))
-	testutil.Eventually(t, 30*time.Second, func() error { _, _, err := tp.udp("10.27.0.1:30097"); return err })
-	for _, to := range []string{"10.27.0.1:30098", "10.27.0.1:30099"} {
-		refused(t, tp, to)
-	}
-	v, err := OpenPinned(tp.pinDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer v.Close()
-	if st, err := v.NorthSouthStats(); err != nil || st["icmp_error"] < 2 {
-		t.Errorf("icmp_error not counted twice: %v %v", st, err)
+	for _, fam := range nsFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			tp := fam.topo(t)
+			ip := fam.ip(tp.net)
+			node := ip(0, 1)
+			tp.start()
+			// A served port first (the positive marker), then the two
+			// whose backends have no socket.
+			tp.sync(nodePortFrontend(node, 30097, dataplane.UDP, false, hp(ip(2, 10), 8080)),
+				nodePortFrontend(node, 30098, dataplane.UDP, false, hp(ip(2, 10), 9999)),
+				nodePortFrontend(node, 30099, dataplane.UDP, false, hp(ip(1, 10), 9999)))
+			testutil.Eventually(t, 30*time.Second, func() error { _, _, err := tp.udp(hp(node, 30097)); return err })
+			for _, port := range []int{30098, 30099} {
+				refused(t, tp, hp(node, port))
+			}
+			if st := tp.npStats(); st["icmp_error"] < 2 {
+				t.Errorf("icmp_error not counted twice: %v", st)
+			}
+		})
 	}
 }
 

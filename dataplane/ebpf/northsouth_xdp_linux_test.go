@@ -71,14 +71,24 @@ func (tp *nsTopo) xdpMode() (string, error) {
 }
 
 // TestNorthSouthXDP runs the north-south ingress in generic XDP on node1's
-// eth0 (a veth): a NodePort with a remote backend is served by XDP (SNAT,
-// XDP_TX back out of eth0, the replies too), one with a local backend by
-// tc (XDP passes it on), before and after a backend change; a client whose
-// checksums are left to offload is served by tc; turning acceleration off
-// detaches the XDP program.
+// eth0 (a veth), over each family: a NodePort with a remote backend is
+// served by XDP (SNAT, XDP_TX back out of eth0, the replies too; over IPv6
+// the 16-byte pseudo-header change applied to full checksums, verified by
+// the receivers), one with a local backend by tc (XDP passes it on), before
+// and after a backend change; a client whose checksums are left to offload
+// (the pseudo-header sum in the field) is served by tc; turning
+// acceleration off detaches the XDP program.
 func TestNorthSouthXDP(t *testing.T) {
-	tp := newNSTopo(t)
-	tp.addPod("10.27.2.11", tp.node2, "10.27.0.2")
+	for _, fam := range nsFamilies {
+		t.Run(fam.name, func(t *testing.T) { testXDP(t, fam) })
+	}
+}
+
+func testXDP(t *testing.T, fam nsFamily) {
+	tp := fam.topo(t)
+	ip := fam.ip(tp.net)
+	node, client := ip(0, 1), ip(0, 100)
+	tp.addPod(tp.net.ip4(2, 11), tp.node2, tp.net.ip4(0, 2)) // and ip6(2, 11) on the dual-stack topology
 	tp.clientWire(AccelGeneric)
 	tp.start(func(c *Config) { c.NorthSouth.Acceleration = AccelGeneric })
 	if mode, err := tp.xdpMode(); err != nil || mode != AccelGeneric {
@@ -93,15 +103,16 @@ func TestNorthSouthXDP(t *testing.T) {
 	if err != nil || len(devs) != 1 || devs[0].XDP != AccelGeneric {
 		t.Fatalf("devices %+v (%v), want eth0 with xdp generic", devs, err)
 	}
-	remote := func(be string) dataplane.Frontend {
-		return nodePortFrontend("10.27.0.1", 30080, dataplane.TCP, false, be)
+	sync := func(remote string) {
+		tp.sync(nodePortFrontend(node, 30080, dataplane.TCP, false, hp(remote, 8080)),
+			nodePortFrontend(node, 30081, dataplane.TCP, false, hp(ip(1, 10), 8080)),
+			nodePortFrontend(node, 30080, dataplane.UDP, false, hp(ip(2, 10), 8080)))
 	}
-	tp.sync(remote("10.27.2.10:8080"),
-		nodePortFrontend("10.27.0.1", 30081, dataplane.TCP, false, "10.27.1.10:8080"),
-		nodePortFrontend("10.27.0.1", 30080, dataplane.UDP, false, "10.27.2.10:8080"))
+	sync(ip(2, 10))
 
-	check := func(to, wantPod, wantSeen string, byXDP bool) {
+	check := func(port int, wantPod, wantSeen string, byXDP bool) {
 		t.Helper()
+		to := hp(node, port)
 		before := tp.npStats()
 		conn, pod, seen, err := tp.dial(to)
 		if err != nil {
@@ -118,8 +129,8 @@ func TestNorthSouthXDP(t *testing.T) {
 		}
 		conn.Close()
 		after := tp.npStats()
-		// SYN, ACK, data, FIN...: at least the handshake both ways.
-		// SYN, SYN-ACK, ACK, data both ways, FIN...
+		// SYN, SYN-ACK, ACK, data both ways, FIN...: at least the
+		// handshake both ways.
 		if fwd := after["xdp_fwd"] - before["xdp_fwd"]; byXDP && fwd < 6 {
 			t.Errorf("%s: %d packets forwarded in XDP, want the flow's (stats %v)", to, fwd, after)
 		} else if !byXDP && fwd > 2 {
@@ -129,10 +140,10 @@ func TestNorthSouthXDP(t *testing.T) {
 			t.Errorf("%s: %d packets forwarded in XDP, want tc's flow (stats %v)", to, fwd, after)
 		}
 	}
-	check("10.27.0.1:30080", "10.27.2.10", "10.27.0.1", true)
-	check("10.27.0.1:30081", "10.27.1.10", "10.27.0.100", false)
+	check(30080, ip(2, 10), node, true)
+	check(30081, ip(1, 10), client, false)
 	before := tp.npStats()["xdp_fwd"]
-	if pod, seen, err := tp.udp("10.27.0.1:30080"); err != nil || pod != "10.27.2.10" || seen != "10.27.0.1" {
+	if pod, seen, err := tp.udp(hp(node, 30080)); err != nil || pod != ip(2, 10) || seen != node {
 		t.Errorf("UDP NodePort: %s seeing %s, %v", pod, seen, err)
 	}
 	if tp.npStats()["xdp_fwd"] < before+2 {
@@ -140,20 +151,18 @@ func TestNorthSouthXDP(t *testing.T) {
 	}
 
 	// A backend change: new flows go to the new backend, still in XDP.
-	tp.sync(remote("10.27.2.11:8080"),
-		nodePortFrontend("10.27.0.1", 30081, dataplane.TCP, false, "10.27.1.10:8080"),
-		nodePortFrontend("10.27.0.1", 30080, dataplane.UDP, false, "10.27.2.10:8080"))
-	check("10.27.0.1:30080", "10.27.2.11", "10.27.0.1", true)
+	sync(ip(2, 11))
+	check(30080, ip(2, 11), node, true)
 
 	// A client and pods whose checksums are offloaded: tc serves them,
 	// XDP counts them.
-	for _, n := range []*nsNS{tp.client, tp.pods["10.27.2.11"]} {
+	for _, n := range []*nsNS{tp.client, tp.pods[ip(2, 11)]} {
 		if err := n.do(func() error { return ethtool.SetTxChecksum("eth0", true) }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	partial := tp.npStats()["xdp_partial_csum"]
-	check("10.27.0.1:30080", "10.27.2.11", "10.27.0.1", false)
+	check(30080, ip(2, 11), node, false)
 	if tp.npStats()["xdp_partial_csum"] == partial {
 		t.Errorf("offloaded checksums not counted as left to tc")
 	}
@@ -169,7 +178,7 @@ func TestNorthSouthXDP(t *testing.T) {
 	if mode, err := tp.xdpMode(); err != nil || mode != "" {
 		t.Errorf("node1 eth0 XDP mode %q (%v) after turning acceleration off", mode, err)
 	}
-	check("10.27.0.1:30080", "10.27.2.11", "10.27.0.1", false)
+	check(30080, ip(2, 11), node, false)
 }
 
 // TestNorthSouthXDPModes: native XDP on a veth attaches (the driver has

@@ -20,8 +20,16 @@ type NetNS struct {
 // removes it when t ends. It implies RequiresRoot.
 func NewNetNS(t testing.TB) *NetNS {
 	t.Helper()
+	return NewNetNSNamed(t, "wgt")
+}
+
+// NewNetNSNamed is NewNetNS with the namespace's name starting with prefix
+// (and a random suffix), so that a test's namespaces say whose and what they
+// are in `ip netns list`.
+func NewNetNSNamed(t testing.TB, prefix string) *NetNS {
+	t.Helper()
 	RequiresRoot(t)
-	name := UniqueName("wgt")
+	name := UniqueName(prefix)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
