@@ -18,10 +18,17 @@ const (
 	// its Lease and, at the same moment, scales a ReplicaSet: the time to
 	// the new leader's first action is the time to the new pods.
 	ScenarioKillLeader = "kill-leader"
+	// ScenarioDualStack, on a dual-stack lab (--dual-stack), kills -9 the
+	// server most node agents are connected to while a RequireDualStack
+	// NodePort Service (IPv6 first, a backend on every node) serves: its
+	// IPv6 ClusterIP from a pod and its NodePort on every node's IPv6
+	// address from the client must keep answering, from every backend,
+	// and a backend replaced after the kill must answer on both.
+	ScenarioDualStack = "dual-stack"
 )
 
 // Scenarios lists the scenarios, for usage messages.
-var Scenarios = []string{ScenarioKillEtcdLeader, ScenarioPartition, ScenarioKillAPIServer, ScenarioKillLeader}
+var Scenarios = []string{ScenarioKillEtcdLeader, ScenarioPartition, ScenarioKillAPIServer, ScenarioKillLeader, ScenarioDualStack}
 
 // HAResult is what a scenario measured.
 type HAResult struct {
@@ -72,4 +79,12 @@ type HAResult struct {
 	SchedulerTakeover time.Duration
 	FirstAction       time.Duration
 	Scheduled         time.Duration
+
+	// dual-stack: DualStackKept is from the fault to the Service having
+	// answered on its IPv6 ClusterIP and every node's IPv6 NodePort from
+	// every backend; DualStackReplaced to DualStackNewBackend, the pod
+	// replacing one deleted after that, having answered on both too.
+	DualStackKept       time.Duration
+	DualStackReplaced   time.Duration
+	DualStackNewBackend string
 }

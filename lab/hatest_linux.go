@@ -84,7 +84,7 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration, writ
 				victim = s
 			}
 		}
-	case ScenarioKillAPIServer:
+	case ScenarioKillAPIServer, ScenarioDualStack:
 		// The server most node agents talk to.
 		conns := agentConns(st, port)
 		for _, s := range servers {
@@ -173,6 +173,16 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration, writ
 		}
 		res.AgentsOnVictim = agentConns(st, port)[victim.n.Addr]
 	}
+	if scenario == ScenarioDualStack {
+		res.AgentsOnVictim = agentConns(st, port)[victim.n.Addr]
+	}
+	var ds *dsProbe
+	if scenario == ScenarioDualStack {
+		if ds, err = startDualStackProbe(ctx, admin, st, dataDir, survivors[0].kc, ns); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(out, "dual-stack Service %s/%s answers on [%s]:80 and NodePort %d on %v\n", ns, dsProbeName, ds.clusterIP6, ds.nodePort, ds.nodes6)
+	}
 	if scenario == ScenarioKillLeader {
 		// The ReplicaSet the fault scales, and the ServiceAccount its pods
 		// need (the controller-manager makes it).
@@ -222,7 +232,7 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration, writ
 	time.Sleep(duration / 3)
 	fault := time.Now()
 	switch scenario {
-	case ScenarioKillEtcdLeader, ScenarioKillAPIServer, ScenarioKillLeader:
+	case ScenarioKillEtcdLeader, ScenarioKillAPIServer, ScenarioKillLeader, ScenarioDualStack:
 		if err := syscall.Kill(victim.p.PID, syscall.SIGKILL); err != nil {
 			stopWriter()
 			return nil, fmt.Errorf("kill %s: %w", victim.n.Name, err)
@@ -247,6 +257,8 @@ func RunHAScenario(ctx context.Context, dataDir, scenario string, duration, writ
 		measureErr = measureProxies(ctx, admin, ns, st, proxyBase, fault, res)
 	case ScenarioKillLeader:
 		measureErr = measureLeader(ctx, admin, ns, servers, victim, fault, res)
+	case ScenarioDualStack:
+		measureErr = measureDualStack(ctx, admin, ds, fault, res)
 	}
 	if rest := time.Until(fault.Add(duration - duration/3)); rest > 0 {
 		time.Sleep(rest)

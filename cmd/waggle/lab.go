@@ -123,6 +123,9 @@ func runLab(ctx context.Context, args []string) error {
 			switch r.Scenario {
 			case lab.ScenarioKillAPIServer:
 				fmt.Printf("; %d node agent connections were on the victim; a Service created after the kill was programmed on every node %v after it", r.AgentsOnVictim, ms(r.ProxyProgrammed))
+			case lab.ScenarioDualStack:
+				fmt.Printf("; %d node agent connections were on the victim", r.AgentsOnVictim)
+				fmt.Printf("; the dual-stack Service answered on its IPv6 ClusterIP from a pod and on every node's IPv6 NodePort from the client, every backend, %v after the kill; a backend replaced then (%s) answered on both %v after it", ms(r.DualStackKept), r.DualStackNewBackend, ms(r.DualStackReplaced))
 			case lab.ScenarioKillLeader:
 				fmt.Printf("; another server took the controller-manager Lease %v after the kill, the ReplicaSet scaled at the kill had its pods %v after it, bound %v after it", ms(r.Takeover), ms(r.FirstAction), ms(r.Scheduled))
 				if r.SchedulerTakeover > 0 {
