@@ -32,8 +32,10 @@ const (
 	nsPodNet     = "10.27.12.0/24"
 	nsPortEBPF   = 30080
 	nsPortIPT    = 30081
-	nsNodeXAddr  = "10.27.10.9" // the eBPF node with XDP
+	nsNodeXAddr  = "10.27.10.9" // the eBPF node with generic XDP
 	nsPortXDP    = 30090
+	nsNodeNAddr  = "10.27.10.8" // the eBPF node with native XDP
+	nsPortXDPN   = 30091
 	// IPv6 beside (NorthSouthConfig.IPv6): the same hosts in fd06:10::/64,
 	// the backends in fd06:12::/64.
 	nsClientAddr6 = "fd06:10::100"
@@ -41,6 +43,7 @@ const (
 	nsNode2Addr6  = "fd06:10::2"
 	nsPodNet6     = "fd06:12::/64"
 	nsNodeXAddr6  = "fd06:10::9"
+	nsNodeNAddr6  = "fd06:10::8"
 )
 
 // nsTopo: a client outside every node, three nodes on a bridge, the
@@ -255,6 +258,13 @@ type NorthSouthConfig struct {
 	// checksums (tx checksum offload off on its veth, as packets from
 	// another machine arrive; every path sees the same client).
 	XDP bool
+	// XDPNative adds the same with native (driver) XDP on the node's veth
+	// (--bpf-lb-acceleration=native), and an XDP program that passes
+	// everything on the veth's peer on the bridge: a veth's native XDP
+	// transmits (XDP_TX) only to a peer with NAPI, and on this kernel only
+	// the peer's own XDP program makes it deliver what it is sent (GRO on
+	// the peer gives it NAPI, yet the frames it is sent stay queued).
+	XDPNative bool
 	// IPv6 adds the IPv6 paths beside: direct6 (the client to the
 	// backends' IPv6 addresses through node1) and ebpf-tc6 (node1's IPv6
 	// NodePort, the same tc programs), their ratios against direct6.
@@ -348,8 +358,8 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		"iptables: node3's NodePort through Waggle's iptables backend (kube-proxy's layout, masquerade: replies return through node3); node3 holds the iptables rules alone, node1 none",
 		"TCP_CRR closes with SO_LINGER 0 (RST); 1-byte payloads; latency is per operation (connect+request+response for CRR)",
 	}
-	if !cfg.XDP {
-		rep.Notes = append(rep.Notes, "XDP not measured (NorthSouthConfig.XDP)")
+	if !cfg.XDP && !cfg.XDPNative {
+		rep.Notes = append(rep.Notes, "XDP not measured (NorthSouthConfig.XDP, XDPNative)")
 	}
 	t, err := newNSTopo(cfg.Backends, cfg.IPv6)
 	defer t.close()
@@ -373,18 +383,27 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		paths = append(paths, "direct6", "ebpf-tc6")
 		rep.Notes = append(rep.Notes, "direct6, ebpf-tc6: the same two paths over IPv6 (client "+nsClientAddr6+", NodePort ["+nsNode1Addr6+"]:30080 on the same node1 programs, SNAT to "+nsNode1Addr6+", backends fd06:12::10+i in the same pod namespace); their ratios are against direct6")
 	}
-	var xb *ebpf.Backend
-	var xpin string
-	if cfg.XDP {
-		if xb, xpin, err = t.startXDP(); err != nil {
+	var xdps []*xdpNode
+	for _, x := range []*xdpNode{
+		{path: "ebpf-xdp", mode: ebpf.AccelGeneric, netns: "ns-bx" + t.suffix, port: "nx", addr: nsNodeXAddr, addr6: nsNodeXAddr6, nodePort: nsPortXDP},
+		{path: "ebpf-xdp-native", mode: ebpf.AccelNative, netns: "ns-bn" + t.suffix, port: "nn", addr: nsNodeNAddr, addr6: nsNodeNAddr6, nodePort: nsPortXDPN},
+	} {
+		if x.mode == ebpf.AccelGeneric && !cfg.XDP || x.mode == ebpf.AccelNative && !cfg.XDPNative {
+			continue
+		}
+		if err := t.startXDP(x); err != nil {
 			return rep, err
 		}
-		paths = append(paths, "ebpf-xdp")
+		xdps = append(xdps, x)
+		paths = append(paths, x.path)
 		if cfg.IPv6 {
-			paths = append(paths, "ebpf-xdp6")
-			rep.Notes = append(rep.Notes, "ebpf-xdp6: the XDP node's IPv6 NodePort ["+nsNodeXAddr6+"]:30090, ratio against direct6 (the XDP counters below cover both families)")
+			paths = append(paths, x.path+"6")
+			rep.Notes = append(rep.Notes, fmt.Sprintf("%s6: that XDP node's IPv6 NodePort [%s]:%d, ratio against direct6 (its XDP counters below cover both families)", x.path, x.addr6, x.nodePort))
 		}
-		rep.Notes = append(rep.Notes, "ebpf-xdp: the same programs on a node of its own ("+nsNodeXAddr+"), the ingress in generic XDP on its eth0 (a veth): new flows, their packets and their replies forwarded with XDP_TX; the client and the backends send full checksums (tx offload off) for every path, as from other machines")
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%s: the same programs on a node of its own (%s), the ingress in %s XDP on its eth0 (a veth): new flows, their packets and their replies forwarded with XDP_TX; the client and the backends send full checksums (tx offload off) for every path, as from other machines", x.path, x.addr, x.mode))
+		if x.mode == ebpf.AccelNative {
+			rep.Notes = append(rep.Notes, x.path+": an XDP_PASS program on the node's veth peer on the bridge (a veth's native XDP_TX needs the peer to run XDP)")
+		}
 	}
 	var ib *iptables.Backend
 	if cfg.IPTables {
@@ -445,8 +464,8 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			node string
 		}
 		progs := []prog{{eb, nsPortEBPF, nsNode1Addr}}
-		if xb != nil {
-			progs = append(progs, prog{xb, nsPortXDP, nsNodeXAddr})
+		for _, x := range xdps {
+			progs = append(progs, prog{x.b, x.nodePort, x.addr})
 		}
 		if ib != nil {
 			progs = append(progs, prog{ib, nsPortIPT, nsNode3Addr})
@@ -513,12 +532,12 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			rep.Rows = append(rep.Rows, *r)
 		}
 	}
-	if xb != nil {
+	for _, x := range xdps {
 		// Proof that XDP, not tc behind it, did the work.
-		if v, err := ebpf.OpenPinned(xpin); err == nil {
+		if v, err := ebpf.OpenPinned(x.pin); err == nil {
 			if st, err := v.NorthSouthStats(); err == nil {
-				rep.Notes = append(rep.Notes, fmt.Sprintf("ebpf-xdp counters over the run: xdp_fwd %d packets (of ct_hit %d + reply %d + new flows %d), xdp_partial_csum %d",
-					st["xdp_fwd"], st["ct_hit"], st["reply"], st["xlate_snat"]+st["xlate_local"], st["xdp_partial_csum"]))
+				rep.Notes = append(rep.Notes, fmt.Sprintf("%s counters over the run: xdp_fwd %d packets (of ct_hit %d + reply %d + new flows %d), xdp_partial_csum %d",
+					x.path, st["xdp_fwd"], st["ct_hit"], st["reply"], st["xlate_snat"]+st["xlate_local"], st["xdp_partial_csum"]))
 			}
 			v.Close()
 		}
@@ -533,21 +552,51 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 	return rep, nil
 }
 
-// startXDP adds the XDP node and its eBPF backend (generic XDP on its
-// eth0), and turns tx checksum offload of the client and the backends off.
-func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
-	nx := "ns-bx" + t.suffix
-	if err := t.addNode(nx, nsNodeXAddr, "nx"); err != nil {
-		return nil, "", fmt.Errorf("XDP node: %w", err)
+// xdpNode is a node namespace of its own whose eBPF backend runs the
+// north-south ingress in XDP of one mode: the path's name, its namespace,
+// its port on the bridge, its addresses and NodePort; startXDP sets b and
+// pin.
+type xdpNode struct {
+	path, mode, netns, port string
+	addr, addr6             string
+	nodePort                uint16
+	b                       *ebpf.Backend
+	pin                     string
+}
+
+// startXDP adds an XDP node and its eBPF backend (XDP in x.mode on its
+// eth0; native: an XDP program passing everything on the eth0's peer on the
+// bridge), and turns tx checksum offload of the client and the backends
+// off.
+func (t *nsTopo) startXDP(x *xdpNode) error {
+	nx := x.netns
+	if err := t.addNode(nx, x.addr, x.port); err != nil {
+		return fmt.Errorf("XDP node: %w", err)
+	}
+	if x.mode == ebpf.AccelNative {
+		// The peer must run XDP to take what native XDP transmits.
+		if err := inNS(t.wire, func() error {
+			ifi, err := net.InterfaceByName(x.port)
+			if err != nil {
+				return err
+			}
+			l, err := ebpf.AttachPeerXDP(ifi.Index)
+			if err == nil {
+				t.closers = append(t.closers, func() { l.Close() })
+			}
+			return err
+		}); err != nil {
+			return fmt.Errorf("%s: %w", x.port, err)
+		}
 	}
 	if len(t.backends6) > 0 {
 		for _, c := range [][]string{
-			{"ip", "addr", "add", nsNodeXAddr6 + "/64", "dev", "eth0", "nodad"},
+			{"ip", "addr", "add", x.addr6 + "/64", "dev", "eth0", "nodad"},
 			{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
 			{"ip", "-6", "route", "add", nsPodNet6, "via", nsNode2Addr6},
 		} {
 			if err := t.in(nx, c...); err != nil {
-				return nil, "", fmt.Errorf("XDP node: %w", err)
+				return fmt.Errorf("XDP node: %w", err)
 			}
 		}
 	}
@@ -555,24 +604,24 @@ func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
 	// machines: XDP leaves offloaded ones (CHECKSUM_PARTIAL) to tc.
 	for _, n := range []string{t.client, t.pod} {
 		if err := inNS(n, func() error { return ethtool.SetTxChecksum("eth0", false) }); err != nil {
-			return nil, "", fmt.Errorf("%s eth0: tx checksum off: %w", n, err)
+			return fmt.Errorf("%s eth0: tx checksum off: %w", n, err)
 		}
 	}
-	cg, err := newBenchCgroup("ns-bench-xdp-" + t.suffix)
+	node := "ns-bench-xdp-" + x.mode + "-" + t.suffix
+	cg, err := newBenchCgroup(node)
 	if err != nil {
-		return nil, "", err
+		return err
 	}
 	t.closers = append(t.closers, func() { os.Remove(cg) })
-	node := "ns-bench-xdp-" + t.suffix
-	pin := filepath.Join(ebpf.DefaultPinRoot, node)
-	xb, err := ebpf.New(ebpf.Config{NodeName: node, CgroupPath: cg, PinDir: pin,
+	x.pin = filepath.Join(ebpf.DefaultPinRoot, node)
+	x.b, err = ebpf.New(ebpf.Config{NodeName: node, CgroupPath: cg, PinDir: x.pin,
 		MaxServices: 1 << 17, MaxBackends: 1 << 17,
-		NorthSouth: &ebpf.NorthSouth{Devices: []string{"eth0"}, NetNS: t.path(nx), Acceleration: ebpf.AccelGeneric}})
+		NorthSouth: &ebpf.NorthSouth{Devices: []string{"eth0"}, NetNS: t.path(nx), Acceleration: x.mode}})
 	if err != nil {
-		return nil, "", fmt.Errorf("eBPF backend with XDP: %w", err)
+		return fmt.Errorf("eBPF backend with %s XDP: %w", x.mode, err)
 	}
-	t.closers = append(t.closers, func() { xb.Cleanup(context.Background()) })
-	return xb, pin, nil
+	t.closers = append(t.closers, func() { x.b.Cleanup(context.Background()) })
+	return nil
 }
 
 func newBenchCgroup(name string) (string, error) {
@@ -596,7 +645,7 @@ func (t *nsTopo) state(n int, port uint16, node string) *dataplane.State {
 		fs = append(fs, dataplane.Frontend{FrontendKey: dataplane.FrontendKey{Addr: netip.MustParseAddr(node), Port: port, Protocol: proto},
 			Kind: dataplane.NodePort, Service: dataplane.ServicePortName{Namespace: "bench", Name: "nodeport"}, Endpoints: eps})
 	}
-	node6 := map[string]string{nsNode1Addr: nsNode1Addr6, nsNodeXAddr: nsNodeXAddr6}[node]
+	node6 := map[string]string{nsNode1Addr: nsNode1Addr6, nsNodeXAddr: nsNodeXAddr6, nsNodeNAddr: nsNodeNAddr6}[node]
 	if node6 != "" && len(t.backends6) > 0 {
 		var eps6 []dataplane.Endpoint
 		for _, a := range t.backends6 {
@@ -629,6 +678,10 @@ func (t *nsTopo) nsTarget(path, test string, peers map[string]string) func(i int
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeXAddr, nsPortXDP) }
 	case "ebpf-xdp6":
 		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNodeXAddr6, nsPortXDP) }
+	case "ebpf-xdp-native":
+		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeNAddr, nsPortXDPN) }
+	case "ebpf-xdp-native6":
+		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNodeNAddr6, nsPortXDPN) }
 	case "ebpf-tc6":
 		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNode1Addr6, nsPortEBPF) }
 	case "direct6":

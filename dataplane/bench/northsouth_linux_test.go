@@ -15,9 +15,10 @@ import (
 // BenchmarkNorthSouth runs RunNorthSouth once (-benchtime 1x), with
 // upstream kube-proxy's iptables and nftables proxiers as peers:
 // DP_NS_SERVICES (default 1), DP_NS_DURATION (default 1s), DP_NS_ROUNDS (3),
-// DP_NS_KUBE_PROXY (iptables,nftables; none), DP_NS_XDP (1: the eBPF XDP
-// column, generic XDP on a veth), DP_NS_IPV6 (1: the direct and eBPF tc
-// paths over IPv6 beside).
+// DP_NS_KUBE_PROXY (iptables,nftables; none), DP_NS_XDP (1 or generic: the
+// eBPF XDP column, generic XDP on a veth; native: native XDP on a veth whose
+// peer runs an XDP_PASS program; generic,native: both), DP_NS_IPV6 (1: the direct and eBPF
+// tc paths over IPv6 beside).
 func BenchmarkNorthSouth(b *testing.B) {
 	testutil.RequiresRoot(b)
 	testutil.RequiresKernelFeature(b, testutil.BTF)
@@ -42,7 +43,17 @@ func BenchmarkNorthSouth(b *testing.B) {
 			cfg.ServiceCounts = append(cfg.ServiceCounts, n)
 		}
 	}
-	cfg.XDP = os.Getenv("DP_NS_XDP") == "1"
+	for _, m := range strings.Split(os.Getenv("DP_NS_XDP"), ",") {
+		switch m {
+		case "1", "generic":
+			cfg.XDP = true
+		case "native":
+			cfg.XDPNative = true
+		case "":
+		default:
+			b.Fatalf("DP_NS_XDP=%s: want generic (or 1), native, or generic,native", m)
+		}
+	}
 	cfg.IPv6 = os.Getenv("DP_NS_IPV6") == "1"
 	if d, err := time.ParseDuration(os.Getenv("DP_NS_DURATION")); err == nil {
 		cfg.Duration = d

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -439,9 +440,10 @@ func (b *Backend) attachXDP(d *device, wanted map[string]bool) error {
 		mode, why = AccelNative, "the driver supports native XDP"
 		if d.kind == "veth" {
 			// A veth's native XDP transmits (XDP_TX, redirects) only to
-			// a peer with NAPI (its own XDP program or GRO): packets to
-			// any other peer are dropped.
-			mode, why = AccelGeneric, "veth: native XDP can only transmit to a peer with NAPI"
+			// a peer that runs XDP itself (AttachPeerXDP), which is not
+			// this proxy's to decide: to any other peer the packets are
+			// lost.
+			mode, why = AccelGeneric, "veth: native XDP can only transmit to a peer that runs XDP"
 		}
 	}
 	prog := b.np.objs.WaggleNpXdp
@@ -503,6 +505,28 @@ func xdpAttachMode(ifindex int) string {
 		return AccelGeneric
 	}
 	return ""
+}
+
+// AttachPeerXDP attaches, in native mode, an XDP program that passes every
+// frame to the device ifindex (in the calling thread's network namespace)
+// and returns its link (Close detaches it). It is for a veth's peer: a
+// veth's native XDP transmits (XDP_TX, redirects) to its peer only when the
+// peer runs XDP itself. Without, the frames are dropped (the veth's
+// tx_dropped); with GRO on the peer, which gives it NAPI too, the kernel
+// (6.18) takes them (xdp:xdp_bulk_tx reports them sent) but the peer
+// does not deliver them. On a NIC nothing of the kind is needed.
+func AttachPeerXDP(ifindex int) (link.Link, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "waggle_xdp_pass", Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		return nil, fmt.Errorf("load the XDP_PASS program: %w", err)
+	}
+	defer prog.Close() // the link holds it
+	l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: link.XDPDriverMode})
+	if err != nil {
+		return nil, fmt.Errorf("attach XDP_PASS to ifindex %d: %w", ifindex, err)
+	}
+	return l, nil
 }
 
 func (n *northSouth) close() {

@@ -70,8 +70,10 @@ func (tp *nsTopo) xdpMode() (string, error) {
 	return mode, err
 }
 
-// TestNorthSouthXDP runs the north-south ingress in generic XDP on node1's
-// eth0 (a veth), over each family: a NodePort with a remote backend is
+// TestNorthSouthXDP runs the north-south ingress in XDP on node1's eth0 (a
+// veth), generic and native (its peer on the bridge then runs an XDP_PASS
+// program, without which a veth's native XDP_TX is dropped), over each
+// family: a NodePort with a remote backend is
 // served by XDP (SNAT, XDP_TX back out of eth0, the replies too; over IPv6
 // the 16-byte pseudo-header change applied to full checksums, verified by
 // the receivers), one with a local backend by tc (XDP passes it on), before
@@ -80,19 +82,36 @@ func (tp *nsTopo) xdpMode() (string, error) {
 // acceleration off detaches the XDP program.
 func TestNorthSouthXDP(t *testing.T) {
 	for _, fam := range nsFamilies {
-		t.Run(fam.name, func(t *testing.T) { testXDP(t, fam) })
+		for _, mode := range []string{AccelGeneric, AccelNative} {
+			t.Run(fam.name+"/"+mode, func(t *testing.T) { testXDP(t, fam, mode) })
+		}
 	}
 }
 
-func testXDP(t *testing.T, fam nsFamily) {
+func testXDP(t *testing.T, fam nsFamily, accel string) {
 	tp := fam.topo(t)
 	ip := fam.ip(tp.net)
 	node, client := ip(0, 1), ip(0, 100)
 	tp.addPod(tp.net.ip4(2, 11), tp.node2, tp.net.ip4(0, 2)) // and ip6(2, 11) on the dual-stack topology
-	tp.clientWire(AccelGeneric)
-	tp.start(func(c *Config) { c.NorthSouth.Acceleration = AccelGeneric })
-	if mode, err := tp.xdpMode(); err != nil || mode != AccelGeneric {
-		t.Fatalf("node1 eth0 XDP mode %q (%v), want generic", mode, err)
+	tp.clientWire(accel)
+	if accel == AccelNative {
+		if err := tp.wire.do(func() error {
+			l, err := netlink.LinkByName("n1")
+			if err != nil {
+				return err
+			}
+			pass, err := AttachPeerXDP(l.Attrs().Index)
+			if err == nil {
+				t.Cleanup(func() { pass.Close() })
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tp.start(func(c *Config) { c.NorthSouth.Acceleration = accel })
+	if mode, err := tp.xdpMode(); err != nil || mode != accel {
+		t.Fatalf("node1 eth0 XDP mode %q (%v), want %s", mode, err, accel)
 	}
 	v, err := OpenPinned(tp.pinDir)
 	if err != nil {
@@ -100,8 +119,8 @@ func testXDP(t *testing.T, fam nsFamily) {
 	}
 	devs, err := v.Devices()
 	v.Close()
-	if err != nil || len(devs) != 1 || devs[0].XDP != AccelGeneric {
-		t.Fatalf("devices %+v (%v), want eth0 with xdp generic", devs, err)
+	if err != nil || len(devs) != 1 || devs[0].XDP != accel {
+		t.Fatalf("devices %+v (%v), want eth0 with xdp %s", devs, err, accel)
 	}
 	sync := func(remote string) {
 		tp.sync(nodePortFrontend(node, 30080, dataplane.TCP, false, hp(remote, 8080)),
