@@ -18,6 +18,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/internal/netlinkdump"
 )
 
 // northSouth is the loaded north-south half of a Backend.
@@ -176,7 +178,7 @@ func resolveDevices(cfg NorthSouth) ([]device, error) {
 				return fmt.Errorf("north-south device %q: no such interface in %s (have %s): %w",
 					name, where, strings.Join(have, ", "), ErrNoDevice)
 			}
-			addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+			addrs, err := netlinkdump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_ALL) })
 			if err != nil {
 				return fmt.Errorf("north-south device %s: list addresses: %w", name, err)
 			}
@@ -394,7 +396,7 @@ func attachTCFilter(ifindex int, dir string, prog *ebpf.Program) error {
 // detachTCFilters removes the waggle north-south tc filters of this network
 // namespace except keep's (nil: all of them).
 func detachTCFilters(keep map[tcFilterKey]bool) error {
-	links, err := netlink.LinkList()
+	links, err := netlinkdump.Retry(netlink.LinkList)
 	if err != nil {
 		return err
 	}
