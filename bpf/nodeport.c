@@ -152,6 +152,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } waggle_np_src_ranges SEC(".maps");
 
+/* --bpf-lb-mode (NP_LB_MODE_*), written by the proxy at start. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_lb_mode SEC(".maps");
+
 /* The first fragment's ports of each fragmented datagram a program
  * translated (written by tc only: XDP passes fragments on). */
 struct {
@@ -186,6 +195,9 @@ struct pkt {
 	__u8 v6;
 	__u8 frag;    /* FRAG_FIRST, FRAG_LATER or 0: not a fragment */
 	__u32 frag_id; /* IPv4 ID (zero-extended) or IPv6 fragment identification */
+	__be32 dsr_addr; /* IPv4 with the DSR option (dsr): the frontend it names */
+	__be16 dsr_port;
+	__u8 dsr;
 } __attribute__((aligned(8)));
 
 /* pkt.frag: the first fragment of a datagram (offset 0, more fragments:
@@ -394,6 +406,17 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 	p->ttl = ip->ttl;
 	p->tot_len = bpf_ntohs(ip->tot_len);
 	p->l4_off = ETH_HLEN + ip->ihl * 4;
+	if (ip->ihl == 7) {
+		/* Only the DSR option, right after the fixed header (as an
+		 * entry node in DSR mode inserts it), is looked for. */
+		__u8 opt[NP_DSR_OPT4_LEN];
+		if (ctx_load(ctx, xdp, ETH_HLEN + sizeof(*ip), opt, sizeof(opt)) == 0 && opt[0] == NP_DSR_OPT4_TYPE &&
+		    opt[1] == NP_DSR_OPT4_LEN) {
+			p->dsr = 1;
+			__builtin_memcpy(&p->dsr_port, &opt[2], 2);
+			__builtin_memcpy(&p->dsr_addr, &opt[4], 4);
+		}
+	}
 	if (ip->frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
 		if (p->proto == IPPROTO_ICMP)
 			return -1;
@@ -926,6 +949,143 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, const struct pkt *
 	return forward(skb, CTX_TC, p, rc, &f);
 }
 
+/* Direct server return (--bpf-lb-mode dsr or hybrid; bpf/README.md).
+ *
+ * The entry node forwards a new flow to a remote backend with the client's
+ * address and port kept and only the destination translated, and tells the
+ * backend's node the frontend in an IPv4 option (NP_DSR_OPT4_*) on the
+ * packets that need it: a TCP flow's SYNs, every UDP datagram. The
+ * backend's node (its ingress program) records the flow as a DNAT-only
+ * reply entry, strips the option and hands the packet to its stack; its
+ * egress program then gives the backend's replies the frontend's address
+ * and port, and they go straight to the client. */
+
+/* dsr_mode: whether new flows of this packet's protocol to a remote
+ * backend are dispatched DSR. */
+static __always_inline int dsr_mode(const struct pkt *p)
+{
+	__u32 zero = 0;
+	__u32 *m = bpf_map_lookup_elem(&waggle_np_lb_mode, &zero);
+	if (!m || p->v6)
+		return 0; /* IPv6: SNAT (no destination-options dispatch yet) */
+	return *m == NP_LB_MODE_DSR || (*m == NP_LB_MODE_HYBRID && p->proto == IPPROTO_TCP);
+}
+
+/* dsr_needs_opt: the packets of a DSR flow that carry the option. A TCP
+ * flow needs it on its SYN only (retransmitted SYNs too): the backend's
+ * node has recorded the flow when the backend answers, and a SYN has no
+ * payload, so the 8 bytes never push it over the MTU. UDP has no
+ * handshake: every datagram carries it (as Cilium's), which also refreshes
+ * the backend node's entry when the backend is silent. */
+static __always_inline int dsr_needs_opt(const struct pkt *p)
+{
+	return p->proto == IPPROTO_UDP || (p->tcp_flags & 0x02);
+}
+
+/* dsr_room: the option can be inserted — a whole (unfragmented, not GSO)
+ * IPv4 packet without options, which stays within the egress device's MTU
+ * 8 bytes longer. */
+static __always_inline int dsr_room(struct __sk_buff *skb, const struct pkt *p, __u32 ifindex)
+{
+	__u32 mtu = 0;
+	if (p->v6 || p->frag || p->l4_off != ETH_HLEN + sizeof(struct iphdr) || skb->gso_segs > 1)
+		return 0;
+	return bpf_check_mtu(skb, ifindex, &mtu, NP_DSR_OPT4_LEN, 0) == BPF_MTU_CHK_RET_SUCCESS;
+}
+
+/* dsr_add_opt inserts the DSR option naming the frontend (the packet's
+ * destination as it arrived) after the IPv4 header: ihl 5 -> 7, total
+ * length + 8, the header checksum updated by the difference. L4 checksums
+ * do not cover IP options (nor does CHECKSUM_PARTIAL's csum_start move:
+ * bpf_skb_adjust_room moves the headers before it). */
+static __always_inline int dsr_add_opt(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 w0, nw[3];
+	__u8 *b = (__u8 *)nw;
+	__be16 tl = bpf_htons(p->tot_len + NP_DSR_OPT4_LEN);
+	__be32 front = W(p->daddr, 3);
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &w0, sizeof(w0)) < 0)
+		return -1;
+	nw[0] = w0;
+	b[0] = 0x47; /* version 4, ihl 7 */
+	__builtin_memcpy(b + 2, &tl, 2);
+	b[4] = NP_DSR_OPT4_TYPE;
+	b[5] = NP_DSR_OPT4_LEN;
+	__builtin_memcpy(b + 6, &p->dport, 2);
+	__builtin_memcpy(b + 8, &front, 4);
+	__s64 d = bpf_csum_diff(&w0, sizeof(w0), nw, sizeof(nw), 0);
+	if (d < 0 || bpf_skb_adjust_room(skb, NP_DSR_OPT4_LEN, BPF_ADJ_ROOM_NET, 0) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, nw, 4, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct iphdr), &nw[1], NP_DSR_OPT4_LEN, 0) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, 0, d, 0) < 0)
+		return -1;
+	stat(NP_STAT_DSR_OPT);
+	return 0;
+}
+
+/* dsr_recv is the backend node's side: a packet (client -> backend) with
+ * the DSR option. The flow is recorded as a DNAT-only flow of this node
+ * (REPLY: backend -> client restores the frontend as source, and CLIENT for
+ * replies the node's netfilter masqueraded; both NP_CT_F_DSR), the option
+ * is stripped, and the stack delivers the packet to the backend. */
+static __always_inline int dsr_recv(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct np_ct_key k;
+	struct np_ct nv;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 old[3], nw;
+	__u8 *b = (__u8 *)&nw;
+	__be16 tl = bpf_htons(p->tot_len - NP_DSR_OPT4_LEN);
+
+	__builtin_memset(&nv, 0, sizeof(nv));
+	nv.created_ns = now;
+	nv.flags = NP_CT_F_DSR | closing(p);
+	nv.expires_ns = now + lifetime(p, nv.flags);
+	nv.packets = 1;
+	addr_copy(nv.addr, p->saddr);
+	nv.port = p->sport;
+	mapped4(nv.nat, p->dsr_addr);
+	nv.nat_port = p->dsr_port;
+	ct_key(&k, p->daddr, p->dport, p->saddr, p->sport, p->proto, NP_CT_REPLY);
+	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && (ct->flags & NP_CT_F_DSR) && ct->nat_port == nv.nat_port && addr_eq(ct->nat, nv.nat) &&
+	    ct->expires_ns > now && !(p->tcp_flags & 0x02)) {
+		/* the same flow's next datagram: keep its state, refresh it */
+		if (ct->expires_ns < nv.expires_ns)
+			ct->expires_ns = nv.expires_ns;
+		ct->packets++;
+	} else {
+		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
+	}
+	ct_key(&k, 0, 0, p->saddr, p->sport, p->proto, NP_CT_CLIENT);
+	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && (ct->flags & NP_CT_F_DSR) && ct->nat_port == nv.nat_port && addr_eq(ct->nat, nv.nat) &&
+	    ct->expires_ns > now && !(p->tcp_flags & 0x02)) {
+		if (ct->expires_ns < nv.expires_ns)
+			ct->expires_ns = nv.expires_ns;
+	} else {
+		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
+	}
+
+	/* Strip: the header checksum loses the option's words and the first
+	 * word's change (ihl 7 -> 5, total length - 8). */
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &old[0], 4) < 0 ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct iphdr), &old[1], NP_DSR_OPT4_LEN) < 0)
+		return TC_ACT_SHOT;
+	nw = old[0];
+	b[0] = 0x45;
+	__builtin_memcpy(b + 2, &tl, 2);
+	__s64 d = bpf_csum_diff(old, sizeof(old), &nw, sizeof(nw), 0);
+	if (d < 0 || bpf_l3_csum_replace(skb, IP_CSUM_OFF, 0, d, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &nw, sizeof(nw), 0) < 0 ||
+	    bpf_skb_adjust_room(skb, -NP_DSR_OPT4_LEN, BPF_ADJ_ROOM_NET, 0) < 0)
+		return TC_ACT_SHOT;
+	stat(NP_STAT_DSR_RECV);
+	return TCX_NEXT;
+}
+
 /* np_ingress is the ingress of an external device, in tc (xdp = CTX_TC)
  * or XDP (CTX_XDP). Both make the same decisions from the same maps; XDP
  * returns XDP_PASS, before changing any state, for whatever it leaves to tc
@@ -979,6 +1139,11 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 			return icmp6_error(ctx, &p, bpf_ktime_get_ns(), 0);
 		return icmp_error(ctx, &p, bpf_ktime_get_ns(), 0);
 	}
+	if (p.dsr) {
+		if (xdp)
+			return XDP_PASS; /* tc strips the option (bpf_skb_adjust_room) */
+		return dsr_recv(ctx, &p);
+	}
 	if (xdp) {
 		__u16 check;
 		if (p.ttl <= 1 || ctx_load(ctx, xdp, csum_off(&p), &check, 2) < 0)
@@ -1006,6 +1171,9 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		if (be && be->port == ct->port && addr_eq(be->addr, ct->addr)) {
 			const __u8 *baddr = ct->addr, *saddr = p.saddr;
 			__be16 bport = ct->port, sport = p.sport;
+			int opt = (ct->flags & NP_CT_F_DSR) && dsr_needs_opt(&p);
+			if (xdp && opt)
+				return XDP_PASS; /* the option is inserted in tc */
 			rc = fib(ctx, xdp, &p, p.saddr, baddr, &f);
 			if (xdp && !xdp_fwd_ok(rc, &f))
 				return XDP_PASS;
@@ -1014,6 +1182,10 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 				sport = ct->nat_port;
 			}
 			ct->flags |= closing(&p);
+			/* DSR: this node never sees the backend's answer; the
+			 * client's ACK of it (an ACK without SYN) proves it. */
+			if ((ct->flags & NP_CT_F_DSR) && p.proto == IPPROTO_TCP && (p.tcp_flags & 0x12) == 0x10)
+				ct->flags |= NP_CT_F_REPLIED;
 			ct->expires_ns = now + lifetime(&p, ct->flags);
 			ct->packets++;
 			if (closing(&p)) {
@@ -1026,6 +1198,14 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 				stat(NP_STAT_XDP_FWD);
 			if (rewrite(ctx, xdp, &p, saddr, sport, baddr, bport) < 0)
 				return xdp ? XDP_DROP : TC_ACT_SHOT;
+			if (!xdp && opt) {
+				/* A datagram too big for the option goes without it: the
+				 * backend's node has the flow from earlier ones. */
+				if (!dsr_room(ctx, &p, f.ifindex))
+					stat(NP_STAT_DSR_MTU);
+				else if (dsr_add_opt(ctx, &p) < 0)
+					return TC_ACT_SHOT;
+			}
 			return forward(ctx, xdp, &p, rc, &f);
 		}
 		if (xdp)
@@ -1132,6 +1312,18 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		stat(NP_STAT_FIB_MISS);
 		return TCX_NEXT;
 	}
+	struct np_device *dev = 0;
+	if (!local && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
+		dev = ext_dev(f.ifindex);
+	/* A remote backend in DSR mode: tc dispatches it (XDP cannot insert
+	 * the option); without room for the option the flow is SNATed. */
+	int dsr = dev && dsr_mode(&p);
+	if (xdp && dsr)
+		return XDP_PASS;
+	if (!xdp && dsr && dsr_needs_opt(&p) && !dsr_room(ctx, &p, f.ifindex)) {
+		dsr = 0;
+		stat(NP_STAT_DSR_MTU);
+	}
 	if (new_affinity) {
 		struct np_affinity av = {.last_used_ns = now, .backend_id = be_id};
 		bpf_map_update_elem(&waggle_np_affinity, &ak, &av, BPF_ANY);
@@ -1144,10 +1336,13 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	nv.port = p.sport;
 	addr_copy(nv.nat, p.daddr);
 	nv.nat_port = p.dport;
-	struct np_device *dev = 0;
-	if (!local && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
-		dev = ext_dev(f.ifindex);
-	if (dev && snat_addr(dev, IS6(xdp, &p), snat)) {
+	if (dsr) {
+		/* The client's address and port kept; the backend's node
+		 * answers the client directly. No reply entries here. */
+		nv.flags |= NP_CT_F_DSR;
+		nv.expires_ns = now + lifetime(&p, nv.flags);
+		stat(NP_STAT_XLATE_DSR);
+	} else if (dev && snat_addr(dev, IS6(xdp, &p), snat)) {
 		/* Remote backend: the reply must come back here. Find a free
 		 * source port of the range for (backend, node address). */
 		__u32 range = (__u32)cfg->snat_max - cfg->snat_min + 1;
@@ -1206,6 +1401,8 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 
 	if (rewrite(ctx, xdp, &p, saddr, sport, baddr, bport) < 0)
 		return xdp ? XDP_DROP : TC_ACT_SHOT;
+	if (!xdp && dsr && dsr_needs_opt(&p) && dsr_add_opt(ctx, &p) < 0)
+		return TC_ACT_SHOT;
 	return forward(ctx, xdp, &p, rc, &f);
 }
 
