@@ -14,11 +14,16 @@
  *        backend: ClientIP affinity, else Maglev[hash % M], else slot hash
  *        remote backend (the route leaves through an external device):
  *            DNAT + SNAT to that device's address (a free port of the
- *            configured range); Local or a backend on this node: DNAT only,
- *            the client's address is kept
+ *            configured range), or with --bpf-lb-mode dsr/hybrid DNAT only
+ *            and the frontend in an IPv4 option for the backend's node;
+ *            Local or a backend on this node: DNAT only, the client's
+ *            address is kept
+ *    IPv4 with the DSR option (this node hosts the backend): flow
+ *        recorded for the egress program, option stripped, to the stack
  *        conntrack entries for both directions, rewrite, FIB, redirect
  *  tcx egress of an external device (waggle_np_egress):
- *    reply of a backend on this node (no SNAT) -> source back to the frontend
+ *    reply of a backend on this node (no SNAT, or a DSR flow another node
+ *    dispatched here) -> source back to the frontend
  *  XDP on an external device (waggle_np_xdp, --bpf-lb-acceleration): the
  *    same ingress function (lib/ctx.h); forwards what leaves through an
  *    external device (new flows to remote backends, their packets, replies
