@@ -15,10 +15,11 @@
  *        remote backend (the route leaves through an external device):
  *            DNAT + SNAT to that device's address (a free port of the
  *            configured range), or with --bpf-lb-mode dsr/hybrid DNAT only
- *            and the frontend in an IPv4 option for the backend's node;
+ *            and the frontend in an IPv4 option / IPv6 destination
+ *            option for the backend's node;
  *            Local or a backend on this node: DNAT only, the client's
  *            address is kept
- *    IPv4 with the DSR option (this node hosts the backend): flow
+ *    a packet with the DSR option (this node hosts the backend): flow
  *        recorded for the egress program, option stripped, to the stack
  *        conntrack entries for both directions, rewrite, FIB, redirect
  *  tcx egress of an external device (waggle_np_egress):
@@ -200,7 +201,7 @@ struct pkt {
 	__u8 v6;
 	__u8 frag;    /* FRAG_FIRST, FRAG_LATER or 0: not a fragment */
 	__u32 frag_id; /* IPv4 ID (zero-extended) or IPv6 fragment identification */
-	__be32 dsr_addr; /* IPv4 with the DSR option (dsr): the frontend it names */
+	__u8 dsr_addr[16]; /* with the DSR option (dsr): the frontend it names */
 	__be16 dsr_port;
 	__u8 dsr;
 } __attribute__((aligned(8)));
@@ -319,6 +320,17 @@ static __always_inline int parse6(void *ctx, const int xdp, struct pkt *p)
 	p->ttl = ip6.hop_limit;
 	p->tot_len = sizeof(ip6) + bpf_ntohs(ip6.payload_len);
 	nh = ip6.nexthdr;
+	if (nh == NEXTHDR_DEST_) {
+		/* The DSR option, as an entry node inserts it: the first
+		 * extension header, holding nothing else. */
+		struct np_dsr_opt6 o;
+		if (ctx_load(ctx, xdp, off, &o, sizeof(o)) == 0 && o.hdrlen == 2 && o.type == NP_DSR_OPT6_TYPE &&
+		    o.len == NP_DSR_OPT6_LEN) {
+			p->dsr = 1;
+			addr_copy(p->dsr_addr, o.addr);
+			p->dsr_port = o.port;
+		}
+	}
 #pragma unroll
 	for (int i = 0; i < V6_EXTHDRS_MAX; i++) {
 		if (nh != NEXTHDR_HOP_ && nh != NEXTHDR_DEST_)
@@ -418,8 +430,10 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 		if (ctx_load(ctx, xdp, ETH_HLEN + sizeof(*ip), opt, sizeof(opt)) == 0 && opt[0] == NP_DSR_OPT4_TYPE &&
 		    opt[1] == NP_DSR_OPT4_LEN) {
 			p->dsr = 1;
+			__be32 a;
 			__builtin_memcpy(&p->dsr_port, &opt[2], 2);
-			__builtin_memcpy(&p->dsr_addr, &opt[4], 4);
+			__builtin_memcpy(&a, &opt[4], 4);
+			mapped4(p->dsr_addr, a);
 		}
 	}
 	if (ip->frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
@@ -958,7 +972,8 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, const struct pkt *
  *
  * The entry node forwards a new flow to a remote backend with the client's
  * address and port kept and only the destination translated, and tells the
- * backend's node the frontend in an IPv4 option (NP_DSR_OPT4_*) on the
+ * backend's node the frontend in an IPv4 option (NP_DSR_OPT4_*) or an IPv6
+ * destination-options header (struct np_dsr_opt6) on the
  * packets that need it: a TCP flow's SYNs, every UDP datagram. The
  * backend's node (its ingress program) records the flow as a DNAT-only
  * reply entry, strips the option and hands the packet to its stack; its
@@ -971,8 +986,8 @@ static __always_inline int dsr_mode(const struct pkt *p)
 {
 	__u32 zero = 0;
 	__u32 *m = bpf_map_lookup_elem(&waggle_np_lb_mode, &zero);
-	if (!m || p->v6)
-		return 0; /* IPv6: SNAT (no destination-options dispatch yet) */
+	if (!m)
+		return 0;
 	return *m == NP_LB_MODE_DSR || (*m == NP_LB_MODE_HYBRID && p->proto == IPPROTO_TCP);
 }
 
@@ -988,14 +1003,42 @@ static __always_inline int dsr_needs_opt(const struct pkt *p)
 }
 
 /* dsr_room: the option can be inserted — a whole (unfragmented, not GSO)
- * IPv4 packet without options, which stays within the egress device's MTU
- * 8 bytes longer. */
+ * packet without IPv4 options or IPv6 extension headers, which stays
+ * within the egress device's MTU 8 (IPv6: 24) bytes longer. */
 static __always_inline int dsr_room(struct __sk_buff *skb, const struct pkt *p, __u32 ifindex)
 {
 	__u32 mtu = 0;
-	if (p->v6 || p->frag || p->l4_off != ETH_HLEN + sizeof(struct iphdr) || skb->gso_segs > 1)
+	if (p->frag || skb->gso_segs > 1)
 		return 0;
-	return bpf_check_mtu(skb, ifindex, &mtu, NP_DSR_OPT4_LEN, 0) == BPF_MTU_CHK_RET_SUCCESS;
+	if (p->v6)
+		return p->l4_off == ETH_HLEN + sizeof(struct ipv6hdr) &&
+		       bpf_check_mtu(skb, ifindex, &mtu, sizeof(struct np_dsr_opt6), 0) == BPF_MTU_CHK_RET_SUCCESS;
+	return p->l4_off == ETH_HLEN + sizeof(struct iphdr) &&
+	       bpf_check_mtu(skb, ifindex, &mtu, NP_DSR_OPT4_LEN, 0) == BPF_MTU_CHK_RET_SUCCESS;
+}
+
+#define IP6_NEXTHDR_OFF (ETH_HLEN + offsetof(struct ipv6hdr, nexthdr))
+#define IP6_PLEN_OFF (ETH_HLEN + offsetof(struct ipv6hdr, payload_len))
+
+/* dsr_add_opt6 inserts the DSR destination-options header after the IPv6
+ * header (no extension headers before it: dsr_room): next header 60,
+ * payload length + 24. IPv6 has no header checksum, and the L4
+ * pseudo-header's length counts only the upper-layer packet. */
+static __always_inline int dsr_add_opt6(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct np_dsr_opt6 o = {.nexthdr = p->proto, .hdrlen = 2, .type = NP_DSR_OPT6_TYPE, .len = NP_DSR_OPT6_LEN};
+	__u8 nh = NEXTHDR_DEST_;
+	__be16 plen = bpf_htons(p->tot_len - sizeof(struct ipv6hdr) + sizeof(o));
+
+	addr_copy(o.addr, p->daddr);
+	o.port = p->dport;
+	if (bpf_skb_adjust_room(skb, sizeof(o), BPF_ADJ_ROOM_NET, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &o, sizeof(o), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP6_NEXTHDR_OFF, &nh, 1, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP6_PLEN_OFF, &plen, 2, 0) < 0)
+		return -1;
+	stat(NP_STAT_DSR_OPT);
+	return 0;
 }
 
 /* dsr_add_opt inserts the DSR option naming the frontend (the packet's
@@ -1005,6 +1048,8 @@ static __always_inline int dsr_room(struct __sk_buff *skb, const struct pkt *p, 
  * bpf_skb_adjust_room moves the headers before it). */
 static __always_inline int dsr_add_opt(struct __sk_buff *skb, const struct pkt *p)
 {
+	if (p->v6)
+		return dsr_add_opt6(skb, p);
 	__u32 w0, nw[3];
 	__u8 *b = (__u8 *)nw;
 	__be16 tl = bpf_htons(p->tot_len + NP_DSR_OPT4_LEN);
@@ -1051,7 +1096,7 @@ static __always_inline int dsr_recv(struct __sk_buff *skb, const struct pkt *p)
 	nv.packets = 1;
 	addr_copy(nv.addr, p->saddr);
 	nv.port = p->sport;
-	mapped4(nv.nat, p->dsr_addr);
+	addr_copy(nv.nat, p->dsr_addr);
 	nv.nat_port = p->dsr_port;
 	ct_key(&k, p->daddr, p->dport, p->saddr, p->sport, p->proto, NP_CT_REPLY);
 	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
@@ -1074,6 +1119,18 @@ static __always_inline int dsr_recv(struct __sk_buff *skb, const struct pkt *p)
 		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
 	}
 
+	if (p->v6) {
+		/* Strip: the header's next header back, payload length - 24. */
+		__u8 nh;
+		__be16 plen = bpf_htons(p->tot_len - sizeof(struct ipv6hdr) - sizeof(struct np_dsr_opt6));
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &nh, 1) < 0 ||
+		    bpf_skb_store_bytes(skb, IP6_NEXTHDR_OFF, &nh, 1, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, IP6_PLEN_OFF, &plen, 2, 0) < 0 ||
+		    bpf_skb_adjust_room(skb, -(int)sizeof(struct np_dsr_opt6), BPF_ADJ_ROOM_NET, 0) < 0)
+			return TC_ACT_SHOT;
+		stat(NP_STAT_DSR_RECV);
+		return TCX_NEXT;
+	}
 	/* Strip: the header checksum loses the option's words and the first
 	 * word's change (ihl 7 -> 5, total length - 8). */
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &old[0], 4) < 0 ||

@@ -52,6 +52,22 @@
 #define NP_DSR_OPT4_TYPE 0x9a
 #define NP_DSR_OPT4_LEN 8
 
+/* The DSR IPv6 destination-options header (Cilium's wire format too),
+ * inserted right after the IPv6 header: one option of type 0x1b (skip if
+ * unknown, not changed en route), 20 bytes of data (the frontend's address
+ * and port), two Pad1. 24 bytes: header length field 2. */
+#define NP_DSR_OPT6_TYPE 0x1b
+#define NP_DSR_OPT6_LEN 20
+struct np_dsr_opt6 {
+	__u8 nexthdr;
+	__u8 hdrlen; /* 8-byte units beyond the first: 2 */
+	__u8 type;   /* NP_DSR_OPT6_TYPE */
+	__u8 len;    /* NP_DSR_OPT6_LEN */
+	__u8 addr[16];
+	__be16 port;
+	__u8 pad[2]; /* Pad1, Pad1 */
+} __attribute__((aligned(4))); /* addr read and written a word at a time */
+
 /* np_device.flags */
 #define NP_DEV_F_EXTERNAL (1 << 0) /* a north-south device: the programs are attached */
 #define NP_DEV_F_XDP_NATIVE (1 << 1)  /* the ingress program also runs in driver XDP (user space only) */

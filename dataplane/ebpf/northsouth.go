@@ -48,7 +48,7 @@ const (
 	LBModeSNAT = "snat"
 	// LBModeDSR: direct server return for TCP and UDP: the client's
 	// address is kept, the frontend travels to the backend's node in an
-	// IPv4 option (Cilium's dsr-dispatch=opt) and that node's program
+	// IPv4 option or IPv6 destination option (Cilium's dsr-dispatch=opt) and that node's program
 	// answers the client directly. Every node must run Waggle's programs.
 	LBModeDSR = "dsr"
 	// LBModeHybrid: DSR for TCP, SNAT for UDP.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -40,11 +41,11 @@ func (tp *nsTopo) startNode2(mode string) string {
 	return cfg.PinDir
 }
 
-// wireCounters counts, on the wire's bridge, the IP packets node1 sends to
-// the client and the ones node2 sends to the client with node1's address
-// as source, per protocol; dropA drops node1's packets of those protocols
-// to the client (its return path broken).
-func (tp *nsTopo) wireCounters(dropA ...string) func(name string) int {
+// wireCounters counts, on the wire's bridge, the TCP and UDP packets node1
+// sends to the client and the ones node2 sends to the client with node1's
+// address node1 as source, per protocol; dropA drops node1's packets of
+// those protocols to the client (its return path broken).
+func (tp *nsTopo) wireCounters(node1 netip.Addr, dropA ...string) func(name string) int {
 	t := tp.t
 	tp.wire.run(t, "nft", "add table bridge dsrw")
 	tp.wire.run(t, "nft", "add chain bridge dsrw fw { type filter hook forward priority 0 ; }")
@@ -57,9 +58,13 @@ func (tp *nsTopo) wireCounters(dropA ...string) func(name string) int {
 		}
 		tp.wire.run(t, "nft", "add counter bridge dsrw a2c_"+proto)
 		tp.wire.run(t, "nft", "add counter bridge dsrw b2c_"+proto)
-		tp.wire.run(t, "nft", `add rule bridge dsrw fw iifname "n1" oifname "c0" ip protocol `+proto+" counter name a2c_"+proto+verdict)
-		tp.wire.run(t, "nft", `add rule bridge dsrw fw iifname "n2" oifname "c0" ip saddr `+tp.node1Addr.String()+
-			" ip protocol "+proto+" counter name b2c_"+proto)
+		fam := "ip"
+		if node1.Is6() {
+			fam = "ip6"
+		}
+		tp.wire.run(t, "nft", `add rule bridge dsrw fw iifname "n1" oifname "c0" meta l4proto `+proto+" counter name a2c_"+proto+verdict)
+		tp.wire.run(t, "nft", `add rule bridge dsrw fw iifname "n2" oifname "c0" `+fam+" saddr "+node1.String()+
+			" meta l4proto "+proto+" counter name b2c_"+proto)
 	}
 	re := regexp.MustCompile(`packets (\d+)`)
 	return func(name string) int {
@@ -76,13 +81,14 @@ func (tp *nsTopo) wireCounters(dropA ...string) func(name string) int {
 
 // TestNorthSouthDirectServerReturn: a client reaches a NodePort on node1
 // whose backend is on node2. In DSR mode node1 forwards the client's
-// packets with the client's address and the NodePort in an IPv4 option;
+// packets with the client's address and the NodePort in an IP option;
 // node2's program records the flow and answers the client directly with
 // node1's NodePort as the source: the conversation works while node1's
 // packets to the client are dropped on the wire, node2's link carries the
 // replies, and the pod sees the client's address. Hybrid mode does that for
 // TCP and SNATs UDP; SNAT mode sends every reply back through node1 (the
-// pod sees node1).
+// pod sees node1). IPv4 (the option) and IPv6 (a destination-options
+// header), each in a dual-stack network.
 func TestNorthSouthDirectServerReturn(t *testing.T) {
 	for _, c := range []struct {
 		mode           string
@@ -92,111 +98,116 @@ func TestNorthSouthDirectServerReturn(t *testing.T) {
 		{LBModeHybrid, true, false},
 		{LBModeSNAT, false, false},
 	} {
-		t.Run(c.mode, func(t *testing.T) {
-			tp := newNSTopoNet(t, nsTopoNet{prefix: "dsr", v4: "10.71"})
-			ip := tp.net.ip4
-			node, client, pod := ip(0, 1), ip(0, 100), ip(2, 10)
-			var drop []string
-			if c.tcpDSR {
-				drop = append(drop, "tcp")
-			}
-			if c.udpDSR {
-				drop = append(drop, "udp")
-			}
-			count := tp.wireCounters(drop...)
-			tp.start(func(cfg *Config) { cfg.NorthSouth.LBMode = c.mode })
-			node2Pins := tp.startNode2(c.mode)
-			to := net.JoinHostPort(node, "30080")
-			tp.sync(
-				nodePortFrontend(node, 30080, dataplane.TCP, false, net.JoinHostPort(pod, "8080")),
-				nodePortFrontend(node, 30080, dataplane.UDP, false, net.JoinHostPort(pod, "8080")),
-			)
-			want := func(dsr bool) string {
-				if dsr {
-					return client // the client's address kept
+		for _, fam := range []string{"IPv4", "IPv6"} {
+			t.Run(c.mode+"/"+fam, func(t *testing.T) {
+				tp := newNSTopoNet(t, nsTopoNet{prefix: "dsr", v4: "10.71", v6: "fd71"})
+				ip := tp.net.ip4
+				if fam == "IPv6" {
+					ip = tp.net.ip6
 				}
-				return node // SNAT
-			}
-			for i := 0; i < 3; i++ {
-				conn, answered, seen, err := tp.dial(to)
-				if err != nil {
-					t.Fatalf("TCP %s (connection %d): %v", to, i, err)
+				node, client, pod := ip(0, 1), ip(0, 100), ip(2, 10)
+				var drop []string
+				if c.tcpDSR {
+					drop = append(drop, "tcp")
 				}
-				if answered != pod || seen != want(c.tcpDSR) {
-					t.Errorf("TCP %s: answered by %s seeing %s, want %s seeing %s", to, answered, seen, pod, want(c.tcpDSR))
+				if c.udpDSR {
+					drop = append(drop, "udp")
 				}
-				// More than an MTU each way: segments after the
-				// handshake carry no option.
-				if err := echo(conn, strings.Repeat("direct ", 300)); err != nil {
-					t.Errorf("TCP %s: echo: %v", to, err)
+				count := tp.wireCounters(netip.MustParseAddr(node), drop...)
+				tp.start(func(cfg *Config) { cfg.NorthSouth.LBMode = c.mode })
+				node2Pins := tp.startNode2(c.mode)
+				to := net.JoinHostPort(node, "30080")
+				tp.sync(
+					nodePortFrontend(node, 30080, dataplane.TCP, false, net.JoinHostPort(pod, "8080")),
+					nodePortFrontend(node, 30080, dataplane.UDP, false, net.JoinHostPort(pod, "8080")),
+				)
+				want := func(dsr bool) string {
+					if dsr {
+						return client // the client's address kept
+					}
+					return node // SNAT
 				}
-				if got := conn.RemoteAddr().String(); got != to {
-					t.Errorf("client's peer %s, want %s", got, to)
+				for i := 0; i < 3; i++ {
+					conn, answered, seen, err := tp.dial(to)
+					if err != nil {
+						t.Fatalf("TCP %s (connection %d): %v", to, i, err)
+					}
+					if answered != pod || seen != want(c.tcpDSR) {
+						t.Errorf("TCP %s: answered by %s seeing %s, want %s seeing %s", to, answered, seen, pod, want(c.tcpDSR))
+					}
+					// More than an MTU each way: segments after the
+					// handshake carry no option.
+					if err := echo(conn, strings.Repeat("direct ", 300)); err != nil {
+						t.Errorf("TCP %s: echo: %v", to, err)
+					}
+					if got := conn.RemoteAddr().String(); got != to {
+						t.Errorf("client's peer %s, want %s", got, to)
+					}
+					conn.Close()
 				}
-				conn.Close()
-			}
-			answered, seen, err := tp.udp(to)
-			if err != nil || answered != pod || seen != want(c.udpDSR) {
-				t.Errorf("UDP %s: %s seeing %s, %v; want %s seeing %s", to, answered, seen, err, pod, want(c.udpDSR))
-			}
+				answered, seen, err := tp.udp(to)
+				if err != nil || answered != pod || seen != want(c.udpDSR) {
+					t.Errorf("UDP %s: %s seeing %s, %v; want %s seeing %s", to, answered, seen, err, pod, want(c.udpDSR))
+				}
 
-			for _, p := range []struct {
-				proto string
-				dsr   bool
-			}{{"tcp", c.tcpDSR}, {"udp", c.udpDSR}} {
-				a, b := count("a2c_"+p.proto), count("b2c_"+p.proto)
-				if p.dsr && (a != 0 || b == 0) {
-					t.Errorf("%s, DSR: node1 sent %d packets to the client (dropped), node2 %d from the NodePort; want 0 and some", p.proto, a, b)
-				}
-				if !p.dsr && (a == 0 || b != 0) {
-					t.Errorf("%s, SNAT: node1 sent %d packets to the client, node2 %d from the NodePort; want some and 0", p.proto, a, b)
-				}
-			}
-
-			st1 := tp.npStats()
-			v2, err := OpenPinned(node2Pins)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer v2.Close()
-			st2, err := v2.NorthSouthStats()
-			if err != nil {
-				t.Fatal(err)
-			}
-			dsrFlows := 0
-			if c.tcpDSR {
-				dsrFlows += 3
-			}
-			if c.udpDSR {
-				dsrFlows++
-			}
-			if int(st1["xlate_dsr"]) != dsrFlows || (dsrFlows > 0) != (st1["dsr_opt"] > 0 && st2["dsr_recv"] > 0) {
-				t.Errorf("%d DSR flows: node1 %v, node2 %v", dsrFlows, st1, st2)
-			}
-			if testAcceleration() != "" && st1["xdp_fwd"] == 0 {
-				t.Errorf("XDP forwarded nothing on node1: %v", st1)
-			}
-			if mode, err := v2.LBMode(); err != nil || mode != c.mode {
-				t.Errorf("node2's mode %q, %v; want %s", mode, err, c.mode)
-			}
-			// node2 recorded the TCP flows: reply entries restoring the NodePort.
-			ct, err := v2.Conntrack()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var recorded []string
-			for _, e := range ct {
-				if e.DSR && e.Direction == "reply" && e.Protocol == dataplane.TCP {
-					recorded = append(recorded, fmt.Sprintf("%s->%s as %s", e.Src, e.Dst, e.NAT))
-					if e.NAT.String() != to || e.Addr.Addr().String() != client {
-						t.Errorf("node2's entry %+v: want the NodePort %s restored toward %s", e, to, client)
+				for _, p := range []struct {
+					proto string
+					dsr   bool
+				}{{"tcp", c.tcpDSR}, {"udp", c.udpDSR}} {
+					a, b := count("a2c_"+p.proto), count("b2c_"+p.proto)
+					if p.dsr && (a != 0 || b == 0) {
+						t.Errorf("%s, DSR: node1 sent %d packets to the client (dropped), node2 %d from the NodePort; want 0 and some", p.proto, a, b)
+					}
+					if !p.dsr && (a == 0 || b != 0) {
+						t.Errorf("%s, SNAT: node1 sent %d packets to the client, node2 %d from the NodePort; want some and 0", p.proto, a, b)
 					}
 				}
-			}
-			if c.tcpDSR != (len(recorded) == 3) {
-				t.Errorf("node2's DSR reply entries: %v", recorded)
-			}
-		})
+
+				st1 := tp.npStats()
+				v2, err := OpenPinned(node2Pins)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer v2.Close()
+				st2, err := v2.NorthSouthStats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				dsrFlows := 0
+				if c.tcpDSR {
+					dsrFlows += 3
+				}
+				if c.udpDSR {
+					dsrFlows++
+				}
+				if int(st1["xlate_dsr"]) != dsrFlows || (dsrFlows > 0) != (st1["dsr_opt"] > 0 && st2["dsr_recv"] > 0) {
+					t.Errorf("%d DSR flows: node1 %v, node2 %v", dsrFlows, st1, st2)
+				}
+				if testAcceleration() != "" && st1["xdp_fwd"] == 0 {
+					t.Errorf("XDP forwarded nothing on node1: %v", st1)
+				}
+				if mode, err := v2.LBMode(); err != nil || mode != c.mode {
+					t.Errorf("node2's mode %q, %v; want %s", mode, err, c.mode)
+				}
+				// node2 recorded the TCP flows: reply entries restoring the NodePort.
+				ct, err := v2.Conntrack()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var recorded []string
+				for _, e := range ct {
+					if e.DSR && e.Direction == "reply" && e.Protocol == dataplane.TCP {
+						recorded = append(recorded, fmt.Sprintf("%s->%s as %s", e.Src, e.Dst, e.NAT))
+						if e.NAT.String() != to || e.Addr.Addr().String() != client {
+							t.Errorf("node2's entry %+v: want the NodePort %s restored toward %s", e, to, client)
+						}
+					}
+				}
+				if c.tcpDSR != (len(recorded) == 3) {
+					t.Errorf("node2's DSR reply entries: %v", recorded)
+				}
+			})
+		}
 	}
 }
 
@@ -210,7 +221,7 @@ func TestNorthSouthDSRWithoutRoomForTheOption(t *testing.T) {
 	tp := newNSTopoNet(t, nsTopoNet{prefix: "dsr", v4: "10.71"})
 	ip := tp.net.ip4
 	node, client, pod := ip(0, 1), ip(0, 100), ip(2, 10)
-	count := tp.wireCounters()
+	count := tp.wireCounters(tp.node1Addr)
 	tp.start(func(cfg *Config) { cfg.NorthSouth.LBMode = LBModeDSR })
 	tp.startNode2(LBModeDSR)
 	tp.serveBigUDP(pod, 8081)
