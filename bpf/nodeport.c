@@ -1118,6 +1118,19 @@ static __always_inline int dsr_recv(struct __sk_buff *skb, const struct pkt *p)
 	} else {
 		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
 	}
+	/* The client's direction, as its packets arrive here (dsr_track). */
+	ct_key(&k, p->saddr, p->sport, p->daddr, p->dport, p->proto, NP_CT_ORIGINAL);
+	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && (ct->flags & NP_CT_F_DSR_RECV) && ct->expires_ns > now && !(p->tcp_flags & 0x02)) {
+		if (ct->expires_ns < nv.expires_ns)
+			ct->expires_ns = nv.expires_ns;
+		ct->packets++;
+	} else {
+		nv.flags |= NP_CT_F_DSR_RECV;
+		addr_copy(nv.addr, p->daddr);
+		nv.port = p->dport;
+		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
+	}
 
 	if (p->v6) {
 		/* Strip: the header's next header back, payload length - 24. */
@@ -1145,6 +1158,39 @@ static __always_inline int dsr_recv(struct __sk_buff *skb, const struct pkt *p)
 	    bpf_skb_adjust_room(skb, -NP_DSR_OPT4_LEN, BPF_ADJ_ROOM_NET, 0) < 0)
 		return TC_ACT_SHOT;
 	stat(NP_STAT_DSR_RECV);
+	return TCX_NEXT;
+}
+
+/* dsr_track follows a DSR flow this node recorded (dsr_recv) through the
+ * client's packets that carry no option: they refresh it, the client's
+ * ACK marks it answered, its FIN or RST shortens the reply entries (else
+ * they would outlive the flow by hours and rewrite the replies of the next
+ * connection on the same tuple), and a SYN without the option — a new
+ * connection on the same tuple that no entry node dispatched DSR — drops
+ * the flow's entries. The packet goes on to the stack either way. */
+static __always_inline int dsr_track(const struct pkt *p, struct np_ct *ct, __u64 now)
+{
+	struct np_ct_key k;
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & 0x12) == 0x02) {
+		ct_key(&k, p->daddr, p->dport, p->saddr, p->sport, p->proto, NP_CT_REPLY);
+		bpf_map_delete_elem(&waggle_np_ct, &k);
+		ct_key(&k, 0, 0, p->saddr, p->sport, p->proto, NP_CT_CLIENT);
+		struct np_ct *c = bpf_map_lookup_elem(&waggle_np_ct, &k);
+		if (c && (c->flags & NP_CT_F_DSR))
+			bpf_map_delete_elem(&waggle_np_ct, &k);
+		ct_key(&k, p->saddr, p->sport, p->daddr, p->dport, p->proto, NP_CT_ORIGINAL);
+		bpf_map_delete_elem(&waggle_np_ct, &k);
+		return TCX_NEXT;
+	}
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & 0x12) == 0x10)
+		ct->flags |= NP_CT_F_REPLIED;
+	ct->flags |= closing(p);
+	ct->expires_ns = now + lifetime(p, ct->flags);
+	ct->packets++;
+	if (closing(p)) {
+		close_other(p->daddr, p->dport, p->saddr, p->sport, NP_CT_REPLY, p, now);
+		close_other(0, 0, p->saddr, p->sport, NP_CT_CLIENT, p, now);
+	}
 	return TCX_NEXT;
 }
 
@@ -1228,6 +1274,11 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	/* An established flow keeps its backend while the backend exists. */
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_ORIGINAL);
 	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && (ct->flags & NP_CT_F_DSR_RECV)) {
+		if (xdp)
+			return XDP_PASS; /* tc follows the flow */
+		return dsr_track(&p, ct, now);
+	}
 	if (ct && ct->expires_ns > now) {
 		struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &ct->backend_id);
 		if (be && be->port == ct->port && addr_eq(be->addr, ct->addr)) {

@@ -39,6 +39,10 @@
 #define NP_CT_F_DSR (1 << 3)     /* direct server return: ORIGINAL on the entry node (DNAT only, the
 				  * service address travels in an IP option); REPLY/CLIENT on the
 				  * backend's node, recorded from that option */
+#define NP_CT_F_DSR_RECV (1 << 4) /* ORIGINAL on the backend's node (client -> backend, as the
+				   * client's packets arrive there): the other direction of a DSR
+				   * flow it recorded, so the client's FIN/RST shortens it and a SYN
+				   * without the option on the same tuple drops it */
 
 /* waggle_np_lb_mode's value (--bpf-lb-mode): how new flows to a remote
  * backend are dispatched. */

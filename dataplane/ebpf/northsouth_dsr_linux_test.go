@@ -1,6 +1,7 @@
 package ebpf
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"log/slog"
@@ -145,6 +146,34 @@ func TestNorthSouthDirectServerReturn(t *testing.T) {
 					}
 					conn.Close()
 				}
+				if c.tcpDSR {
+					// node2's state of a DSR flow ends with it: right after
+					// a DSR connection is reset, a direct connection to the
+					// pod from the same client port (no option) gets its own
+					// replies, not the NodePort's address.
+					direct := net.JoinHostPort(pod, "8080")
+					err := tp.client.do(func() error {
+						for _, target := range []string{to, direct} {
+							d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(client), Port: 41234}}
+							conn, err := d.Dial("tcp", target)
+							if err != nil {
+								return fmt.Errorf("%s from port 41234: %w", target, err)
+							}
+							conn.SetDeadline(time.Now().Add(10 * time.Second))
+							line, err := bufio.NewReader(conn).ReadString('\n')
+							if err != nil || !strings.HasPrefix(line, pod+" ") {
+								conn.Close()
+								return fmt.Errorf("%s from port 41234: greeting %q, %v", target, line, err)
+							}
+							conn.(*net.TCPConn).SetLinger(0) // RST: no TIME_WAIT, the port is free at once
+							conn.Close()
+						}
+						return nil
+					})
+					if err != nil {
+						t.Errorf("a DSR connection, then a direct one on the same tuple: %v", err)
+					}
+				}
 				answered, seen, err := tp.udp(to)
 				if err != nil || answered != pod || seen != want(c.udpDSR) {
 					t.Errorf("UDP %s: %s seeing %s, %v; want %s seeing %s", to, answered, seen, err, pod, want(c.udpDSR))
@@ -175,7 +204,7 @@ func TestNorthSouthDirectServerReturn(t *testing.T) {
 				}
 				dsrFlows := 0
 				if c.tcpDSR {
-					dsrFlows += 3
+					dsrFlows += 4 // 3, and the one from port 41234
 				}
 				if c.udpDSR {
 					dsrFlows++
