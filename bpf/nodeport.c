@@ -1077,9 +1077,9 @@ static __always_inline int dsr_add_opt(struct __sk_buff *skb, const struct pkt *
 
 /* dsr_recv is the backend node's side: a packet (client -> backend) with
  * the DSR option. The flow is recorded as a DNAT-only flow of this node
- * (REPLY: backend -> client restores the frontend as source, and CLIENT for
- * replies the node's netfilter masqueraded; both NP_CT_F_DSR), the option
- * is stripped, and the stack delivers the packet to the backend. */
+ * (REPLY: backend -> client restores the frontend as source, NP_CT_F_DSR;
+ * ORIGINAL: the client's direction, NP_CT_F_DSR_RECV, see dsr_track), the
+ * option is stripped, and the stack delivers the packet to the backend. */
 static __always_inline int dsr_recv(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct np_ct_key k;
@@ -1109,15 +1109,11 @@ static __always_inline int dsr_recv(struct __sk_buff *skb, const struct pkt *p)
 	} else {
 		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
 	}
-	ct_key(&k, 0, 0, p->saddr, p->sport, p->proto, NP_CT_CLIENT);
-	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
-	if (ct && (ct->flags & NP_CT_F_DSR) && ct->nat_port == nv.nat_port && addr_eq(ct->nat, nv.nat) &&
-	    ct->expires_ns > now && !(p->tcp_flags & 0x02)) {
-		if (ct->expires_ns < nv.expires_ns)
-			ct->expires_ns = nv.expires_ns;
-	} else {
-		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
-	}
+	/* No CLIENT entry (unlike a flow DNATed here): the stack sees this
+	 * packet, so the backend's reply is part of a connection its
+	 * netfilter knows and is never masqueraded — and a CLIENT entry,
+	 * keyed by the client alone, would rewrite the replies of another
+	 * backend to the same client port. */
 	/* The client's direction, as its packets arrive here (dsr_track). */
 	ct_key(&k, p->saddr, p->sport, p->daddr, p->dport, p->proto, NP_CT_ORIGINAL);
 	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
@@ -1174,10 +1170,6 @@ static __always_inline int dsr_track(const struct pkt *p, struct np_ct *ct, __u6
 	if (p->proto == IPPROTO_TCP && (p->tcp_flags & 0x12) == 0x02) {
 		ct_key(&k, p->daddr, p->dport, p->saddr, p->sport, p->proto, NP_CT_REPLY);
 		bpf_map_delete_elem(&waggle_np_ct, &k);
-		ct_key(&k, 0, 0, p->saddr, p->sport, p->proto, NP_CT_CLIENT);
-		struct np_ct *c = bpf_map_lookup_elem(&waggle_np_ct, &k);
-		if (c && (c->flags & NP_CT_F_DSR))
-			bpf_map_delete_elem(&waggle_np_ct, &k);
 		ct_key(&k, p->saddr, p->sport, p->daddr, p->dport, p->proto, NP_CT_ORIGINAL);
 		bpf_map_delete_elem(&waggle_np_ct, &k);
 		return TCX_NEXT;
@@ -1187,10 +1179,8 @@ static __always_inline int dsr_track(const struct pkt *p, struct np_ct *ct, __u6
 	ct->flags |= closing(p);
 	ct->expires_ns = now + lifetime(p, ct->flags);
 	ct->packets++;
-	if (closing(p)) {
+	if (closing(p))
 		close_other(p->daddr, p->dport, p->saddr, p->sport, NP_CT_REPLY, p, now);
-		close_other(0, 0, p->saddr, p->sport, NP_CT_CLIENT, p, now);
-	}
 	return TCX_NEXT;
 }
 

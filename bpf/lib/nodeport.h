@@ -37,8 +37,8 @@
 #define NP_CT_F_CLOSING (1 << 1) /* TCP FIN or RST seen */
 #define NP_CT_F_REPLIED (1 << 2) /* the backend answered */
 #define NP_CT_F_DSR (1 << 3)     /* direct server return: ORIGINAL on the entry node (DNAT only, the
-				  * service address travels in an IP option); REPLY/CLIENT on the
-				  * backend's node, recorded from that option */
+				  * service address travels in an IP option); REPLY (and ORIGINAL,
+				  * with NP_CT_F_DSR_RECV) on the backend's node, recorded from it */
 #define NP_CT_F_DSR_RECV (1 << 4) /* ORIGINAL on the backend's node (client -> backend, as the
 				   * client's packets arrive there): the other direction of a DSR
 				   * flow it recorded, so the client's FIN/RST shortens it and a SYN
