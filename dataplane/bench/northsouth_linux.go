@@ -34,6 +34,8 @@ const (
 	nsPortIPT    = 30081
 	nsNodeXAddr  = "10.27.10.9" // the eBPF node with XDP
 	nsPortXDP    = 30090
+	nsNodeDAddr  = "10.27.10.8" // the eBPF node in DSR mode
+	nsPortDSR    = 30088
 	// IPv6 beside (NorthSouthConfig.IPv6): the same hosts in fd06:10::/64,
 	// the backends in fd06:12::/64.
 	nsClientAddr6 = "fd06:10::100"
@@ -259,6 +261,11 @@ type NorthSouthConfig struct {
 	// backends' IPv6 addresses through node1) and ebpf-tc6 (node1's IPv6
 	// NodePort, the same tc programs), their ratios against direct6.
 	IPv6 bool
+	// DSR adds the eBPF tc path in direct-server-return mode
+	// (--bpf-lb-mode=dsr) on a node namespace of its own, with node2 (the
+	// backends' node) running the north-south programs too, as DSR needs:
+	// the replies go from node2 straight to the client.
+	DSR bool
 	// Peers are other proxies measured beside (upstream kube-proxy: the
 	// benchmark test supplies them), each on its own node namespace.
 	Peers  []Peer
@@ -386,6 +393,15 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		}
 		rep.Notes = append(rep.Notes, "ebpf-xdp: the same programs on a node of its own ("+nsNodeXAddr+"), the ingress in generic XDP on its eth0 (a veth): new flows, their packets and their replies forwarded with XDP_TX; the client and the backends send full checksums (tx offload off) for every path, as from other machines")
 	}
+	var db *ebpf.Backend
+	var dpin string
+	if cfg.DSR {
+		if db, dpin, err = t.startDSR(); err != nil {
+			return rep, err
+		}
+		paths = append(paths, "ebpf-dsr")
+		rep.Notes = append(rep.Notes, "ebpf-dsr: the tc programs in DSR mode (--bpf-lb-mode=dsr) on a node of its own ("+nsNodeDAddr+"): DNAT only, the NodePort in an IPv4 option on SYNs and UDP datagrams; node2 runs the north-south tc programs (DSR mode) on its eth0 to read the option and reverse-translate the replies, which go from node2 straight to the client (node2's programs also see every other path's packets)")
+	}
 	var ib *iptables.Backend
 	if cfg.IPTables {
 		if err := iptables.Supported(); err != nil {
@@ -447,6 +463,9 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		progs := []prog{{eb, nsPortEBPF, nsNode1Addr}}
 		if xb != nil {
 			progs = append(progs, prog{xb, nsPortXDP, nsNodeXAddr})
+		}
+		if db != nil {
+			progs = append(progs, prog{db, nsPortDSR, nsNodeDAddr})
 		}
 		if ib != nil {
 			progs = append(progs, prog{ib, nsPortIPT, nsNode3Addr})
@@ -523,6 +542,15 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			v.Close()
 		}
 	}
+	if db != nil {
+		if v, err := ebpf.OpenPinned(dpin); err == nil {
+			if st, err := v.NorthSouthStats(); err == nil {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("ebpf-dsr counters over the run: xlate_dsr %d flows, dsr_opt %d packets, dsr_mtu %d, xlate_snat %d",
+					st["xlate_dsr"], st["dsr_opt"], st["dsr_mtu"], st["xlate_snat"]))
+			}
+			v.Close()
+		}
+	}
 	rep.print(cfg.Out, paths)
 	if cfg.Output != "" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
@@ -573,6 +601,35 @@ func (t *nsTopo) startXDP() (*ebpf.Backend, string, error) {
 	}
 	t.closers = append(t.closers, func() { xb.Cleanup(context.Background()) })
 	return xb, pin, nil
+}
+
+// startDSR adds the DSR node and its eBPF backend (tc, --bpf-lb-mode=dsr),
+// and node2's north-south programs (DSR mode, no frontends), which read
+// the option and give the replies the NodePort's address.
+func (t *nsTopo) startDSR() (*ebpf.Backend, string, error) {
+	nd := "ns-bd" + t.suffix
+	if err := t.addNode(nd, nsNodeDAddr, "nd"); err != nil {
+		return nil, "", fmt.Errorf("DSR node: %w", err)
+	}
+	var pin string
+	var db *ebpf.Backend
+	for _, n := range []struct{ netns, name string }{{t.node2, "ns-bench-dsr2-"}, {nd, "ns-bench-dsr-"}} {
+		cg, err := newBenchCgroup(n.name + t.suffix)
+		if err != nil {
+			return nil, "", err
+		}
+		t.closers = append(t.closers, func() { os.Remove(cg) })
+		pin = filepath.Join(ebpf.DefaultPinRoot, n.name+t.suffix)
+		b, err := ebpf.New(ebpf.Config{NodeName: n.name + t.suffix, CgroupPath: cg, PinDir: pin,
+			MaxServices: 1 << 17, MaxBackends: 1 << 17,
+			NorthSouth: &ebpf.NorthSouth{Devices: []string{"eth0"}, NetNS: t.path(n.netns), LBMode: ebpf.LBModeDSR}})
+		if err != nil {
+			return nil, "", fmt.Errorf("eBPF backend in DSR mode (%s): %w", n.netns, err)
+		}
+		t.closers = append(t.closers, func() { b.Cleanup(context.Background()) })
+		db = b
+	}
+	return db, pin, nil
 }
 
 func newBenchCgroup(name string) (string, error) {
@@ -627,6 +684,8 @@ func (t *nsTopo) nsTarget(path, test string, peers map[string]string) func(i int
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNode3Addr, nsPortIPT) }
 	case "ebpf-xdp":
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeXAddr, nsPortXDP) }
+	case "ebpf-dsr":
+		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeDAddr, nsPortDSR) }
 	case "ebpf-xdp6":
 		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNodeXAddr6, nsPortXDP) }
 	case "ebpf-tc6":
