@@ -14,11 +14,17 @@
  *        backend: ClientIP affinity, else Maglev[hash % M], else slot hash
  *        remote backend (the route leaves through an external device):
  *            DNAT + SNAT to that device's address (a free port of the
- *            configured range); Local or a backend on this node: DNAT only,
- *            the client's address is kept
+ *            configured range), or with --bpf-lb-mode dsr/hybrid DNAT only
+ *            and the frontend in an IPv4 option / IPv6 destination
+ *            option for the backend's node;
+ *            Local or a backend on this node: DNAT only, the client's
+ *            address is kept
+ *    a packet with the DSR option (this node hosts the backend): flow
+ *        recorded for the egress program, option stripped, to the stack
  *        conntrack entries for both directions, rewrite, FIB, redirect
  *  tcx egress of an external device (waggle_np_egress):
- *    reply of a backend on this node (no SNAT) -> source back to the frontend
+ *    reply of a backend on this node (no SNAT, or a DSR flow another node
+ *    dispatched here) -> source back to the frontend
  *  XDP on an external device (waggle_np_xdp, --bpf-lb-acceleration): the
  *    same ingress function (lib/ctx.h); forwards what leaves through an
  *    external device (new flows to remote backends, their packets, replies
@@ -152,6 +158,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } waggle_np_src_ranges SEC(".maps");
 
+/* --bpf-lb-mode (NP_LB_MODE_*), written by the proxy at start. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} waggle_np_lb_mode SEC(".maps");
+
 /* The first fragment's ports of each fragmented datagram a program
  * translated (written by tc only: XDP passes fragments on). */
 struct {
@@ -186,6 +201,9 @@ struct pkt {
 	__u8 v6;
 	__u8 frag;    /* FRAG_FIRST, FRAG_LATER or 0: not a fragment */
 	__u32 frag_id; /* IPv4 ID (zero-extended) or IPv6 fragment identification */
+	__u8 dsr_addr[16]; /* with the DSR option (dsr): the frontend it names */
+	__be16 dsr_port;
+	__u8 dsr;
 } __attribute__((aligned(8)));
 
 /* pkt.frag: the first fragment of a datagram (offset 0, more fragments:
@@ -302,6 +320,17 @@ static __always_inline int parse6(void *ctx, const int xdp, struct pkt *p)
 	p->ttl = ip6.hop_limit;
 	p->tot_len = sizeof(ip6) + bpf_ntohs(ip6.payload_len);
 	nh = ip6.nexthdr;
+	if (nh == NEXTHDR_DEST_) {
+		/* The DSR option, as an entry node inserts it: the first
+		 * extension header, holding nothing else. */
+		struct np_dsr_opt6 o;
+		if (ctx_load(ctx, xdp, off, &o, sizeof(o)) == 0 && o.hdrlen == 2 && o.type == NP_DSR_OPT6_TYPE &&
+		    o.len == NP_DSR_OPT6_LEN) {
+			p->dsr = 1;
+			addr_copy(p->dsr_addr, o.addr);
+			p->dsr_port = o.port;
+		}
+	}
 #pragma unroll
 	for (int i = 0; i < V6_EXTHDRS_MAX; i++) {
 		if (nh != NEXTHDR_HOP_ && nh != NEXTHDR_DEST_)
@@ -394,6 +423,19 @@ static __always_inline int parse(void *ctx, const int xdp, struct pkt *p)
 	p->ttl = ip->ttl;
 	p->tot_len = bpf_ntohs(ip->tot_len);
 	p->l4_off = ETH_HLEN + ip->ihl * 4;
+	if (ip->ihl == 7) {
+		/* Only the DSR option, right after the fixed header (as an
+		 * entry node in DSR mode inserts it), is looked for. */
+		__u8 opt[NP_DSR_OPT4_LEN];
+		if (ctx_load(ctx, xdp, ETH_HLEN + sizeof(*ip), opt, sizeof(opt)) == 0 && opt[0] == NP_DSR_OPT4_TYPE &&
+		    opt[1] == NP_DSR_OPT4_LEN) {
+			p->dsr = 1;
+			__be32 a;
+			__builtin_memcpy(&p->dsr_port, &opt[2], 2);
+			__builtin_memcpy(&a, &opt[4], 4);
+			mapped4(p->dsr_addr, a);
+		}
+	}
 	if (ip->frag_off & bpf_htons(0x3fff)) { /* MF or an offset */
 		if (p->proto == IPPROTO_ICMP)
 			return -1;
@@ -926,6 +968,222 @@ static __always_inline int icmp6_error(struct __sk_buff *skb, const struct pkt *
 	return forward(skb, CTX_TC, p, rc, &f);
 }
 
+/* Direct server return (--bpf-lb-mode dsr or hybrid; bpf/README.md).
+ *
+ * The entry node forwards a new flow to a remote backend with the client's
+ * address and port kept and only the destination translated, and tells the
+ * backend's node the frontend in an IPv4 option (NP_DSR_OPT4_*) or an IPv6
+ * destination-options header (struct np_dsr_opt6) on the
+ * packets that need it: a TCP flow's SYNs, every UDP datagram. The
+ * backend's node (its ingress program) records the flow as a DNAT-only
+ * reply entry, strips the option and hands the packet to its stack; its
+ * egress program then gives the backend's replies the frontend's address
+ * and port, and they go straight to the client. */
+
+/* dsr_mode: whether new flows of this packet's protocol to a remote
+ * backend are dispatched DSR. */
+static __always_inline int dsr_mode(const struct pkt *p)
+{
+	__u32 zero = 0;
+	__u32 *m = bpf_map_lookup_elem(&waggle_np_lb_mode, &zero);
+	if (!m)
+		return 0;
+	return *m == NP_LB_MODE_DSR || (*m == NP_LB_MODE_HYBRID && p->proto == IPPROTO_TCP);
+}
+
+/* dsr_needs_opt: the packets of a DSR flow that carry the option. A TCP
+ * flow needs it on its SYN only (retransmitted SYNs too): the backend's
+ * node has recorded the flow when the backend answers, and a SYN has no
+ * payload, so the 8 bytes never push it over the MTU. UDP has no
+ * handshake: every datagram carries it (as Cilium's), which also refreshes
+ * the backend node's entry when the backend is silent. */
+static __always_inline int dsr_needs_opt(const struct pkt *p)
+{
+	return p->proto == IPPROTO_UDP || (p->tcp_flags & 0x02);
+}
+
+/* dsr_room: the option can be inserted — a whole (unfragmented, not GSO)
+ * packet without IPv4 options or IPv6 extension headers, which stays
+ * within the egress device's MTU 8 (IPv6: 24) bytes longer. */
+static __always_inline int dsr_room(struct __sk_buff *skb, const struct pkt *p, __u32 ifindex)
+{
+	__u32 mtu = 0;
+	if (p->frag || skb->gso_segs > 1)
+		return 0;
+	if (p->v6)
+		return p->l4_off == ETH_HLEN + sizeof(struct ipv6hdr) &&
+		       bpf_check_mtu(skb, ifindex, &mtu, sizeof(struct np_dsr_opt6), 0) == BPF_MTU_CHK_RET_SUCCESS;
+	return p->l4_off == ETH_HLEN + sizeof(struct iphdr) &&
+	       bpf_check_mtu(skb, ifindex, &mtu, NP_DSR_OPT4_LEN, 0) == BPF_MTU_CHK_RET_SUCCESS;
+}
+
+#define IP6_NEXTHDR_OFF (ETH_HLEN + offsetof(struct ipv6hdr, nexthdr))
+#define IP6_PLEN_OFF (ETH_HLEN + offsetof(struct ipv6hdr, payload_len))
+
+/* dsr_add_opt6 inserts the DSR destination-options header after the IPv6
+ * header (no extension headers before it: dsr_room): next header 60,
+ * payload length + 24. IPv6 has no header checksum, and the L4
+ * pseudo-header's length counts only the upper-layer packet. */
+static __always_inline int dsr_add_opt6(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct np_dsr_opt6 o = {.nexthdr = p->proto, .hdrlen = 2, .type = NP_DSR_OPT6_TYPE, .len = NP_DSR_OPT6_LEN};
+	__u8 nh = NEXTHDR_DEST_;
+	__be16 plen = bpf_htons(p->tot_len - sizeof(struct ipv6hdr) + sizeof(o));
+
+	addr_copy(o.addr, p->daddr);
+	o.port = p->dport;
+	if (bpf_skb_adjust_room(skb, sizeof(o), BPF_ADJ_ROOM_NET, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &o, sizeof(o), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP6_NEXTHDR_OFF, &nh, 1, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP6_PLEN_OFF, &plen, 2, 0) < 0)
+		return -1;
+	stat(NP_STAT_DSR_OPT);
+	return 0;
+}
+
+/* dsr_add_opt inserts the DSR option naming the frontend (the packet's
+ * destination as it arrived) after the IPv4 header: ihl 5 -> 7, total
+ * length + 8, the header checksum updated by the difference. L4 checksums
+ * do not cover IP options (nor does CHECKSUM_PARTIAL's csum_start move:
+ * bpf_skb_adjust_room moves the headers before it). */
+static __always_inline int dsr_add_opt(struct __sk_buff *skb, const struct pkt *p)
+{
+	if (p->v6)
+		return dsr_add_opt6(skb, p);
+	__u32 w0, nw[3];
+	__u8 *b = (__u8 *)nw;
+	__be16 tl = bpf_htons(p->tot_len + NP_DSR_OPT4_LEN);
+	__be32 front = W(p->daddr, 3);
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &w0, sizeof(w0)) < 0)
+		return -1;
+	nw[0] = w0;
+	b[0] = 0x47; /* version 4, ihl 7 */
+	__builtin_memcpy(b + 2, &tl, 2);
+	b[4] = NP_DSR_OPT4_TYPE;
+	b[5] = NP_DSR_OPT4_LEN;
+	__builtin_memcpy(b + 6, &p->dport, 2);
+	__builtin_memcpy(b + 8, &front, 4);
+	__s64 d = bpf_csum_diff(&w0, sizeof(w0), nw, sizeof(nw), 0);
+	if (d < 0 || bpf_skb_adjust_room(skb, NP_DSR_OPT4_LEN, BPF_ADJ_ROOM_NET, 0) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, nw, 4, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct iphdr), &nw[1], NP_DSR_OPT4_LEN, 0) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_CSUM_OFF, 0, d, 0) < 0)
+		return -1;
+	stat(NP_STAT_DSR_OPT);
+	return 0;
+}
+
+/* dsr_recv is the backend node's side: a packet (client -> backend) with
+ * the DSR option. The flow is recorded as a DNAT-only flow of this node
+ * (REPLY: backend -> client restores the frontend as source, NP_CT_F_DSR;
+ * ORIGINAL: the client's direction, NP_CT_F_DSR_RECV, see dsr_track), the
+ * option is stripped, and the stack delivers the packet to the backend. */
+static __always_inline int dsr_recv(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct np_ct_key k;
+	struct np_ct nv;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 old[3], nw;
+	__u8 *b = (__u8 *)&nw;
+	__be16 tl = bpf_htons(p->tot_len - NP_DSR_OPT4_LEN);
+
+	__builtin_memset(&nv, 0, sizeof(nv));
+	nv.created_ns = now;
+	nv.flags = NP_CT_F_DSR | closing(p);
+	nv.expires_ns = now + lifetime(p, nv.flags);
+	nv.packets = 1;
+	addr_copy(nv.addr, p->saddr);
+	nv.port = p->sport;
+	addr_copy(nv.nat, p->dsr_addr);
+	nv.nat_port = p->dsr_port;
+	ct_key(&k, p->daddr, p->dport, p->saddr, p->sport, p->proto, NP_CT_REPLY);
+	struct np_ct *ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && (ct->flags & NP_CT_F_DSR) && ct->nat_port == nv.nat_port && addr_eq(ct->nat, nv.nat) &&
+	    ct->expires_ns > now && !(p->tcp_flags & 0x02)) {
+		/* the same flow's next datagram: keep its state, refresh it */
+		if (ct->expires_ns < nv.expires_ns)
+			ct->expires_ns = nv.expires_ns;
+		ct->packets++;
+	} else {
+		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
+	}
+	/* No CLIENT entry (unlike a flow DNATed here): the stack sees this
+	 * packet, so the backend's reply is part of a connection its
+	 * netfilter knows and is never masqueraded — and a CLIENT entry,
+	 * keyed by the client alone, would rewrite the replies of another
+	 * backend to the same client port. */
+	/* The client's direction, as its packets arrive here (dsr_track). */
+	ct_key(&k, p->saddr, p->sport, p->daddr, p->dport, p->proto, NP_CT_ORIGINAL);
+	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && (ct->flags & NP_CT_F_DSR_RECV) && ct->expires_ns > now && !(p->tcp_flags & 0x02)) {
+		if (ct->expires_ns < nv.expires_ns)
+			ct->expires_ns = nv.expires_ns;
+		ct->packets++;
+	} else {
+		nv.flags |= NP_CT_F_DSR_RECV;
+		addr_copy(nv.addr, p->daddr);
+		nv.port = p->dport;
+		bpf_map_update_elem(&waggle_np_ct, &k, &nv, BPF_ANY);
+	}
+
+	if (p->v6) {
+		/* Strip: the header's next header back, payload length - 24. */
+		__u8 nh;
+		__be16 plen = bpf_htons(p->tot_len - sizeof(struct ipv6hdr) - sizeof(struct np_dsr_opt6));
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &nh, 1) < 0 ||
+		    bpf_skb_store_bytes(skb, IP6_NEXTHDR_OFF, &nh, 1, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, IP6_PLEN_OFF, &plen, 2, 0) < 0 ||
+		    bpf_skb_adjust_room(skb, -(int)sizeof(struct np_dsr_opt6), BPF_ADJ_ROOM_NET, 0) < 0)
+			return TC_ACT_SHOT;
+		stat(NP_STAT_DSR_RECV);
+		return TCX_NEXT;
+	}
+	/* Strip: the header checksum loses the option's words and the first
+	 * word's change (ihl 7 -> 5, total length - 8). */
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &old[0], 4) < 0 ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct iphdr), &old[1], NP_DSR_OPT4_LEN) < 0)
+		return TC_ACT_SHOT;
+	nw = old[0];
+	b[0] = 0x45;
+	__builtin_memcpy(b + 2, &tl, 2);
+	__s64 d = bpf_csum_diff(old, sizeof(old), &nw, sizeof(nw), 0);
+	if (d < 0 || bpf_l3_csum_replace(skb, IP_CSUM_OFF, 0, d, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &nw, sizeof(nw), 0) < 0 ||
+	    bpf_skb_adjust_room(skb, -NP_DSR_OPT4_LEN, BPF_ADJ_ROOM_NET, 0) < 0)
+		return TC_ACT_SHOT;
+	stat(NP_STAT_DSR_RECV);
+	return TCX_NEXT;
+}
+
+/* dsr_track follows a DSR flow this node recorded (dsr_recv) through the
+ * client's packets that carry no option: they refresh it, the client's
+ * ACK marks it answered, its FIN or RST shortens the reply entries (else
+ * they would outlive the flow by hours and rewrite the replies of the next
+ * connection on the same tuple), and a SYN without the option — a new
+ * connection on the same tuple that no entry node dispatched DSR — drops
+ * the flow's entries. The packet goes on to the stack either way. */
+static __always_inline int dsr_track(const struct pkt *p, struct np_ct *ct, __u64 now)
+{
+	struct np_ct_key k;
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & 0x12) == 0x02) {
+		ct_key(&k, p->daddr, p->dport, p->saddr, p->sport, p->proto, NP_CT_REPLY);
+		bpf_map_delete_elem(&waggle_np_ct, &k);
+		ct_key(&k, p->saddr, p->sport, p->daddr, p->dport, p->proto, NP_CT_ORIGINAL);
+		bpf_map_delete_elem(&waggle_np_ct, &k);
+		return TCX_NEXT;
+	}
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & 0x12) == 0x10)
+		ct->flags |= NP_CT_F_REPLIED;
+	ct->flags |= closing(p);
+	ct->expires_ns = now + lifetime(p, ct->flags);
+	ct->packets++;
+	if (closing(p))
+		close_other(p->daddr, p->dport, p->saddr, p->sport, NP_CT_REPLY, p, now);
+	return TCX_NEXT;
+}
+
 /* np_ingress is the ingress of an external device, in tc (xdp = CTX_TC)
  * or XDP (CTX_XDP). Both make the same decisions from the same maps; XDP
  * returns XDP_PASS, before changing any state, for whatever it leaves to tc
@@ -979,6 +1237,11 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 			return icmp6_error(ctx, &p, bpf_ktime_get_ns(), 0);
 		return icmp_error(ctx, &p, bpf_ktime_get_ns(), 0);
 	}
+	if (p.dsr) {
+		if (xdp)
+			return XDP_PASS; /* tc strips the option (bpf_skb_adjust_room) */
+		return dsr_recv(ctx, &p);
+	}
 	if (xdp) {
 		__u16 check;
 		if (p.ttl <= 1 || ctx_load(ctx, xdp, csum_off(&p), &check, 2) < 0)
@@ -1001,11 +1264,19 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	/* An established flow keeps its backend while the backend exists. */
 	ct_key(&k, p.saddr, p.sport, p.daddr, p.dport, p.proto, NP_CT_ORIGINAL);
 	ct = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (ct && (ct->flags & NP_CT_F_DSR_RECV)) {
+		if (xdp)
+			return XDP_PASS; /* tc follows the flow */
+		return dsr_track(&p, ct, now);
+	}
 	if (ct && ct->expires_ns > now) {
 		struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &ct->backend_id);
 		if (be && be->port == ct->port && addr_eq(be->addr, ct->addr)) {
 			const __u8 *baddr = ct->addr, *saddr = p.saddr;
 			__be16 bport = ct->port, sport = p.sport;
+			int opt = (ct->flags & NP_CT_F_DSR) && dsr_needs_opt(&p);
+			if (xdp && opt)
+				return XDP_PASS; /* the option is inserted in tc */
 			rc = fib(ctx, xdp, &p, p.saddr, baddr, &f);
 			if (xdp && !xdp_fwd_ok(rc, &f))
 				return XDP_PASS;
@@ -1014,6 +1285,10 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 				sport = ct->nat_port;
 			}
 			ct->flags |= closing(&p);
+			/* DSR: this node never sees the backend's answer; the
+			 * client's ACK of it (an ACK without SYN) proves it. */
+			if ((ct->flags & NP_CT_F_DSR) && p.proto == IPPROTO_TCP && (p.tcp_flags & 0x12) == 0x10)
+				ct->flags |= NP_CT_F_REPLIED;
 			ct->expires_ns = now + lifetime(&p, ct->flags);
 			ct->packets++;
 			if (closing(&p)) {
@@ -1026,6 +1301,14 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 				stat(NP_STAT_XDP_FWD);
 			if (rewrite(ctx, xdp, &p, saddr, sport, baddr, bport) < 0)
 				return xdp ? XDP_DROP : TC_ACT_SHOT;
+			if (!xdp && opt) {
+				/* A datagram too big for the option goes without it: the
+				 * backend's node has the flow from earlier ones. */
+				if (!dsr_room(ctx, &p, f.ifindex))
+					stat(NP_STAT_DSR_MTU);
+				else if (dsr_add_opt(ctx, &p) < 0)
+					return TC_ACT_SHOT;
+			}
 			return forward(ctx, xdp, &p, rc, &f);
 		}
 		if (xdp)
@@ -1132,6 +1415,18 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		stat(NP_STAT_FIB_MISS);
 		return TCX_NEXT;
 	}
+	struct np_device *dev = 0;
+	if (!local && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
+		dev = ext_dev(f.ifindex);
+	/* A remote backend in DSR mode: tc dispatches it (XDP cannot insert
+	 * the option); without room for the option the flow is SNATed. */
+	int dsr = dev && dsr_mode(&p);
+	if (xdp && dsr)
+		return XDP_PASS;
+	if (!xdp && dsr && dsr_needs_opt(&p) && !dsr_room(ctx, &p, f.ifindex)) {
+		dsr = 0;
+		stat(NP_STAT_DSR_MTU);
+	}
 	if (new_affinity) {
 		struct np_affinity av = {.last_used_ns = now, .backend_id = be_id};
 		bpf_map_update_elem(&waggle_np_affinity, &ak, &av, BPF_ANY);
@@ -1144,10 +1439,13 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	nv.port = p.sport;
 	addr_copy(nv.nat, p.daddr);
 	nv.nat_port = p.dport;
-	struct np_device *dev = 0;
-	if (!local && rc != BPF_FIB_LKUP_RET_NOT_FWDED)
-		dev = ext_dev(f.ifindex);
-	if (dev && snat_addr(dev, IS6(xdp, &p), snat)) {
+	if (dsr) {
+		/* The client's address and port kept; the backend's node
+		 * answers the client directly. No reply entries here. */
+		nv.flags |= NP_CT_F_DSR;
+		nv.expires_ns = now + lifetime(&p, nv.flags);
+		stat(NP_STAT_XLATE_DSR);
+	} else if (dev && snat_addr(dev, IS6(xdp, &p), snat)) {
 		/* Remote backend: the reply must come back here. Find a free
 		 * source port of the range for (backend, node address). */
 		__u32 range = (__u32)cfg->snat_max - cfg->snat_min + 1;
@@ -1206,6 +1504,8 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 
 	if (rewrite(ctx, xdp, &p, saddr, sport, baddr, bport) < 0)
 		return xdp ? XDP_DROP : TC_ACT_SHOT;
+	if (!xdp && dsr && dsr_needs_opt(&p) && dsr_add_opt(ctx, &p) < 0)
+		return TC_ACT_SHOT;
 	return forward(ctx, xdp, &p, rc, &f);
 }
 

@@ -10,6 +10,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -115,6 +116,9 @@ type Config struct {
 	// NodePortDevices is --nodeport-devices: auto (the device of the node's
 	// address), none, or device names (see NodePortDevices).
 	NodePortDevices string
+	// LBMode is the proxy's --bpf-lb-mode: snat (empty: the proxy's
+	// default), dsr or hybrid.
+	LBMode string
 	// CNIBinDir holds the waggle CNI plugin; ImageDir OCI archives imported
 	// at start.
 	CNIBinDir, ImageDir string
@@ -466,6 +470,7 @@ func runNode(ctx context.Context, g *errgroup.Group, cfg Config, fp *Footprint, 
 			NodeName:          nodeName,
 			Mode:              cfg.ProxyMode,
 			NodePortDevices:   npDevices,
+			LBMode:            cmp.Or(cfg.LBMode, ebpf.LBModeSNAT),
 			Modes:             modes.All(),
 			CgroupRoot:        cfg.BPFCgroupRoot,
 			BPFPinDir:         pinDir,

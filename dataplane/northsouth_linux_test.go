@@ -147,7 +147,9 @@ func TestProxyServesNodePortAndLoadBalancerIPFromOutside(t *testing.T) {
 		// XDP in front of tc (generic on a veth); the backend is local,
 		// so XDP passes these flows on to tc.
 		LBAcceleration: ebpf.AccelBestEffort,
-		SyncPeriod:     time.Minute, Health: ops.NewHealth(),
+		// hybrid reaches the programs (the backend is local: no DSR here).
+		LBMode:     ebpf.LBModeHybrid,
+		SyncPeriod: time.Minute, Health: ops.NewHealth(),
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	go func() { done <- dataplane.Run(runCtx, cfg) }()
 	t.Cleanup(func() {
@@ -199,6 +201,15 @@ func TestProxyServesNodePortAndLoadBalancerIPFromOutside(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Error(err)
+	}
+	// --bpf-lb-mode reached the programs' map.
+	if v, err := ebpf.OpenPinned(pin); err != nil {
+		t.Error(err)
+	} else {
+		if mode, err := v.LBMode(); err != nil || mode != ebpf.LBModeHybrid {
+			t.Errorf("north-south mode %q, %v; want %s", mode, err, ebpf.LBModeHybrid)
+		}
+		v.Close()
 	}
 	l, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, l2announce.LeaseName(netip.MustParseAddr("10.27.40.50")), metav1.GetOptions{})
 	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != nodeName {

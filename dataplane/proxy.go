@@ -58,6 +58,9 @@ type ModeConfig struct {
 	// LBAcceleration is --bpf-lb-acceleration: XDP on NodePortDevices
 	// (ebpf.NorthSouth.Acceleration).
 	LBAcceleration string
+	// LBMode is --bpf-lb-mode: snat, dsr or hybrid
+	// (ebpf.NorthSouth.LBMode).
+	LBMode string
 	// DisableTCX is --enable-tcx=false: the north-south tc programs as
 	// clsact filters (ebpf.NorthSouth.DisableTCX).
 	DisableTCX bool
@@ -109,6 +112,8 @@ type Config struct {
 	MaglevTableSize int
 	// LBAcceleration: --bpf-lb-acceleration (ModeConfig.LBAcceleration).
 	LBAcceleration string
+	// LBMode: --bpf-lb-mode (ModeConfig.LBMode).
+	LBMode string
 	// DisableTCX: --enable-tcx=false (ModeConfig.DisableTCX).
 	DisableTCX bool
 	// NoHealthCheckNodePorts: do not serve healthCheckNodePorts (the
@@ -200,7 +205,7 @@ func (c *Config) modeConfig(log *slog.Logger, reg prometheus.Registerer) ModeCon
 		NodeName: c.NodeName, CgroupRoot: c.CgroupRoot, PinDir: c.BPFPinDir,
 		MaxServices: c.MaxServices, MaxBackends: c.MaxBackends, MaxAffinity: c.MaxAffinity, MaxRevSocks: c.MaxRevSocks,
 		IPVSScheduler: c.IPVSScheduler, NodePortDevices: c.NodePortDevices, MaglevTableSize: c.MaglevTableSize,
-		NodePortNetNS: c.NodePortNetNS, LBAcceleration: c.LBAcceleration, DisableTCX: c.DisableTCX,
+		NodePortNetNS: c.NodePortNetNS, LBAcceleration: c.LBAcceleration, LBMode: c.LBMode, DisableTCX: c.DisableTCX,
 		Log: log, Metrics: reg,
 	}
 }

@@ -11,7 +11,7 @@
 
 #include <linux/types.h>
 
-#define WAGGLE_NP_LAYOUT_VERSION 3
+#define WAGGLE_NP_LAYOUT_VERSION 4
 /* "WGNP" as a little-endian u32. */
 #define WAGGLE_NP_MAGIC 0x504e4757
 
@@ -36,6 +36,41 @@
 #define NP_CT_F_SNAT (1 << 0)    /* source rewritten to the node (remote backend) */
 #define NP_CT_F_CLOSING (1 << 1) /* TCP FIN or RST seen */
 #define NP_CT_F_REPLIED (1 << 2) /* the backend answered */
+#define NP_CT_F_DSR (1 << 3)     /* direct server return: ORIGINAL on the entry node (DNAT only, the
+				  * service address travels in an IP option); REPLY (and ORIGINAL,
+				  * with NP_CT_F_DSR_RECV) on the backend's node, recorded from it */
+#define NP_CT_F_DSR_RECV (1 << 4) /* ORIGINAL on the backend's node (client -> backend, as the
+				   * client's packets arrive there): the other direction of a DSR
+				   * flow it recorded, so the client's FIN/RST shortens it and a SYN
+				   * without the option on the same tuple drops it */
+
+/* waggle_np_lb_mode's value (--bpf-lb-mode): how new flows to a remote
+ * backend are dispatched. */
+#define NP_LB_MODE_SNAT 0   /* SNAT to the node's address: replies come back through it */
+#define NP_LB_MODE_DSR 1    /* direct server return for TCP and UDP */
+#define NP_LB_MODE_HYBRID 2 /* DSR for TCP, SNAT for UDP */
+
+/* The DSR IPv4 option (Cilium's dsr-dispatch=opt wire format): type
+ * 0x9a (copied, class 0, number 26), length 8, then the frontend's port
+ * and address, network order. Inserted right after a 20-byte IPv4 header. */
+#define NP_DSR_OPT4_TYPE 0x9a
+#define NP_DSR_OPT4_LEN 8
+
+/* The DSR IPv6 destination-options header (Cilium's wire format too),
+ * inserted right after the IPv6 header: one option of type 0x1b (skip if
+ * unknown, not changed en route), 20 bytes of data (the frontend's address
+ * and port), two Pad1. 24 bytes: header length field 2. */
+#define NP_DSR_OPT6_TYPE 0x1b
+#define NP_DSR_OPT6_LEN 20
+struct np_dsr_opt6 {
+	__u8 nexthdr;
+	__u8 hdrlen; /* 8-byte units beyond the first: 2 */
+	__u8 type;   /* NP_DSR_OPT6_TYPE */
+	__u8 len;    /* NP_DSR_OPT6_LEN */
+	__u8 addr[16];
+	__be16 port;
+	__u8 pad[2]; /* Pad1, Pad1 */
+} __attribute__((aligned(4))); /* addr read and written a word at a time */
 
 /* np_device.flags */
 #define NP_DEV_F_EXTERNAL (1 << 0) /* a north-south device: the programs are attached */
@@ -183,7 +218,11 @@ enum np_stat {
 	NP_STAT_IPV6_EXTHDR = 16,      /* IPv6 with an extension header not skipped (routing, AH, ESP, ...): left to the stack */
 	NP_STAT_OTHER_HOST = 17,       /* unicast frame to another machine's MAC (a switch's flood): left to the stack */
 	NP_STAT_FRAG_XLATE = 18,       /* non-first fragment translated with its first fragment's ports (waggle_np_frag) */
-	NP_STAT_MAX = 19,
+	NP_STAT_XLATE_DSR = 19,        /* new flow to a remote backend dispatched DSR (entry node) */
+	NP_STAT_DSR_OPT = 20,          /* packets sent with the DSR option (entry node: TCP SYNs, UDP) */
+	NP_STAT_DSR_RECV = 21,         /* DSR option read, flow recorded, option stripped (backend's node) */
+	NP_STAT_DSR_MTU = 22,          /* no room for the DSR option: a new flow SNATed, or a packet sent without it */
+	NP_STAT_MAX = 23,
 };
 
 #endif /* WAGGLE_NODEPORT_H */

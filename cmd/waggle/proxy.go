@@ -41,6 +41,7 @@ func runProxy(ctx context.Context, args []string) error {
 	fs.Var(&npDevices, "nodeport-devices", "external devices (comma-separated) on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from outside the node (tc, Maglev, SNAT to the device's address for remote backends); empty: off")
 	fs.IntVar(&cfg.MaglevTableSize, "bpf-lb-maglev-table-size", ebpf.DefaultMaglevTableSize, "entries of each eBPF Maglev table, a prime (251, 509, 1021, 2039, 4093, 8191, 16381, ...); aim for 100x the backends of the largest Service")
 	fs.StringVar(&cfg.LBAcceleration, "bpf-lb-acceleration", ebpf.AccelDisabled, "with --nodeport-devices: also run the north-south ingress in XDP (new flows to remote backends and their replies; the rest stays in tc): disabled, native (driver XDP, or fail), generic (any device, slower) or best-effort (native where the driver supports it, else generic)")
+	fs.StringVar(&cfg.LBMode, "bpf-lb-mode", ebpf.LBModeSNAT, "with --nodeport-devices: how traffic from outside reaches a backend on another node: snat (to the node's address; replies come back through this node), dsr (direct server return: the client's address is kept, the frontend travels in an IPv4 option and the backend's node answers the client directly; every node must run Waggle's eBPF proxy with --nodeport-devices) or hybrid (DSR for TCP, SNAT for UDP)")
 	enableTCX := fs.Bool("enable-tcx", true, "with --nodeport-devices: attach the north-south tc programs as tcx links (false: as clsact filters, which kernels before 6.6 get anyway)")
 	fs.BoolVar(&cfg.NoL2Announcements, "no-l2-announcements", false, "with --nodeport-devices: do not answer ARP for LoadBalancer IPs (one node per IP, chosen by a Lease)")
 	fs.BoolVar(&cfg.NoHealthCheckNodePorts, "no-healthcheck-node-ports", false, "do not serve LoadBalancer Services' healthCheckNodePort (externalTrafficPolicy Local)")
@@ -77,6 +78,12 @@ func runProxy(ctx context.Context, args []string) error {
 	}
 	if cfg.LBAcceleration != ebpf.AccelDisabled && len(npDevices) == 0 {
 		return fmt.Errorf("--bpf-lb-acceleration=%s needs --nodeport-devices", cfg.LBAcceleration)
+	}
+	if !slices.Contains(ebpf.LBModes, cfg.LBMode) {
+		return fmt.Errorf("--bpf-lb-mode %q: want one of %s", cfg.LBMode, strings.Join(ebpf.LBModes, ", "))
+	}
+	if cfg.LBMode != ebpf.LBModeSNAT && len(npDevices) == 0 {
+		return fmt.Errorf("--bpf-lb-mode=%s needs --nodeport-devices", cfg.LBMode)
 	}
 	for _, c := range cidrs {
 		p, err := netip.ParsePrefix(c)

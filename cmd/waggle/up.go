@@ -35,6 +35,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.Var(k8sflag.NewLangleSeparatedMapStringString(&cfg.EvictionHard), "eviction-hard", "the kubelet's hard eviction thresholds, signal<quantity or percent (e.g. memory.available<100Mi); given, it replaces the kubelet's whole default set")
 	fs.StringVar(&cfg.ProxyMode, "proxy-mode", cfg.ProxyMode, "service proxy mode: auto, ebpf, iptables or ipvs")
 	fs.StringVar(&cfg.NodePortDevices, "nodeport-devices", cfg.NodePortDevices, "devices on which eBPF serves NodePort, ExternalIP and LoadBalancer traffic from other machines: auto (the device of the node's address), none, or comma-separated names")
+	fs.StringVar(&cfg.LBMode, "bpf-lb-mode", "", "the proxy's --bpf-lb-mode with --nodeport-devices: snat (the default), dsr (direct server return; every node must run it) or hybrid (DSR for TCP, SNAT for UDP)")
 	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", "", "directory of the waggle CNI plugin (default: cni/ beside this binary)")
 	fs.StringVar(&cfg.ImageDir, "image-dir", "", "OCI image archives imported at start (e.g. bin/images from make images)")
 	fs.DurationVar(&cfg.NodeMonitorGracePeriod, "node-monitor-grace-period", cfg.NodeMonitorGracePeriod, "how long a node may miss heartbeats before it is NotReady")

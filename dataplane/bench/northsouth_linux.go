@@ -36,6 +36,8 @@ const (
 	nsPortXDP    = 30090
 	nsNodeNAddr  = "10.27.10.8" // the eBPF node with native XDP
 	nsPortXDPN   = 30091
+	nsNodeDAddr  = "10.27.10.7" // the eBPF node in DSR mode
+	nsPortDSR    = 30088
 	// IPv6 beside (NorthSouthConfig.IPv6): the same hosts in fd06:10::/64,
 	// the backends in fd06:12::/64.
 	nsClientAddr6 = "fd06:10::100"
@@ -269,6 +271,11 @@ type NorthSouthConfig struct {
 	// backends' IPv6 addresses through node1) and ebpf-tc6 (node1's IPv6
 	// NodePort, the same tc programs), their ratios against direct6.
 	IPv6 bool
+	// DSR adds the eBPF tc path in direct-server-return mode
+	// (--bpf-lb-mode=dsr) on a node namespace of its own, with node2 (the
+	// backends' node) running the north-south programs too, as DSR needs:
+	// the replies go from node2 straight to the client.
+	DSR bool
 	// Peers are other proxies measured beside (upstream kube-proxy: the
 	// benchmark test supplies them), each on its own node namespace.
 	Peers  []Peer
@@ -405,6 +412,15 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			rep.Notes = append(rep.Notes, x.path+": an XDP_PASS program on the node's veth peer on the bridge (a veth's native XDP_TX needs the peer to run XDP)")
 		}
 	}
+	var db *ebpf.Backend
+	var dpin string
+	if cfg.DSR {
+		if db, dpin, err = t.startDSR(); err != nil {
+			return rep, err
+		}
+		paths = append(paths, "ebpf-dsr")
+		rep.Notes = append(rep.Notes, "ebpf-dsr: the tc programs in DSR mode (--bpf-lb-mode=dsr) on a node of its own ("+nsNodeDAddr+"): DNAT only, the NodePort in an IPv4 option on SYNs and UDP datagrams; node2 runs the north-south tc programs (DSR mode) on its eth0 to read the option and reverse-translate the replies, which go from node2 straight to the client (node2's programs also see every other path's packets)")
+	}
 	var ib *iptables.Backend
 	if cfg.IPTables {
 		if err := iptables.Supported(); err != nil {
@@ -466,6 +482,9 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		progs := []prog{{eb, nsPortEBPF, nsNode1Addr}}
 		for _, x := range xdps {
 			progs = append(progs, prog{x.b, x.nodePort, x.addr})
+		}
+		if db != nil {
+			progs = append(progs, prog{db, nsPortDSR, nsNodeDAddr})
 		}
 		if ib != nil {
 			progs = append(progs, prog{ib, nsPortIPT, nsNode3Addr})
@@ -538,6 +557,15 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 			if st, err := v.NorthSouthStats(); err == nil {
 				rep.Notes = append(rep.Notes, fmt.Sprintf("%s counters over the run: xdp_fwd %d packets (of ct_hit %d + reply %d + new flows %d), xdp_partial_csum %d",
 					x.path, st["xdp_fwd"], st["ct_hit"], st["reply"], st["xlate_snat"]+st["xlate_local"], st["xdp_partial_csum"]))
+			}
+			v.Close()
+		}
+	}
+	if db != nil {
+		if v, err := ebpf.OpenPinned(dpin); err == nil {
+			if st, err := v.NorthSouthStats(); err == nil {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("ebpf-dsr counters over the run: xlate_dsr %d flows, dsr_opt %d packets, dsr_mtu %d, xlate_snat %d",
+					st["xlate_dsr"], st["dsr_opt"], st["dsr_mtu"], st["xlate_snat"]))
 			}
 			v.Close()
 		}
@@ -624,6 +652,35 @@ func (t *nsTopo) startXDP(x *xdpNode) error {
 	return nil
 }
 
+// startDSR adds the DSR node and its eBPF backend (tc, --bpf-lb-mode=dsr),
+// and node2's north-south programs (DSR mode, no frontends), which read
+// the option and give the replies the NodePort's address.
+func (t *nsTopo) startDSR() (*ebpf.Backend, string, error) {
+	nd := "ns-bd" + t.suffix
+	if err := t.addNode(nd, nsNodeDAddr, "nd"); err != nil {
+		return nil, "", fmt.Errorf("DSR node: %w", err)
+	}
+	var pin string
+	var db *ebpf.Backend
+	for _, n := range []struct{ netns, name string }{{t.node2, "ns-bench-dsr2-"}, {nd, "ns-bench-dsr-"}} {
+		cg, err := newBenchCgroup(n.name + t.suffix)
+		if err != nil {
+			return nil, "", err
+		}
+		t.closers = append(t.closers, func() { os.Remove(cg) })
+		pin = filepath.Join(ebpf.DefaultPinRoot, n.name+t.suffix)
+		b, err := ebpf.New(ebpf.Config{NodeName: n.name + t.suffix, CgroupPath: cg, PinDir: pin,
+			MaxServices: 1 << 17, MaxBackends: 1 << 17,
+			NorthSouth: &ebpf.NorthSouth{Devices: []string{"eth0"}, NetNS: t.path(n.netns), LBMode: ebpf.LBModeDSR}})
+		if err != nil {
+			return nil, "", fmt.Errorf("eBPF backend in DSR mode (%s): %w", n.netns, err)
+		}
+		t.closers = append(t.closers, func() { b.Cleanup(context.Background()) })
+		db = b
+	}
+	return db, pin, nil
+}
+
 func newBenchCgroup(name string) (string, error) {
 	root, err := cgroup2Root()
 	if err != nil {
@@ -676,6 +733,8 @@ func (t *nsTopo) nsTarget(path, test string, peers map[string]string) func(i int
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNode3Addr, nsPortIPT) }
 	case "ebpf-xdp":
 		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeXAddr, nsPortXDP) }
+	case "ebpf-dsr":
+		return func(int) string { return fmt.Sprintf("%s:%d", nsNodeDAddr, nsPortDSR) }
 	case "ebpf-xdp6":
 		return func(int) string { return fmt.Sprintf("[%s]:%d", nsNodeXAddr6, nsPortXDP) }
 	case "ebpf-xdp-native":

@@ -17,8 +17,9 @@ import (
 // DP_NS_SERVICES (default 1), DP_NS_DURATION (default 1s), DP_NS_ROUNDS (3),
 // DP_NS_KUBE_PROXY (iptables,nftables; none), DP_NS_XDP (1 or generic: the
 // eBPF XDP column, generic XDP on a veth; native: native XDP on a veth whose
-// peer runs an XDP_PASS program; generic,native: both), DP_NS_IPV6 (1: the direct and eBPF
-// tc paths over IPv6 beside).
+// peer runs an XDP_PASS program; generic,native: both), DP_NS_IPV6 (1: the
+// direct and eBPF tc paths over IPv6 beside), DP_NS_DSR (1: the eBPF tc
+// column in DSR mode, node2 running the programs too).
 func BenchmarkNorthSouth(b *testing.B) {
 	testutil.RequiresRoot(b)
 	testutil.RequiresKernelFeature(b, testutil.BTF)
@@ -55,6 +56,7 @@ func BenchmarkNorthSouth(b *testing.B) {
 		}
 	}
 	cfg.IPv6 = os.Getenv("DP_NS_IPV6") == "1"
+	cfg.DSR = os.Getenv("DP_NS_DSR") == "1"
 	if d, err := time.ParseDuration(os.Getenv("DP_NS_DURATION")); err == nil {
 		cfg.Duration = d
 	}

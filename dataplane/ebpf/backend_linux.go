@@ -392,7 +392,7 @@ func CleanupPinned(dir string) error {
 		}
 	}
 	for _, name := range []string{MapServices, MapBackends, MapRevNat, MapReverseSockets, MapAffinity,
-		MapServiceNames, MapMeta, MapStats, MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats, MapNPServices, MapNPMaglev, MapNPSourceRanges, MapNPFragments} {
+		MapServiceNames, MapMeta, MapStats, MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats, MapNPServices, MapNPMaglev, MapNPSourceRanges, MapNPFragments, MapNPLBMode} {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpin map: %w", err))
 		}

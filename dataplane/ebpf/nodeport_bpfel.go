@@ -200,6 +200,7 @@ const (
 	nodePortMapWaggleNpCt          = "waggle_np_ct"
 	nodePortMapWaggleNpDevices     = "waggle_np_devices"
 	nodePortMapWaggleNpFrag        = "waggle_np_frag"
+	nodePortMapWaggleNpLbMode      = "waggle_np_lb_mode"
 	nodePortMapWaggleNpMaglev      = "waggle_np_maglev"
 	nodePortMapWaggleNpSrcRanges   = "waggle_np_src_ranges"
 	nodePortMapWaggleNpStats       = "waggle_np_stats"
@@ -275,6 +276,7 @@ type nodePortMapSpecs struct {
 	WaggleNpCt        *ebpf.MapSpec `ebpf:"waggle_np_ct"`
 	WaggleNpDevices   *ebpf.MapSpec `ebpf:"waggle_np_devices"`
 	WaggleNpFrag      *ebpf.MapSpec `ebpf:"waggle_np_frag"`
+	WaggleNpLbMode    *ebpf.MapSpec `ebpf:"waggle_np_lb_mode"`
 	WaggleNpMaglev    *ebpf.MapSpec `ebpf:"waggle_np_maglev"`
 	WaggleNpSrcRanges *ebpf.MapSpec `ebpf:"waggle_np_src_ranges"`
 	WaggleNpStats     *ebpf.MapSpec `ebpf:"waggle_np_stats"`
@@ -322,6 +324,7 @@ type nodePortMaps struct {
 	WaggleNpCt        *ebpf.Map `ebpf:"waggle_np_ct"`
 	WaggleNpDevices   *ebpf.Map `ebpf:"waggle_np_devices"`
 	WaggleNpFrag      *ebpf.Map `ebpf:"waggle_np_frag"`
+	WaggleNpLbMode    *ebpf.Map `ebpf:"waggle_np_lb_mode"`
 	WaggleNpMaglev    *ebpf.Map `ebpf:"waggle_np_maglev"`
 	WaggleNpSrcRanges *ebpf.Map `ebpf:"waggle_np_src_ranges"`
 	WaggleNpStats     *ebpf.Map `ebpf:"waggle_np_stats"`
@@ -343,6 +346,7 @@ func (m *nodePortMaps) Close() error {
 		m.WaggleNpCt,
 		m.WaggleNpDevices,
 		m.WaggleNpFrag,
+		m.WaggleNpLbMode,
 		m.WaggleNpMaglev,
 		m.WaggleNpSrcRanges,
 		m.WaggleNpStats,

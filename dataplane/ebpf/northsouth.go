@@ -36,10 +36,49 @@ const (
 	// MapNPFragments: the first fragment's ports of each fragmented
 	// datagram translated (LRU by addresses, IP ID and protocol).
 	MapNPFragments = "waggle_np_frag"
+	// MapNPLBMode: --bpf-lb-mode (ARRAY of one __u32, NP_LB_MODE_*).
+	MapNPLBMode = "waggle_np_lb_mode"
 )
 
+// Values of NorthSouth.LBMode (--bpf-lb-mode, as Cilium's): how new flows
+// from outside to a backend on another node are forwarded.
+const (
+	// LBModeSNAT: the source becomes the node's address; the backend's
+	// replies come back through this node (the default).
+	LBModeSNAT = "snat"
+	// LBModeDSR: direct server return for TCP and UDP: the client's
+	// address is kept, the frontend travels to the backend's node in an
+	// IPv4 option or IPv6 destination option (Cilium's dsr-dispatch=opt) and that node's program
+	// answers the client directly. Every node must run Waggle's programs.
+	LBModeDSR = "dsr"
+	// LBModeHybrid: DSR for TCP, SNAT for UDP.
+	LBModeHybrid = "hybrid"
+)
+
+// LBModes lists the valid NorthSouth.LBMode values.
+var LBModes = []string{LBModeSNAT, LBModeDSR, LBModeHybrid}
+
+// lbModeValue is the waggle_np_lb_mode value of a mode (NP_LB_MODE_*).
+func lbModeValue(m string) uint32 {
+	switch m {
+	case LBModeDSR:
+		return 1
+	case LBModeHybrid:
+		return 2
+	}
+	return 0
+}
+
+// lbModeName is lbModeValue's inverse.
+func lbModeName(v uint32) string {
+	if int(v) < len(LBModes) {
+		return LBModes[v]
+	}
+	return fmt.Sprintf("unknown (%d)", v)
+}
+
 // NPLayoutVersion is WAGGLE_NP_LAYOUT_VERSION (bpf/lib/nodeport.h).
-const NPLayoutVersion = 3
+const NPLayoutVersion = 4
 
 // NPMagic marks the north-south config map ("WGNP" little-endian).
 const NPMagic = 0x504e4757
@@ -92,6 +131,10 @@ type NorthSouth struct {
 	// connections). Each (backend, node address) pair has this many
 	// concurrent SNATed flows.
 	SNATPortMin, SNATPortMax uint16
+	// LBMode is --bpf-lb-mode: LBModeSNAT (or empty), LBModeDSR or
+	// LBModeHybrid. It applies to new flows; established ones keep how
+	// they were forwarded.
+	LBMode string
 	// DisableTCX attaches the tc programs as clsact filters (cls_bpf,
 	// direct action) instead of tcx links (--enable-tcx=false, as
 	// Cilium's). Kernels before 6.6 have no tcx; there the filters are
@@ -130,6 +173,9 @@ func (n *NorthSouth) validate() error {
 	if n.Acceleration != "" && !slices.Contains(Accelerations, n.Acceleration) {
 		return fmt.Errorf("north-south acceleration %q: want one of %s", n.Acceleration, strings.Join(Accelerations, ", "))
 	}
+	if n.LBMode != "" && !slices.Contains(LBModes, n.LBMode) {
+		return fmt.Errorf("north-south load-balancing mode %q: want one of %s", n.LBMode, strings.Join(LBModes, ", "))
+	}
 	if n.MaglevTableSize != 0 && (n.MaglevTableSize < 7 || n.MaglevTableSize > 1<<20 || !isPrime(n.MaglevTableSize)) {
 		return fmt.Errorf("Maglev table size %d: want a prime from 7 to %d (e.g. 251, 509, 1021, 2039, 4093, 8191, 16381)", n.MaglevTableSize, 1<<20)
 	}
@@ -148,6 +194,9 @@ func (n NorthSouth) withDefaults() NorthSouth {
 	}
 	if n.MaxConntrack == 0 {
 		n.MaxConntrack = DefaultNPConntrack
+	}
+	if n.LBMode == "" {
+		n.LBMode = LBModeSNAT
 	}
 	if n.SNATPortMin == 0 && n.SNATPortMax == 0 {
 		n.SNATPortMin, n.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
@@ -244,9 +293,13 @@ type ConntrackEntry struct {
 	BackendID uint32         `json:"backendID,omitempty"`
 	ServiceID uint32         `json:"serviceID"`
 	SNAT      bool           `json:"snat"`
-	Closing   bool           `json:"closing,omitempty"`
-	Replied   bool           `json:"replied,omitempty"`
-	Packets   uint64         `json:"packets"`
+	// DSR: a direct-server-return flow (original: dispatched by this
+	// node; reply and client: recorded from the option on the backend's
+	// node).
+	DSR     bool   `json:"dsr,omitempty"`
+	Closing bool   `json:"closing,omitempty"`
+	Replied bool   `json:"replied,omitempty"`
+	Packets uint64 `json:"packets"`
 	// ExpiresIn is the time left (negative: dead, awaiting reuse).
 	ExpiresIn time.Duration `json:"expiresIn"`
 }
@@ -291,7 +344,8 @@ const (
 
 var npStatNames = [...]string{"xlate_local", "xlate_snat", "ct_hit", "reply", "no_backend", "local_drop",
 	"fragment", "snat_exhausted", "fib_miss", "maglev_miss", "affinity_hit", "backend_gone",
-	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum", "ipv6_exthdr", "other_host", "frag_xlate"}
+	"src_range_drop", "icmp_error", "xdp_fwd", "xdp_partial_csum", "ipv6_exthdr", "other_host", "frag_xlate",
+	"xlate_dsr", "dsr_opt", "dsr_recv", "dsr_mtu"}
 
 // NorthSouthStatNames lists the north-south counters (enum np_stat), in
 // index order.

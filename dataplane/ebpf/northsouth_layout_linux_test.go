@@ -45,8 +45,8 @@ func TestNorthSouthStructsMatchTheCLayout(t *testing.T) {
 			t.Errorf("%s: %d bytes, bpf/README.md documents %d", s.name, s.got, s.want)
 		}
 	}
-	if NPLayoutVersion != 3 || len(npStatNames) != 19 {
-		t.Errorf("layout version %d with %d counters: bpf/README.md documents layout 3 with 19 (np_stat)", NPLayoutVersion, len(npStatNames))
+	if NPLayoutVersion != 4 || len(npStatNames) != 23 {
+		t.Errorf("layout version %d with %d counters: bpf/README.md documents layout 4 with 23 (np_stat)", NPLayoutVersion, len(npStatNames))
 	}
 }
 

@@ -104,6 +104,9 @@ func (b *Backend) loadNorthSouth() (err error) {
 	if err := objs.WaggleNpConfig.Update(uint32(0), &conf, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write %s: %w", MapNPConfig, err)
 	}
+	if err := objs.WaggleNpLbMode.Update(uint32(0), lbModeValue(cfg.LBMode), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write %s: %w", MapNPLBMode, err)
+	}
 	if err := writeDevices(objs.WaggleNpDevices, devs); err != nil {
 		return err
 	}
@@ -147,7 +150,7 @@ func (b *Backend) loadNorthSouth() (err error) {
 		names[i] += ")"
 	}
 	b.log.Info("eBPF north-south load balancing ready", "devices", strings.Join(names, ","),
-		"maglevTableSize", cfg.MaglevTableSize, "snatPorts", fmt.Sprintf("%d-%d", cfg.SNATPortMin, cfg.SNATPortMax))
+		"lbMode", cfg.LBMode, "maglevTableSize", cfg.MaglevTableSize, "snatPorts", fmt.Sprintf("%d-%d", cfg.SNATPortMin, cfg.SNATPortMax))
 	return nil
 }
 
@@ -846,4 +849,4 @@ func removeNorthSouth(dir string) error {
 }
 
 var npPinnedMaps = []string{MapNPConntrack, MapNPAffinity, MapNPDevices, MapNPConfig, MapNPStats, MapNPServices, MapNPMaglev,
-	MapNPSourceRanges, MapNPFragments}
+	MapNPSourceRanges, MapNPFragments, MapNPLBMode}

@@ -31,6 +31,20 @@ func (v *View) npMap(name string) (*ebpf.Map, error) {
 	return m, nil
 }
 
+// LBMode returns the north-south load-balancing mode the programs run with
+// (--bpf-lb-mode: snat, dsr or hybrid).
+func (v *View) LBMode() (string, error) {
+	m, err := v.npMap(MapNPLBMode)
+	if err != nil {
+		return "", err
+	}
+	var mode uint32
+	if err := m.Lookup(uint32(0), &mode); err != nil {
+		return "", fmt.Errorf("read %s: %w", MapNPLBMode, err)
+	}
+	return lbModeName(mode), nil
+}
+
 // NorthSouthStats returns the north-south counters by name, summed over CPUs.
 func (v *View) NorthSouthStats() (map[string]uint64, error) {
 	m, err := v.npMap(MapNPStats)
@@ -70,7 +84,7 @@ func (v *View) Conntrack() ([]ConntrackEntry, error) {
 			Dst:       netip.AddrPortFrom(addrFrom16(k.Dst), fromNet16(k.Dport)),
 			Addr:      netip.AddrPortFrom(addrFrom16(c.Addr), fromNet16(c.Port)),
 			BackendID: c.BackendId, ServiceID: c.RevNatId, SNAT: c.Flags&1 != 0, Closing: c.Flags&2 != 0,
-			Replied: c.Flags&4 != 0, Packets: c.Packets, ExpiresIn: time.Duration(c.ExpiresNs) - now}
+			Replied: c.Flags&4 != 0, DSR: c.Flags&8 != 0, Packets: c.Packets, ExpiresIn: time.Duration(c.ExpiresNs) - now}
 		switch k.Dir {
 		case 1:
 			e.Direction = "reply"

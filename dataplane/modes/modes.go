@@ -27,7 +27,7 @@ func ebpfConfig(mc dataplane.ModeConfig) ebpf.Config {
 	}
 	if len(mc.NodePortDevices) > 0 {
 		c.NorthSouth = &ebpf.NorthSouth{Devices: mc.NodePortDevices, MaglevTableSize: mc.MaglevTableSize, NetNS: mc.NodePortNetNS,
-			Acceleration: mc.LBAcceleration, DisableTCX: mc.DisableTCX}
+			Acceleration: mc.LBAcceleration, LBMode: mc.LBMode, DisableTCX: mc.DisableTCX}
 	}
 	return c
 }

@@ -28,6 +28,8 @@ type MaglevList []ebpf.MaglevEntry
 
 // NorthSouthStatus is `nodeport status`: devices and counters.
 type NorthSouthStatus struct {
+	// LBMode is --bpf-lb-mode (snat, dsr, hybrid; empty: not known).
+	LBMode   string             `json:"lbMode,omitempty"`
 	Devices  []ebpf.DeviceEntry `json:"devices"`
 	Counters map[string]uint64  `json:"counters"`
 }
@@ -53,6 +55,12 @@ func (in *inspector) northSouth(sub string) (any, error) {
 		if st.Devices, err = r.Devices(); err == nil {
 			st.Counters, err = r.NorthSouthStats()
 		}
+		if m, ok := in.src.(interface{ LBMode() (string, error) }); ok && err == nil {
+			// (maps pinned by a proxy before DSR have no mode: left empty)
+			if mode, merr := m.LBMode(); merr == nil {
+				st.LBMode = mode
+			}
+		}
 		res = st
 	}
 	if errors.Is(err, ebpf.ErrNoNorthSouth) {
@@ -68,7 +76,7 @@ func (l ConntrackList) writeTable(w io.Writer) {
 		for _, f := range []struct {
 			on   bool
 			name string
-		}{{e.SNAT, "snat"}, {e.Replied, "replied"}, {e.Closing, "closing"}} {
+		}{{e.SNAT, "snat"}, {e.DSR, "dsr"}, {e.Replied, "replied"}, {e.Closing, "closing"}} {
 			if f.on {
 				flags = append(flags, f.name)
 			}
@@ -118,6 +126,10 @@ func (l MaglevList) writeTable(w io.Writer) {
 }
 
 func (s *NorthSouthStatus) writeTable(w io.Writer) {
+	if s.LBMode != "" {
+		row(w, "MODE", s.LBMode)
+		row(w)
+	}
 	row(w, "IFINDEX", "DEVICE", "MAC", "SNAT ADDRESS", "XDP")
 	for _, d := range s.Devices {
 		xdp := d.XDP
