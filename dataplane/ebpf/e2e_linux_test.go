@@ -795,18 +795,28 @@ func TestRestartWithOtherMapSizesResizesWithoutAGap(t *testing.T) {
 			t.Errorf("pinned services map has %d entries max, want %d", m.MaxEntries, big.MaxServices)
 		}
 	}
-	if who, err := e.whoTCP(ap("10.96.0.10:80")); err != nil || !contains(bes, who) {
-		t.Errorf("connect after resize: %q, %v", who, err)
+	e.stillServes(t, "after resize", bes, stream, "10.96.0.10:80")
+}
+
+// stillServes checks, after a restart that replaced maps, that new TCP
+// connects to each vip and connected UDP to 10.96.0.10:53 reach a backend
+// of bes, and that stream, opened before, still echoes.
+func (e *env) stillServes(t *testing.T, when string, bes []string, stream net.Conn, vips ...string) {
+	t.Helper()
+	for _, vip := range vips {
+		if who, err := e.whoTCP(ap(vip)); err != nil || !contains(bes, who) {
+			t.Errorf("connect to %s %s: %q, %v", vip, when, who, err)
+		}
 	}
 	if _, from, err := e.whoUDP(ap("10.96.0.10:53"), true); err != nil || from != ap("10.96.0.10:53") {
-		t.Errorf("UDP after resize: from %s, %v", from, err)
+		t.Errorf("UDP %s: from %s, %v", when, from, err)
 	}
 	stream.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := stream.Write([]byte("x")); err != nil {
-		t.Fatalf("stream after resize: %v", err)
+		t.Fatalf("stream %s: %v", when, err)
 	}
 	if _, err := io.ReadFull(stream, make([]byte, 1)); err != nil {
-		t.Fatalf("stream after resize: %v", err)
+		t.Fatalf("stream %s: %v", when, err)
 	}
 }
 

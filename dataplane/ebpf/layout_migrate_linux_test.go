@@ -2,7 +2,6 @@ package ebpf
 
 import (
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -118,19 +117,5 @@ func TestLayout1PinnedStateIsMigrated(t *testing.T) {
 	if res, err := b.rec.sync(st); err != nil || res.writes+res.deletes != 0 {
 		t.Errorf("sync after the migration: %d writes, %d deletes, %v; want none", res.writes, res.deletes, err)
 	}
-	for _, vip := range []string{"10.96.0.10:80", "10.96.0.11:80"} {
-		if who, err := e.whoTCP(ap(vip)); err != nil || !contains(bes, who) {
-			t.Errorf("connect to %s after the migration: %q, %v", vip, who, err)
-		}
-	}
-	if _, from, err := e.whoUDP(ap("10.96.0.10:53"), true); err != nil || from != ap("10.96.0.10:53") {
-		t.Errorf("UDP after the migration: from %s, %v", from, err)
-	}
-	stream.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := stream.Write([]byte("x")); err != nil {
-		t.Fatalf("stream after the migration: %v", err)
-	}
-	if _, err := io.ReadFull(stream, make([]byte, 1)); err != nil {
-		t.Fatalf("stream after the migration: %v", err)
-	}
+	e.stillServes(t, "after the migration", bes, stream, "10.96.0.10:80", "10.96.0.11:80")
 }
