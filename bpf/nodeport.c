@@ -1392,10 +1392,14 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 			else
 				stat(NP_STAT_MAGLEV_MISS);
 			sk.slot = h % svc->count + 1;
-			struct lb_service *slot = bpf_map_lookup_elem(&waggle_services, &sk);
-			if (!slot)
-				return xdp ? XDP_PASS : TCX_NEXT;
-			be_id = slot->backend_id;
+			if (svc->count <= LB_INLINE_BACKENDS) {
+				be_id = svc->backends[(sk.slot - 1) & (LB_INLINE_BACKENDS - 1)];
+			} else {
+				struct lb_service *slot = bpf_map_lookup_elem(&waggle_services, &sk);
+				if (!slot)
+					return xdp ? XDP_PASS : TCX_NEXT;
+				be_id = slot->backend_id;
+			}
 		}
 		new_affinity = svc->flags & SVC_FLAG_AFFINITY;
 	}

@@ -183,10 +183,15 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx, int v6, __u32 st
 	}
 	if (!backend_id) {
 		key.slot = pick_slot(ctx, svc->count);
-		slot = bpf_map_lookup_elem(&waggle_services, &key);
-		if (!slot)
-			return refuse(STAT_BACKEND_MISSING, ECONNREFUSED);
-		backend_id = slot->backend_id;
+		if (svc->count <= LB_INLINE_BACKENDS) {
+			/* The master entry holds the backends: no second lookup. */
+			backend_id = svc->backends[(key.slot - 1) & (LB_INLINE_BACKENDS - 1)];
+		} else {
+			slot = bpf_map_lookup_elem(&waggle_services, &key);
+			if (!slot)
+				return refuse(STAT_BACKEND_MISSING, ECONNREFUSED);
+			backend_id = slot->backend_id;
+		}
 	}
 	be = bpf_map_lookup_elem(&waggle_backends, &backend_id);
 	if (!be)

@@ -11,7 +11,7 @@
 #include <linux/types.h>
 
 /* Version of the map layout below, recorded in the meta map. */
-#define WAGGLE_LB_LAYOUT_VERSION 1
+#define WAGGLE_LB_LAYOUT_VERSION 2
 /* "WGGL" as a little-endian u32. */
 #define WAGGLE_LB_MAGIC 0x4c474757
 
@@ -22,6 +22,15 @@
 #define LB_REVERSE_SK_MAX 65536
 #define LB_AFFINITY_MAX 65536
 
+/*
+ * A master entry of a service with at most LB_INLINE_BACKENDS backends holds
+ * their IDs itself (lb_service.backends), and the service has no slot
+ * entries: one map entry per service instead of 1 + count, and one lookup
+ * fewer per connect. Larger services keep one slot entry per backend
+ * (layout 2; layout 1 had slot entries only).
+ */
+#define LB_INLINE_BACKENDS 16
+
 /* lb_service.flags */
 #define SVC_FLAG_AFFINITY (1 << 0) /* sessionAffinity ClientIP */
 #define SVC_FLAG_LOCAL (1 << 1)    /* traffic policy Local applied */
@@ -30,8 +39,8 @@
  * Key of the services map. Addresses are IPv6 (16 bytes, network order);
  * an IPv4 address is stored IPv4-mapped (::ffff:a.b.c.d), so IPv4 sockets,
  * IPv6 sockets and dual-stack sockets connecting to ::ffff:a.b.c.d all find
- * the same entry. Slot 0 is the service's master entry; slots 1..count hold
- * its backends.
+ * the same entry. Slot 0 is the service's master entry; when count exceeds
+ * LB_INLINE_BACKENDS, slots 1..count hold its backends.
  */
 struct lb_service_key {
 	__u8 addr[16];  /* frontend address */
@@ -48,6 +57,9 @@ struct lb_service {
 	__u16 flags;            /* master: SVC_FLAG_*; slot: 0 */
 	__u32 rev_nat_id;       /* the service's ID (key of the rev_nat map) */
 	__u32 affinity_timeout; /* master: seconds of ClientIP affinity, 0 none */
+	/* master with count <= LB_INLINE_BACKENDS: backends[i] is slot i+1's
+	 * backend ID (written with the count in one update); else all 0. */
+	__u32 backends[LB_INLINE_BACKENDS];
 };
 
 /* Value of the backends map (key: __u32 backend ID, never 0). */

@@ -33,7 +33,7 @@ func runProxy(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Mode, "mode", dataplane.ModeAuto, "proxy mode: auto (ebpf where the kernel allows, else iptables), ebpf, iptables or ipvs")
 	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", "", "cgroup v2 directory the eBPF programs attach to (default: the cgroup2 mount's root)")
 	fs.StringVar(&cfg.BPFPinDir, "bpf-pin-dir", "", "where eBPF maps and links are pinned (default: "+ebpf.DefaultPinRoot+"/<node>)")
-	fs.IntVar(&cfg.MaxServices, "bpf-lb-map-max", ebpf.DefaultMaxServices, "size of the eBPF services map (frontends plus backend slots)")
+	fs.IntVar(&cfg.MaxServices, "bpf-lb-map-max", ebpf.DefaultMaxServices, "size of the eBPF services map (one entry per frontend, plus one per backend of a frontend with more than 16)")
 	fs.IntVar(&cfg.MaxBackends, "bpf-lb-backends-max", ebpf.DefaultMaxBackends, "size of the eBPF backends map")
 	fs.IntVar(&cfg.MaxAffinity, "bpf-lb-affinity-max", ebpf.DefaultMaxAffinity, "size of the eBPF session-affinity map")
 	fs.IntVar(&cfg.MaxRevSocks, "bpf-lb-sock-rev-max", ebpf.DefaultMaxReverseSockets, "size of the eBPF reverse-socket map")

@@ -327,7 +327,8 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		t0 := time.Now()
 		create(n)
 		// Wait until the proxy has programmed every frontend: the services
-		// map holds n × (1 + perSvc) entries (and the kubernetes Service's).
+		// map holds n × ServiceEntries(perSvc) entries (and the kubernetes
+		// Service's).
 		var view *ebpf.View
 		for deadline := time.Now().Add(5 * time.Minute); ; {
 			if view == nil {
@@ -338,7 +339,7 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 				if northSouth {
 					frontends = 2 // ClusterIP and ExternalIP
 				}
-				if maps, err := view.Maps(); err == nil && mapEntries(maps, ebpf.MapServices) >= frontends*n*(1+perSvc) {
+				if maps, err := view.Maps(); err == nil && mapEntries(maps, ebpf.MapServices) >= frontends*n*ebpf.ServiceEntries(perSvc) {
 					break
 				}
 			}

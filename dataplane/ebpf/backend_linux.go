@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -99,7 +100,8 @@ func New(cfg Config) (b *Backend, err error) {
 			os.Remove(cfg.PinDir)
 		}
 	}()
-	if err := checkPinnedMeta(cfg.PinDir); err != nil {
+	old, err := checkPinnedMeta(cfg.PinDir)
+	if err != nil {
 		return nil, err
 	}
 	spec, err := loadSockLB()
@@ -117,9 +119,10 @@ func New(cfg Config) (b *Backend, err error) {
 	var resized *resize
 	err = spec.LoadAndAssign(objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: cfg.PinDir}})
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// Map sizes changed: copy into new maps, which the new programs
-		// use from their link update on; the pins move after that.
-		objs, resized, err = loadResized(spec, cfg)
+		// Map sizes changed, or layout 1's services map: copy into new
+		// maps, which the new programs use from their link update on; the
+		// pins move after that.
+		objs, resized, err = loadResized(spec, cfg, old)
 		if err != nil {
 			return nil, err
 		}
@@ -165,7 +168,11 @@ func New(cfg Config) (b *Backend, err error) {
 			objs.Close()
 			return nil, err
 		}
-		b.log.Info("resized pinned maps", "maps", resized.names)
+		if old != 0 && old != LayoutVersion {
+			b.log.Info("migrated pinned maps to this layout", "from", old, "to", LayoutVersion, "maps", resized.names)
+		} else {
+			b.log.Info("resized pinned maps", "maps", resized.names)
+		}
 	}
 	b.sockets = newSocketJanitor(b)
 	if cfg.Metrics != nil {
@@ -248,47 +255,64 @@ func (b *Backend) writeMeta() error {
 	if err := b.objs.WaggleMeta.Lookup(uint32(0), &m); err != nil {
 		return fmt.Errorf("read %s: %w", MapMeta, err)
 	}
-	if m.Magic == Magic {
+	if m.Magic == Magic && m.LayoutVersion == LayoutVersion {
 		return nil
 	}
-	m = sockLBLbMeta{Magic: Magic, LayoutVersion: LayoutVersion, CreatedUnix: uint64(time.Now().Unix())}
+	if m.Magic != Magic { // else a migrated layout: keep its creation time
+		m.CreatedUnix = uint64(time.Now().Unix())
+	}
+	m.Magic, m.LayoutVersion = Magic, LayoutVersion
 	if err := b.objs.WaggleMeta.Update(uint32(0), &m, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write %s: %w", MapMeta, err)
 	}
 	return nil
 }
 
+// migratableLayout is the older layout a starting proxy converts (layout
+// 1: every backend in a slot entry; see loadResized).
+const migratableLayout = 1
+
 // checkPinnedMeta refuses pinned state from another layout version
-// before anything is loaded over it.
-func checkPinnedMeta(dir string) error {
+// before anything is loaded over it, except migratableLayout, which the
+// proxy converts; it returns the pinned layout (0: none yet).
+func checkPinnedMeta(dir string) (uint32, error) {
 	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, MapMeta), &ebpf.LoadPinOptions{ReadOnly: true})
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return fmt.Errorf("open pinned %s: %w", MapMeta, err)
+		return 0, fmt.Errorf("open pinned %s: %w", MapMeta, err)
 	}
 	defer m.Close()
-	return checkMeta(m, dir)
+	return checkMeta(m, dir, migratableLayout)
 }
 
-func checkMeta(m *ebpf.Map, dir string) error {
+// checkMeta returns the layout version of the pinned state, refusing any
+// but LayoutVersion and the migratable ones listed.
+func checkMeta(m *ebpf.Map, dir string, migratable ...uint32) (uint32, error) {
 	if m.ValueSize() != 16 {
-		return fmt.Errorf("%s: meta value size %d, want 16: %w", dir, m.ValueSize(), ErrLayoutMismatch)
+		return 0, fmt.Errorf("%s: meta value size %d, want 16: %w", dir, m.ValueSize(), ErrLayoutMismatch)
 	}
 	var raw [16]byte
 	if err := m.Lookup(uint32(0), &raw); err != nil {
-		return fmt.Errorf("read pinned %s: %w", MapMeta, err)
+		return 0, fmt.Errorf("read pinned %s: %w", MapMeta, err)
 	}
 	magic, ver := binary.LittleEndian.Uint32(raw[0:]), binary.LittleEndian.Uint32(raw[4:])
 	if magic == 0 {
-		return nil // created but never stamped: ours, stamped on load
+		return 0, nil // created but never stamped: ours, stamped on load
+	}
+	if magic == Magic && slices.Contains(migratable, ver) {
+		return ver, nil
 	}
 	if magic != Magic || ver != LayoutVersion {
-		return fmt.Errorf("%s holds map layout %d (magic %#x); this Waggle uses layout %d: "+
+		if magic == Magic && ver == migratableLayout {
+			return 0, fmt.Errorf("%s holds map layout %d; this Waggle uses layout %d: "+
+				"a starting proxy converts it: %w", dir, ver, LayoutVersion, ErrLayoutMismatch)
+		}
+		return 0, fmt.Errorf("%s holds map layout %d (magic %#x); this Waggle uses layout %d: "+
 			"clean the old state up with the Waggle that wrote it: %w", dir, ver, magic, LayoutVersion, ErrLayoutMismatch)
 	}
-	return nil
+	return ver, nil
 }
 
 // Name is "ebpf".

@@ -28,7 +28,7 @@ import (
 // a fresh network namespace with backends on loopback addresses, and this
 // test process moved into the cgroup so its sockets are load-balanced.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	ns     *testutil.NetNS
 	cgroup string
 	cfg    Config
@@ -37,7 +37,7 @@ type env struct {
 
 const testPinRoot = "/sys/fs/bpf/waggle-test"
 
-func newEnv(t *testing.T, tweak ...func(*Config)) *env {
+func newEnv(t testing.TB, tweak ...func(*Config)) *env {
 	t.Helper()
 	testutil.RequiresKernelFeature(t, testutil.CgroupSockAddr)
 	testutil.RequiresKernelFeature(t, testutil.BTF)
@@ -65,7 +65,7 @@ func newEnv(t *testing.T, tweak ...func(*Config)) *env {
 	return &env{t: t, ns: n, cgroup: cg, cfg: cfg, b: b}
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))

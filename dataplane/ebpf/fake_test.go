@@ -105,8 +105,10 @@ func (f *fakeMaps) tables() tables {
 }
 
 // consistent reports the first violation of what the programs rely on:
-// every master entry's slots 1..count exist and name a backend that
-// exists, and the rev_nat entry of its ID names the frontend.
+// every master entry's slots 1..count (its own when count ≤ inlineBackends,
+// else slot entries) exist and name a backend that exists, an inline
+// master's unused IDs are 0, and the rev_nat entry of its ID names the
+// frontend.
 func consistent(t tables) error {
 	svc := map[sockLBLbServiceKey]sockLBLbService{}
 	be := map[uint32]bool{}
@@ -121,6 +123,20 @@ func consistent(t tables) error {
 		fk := frontendOf(k)
 		if r, ok := rev[v.RevNatId]; !ok || r != revNatValue(fk) {
 			return fmt.Errorf("%s: rev_nat %d missing or wrong", fk, v.RevNatId)
+		}
+		if int(v.Count) <= inlineBackends {
+			for i, id := range v.Backends {
+				if i < int(v.Count) && !be[id] {
+					return fmt.Errorf("%s: inline slot %d names missing backend %d", fk, i+1, id)
+				}
+				if i >= int(v.Count) && id != 0 {
+					return fmt.Errorf("%s: inline slot %d beyond count %d names backend %d", fk, i+1, v.Count, id)
+				}
+			}
+			continue
+		}
+		if v.Backends != ([inlineBackends]uint32{}) {
+			return fmt.Errorf("%s: count %d > %d with inline backends %v", fk, v.Count, inlineBackends, v.Backends)
 		}
 		for s := uint16(1); s <= v.Count; s++ {
 			sk := k
@@ -150,9 +166,16 @@ func dumpTables(t tables) string {
 	slices.SortFunc(svcs, func(a, b svcLine) int {
 		return cmp.Or(frontendOf(a.k).Compare(frontendOf(b.k)), cmp.Compare(a.k.Slot, b.k.Slot))
 	})
-	fmt.Fprintf(&b, "# %s: frontend slot -> backend_id count flags rev_nat_id affinity_timeout\n", MapServices)
+	fmt.Fprintf(&b, "# %s: frontend slot -> backend_id count flags rev_nat_id affinity_timeout [inline backend IDs]\n", MapServices)
 	for _, s := range svcs {
-		fmt.Fprintf(&b, "%s %d -> %d %d %#x %d %d\n", frontendOf(s.k), s.k.Slot, s.v.BackendId, s.v.Count, s.v.Flags, s.v.RevNatId, s.v.AffinityTimeout)
+		fmt.Fprintf(&b, "%s %d -> %d %d %#x %d %d", frontendOf(s.k), s.k.Slot, s.v.BackendId, s.v.Count, s.v.Flags, s.v.RevNatId, s.v.AffinityTimeout)
+		if n := slices.IndexFunc(s.v.Backends[:], func(id uint32) bool { return id == 0 }); n != 0 {
+			if n < 0 {
+				n = inlineBackends
+			}
+			fmt.Fprintf(&b, " %v", s.v.Backends[:n])
+		}
+		b.WriteByte('\n')
 	}
 	dumpIDs(&b, MapBackends+": id -> backend", t.backends, func(v sockLBLbBackend) string { return backendKeyOf(v).String() })
 	dumpIDs(&b, MapRevNat+": id -> frontend", t.revNat, func(v sockLBLbRevNat) string {

@@ -22,6 +22,12 @@ const (
 	MapStats          = "waggle_stats"
 )
 
+// ServiceEntries is how many services-map entries a frontend with n
+// backends takes (what --bpf-lb-map-max counts): its master entry, which
+// holds up to 16 backend IDs itself, plus one slot entry per backend above
+// that.
+func ServiceEntries(n int) int { return 1 + slotEntries(n) }
+
 // LinkDir is the pin directory's subdirectory holding one pinned link per
 // program, named after the program.
 const LinkDir = "links"

@@ -26,8 +26,10 @@ var copyOrder = []string{MapMeta, MapBackends, MapRevNat, MapServiceNames, MapSe
 
 // loadResized loads the objects with fresh, unpinned maps of the configured
 // sizes, filled with the pinned maps' entries. Only sizes may differ: a
-// different type or key/value size is another layout.
-func loadResized(spec *ebpf.CollectionSpec, cfg Config) (*sockLBObjects, *resize, error) {
+// different type or key/value size is another layout — except the services
+// map of layout 1 (layout is what checkPinnedMeta found), whose entries are
+// converted (convertServicesV1); writeMeta then stamps this layout.
+func loadResized(spec *ebpf.CollectionSpec, cfg Config, layout uint32) (*sockLBObjects, *resize, error) {
 	r := &resize{dir: cfg.PinDir, old: map[string]*ebpf.Map{}, fresh: map[string]*ebpf.Map{}}
 	closeOld := func() {
 		for _, m := range r.old {
@@ -44,6 +46,10 @@ func loadResized(spec *ebpf.CollectionSpec, cfg Config) (*sockLBObjects, *resize
 			return nil, nil, fmt.Errorf("open pinned map %s: %w", name, err)
 		}
 		r.old[name] = m
+		if layout == 1 && name == MapServices && m.Type() == ms.Type && m.KeySize() == ms.KeySize && m.ValueSize() == v1ServiceSize {
+			r.names = append(r.names, name)
+			continue
+		}
 		if m.Type() != ms.Type || m.KeySize() != ms.KeySize || m.ValueSize() != ms.ValueSize {
 			closeOld()
 			return nil, nil, fmt.Errorf("pinned map %s is %s %d/%d bytes, this Waggle uses %s %d/%d: %w",
@@ -68,7 +74,11 @@ func loadResized(spec *ebpf.CollectionSpec, cfg Config) (*sockLBObjects, *resize
 		MapMeta: objs.WaggleMeta, MapStats: objs.WaggleStats,
 	}
 	for _, name := range copyOrder {
-		if err := copyMap(r.old[name], r.fresh[name], name); err != nil {
+		cp := copyMap
+		if o := r.old[name]; name == MapServices && o != nil && o.ValueSize() == v1ServiceSize {
+			cp = convertServicesV1
+		}
+		if err := cp(r.old[name], r.fresh[name], name); err != nil {
 			objs.Close()
 			closeOld()
 			return nil, nil, err
@@ -76,6 +86,73 @@ func loadResized(spec *ebpf.CollectionSpec, cfg Config) (*sockLBObjects, *resize
 	}
 	slices.Sort(r.names)
 	return objs, r, nil
+}
+
+// v1ServiceSize is lb_service's size in layout 1 (no inline backends).
+const v1ServiceSize = 16
+
+// convertServicesV1 copies a layout-1 services map (a master entry and one
+// slot entry per backend for every frontend) into this layout's: a master
+// of at most inlineBackends backends takes their IDs inline (a missing slot
+// stays 0, refused as before) and its slot entries are dropped; larger
+// frontends keep their slot entries. Slots are written before masters.
+func convertServicesV1(from, to *ebpf.Map, name string) error {
+	type v1 struct {
+		BackendID       uint32
+		Count           uint16
+		Flags           uint16
+		RevNatID        uint32
+		AffinityTimeout uint32
+	}
+	var k sockLBLbServiceKey
+	var v v1
+	masters := map[sockLBLbServiceKey]sockLBLbService{}
+	slots := map[sockLBLbServiceKey]sockLBLbService{}
+	it := from.Iterate()
+	for it.Next(&k, &v) {
+		nv := sockLBLbService{BackendId: v.BackendID, Count: v.Count, Flags: v.Flags, RevNatId: v.RevNatID, AffinityTimeout: v.AffinityTimeout}
+		if k.Slot == 0 {
+			masters[k] = nv
+		} else {
+			slots[k] = nv
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read pinned map %s: %w", name, err)
+	}
+	for mk, m := range masters {
+		if int(m.Count) > inlineBackends {
+			continue
+		}
+		for i := range int(m.Count) {
+			sk := mk
+			sk.Slot = uint16(i + 1)
+			m.Backends[i] = slots[sk].BackendId // 0 when missing
+		}
+		masters[mk] = m
+	}
+	var keys []sockLBLbServiceKey
+	var vals []sockLBLbService
+	for sk, s := range slots {
+		mk := sk
+		mk.Slot = 0
+		if m, ok := masters[mk]; ok && int(m.Count) <= inlineBackends {
+			continue // now inline (or beyond an inline count: unreachable)
+		}
+		keys, vals = append(keys, sk), append(vals, s)
+	}
+	for mk, m := range masters {
+		keys, vals = append(keys, mk), append(vals, m)
+	}
+	if len(keys) > int(to.MaxEntries()) {
+		return fmt.Errorf("map %s holds %d entries, more than the new size %d: %w", name, len(keys), to.MaxEntries(), errMapFull(name, errE2BIG))
+	}
+	for i := range keys {
+		if err := to.Update(&keys[i], &vals[i], ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("convert map %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // copyMap copies every entry of from (nil: nothing) into to.

@@ -73,6 +73,7 @@ type sockLBLbService struct {
 	Flags           uint16
 	RevNatId        uint32
 	AffinityTimeout uint32
+	Backends        [16]uint32
 }
 
 type sockLBLbServiceKey struct {

@@ -43,15 +43,21 @@ type tables struct {
 type programmed struct {
 	id        uint32
 	hasMaster bool
-	count     int          // the master's count
-	slots     []uint32     // backend ID per slot (index 0 is slot 1); 0: missing
-	keys      []backendKey // the backends of slots, as last synced (nil after restore)
-	flags     uint16
-	timeout   uint32
-	kind      dataplane.FrontendKind
-	name      string
-	svc       dataplane.ServicePortName // as last synced (zero after restore)
-	seen      uint64                    // the sync generation that last saw it desired
+	count     int      // the master's count
+	slots     []uint32 // backend ID per slot (index 0 is slot 1); 0: missing
+	// inline: slots are the master entry's own (count ≤ inlineBackends);
+	// else they are the slot entries.
+	inline bool
+	// entries: slot entries in the map (keys 1..entries): len(slots)
+	// unless inline, where it is 0 but for slot entries left over.
+	entries int
+	keys    []backendKey // the backends of slots, as last synced (nil after restore)
+	flags   uint16
+	timeout uint32
+	kind    dataplane.FrontendKind
+	name    string
+	svc     dataplane.ServicePortName // as last synced (zero after restore)
+	seen    uint64                    // the sync generation that last saw it desired
 	// terminateTCP: TCP sockets to a backend it loses are destroyed too.
 	terminateTCP bool
 	// maglev: its Maglev table is written for exactly these slots.
@@ -114,7 +120,7 @@ func newReconciler(t tables, maxServices, maxBackends int) *reconciler {
 func (r *reconciler) entries() int {
 	n := 0
 	for _, p := range r.fronts {
-		n += len(p.slots)
+		n += p.entries
 		if p.hasMaster {
 			n++
 		}
@@ -128,6 +134,8 @@ func (r *reconciler) restore() error {
 	r.beIDs = map[backendKey]uint32{}
 	r.beByID = map[uint32]backendRef{}
 	refs := map[uint32]int32{} // slots naming each backend ID, until the backends are read
+	maxSlotID := uint32(0)     // the highest backend ID any entry names
+	inl := map[*programmed][]uint32{}
 	r.nextSvc, r.nextBe = 1, 1
 	r.orphanRev = nil
 	get := func(k dataplane.FrontendKey) *programmed {
@@ -148,23 +156,40 @@ func (r *reconciler) restore() error {
 			p.count = int(v.Count)
 			p.flags = v.Flags
 			p.timeout = v.AffinityTimeout
+			if p.count <= inlineBackends {
+				inl[p] = slices.Clone(v.Backends[:p.count])
+				for _, id := range inl[p] {
+					maxSlotID = max(maxSlotID, id)
+				}
+			}
 			return true
 		}
 		for len(p.slots) < int(k.Slot) {
 			p.slots = append(p.slots, 0)
 		}
 		p.slots[k.Slot-1] = v.BackendId
-		refs[v.BackendId]++
+		maxSlotID = max(maxSlotID, v.BackendId)
 		return true
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", MapServices, err)
 	}
-	// No new backend gets an ID a slot names, even one missing from the
-	// backends map: its reference count would include that slot.
-	for id := range refs {
-		r.nextBe = max(r.nextBe, id+1)
+	// An inline master's slots are its own; slot entries it has are left
+	// over (a sync failed before deleting them) and name nothing.
+	for _, p := range r.fronts {
+		p.entries = len(p.slots)
+		if ids, ok := inl[p]; ok {
+			p.inline, p.slots = true, ids
+		}
+		for _, id := range p.slots {
+			if id != 0 {
+				refs[id]++
+			}
+		}
 	}
+	// No new backend gets an ID an entry names, even one missing from the
+	// backends map: its reference count would include that slot.
+	r.nextBe = max(r.nextBe, maxSlotID+1)
 	ids := map[uint32]*programmed{}
 	for _, p := range r.fronts {
 		if p.id != 0 {
@@ -410,8 +435,10 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			if p.hasMaster {
 				masters = append(masters, serviceKey(k, 0))
 			}
-			for i, id := range p.slots {
+			for i := range p.entries {
 				slots = append(slots, serviceKey(k, uint16(i+1)))
+			}
+			for _, id := range p.slots {
 				if id != 0 {
 					res.lost = append(res.lost, r.lost(p, k, id))
 				}
@@ -453,7 +480,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			for _, id := range p.slots {
 				r.release(id)
 			}
-			r.used -= len(p.slots)
+			r.used -= p.entries
 			if p.hasMaster {
 				r.used--
 			}
@@ -494,9 +521,9 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	accepted := make([]want, 0, len(wants))
 	for _, w := range wants {
 		p := r.fronts[w.key]
-		growth := len(w.backends)
+		growth := slotEntries(len(w.backends))
 		if p != nil {
-			growth = max(0, len(w.backends)-len(p.slots))
+			growth = max(0, growth-p.entries)
 			if !p.hasMaster {
 				growth++
 			}
@@ -583,9 +610,17 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			newNames.add(p.id, nameValue(w.kind, w.name))
 		}
 		p.slots = w.ids
-		visible := old != nil && old.hasMaster
+		p.inline = len(w.ids) <= inlineBackends
+		p.entries = slotEntries(len(w.ids))
+		// Slot entries are read only through a master entry that is not
+		// inline: those of a frontend whose master is missing or inline
+		// are hidden until its new master entry is written.
+		visible := old != nil && old.hasMaster && !old.inline
 		for i, id := range w.ids {
-			if old == nil || i >= len(old.slots) || old.slots[i] != id || old.id != p.id {
+			if p.inline {
+				break
+			}
+			if old == nil || old.inline || i >= old.entries || old.slots[i] != id || old.id != p.id {
 				if visible {
 					slotKeys = append(slotKeys, serviceKey(w.key, uint16(i+1)))
 					slotVals = append(slotVals, sockLBLbService{BackendId: id, RevNatId: p.id})
@@ -595,16 +630,20 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			}
 		}
 		if old == nil || !old.hasMaster || old.count != p.count || old.flags != p.flags ||
-			old.timeout != p.timeout || old.id != p.id {
+			old.timeout != p.timeout || old.id != p.id || old.inline != p.inline ||
+			p.inline && !slices.Equal(old.slots, p.slots) {
+			v := sockLBLbService{Count: uint16(p.count), Flags: p.flags, RevNatId: p.id, AffinityTimeout: p.timeout}
+			if p.inline {
+				copy(v.Backends[:], p.slots)
+			}
 			masterKeys = append(masterKeys, serviceKey(w.key, 0))
-			masterVals = append(masterVals, sockLBLbService{Count: uint16(p.count), Flags: p.flags,
-				RevNatId: p.id, AffinityTimeout: p.timeout})
+			masterVals = append(masterVals, v)
 		}
 		if old != nil {
 			for _, id := range old.slots {
 				r.release(id)
 			}
-			for i := len(w.backends); i < len(old.slots); i++ {
+			for i := p.entries; i < old.entries; i++ {
 				staleKeys = append(staleKeys, serviceKey(w.key, uint16(i+1)))
 			}
 			for _, id := range old.slots {
@@ -670,12 +709,12 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	for i := range next {
 		k, p := accepted[i].key, &next[i]
 		if old := r.fronts[k]; old != nil {
-			r.used -= len(old.slots)
+			r.used -= old.entries
 			if old.hasMaster {
 				r.used--
 			}
 		}
-		r.used += len(p.slots) + 1
+		r.used += p.entries + 1
 		r.fronts[k] = p
 	}
 
@@ -721,6 +760,19 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		return res, &dataplane.RejectedFrontends{Errs: res.rejected, Hint: "raise --bpf-lb-map-max or --bpf-lb-backends-max"}
 	}
 	return res, nil
+}
+
+// inlineBackends is how many backend IDs a master entry holds itself
+// (LB_INLINE_BACKENDS).
+const inlineBackends = len(sockLBLbService{}.Backends)
+
+// slotEntries is how many slot entries a frontend with n backends has: none
+// when its master entry holds them.
+func slotEntries(n int) int {
+	if n <= inlineBackends {
+		return 0
+	}
+	return n
 }
 
 // parallelMin is the smallest sync (backends and frontends to write) whose

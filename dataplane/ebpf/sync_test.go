@@ -88,7 +88,7 @@ func TestGeneratedStructsMatchTheCLayout(t *testing.T) {
 		got, want uintptr
 	}{
 		{"lb_service_key", unsafe.Sizeof(sockLBLbServiceKey{}), 24},
-		{"lb_service", unsafe.Sizeof(sockLBLbService{}), 16},
+		{"lb_service", unsafe.Sizeof(sockLBLbService{}), 80},
 		{"lb_backend", unsafe.Sizeof(sockLBLbBackend{}), 20},
 		{"lb_rev_nat", unsafe.Sizeof(sockLBLbRevNat{}), 20},
 		{"lb_reverse_sk_key", unsafe.Sizeof(sockLBLbReverseSkKey{}), 32},
@@ -158,7 +158,8 @@ func TestRestartRestoresIDsAndWritesNothing(t *testing.T) {
 }
 
 // randomState draws frontends over a small pool so transitions add,
-// remove, grow, shrink and reorder backends.
+// remove, grow, shrink and reorder backends, and move frontends between
+// inline backends (≤ inlineBackends) and slot entries.
 func randomState(rng *rand.Rand) *dataplane.State {
 	var fs []dataplane.Frontend
 	for i := range 8 {
@@ -171,7 +172,11 @@ func randomState(rng *rand.Rand) *dataplane.State {
 			proto = dataplane.UDP
 		}
 		var bes []string
-		for _, j := range rng.Perm(10)[:rng.IntN(6)] {
+		n := rng.IntN(6)
+		if rng.IntN(3) == 0 {
+			n = rng.IntN(inlineBackends + 8)
+		}
+		for _, j := range rng.Perm(inlineBackends + 8)[:n] {
 			bes = append(bes, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(j)}), 8080).String())
 		}
 		f := fe(vip.String(), proto, bes...)
@@ -254,7 +259,7 @@ func TestLostBackendsAndAffinityEntriesAreCleanedUp(t *testing.T) {
 }
 
 func TestFullMapsLeaveFrontendsOutAndNameThem(t *testing.T) {
-	r, f := newFakeReconciler(t, 7, 1024) // room for two frontends of two backends
+	r, f := newFakeReconciler(t, 2, 1024) // room for two frontends (their backends inline)
 	st := sorted(fe("10.96.0.1:80", dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80"),
 		fe("10.96.0.2:80", dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80"),
 		fe("10.96.0.3:80", dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80"))
@@ -262,8 +267,8 @@ func TestFullMapsLeaveFrontendsOutAndNameThem(t *testing.T) {
 	if !errors.Is(err, dataplane.ErrMapFull) || !strings.Contains(err.Error(), "10.96.0.3:80/TCP") {
 		t.Fatalf("sync: %v, want ErrMapFull naming 10.96.0.3:80/TCP", err)
 	}
-	if len(res.rejected) != 1 || len(f.services.m) != 6 {
-		t.Errorf("rejected %v, %d service entries; want 1 rejected and 6 entries", res.rejected, len(f.services.m))
+	if len(res.rejected) != 1 || len(f.services.m) != 2 {
+		t.Errorf("rejected %v, %d service entries; want 1 rejected and 2 entries", res.rejected, len(f.services.m))
 	}
 	// Backends map full.
 	r2, _ := newFakeReconciler(t, 1024, 2)
@@ -485,11 +490,11 @@ func BenchmarkApplyOneEndpointChangeAt10k(b *testing.B) {
 }
 
 // TestEveryRejectedFrontendIsNamed is the reproduction: a services
-// map of 64 entries and 30 Services of 2 endpoints (3 entries each): 21 fit,
-// and each of the other 9 comes back as its own FrontendError naming its
-// Service, not only the first five in a message.
+// map of 21 entries and 30 Services of 2 endpoints (one entry each, the
+// backends inline): 21 fit, and each of the other 9 comes back as its own
+// FrontendError naming its Service, not only the first five in a message.
 func TestEveryRejectedFrontendIsNamed(t *testing.T) {
-	r, _ := newFakeReconciler(t, 64, 1024)
+	r, _ := newFakeReconciler(t, 21, 1024)
 	var fs []dataplane.Frontend
 	for i := range 30 {
 		f := fe(fmt.Sprintf("10.96.0.%d:80", i+1), dataplane.TCP, "10.244.0.1:80", "10.244.0.2:80")
@@ -597,7 +602,7 @@ func TestSlotsWrittenBeforeTheirRevNatAreRepaired(t *testing.T) {
 	tb := f.tables()
 	tb.revNat = failingTable[uint32, sockLBLbRevNat]{tb.revNat, &left}
 	r := newReconciler(tb, 1<<16, 1<<16)
-	st := bigState(1000, 10)
+	st := bigState(1000, inlineBackends+4) // slot entries
 	if _, err := r.sync(st); !errors.Is(err, errInjected) {
 		t.Fatalf("sync returned %v, want the injected fault", err)
 	}

@@ -47,7 +47,7 @@ func OpenPinned(dir string) (*View, error) {
 		}
 		v.maps[name] = m
 	}
-	if err := checkMeta(v.maps[MapMeta], dir); err != nil {
+	if _, err := checkMeta(v.maps[MapMeta], dir); err != nil {
 		v.Close()
 		return nil, err
 	}
@@ -147,6 +147,9 @@ func (v *View) Services() ([]Service, error) {
 				AffinityTimeout: time.Duration(s.AffinityTimeout) * time.Second}
 			svc.Address = svc.Frontend.String()
 			svc.Kind, svc.Name = nameOf(names[s.RevNatId])
+			if svc.Count <= inlineBackends {
+				svc.Slots = inlineSlots(s, backends)
+			}
 			byKey[mk] = svc
 			return
 		}
@@ -158,9 +161,12 @@ func (v *View) Services() ([]Service, error) {
 	}
 	out := make([]Service, 0, len(byKey))
 	for k, svc := range byKey {
-		ss := slots[k]
-		slices.SortFunc(ss, func(a, b Slot) int { return cmp.Compare(a.Slot, b.Slot) })
-		svc.Slots = ss
+		// An inline master's slot entries (left over) are unreachable.
+		if svc.Count > inlineBackends {
+			ss := slots[k]
+			slices.SortFunc(ss, func(a, b Slot) int { return cmp.Compare(a.Slot, b.Slot) })
+			svc.Slots = ss
+		}
 		out = append(out, *svc)
 	}
 	slices.SortFunc(out, func(a, b Service) int { return a.Frontend.Compare(b.Frontend) })
@@ -430,6 +436,18 @@ func (v *View) Frontend(k dataplane.FrontendKey) (svc Service, ok bool, err erro
 	}
 	svc = Service{ID: m.RevNatId, Frontend: k, Address: k.String(), Count: int(m.Count), Flags: m.Flags,
 		AffinityTimeout: time.Duration(m.AffinityTimeout) * time.Second}
+	if svc.Count <= inlineBackends {
+		bes := map[uint32]BackendEntry{}
+		for _, id := range m.Backends[:svc.Count] {
+			var b sockLBLbBackend
+			if err := v.maps[MapBackends].Lookup(id, &b); err == nil {
+				bk := backendKeyOf(b)
+				bes[id] = BackendEntry{ID: id, Backend: bk.addrPort(), Protocol: protoName(bk.proto), Terminating: bk.terminating}
+			}
+		}
+		svc.Slots = inlineSlots(m, bes)
+		return svc, true, nil
+	}
 	for i := 1; i <= int(m.Count); i++ {
 		var s sockLBLbService
 		slot := Slot{Slot: i}
@@ -444,4 +462,18 @@ func (v *View) Frontend(k dataplane.FrontendKey) (svc Service, ok bool, err erro
 		svc.Slots = append(svc.Slots, slot)
 	}
 	return svc, true, nil
+}
+
+// inlineSlots decodes the slots a master entry holds itself; an ID the
+// backends map lacks gives an invalid Backend, a zero ID a missing slot.
+func inlineSlots(m sockLBLbService, backends map[uint32]BackendEntry) []Slot {
+	out := make([]Slot, 0, m.Count)
+	for i, id := range m.Backends[:min(int(m.Count), inlineBackends)] {
+		if id == 0 {
+			continue // as a missing slot entry
+		}
+		be := backends[id]
+		out = append(out, Slot{Slot: i + 1, BackendID: id, Backend: be.Backend, Terminating: be.Terminating})
+	}
+	return out
 }
