@@ -108,6 +108,16 @@ func TestRuntimeConformance(t *testing.T) {
 				if code, err := rt.Exec(ctx, id, []string{"/waggle-echo", "stdin-echo"}, runtime.ExecOptions{Stdin: strings.NewReader("abc"), Stdout: &out}); err != nil || code != 0 || out.String() != "abc" {
 					t.Errorf("exec stdin-echo: %d %v %q", code, err, out.String())
 				}
+				// Upstream's CRI spec: no tmpfs of containerd's default spec on /run.
+				out.Reset()
+				if code, err := rt.Exec(ctx, id, []string{"/waggle-echo", "cat", "/proc/self/mounts"}, runtime.ExecOptions{Stdout: &out}); err != nil || code != 0 {
+					t.Errorf("cat /proc/self/mounts: %d %v", code, err)
+				}
+				for _, l := range strings.Split(out.String(), "\n") {
+					if f := strings.Fields(l); len(f) > 1 && f[1] == "/run" {
+						t.Errorf("a mount on /run: %s", l)
+					}
+				}
 				if _, err := rt.Stats(ctx, id); err != nil {
 					t.Errorf("stats: %v", err)
 				}

@@ -526,7 +526,10 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 // newContainer creates container id of cfg from image: its snapshot, spec
 // and labels.
 func (c *Containerd) newContainer(ctx context.Context, id, cgroup string, image containerd.Image, cfg ContainerConfig) (containerd.Container, error) {
-	opts := []oci.SpecOpts{oci.WithImageConfig(image)}
+	// No tmpfs on /run: containerd's default spec has one, upstream's CRI
+	// spec removes it (the image's /run is the container's), and it was a
+	// mount more for runc per container.
+	opts := []oci.SpecOpts{oci.WithImageConfig(image), oci.WithoutRunMount}
 	switch {
 	case len(cfg.Command) > 0:
 		opts = append(opts, oci.WithProcessArgs(append(append([]string{}, cfg.Command...), cfg.Args...)...))
