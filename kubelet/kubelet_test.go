@@ -473,40 +473,6 @@ func TestStatusKeepsOtherWritersConditions(t *testing.T) {
 	}
 }
 
-// TestStatusIsAPatchKeepingLaterConditionsOfOthers: the kubelet writes a
-// pod's status as patches of pods/status (as upstream's status manager),
-// never a whole-status update, and a condition another writer added after
-// the kubelet's last write survives its next one.
-func TestStatusIsAPatchKeepingLaterConditionsOfOthers(t *testing.T) {
-	h := newHarness(t, nil)
-	h.create(echoPod("patched", nil))
-	p := h.waitPod("patched", "running", running)
-	p.Status.Conditions = append(p.Status.Conditions, v1.PodCondition{Type: "example.com/late", Status: v1.ConditionTrue})
-	if _, err := h.cs.CoreV1().Pods("default").UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	h.rt.Exit(h.current("patched", "echo").ID, 1, "Error")
-	p = h.waitPod("patched", "restarted", func(p *v1.Pod) bool { return p.Status.ContainerStatuses[0].RestartCount == 1 && running(p) })
-	if cond(p, "example.com/late") != v1.ConditionTrue {
-		t.Errorf("a condition another writer added later was lost: %v", p.Status.Conditions)
-	}
-	var patches, updates int
-	for _, a := range h.cs.Actions() {
-		if a.GetResource().Resource != "pods" || a.GetSubresource() != "status" {
-			continue
-		}
-		switch a.GetVerb() {
-		case "patch":
-			patches++
-		case "update":
-			updates++
-		}
-	}
-	if patches < 2 || updates != 1 {
-		t.Errorf("pods/status: %d patches (want ≥ 2: running, restarted), %d updates (want 1, the test's own)", patches, updates)
-	}
-}
-
 func TestImageNeverPullMissingImageWaits(t *testing.T) {
 	h := newHarness(t, nil)
 	h.create(echoPod("noimg", func(p *v1.Pod) {

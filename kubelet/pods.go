@@ -136,10 +136,9 @@ type podWorker struct {
 	resizePending, resizeError *resizeCondition
 	lastStatus                 *v1.PodStatus
 	// stored is the pod as the API returned it for the last status
-	// write, what the next status patch is computed against (or the pod
-	// as the watch delivered it, if later); with it nil, the pod as
-	// delivered, unless storedUnknown (a write failed): then the pod is
-	// read first.
+	// write, what the next status write goes over (or the pod as the
+	// watch delivered it, if later); with it nil, the pod as delivered,
+	// unless storedUnknown (a write failed): then the pod is read first.
 	stored        *v1.Pod
 	storedUnknown bool
 	terminal      bool
