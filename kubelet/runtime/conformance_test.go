@@ -287,12 +287,8 @@ func TestContainerdStdinContainerLogs(t *testing.T) {
 // start time, and the exit record keeps the start time for every later
 // runtime.
 func TestContainerdStartTimeSurvivesARestartedKubelet(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs containerd")
-	}
-	testutil.RequiresRoot(t)
-	c := ktest.StartContainerd(t)
-	ns := testutil.UniqueName("rt")
+	testutil.RequiresRoot(t) // skipped in -short
+	c, ns := ktest.StartContainerd(t), testutil.UniqueName("rt")
 	ktest.ImportEcho(t, c, ns)
 	open := func() *runtime.Containerd {
 		rt, err := runtime.NewContainerd(runtime.ContainerdOptions{Address: c.Address(), Namespace: ns})
