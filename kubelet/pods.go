@@ -135,7 +135,13 @@ type podWorker struct {
 	// (resize.go); nil when there is none.
 	resizePending, resizeError *resizeCondition
 	lastStatus                 *v1.PodStatus
-	terminal                   bool
+	// stored is the pod as the API returned it for the last status
+	// write, what the next status write goes over (or the pod as the
+	// watch delivered it, if later); with it nil, the pod as delivered,
+	// unless storedUnknown (a write failed): then the pod is read first.
+	stored        *v1.Pod
+	storedUnknown bool
+	terminal      bool
 	// deadlineExceeded: spec.activeDeadlineSeconds ran out (the pod
 	// fails with reason DeadlineExceeded); deadlineAt is the deadline a
 	// wake-up is set for.
@@ -316,7 +322,7 @@ func (w *podWorker) sync(ctx context.Context) (done bool, err error) {
 	}
 	ctrs := w.containers()
 	if w.statusReset.Swap(false) {
-		w.lastStatus = nil
+		w.lastStatus, w.stored, w.storedUnknown = nil, nil, true
 	}
 
 	if gone || pod.DeletionTimestamp != nil {

@@ -108,6 +108,16 @@ func TestRuntimeConformance(t *testing.T) {
 				if code, err := rt.Exec(ctx, id, []string{"/waggle-echo", "stdin-echo"}, runtime.ExecOptions{Stdin: strings.NewReader("abc"), Stdout: &out}); err != nil || code != 0 || out.String() != "abc" {
 					t.Errorf("exec stdin-echo: %d %v %q", code, err, out.String())
 				}
+				// Upstream's CRI spec: no tmpfs of containerd's default spec on /run.
+				out.Reset()
+				if code, err := rt.Exec(ctx, id, []string{"/waggle-echo", "cat", "/proc/self/mounts"}, runtime.ExecOptions{Stdout: &out}); err != nil || code != 0 {
+					t.Errorf("cat /proc/self/mounts: %d %v", code, err)
+				}
+				for _, l := range strings.Split(out.String(), "\n") {
+					if f := strings.Fields(l); len(f) > 1 && f[1] == "/run" {
+						t.Errorf("a mount on /run: %s", l)
+					}
+				}
 				if _, err := rt.Stats(ctx, id); err != nil {
 					t.Errorf("stats: %v", err)
 				}
@@ -268,4 +278,58 @@ func TestContainerdStdinContainerLogs(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestContainerdStartTimeSurvivesARestartedKubelet: containerd keeps no
+// start time of a container's task, and the runtime writes none at the
+// start (one metadata write per container fewer): a runtime that did not
+// start a running container (a restarted kubelet) reports its process's
+// start time, and the exit record keeps the start time for every later
+// runtime.
+func TestContainerdStartTimeSurvivesARestartedKubelet(t *testing.T) {
+	testutil.RequiresRoot(t) // skipped in -short
+	c, ns := ktest.StartContainerd(t), testutil.UniqueName("rt")
+	ktest.ImportEcho(t, c, ns)
+	open := func() *runtime.Containerd {
+		rt, err := runtime.NewContainerd(runtime.ContainerdOptions{Address: c.Address(), Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rt.Close() })
+		return rt
+	}
+	ctx := context.Background()
+	first := open()
+	if _, err := first.EnsureImage(ctx, images.EchoImage, runtime.PullNever); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	id, err := first.StartContainer(ctx, runtime.ContainerConfig{PodUID: "u1", PodNamespace: "ns", PodName: "p", Name: "c",
+		Image: images.EchoImage, Command: []string{"/waggle-echo", "log", "2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	started := find(t, first, id).StartedAt
+	if started.Before(before) || started.After(after) {
+		t.Errorf("startedAt %s, not within the start (%s to %s)", started, before, after)
+	}
+	// A restarted kubelet: the process's start time, which the kernel
+	// noted when runc created it, a moment before the start returned.
+	second := open()
+	if got := find(t, second, id).StartedAt; got.Before(before.Add(-20*time.Millisecond)) || got.After(started) {
+		t.Errorf("restarted runtime: startedAt %s, want between %s and %s", got, before, started)
+	}
+	if err := first.StopContainer(ctx, id, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the exit recorded", func() bool { return find(t, first, id).State == runtime.StateExited })
+	for name, rt := range map[string]runtime.Runtime{"first": first, "second": second, "third": open()} {
+		if got := find(t, rt, id); !got.StartedAt.Equal(started) {
+			t.Errorf("%s runtime after the exit: startedAt %s, want %s", name, got.StartedAt, started)
+		}
+	}
+	if err := first.RemoveContainer(ctx, id); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -127,6 +127,14 @@ type Containerd struct {
 	imagesMu  sync.Mutex
 	images    map[string]containerd.Image
 	imagesGen uint64
+	// started is when each running container was started: for one this
+	// process started, when its task's Start returned; for one started
+	// before (a restarted kubelet), when the kernel started its process.
+	// The start time goes to the container's labels only with its exit
+	// record: a label write right after each start was a second
+	// containerd metadata transaction per container.
+	startedMu sync.Mutex
+	started   map[string]time.Time
 }
 
 // fifoIO is the IO of a task with stdin: the shim reads stdin from a FIFO
@@ -228,7 +236,7 @@ func NewContainerd(opts ContainerdOptions) (*Containerd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd at %s: %w", opts.Address, err)
 	}
-	c := &Containerd{opts: opts, client: client, log: opts.Log, missing: map[string]time.Time{},
+	c := &Containerd{opts: opts, client: client, log: opts.Log, missing: map[string]time.Time{}, started: map[string]time.Time{},
 		images: map[string]containerd.Image{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stopEvents = cancel
@@ -518,7 +526,10 @@ func (c *Containerd) StartContainer(ctx context.Context, cfg ContainerConfig) (s
 // newContainer creates container id of cfg from image: its snapshot, spec
 // and labels.
 func (c *Containerd) newContainer(ctx context.Context, id, cgroup string, image containerd.Image, cfg ContainerConfig) (containerd.Container, error) {
-	opts := []oci.SpecOpts{oci.WithImageConfig(image)}
+	// No tmpfs on /run: containerd's default spec has one, upstream's CRI
+	// spec removes it (the image's /run is the container's), and it was a
+	// mount more for runc per container.
+	opts := []oci.SpecOpts{oci.WithImageConfig(image), oci.WithoutRunMount}
 	switch {
 	case len(cfg.Command) > 0:
 		opts = append(opts, oci.WithProcessArgs(append(append([]string{}, cfg.Command...), cfg.Args...)...))
@@ -637,9 +648,9 @@ func (c *Containerd) startTask(ctx context.Context, ctr containerd.Container, id
 		cancel()
 		return fail(fmt.Errorf("start %s: %w", cfg.Name, err))
 	}
-	if _, err := ctr.SetLabels(ctx, map[string]string{LabelStartedAt: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
-		c.log.Warn("record start time", "container", id, "err", err)
-	}
+	c.startedMu.Lock()
+	c.started[id] = time.Now()
+	c.startedMu.Unlock()
 	c.observe("start_container", tStart)
 	return id, nil
 }
@@ -798,7 +809,33 @@ func (c *Containerd) RemoveContainer(ctx context.Context, id string) error {
 	if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("delete container %s: %w", id, err)
 	}
+	c.forgetStarted(id)
 	return nil
+}
+
+func (c *Containerd) forgetStarted(id string) {
+	c.startedMu.Lock()
+	delete(c.started, id)
+	c.startedMu.Unlock()
+}
+
+// startedAt is when container id, whose task is proc (nil: none), was
+// started, as far as this process knows (see started); zero if unknown.
+func (c *Containerd) startedAt(id string, proc *task.Process) time.Time {
+	c.startedMu.Lock()
+	defer c.startedMu.Unlock()
+	if t, ok := c.started[id]; ok {
+		return t
+	}
+	if proc == nil || proc.Pid == 0 || proc.Status == task.Status_CREATED {
+		return time.Time{}
+	}
+	t, err := procStartTime(proc.Pid)
+	if err != nil {
+		return time.Time{}
+	}
+	c.started[id] = t
+	return t
 }
 
 // ListContainers implements Runtime. An exited container's task is deleted
@@ -833,6 +870,9 @@ func (c *Containerd) ListContainers(ctx context.Context) ([]Container, error) {
 			return nil, fmt.Errorf("container %s: %w", ctr.ID(), err)
 		}
 		rc := fromLabels(info)
+		if rc.StartedAt.IsZero() {
+			rc.StartedAt = c.startedAt(ctr.ID(), procs[ctr.ID()])
+		}
 		c.fillState(ctx, ctr, &info, &rc, procs[ctr.ID()])
 		out = append(out, rc)
 	}
@@ -914,10 +954,14 @@ func (c *Containerd) fillState(ctx context.Context, ctr containerd.Container, in
 			LabelFinishedAt: rc.FinishedAt.UTC().Format(time.RFC3339Nano),
 			LabelReason:     rc.Reason,
 		}
+		if !rc.StartedAt.IsZero() {
+			labels[LabelStartedAt] = rc.StartedAt.UTC().Format(time.RFC3339Nano)
+		}
 		if _, err := ctr.SetLabels(ctx, labels); err != nil {
 			c.log.Warn("record container exit", "container", rc.ID, "err", err)
 			return
 		}
+		c.forgetStarted(rc.ID)
 		t, err := ctr.Task(ctx, nil)
 		if err == nil {
 			_, err = t.Delete(ctx)

@@ -1,0 +1,27 @@
+package runtime
+
+import (
+	"os"
+	"testing"
+	"time"
+)
+
+var testInitAt = time.Now()
+
+// TestProcStartTimeIsTheProcessStart: the start time a restarted kubelet
+// reports for a container it did not start is its process's, read from
+// /proc: for this test process, a moment before its package initialized.
+func TestProcStartTimeIsTheProcessStart(t *testing.T) {
+	got, err := procStartTime(uint32(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// USER_HZ ticks: 10 ms resolution; the process was started before
+	// its packages initialized, and not long before.
+	if got.After(testInitAt.Add(20*time.Millisecond)) || got.Before(testInitAt.Add(-time.Minute)) {
+		t.Errorf("start time %s, package init at %s", got.Format(time.RFC3339Nano), testInitAt.Format(time.RFC3339Nano))
+	}
+	if _, err := procStartTime(0); err == nil {
+		t.Error("no error for pid 0")
+	}
+}
