@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 	"slices"
 	"sync"
@@ -39,19 +40,25 @@ type tables struct {
 	parallel bool
 }
 
-// programmed is the reconciler's mirror of one frontend in the maps.
+// programmed is the reconciler's mirror of one frontend in the maps: what
+// was written (IDs, counts, flags, a hash of the name), enough to tell what
+// a desired frontend changes, not a copy of the frontend (its backends are
+// its slots' IDs, whose keys beByID holds once for every frontend).
 type programmed struct {
 	id        uint32
 	hasMaster bool
-	count     int          // the master's count
-	slots     []uint32     // backend ID per slot (index 0 is slot 1); 0: missing
-	keys      []backendKey // the backends of slots, as last synced (nil after restore)
+	count     int      // the master's count
+	slots     []uint32 // backend ID per slot (index 0 is slot 1); 0: missing
 	flags     uint16
 	timeout   uint32
 	kind      dataplane.FrontendKind
-	name      string
-	svc       dataplane.ServicePortName // as last synced (zero after restore)
-	seen      uint64                    // the sync generation that last saw it desired
+	// nameHash: the names-map entry's name, hashed (hashName).
+	nameHash uint64
+	seen     uint64 // the sync generation that last saw it desired
+	// synced: written by this process from a desired frontend, so every
+	// field above is known (false after restore, where the next sync
+	// compares a frontend entry by entry).
+	synced bool
 	// terminateTCP: TCP sockets to a backend it loses are destroyed too.
 	terminateTCP bool
 	// maglev: its Maglev table is written for exactly these slots.
@@ -213,7 +220,9 @@ func (r *reconciler) restore() error {
 	err = r.t.names.Iterate(func(id uint32, v sockLBLbSvcName) bool {
 		r.nextSvc = max(r.nextSvc, id+1)
 		if p := ids[id]; p != nil {
-			p.kind, p.name = nameOf(v)
+			var name string
+			p.kind, name = nameOf(v)
+			p.nameHash = hashName(v.Kind, [5]string{name})
 		} else if !slices.Contains(r.orphanRev, id) {
 			r.orphanRev = append(r.orphanRev, id)
 		}
@@ -235,7 +244,6 @@ type want struct {
 	flags    uint16
 	timeout  uint32
 	kind     dataplane.FrontendKind
-	name     string
 	svc      dataplane.ServicePortName
 	ids      []uint32 // backend IDs, set at admission
 	// terminateTCP, from the frontend.
@@ -254,13 +262,14 @@ func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
 	return flags, timeout
 }
 
-// sameAs reports whether p already holds f exactly, without allocating or
-// hashing: an endpoint change among 10,000 services costs one comparison
-// per unchanged frontend.
-func (p *programmed) sameAs(f *dataplane.Frontend) bool {
-	if p == nil || p.keys == nil || !p.hasMaster || len(p.keys) != len(f.Endpoints) || len(p.slots) != len(p.keys) ||
-		p.count != len(p.keys) || p.kind != f.Kind || p.svc != f.Service || p.terminateTCP != f.TerminateTCP ||
-		!slices.Equal(p.ranges, f.SourceRanges) {
+// sameAs reports whether p already holds f exactly, without allocating:
+// an endpoint change among 10,000 services costs one comparison per
+// unchanged frontend of the Services it names. The backends are compared
+// exactly (through their IDs), the name by its hash (a collision would only
+// leave a stale name for inspection, never a wrong backend).
+func (r *reconciler) sameAs(p *programmed, f *dataplane.Frontend) bool {
+	if p == nil || !p.synced || !p.hasMaster || len(p.slots) != len(f.Endpoints) || p.count != len(p.slots) ||
+		p.kind != f.Kind || p.terminateTCP != f.TerminateTCP || !slices.Equal(p.ranges, f.SourceRanges) {
 		return false
 	}
 	if flags, timeout := frontendFlags(f); flags != p.flags || timeout != p.timeout {
@@ -268,12 +277,42 @@ func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 	}
 	proto := protoNum(f.Protocol)
 	for i := range f.Endpoints {
-		e, k := &f.Endpoints[i], &p.keys[i]
-		if k.port != e.Port || k.proto != proto || k.addr != e.Addr.As16() || k.terminating != e.Terminating {
+		e := &f.Endpoints[i]
+		k, ok := r.beByID[p.slots[i]]
+		if !ok || k.key.port != e.Port || k.key.proto != proto || k.key.addr != e.Addr.As16() || k.key.terminating != e.Terminating {
 			return false
 		}
 	}
-	return true
+	return p.nameHash == frontendNameHash(f.Kind, f.Service)
+}
+
+// nameSeed seeds the name hashes (they live only in this process).
+var nameSeed = maphash.MakeSeed()
+
+// hashName hashes a names-map entry: its kind and the concatenated parts,
+// cut as nameValue cuts a name, so that the hash of a frontend's name
+// equals the hash of the entry written for it and read back at restore.
+func hashName(kind uint8, parts [5]string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(nameSeed)
+	h.WriteByte(kind)
+	room := len(sockLBLbSvcName{}.Name) - 1
+	for _, s := range parts {
+		s = s[:min(len(s), room)]
+		h.WriteString(s)
+		room -= len(s)
+	}
+	return h.Sum64()
+}
+
+// frontendNameHash is hashName of the entry nameValue(kind, spn.String())
+// writes, without building the string.
+func frontendNameHash(kind dataplane.FrontendKind, spn dataplane.ServicePortName) uint64 {
+	colon := ":"
+	if spn.Port == "" {
+		colon = ""
+	}
+	return hashName(kindNums[kind], [...]string{spn.Namespace, "/", spn.Name, colon, spn.Port})
 }
 
 // wantsOf resolves the frontends of fs that differ from what r holds, and
@@ -299,10 +338,10 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 		if p != nil {
 			p.seen = r.gen
 		}
-		if p.sameAs(f) {
+		if r.sameAs(p, f) {
 			continue
 		}
-		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service, terminateTCP: f.TerminateTCP,
+		w := want{key: f.FrontendKey, kind: f.Kind, svc: f.Service, terminateTCP: f.TerminateTCP,
 			ranges: f.SourceRanges}
 		if cap(buf)-len(buf) < len(f.Endpoints) {
 			// Room for this frontend and up to 256 more endpoints of the
@@ -569,7 +608,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		old := r.fronts[w.key]
 		p := &next[i]
 		*p = programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
-			name: w.name, keys: w.backends, svc: w.svc, seen: r.gen, terminateTCP: w.terminateTCP, ranges: w.ranges}
+			nameHash: frontendNameHash(w.kind, w.svc), seen: r.gen, synced: true, terminateTCP: w.terminateTCP, ranges: w.ranges}
 		if old != nil && old.id != 0 {
 			p.id = old.id
 		} else {
@@ -579,8 +618,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		if old == nil || old.id != p.id {
 			newRevNat.add(p.id, revNatValue(w.key))
 		}
-		if old == nil || old.id != p.id || old.kind != w.kind || old.name != w.name {
-			newNames.add(p.id, nameValue(w.kind, w.name))
+		if old == nil || old.id != p.id || old.kind != w.kind || old.nameHash != p.nameHash {
+			newNames.add(p.id, nameValue(w.kind, w.svc.String()))
 		}
 		p.slots = w.ids
 		visible := old != nil && old.hasMaster
