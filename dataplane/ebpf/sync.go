@@ -41,9 +41,9 @@ type tables struct {
 }
 
 // programmed is the reconciler's mirror of one frontend in the maps: what
-// was written (IDs, counts, flags, a hash of the name), enough to tell what
-// a desired frontend changes, not a copy of the frontend (its backends are
-// its slots' IDs, whose keys beByID holds once for every frontend).
+// was written (IDs, counts, flags) and hashes, enough to tell whether a
+// desired frontend changes anything, not a copy of the frontend (its
+// backends are its slots' IDs, whose keys beByID holds once for all).
 type programmed struct {
 	id        uint32
 	hasMaster bool
@@ -52,12 +52,16 @@ type programmed struct {
 	flags     uint16
 	timeout   uint32
 	kind      dataplane.FrontendKind
-	// nameHash: the names-map entry's name, hashed (hashName).
+	// nameHash: the names-map entry, hashed (hashName), to tell whether
+	// it must be rewritten.
 	nameHash uint64
-	seen     uint64 // the sync generation that last saw it desired
-	// synced: written by this process from a desired frontend, so every
-	// field above is known (false after restore, where the next sync
-	// compares a frontend entry by entry).
+	// hash: the desired frontend it was written from (frontendHash).
+	hash uint64
+	seen uint64 // the sync generation that last saw it desired
+	// synced: written by this process from a desired frontend, so hash is
+	// known (false after restore: the next sync compares the frontend with
+	// the maps entry by entry, which also repairs what a hash collision,
+	// 2^-64 per comparison, could have left stale).
 	synced bool
 	// terminateTCP: TCP sockets to a backend it loses are destroyed too.
 	terminateTCP bool
@@ -248,6 +252,7 @@ type want struct {
 	ids      []uint32 // backend IDs, set at admission
 	// terminateTCP, from the frontend.
 	terminateTCP bool
+	hash         uint64 // frontendHash
 	ranges       []netip.Prefix
 }
 
@@ -262,39 +267,60 @@ func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
 	return flags, timeout
 }
 
-// sameAs reports whether p already holds f exactly, without allocating:
-// an endpoint change among 10,000 services costs one comparison per
-// unchanged frontend of the Services it names. The backends are compared
-// exactly (through their IDs), the name by its hash (a collision would only
-// leave a stale name for inspection, never a wrong backend).
-func (r *reconciler) sameAs(p *programmed, f *dataplane.Frontend) bool {
+// sameAs reports whether p already holds f: an endpoint change among
+// 10,000 services costs one hash of each frontend of the Services it names
+// (a whole-State sync, one of every frontend), without allocating.
+func (p *programmed) sameAs(f *dataplane.Frontend) bool {
 	if p == nil || !p.synced || !p.hasMaster || len(p.slots) != len(f.Endpoints) || p.count != len(p.slots) ||
-		p.kind != f.Kind || p.terminateTCP != f.TerminateTCP || !slices.Equal(p.ranges, f.SourceRanges) {
+		!slices.Equal(p.ranges, f.SourceRanges) {
 		return false
 	}
 	if flags, timeout := frontendFlags(f); flags != p.flags || timeout != p.timeout {
 		return false
 	}
-	proto := protoNum(f.Protocol)
-	for i := range f.Endpoints {
-		e := &f.Endpoints[i]
-		k, ok := r.beByID[p.slots[i]]
-		if !ok || k.key.port != e.Port || k.key.proto != proto || k.key.addr != e.Addr.As16() || k.key.terminating != e.Terminating {
-			return false
-		}
-	}
-	return p.nameHash == frontendNameHash(f.Kind, f.Service)
+	return p.hash == frontendHash(f)
 }
 
-// nameSeed seeds the name hashes (they live only in this process).
-var nameSeed = maphash.MakeSeed()
+// frontendHash digests what of a frontend the maps hold besides its flags
+// and source ranges: its endpoints in order (address, port, protocol,
+// terminating), its kind, Service port name and TCP termination.
+func frontendHash(f *dataplane.Frontend) uint64 {
+	var h maphash.Hash
+	h.SetSeed(hashSeed)
+	var b [20]byte
+	b[18] = protoNum(f.Protocol)
+	for i := range f.Endpoints {
+		e := &f.Endpoints[i]
+		a := e.Addr.As16()
+		copy(b[:16], a[:])
+		b[16], b[17] = byte(e.Port>>8), byte(e.Port)
+		b[19] = 0
+		if e.Terminating {
+			b[19] = 1
+		}
+		h.Write(b[:])
+	}
+	b[0] = 0
+	if f.TerminateTCP {
+		b[0] = 1
+	}
+	h.Write(b[:1])
+	for _, s := range [...]string{string(f.Kind), f.Service.Namespace, f.Service.Name, f.Service.Port} {
+		h.WriteString(s)
+		h.WriteByte(0)
+	}
+	return h.Sum64()
+}
+
+// hashSeed seeds the mirror's hashes (they live only in this process).
+var hashSeed = maphash.MakeSeed()
 
 // hashName hashes a names-map entry: its kind and the concatenated parts,
 // cut as nameValue cuts a name, so that the hash of a frontend's name
 // equals the hash of the entry written for it and read back at restore.
 func hashName(kind uint8, parts [5]string) uint64 {
 	var h maphash.Hash
-	h.SetSeed(nameSeed)
+	h.SetSeed(hashSeed)
 	h.WriteByte(kind)
 	room := len(sockLBLbSvcName{}.Name) - 1
 	for _, s := range parts {
@@ -338,10 +364,10 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 		if p != nil {
 			p.seen = r.gen
 		}
-		if r.sameAs(p, f) {
+		if p.sameAs(f) {
 			continue
 		}
-		w := want{key: f.FrontendKey, kind: f.Kind, svc: f.Service, terminateTCP: f.TerminateTCP,
+		w := want{key: f.FrontendKey, kind: f.Kind, svc: f.Service, terminateTCP: f.TerminateTCP, hash: frontendHash(f),
 			ranges: f.SourceRanges}
 		if cap(buf)-len(buf) < len(f.Endpoints) {
 			// Room for this frontend and up to 256 more endpoints of the
@@ -608,7 +634,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		old := r.fronts[w.key]
 		p := &next[i]
 		*p = programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
-			nameHash: frontendNameHash(w.kind, w.svc), seen: r.gen, synced: true, terminateTCP: w.terminateTCP, ranges: w.ranges}
+			nameHash: frontendNameHash(w.kind, w.svc), hash: w.hash, seen: r.gen, synced: true, terminateTCP: w.terminateTCP, ranges: w.ranges}
 		if old != nil && old.id != 0 {
 			p.id = old.id
 		} else {
