@@ -720,6 +720,37 @@ static __always_inline void close_other(const __u8 *src, __be16 sport, const __u
 		o->expires_ns = exp;
 }
 
+/* reopen: a SYN (no ACK) on a flow that closed, whose original entry ct
+ * still lives: the client reuses its tuple for a new connection (its port
+ * comes round again within the 1 s an RST leaves the entries). The close
+ * shortened the reply entry too; renew it with the original one, or the
+ * backend's SYN-ACK, arriving after it expired, is not translated back and
+ * this node's stack answers it with an RST (the client then times out).
+ * Returns 0 when the reply entry expired already or now belongs to another
+ * flow (its SNAT port was taken again): the SYN then starts a new flow. */
+static __always_inline int reopen(struct np_ct *ct, const struct pkt *p, __u64 now)
+{
+	struct np_ct_key k;
+	int snat = ct->flags & NP_CT_F_SNAT;
+
+	ct_key(&k, ct->addr, ct->port, snat ? ct->nat : p->saddr, snat ? ct->nat_port : p->sport, p->proto, NP_CT_REPLY);
+	struct np_ct *o = bpf_map_lookup_elem(&waggle_np_ct, &k);
+	if (!o || o->expires_ns <= now || o->port != p->sport || !addr_eq(o->addr, p->saddr))
+		return 0;
+	o->flags &= ~(NP_CT_F_CLOSING | NP_CT_F_REPLIED);
+	o->expires_ns = now + CT_LIFETIME_SYN;
+	if (!snat) {
+		ct_key(&k, 0, 0, p->saddr, p->sport, p->proto, NP_CT_CLIENT);
+		o = bpf_map_lookup_elem(&waggle_np_ct, &k);
+		if (o) {
+			o->flags &= ~(NP_CT_F_CLOSING | NP_CT_F_REPLIED);
+			o->expires_ns = now + CT_LIFETIME_SYN;
+		}
+	}
+	ct->flags &= ~(NP_CT_F_CLOSING | NP_CT_F_REPLIED);
+	return 1;
+}
+
 /* ext_dev returns the np_device of an external device, or NULL. */
 static __always_inline struct np_device *ext_dev(__u32 ifindex)
 {
@@ -1269,6 +1300,9 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 			return XDP_PASS; /* tc follows the flow */
 		return dsr_track(&p, ct, now);
 	}
+	if (ct && ct->expires_ns > now && p.proto == IPPROTO_TCP && (p.tcp_flags & 0x12) == 0x02 &&
+	    (ct->flags & NP_CT_F_CLOSING) && !reopen(ct, &p, now))
+		ct = 0; /* a new flow on a closed flow's tuple */
 	if (ct && ct->expires_ns > now) {
 		struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &ct->backend_id);
 		if (be && be->port == ct->port && addr_eq(be->addr, ct->addr)) {

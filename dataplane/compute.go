@@ -221,8 +221,23 @@ func serviceFrontends(svc *v1.Service, svcSlices []*discoveryv1.EndpointSlice, n
 		}
 		spn := ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name}
 		all := endpointsFor(svcSlices, sp.Name, sp.Protocol)
+		// The port's frontends of one family and traffic policy share one
+		// endpoint list (a NodePort Service's ClusterIP and NodePort
+		// frontends, for one), held once by whoever keeps them.
+		var picked [2][2][]Endpoint // [IPv4][local]
+		var done [2][2]bool
 		pick := func(a netip.Addr, local bool) []Endpoint {
-			return selectEndpoints(all, a.Is4(), local, nodeName)
+			i, j := 0, 0
+			if a.Is4() {
+				i = 1
+			}
+			if local {
+				j = 1
+			}
+			if !done[i][j] {
+				picked[i][j], done[i][j] = selectEndpoints(all, a.Is4(), local, nodeName), true
+			}
+			return picked[i][j]
 		}
 		for _, a := range vips {
 			out = append(out, Frontend{
@@ -434,25 +449,39 @@ func endpointsFor(ess []*discoveryv1.EndpointSlice, portName string, proto v1.Pr
 }
 
 // selectEndpoints applies the address family, the traffic policy and the
-// ready-else-serving-terminating rule.
+// ready-else-serving-terminating rule. The list it returns is allocated at
+// its exact size (it is kept as long as the frontend is desired).
 func selectEndpoints(all []candidate, is4, local bool, nodeName string) []Endpoint {
-	var ready, terminating []Endpoint
-	for _, c := range all {
-		if c.Addr.Is4() != is4 {
-			continue
-		}
-		if local && !strings.EqualFold(c.NodeName, nodeName) {
-			continue
-		}
-		switch {
-		case c.ready:
-			ready = append(ready, c.Endpoint)
-		case c.serving && c.Terminating:
-			terminating = append(terminating, c.Endpoint)
+	use := func(c *candidate) bool {
+		return c.Addr.Is4() == is4 && (!local || strings.EqualFold(c.NodeName, nodeName))
+	}
+	var nready, nterm int
+	for i := range all {
+		if c := &all[i]; use(c) {
+			switch {
+			case c.ready:
+				nready++
+			case c.serving && c.Terminating:
+				nterm++
+			}
 		}
 	}
-	if len(ready) > 0 {
-		return ready
+	if nready == 0 && nterm == 0 {
+		return nil
 	}
-	return terminating
+	wantReady, n := nready > 0, nready
+	if !wantReady {
+		n = nterm
+	}
+	out := make([]Endpoint, 0, n)
+	for i := range all {
+		c := &all[i]
+		if !use(c) {
+			continue
+		}
+		if (wantReady && c.ready) || (!wantReady && !c.ready && c.serving && c.Terminating) {
+			out = append(out, c.Endpoint)
+		}
+	}
+	return out
 }

@@ -462,7 +462,7 @@ func newProxy(cfg Config, log *slog.Logger, health *ops.Health, backend Backend,
 	m.mode.WithLabelValues(mode.Name).Set(1)
 	p := &proxy{
 		cfg: cfg, log: log, health: health, backend: backend, mode: mode, client: client, m: m,
-		factory: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields)),
+		factory: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(slimObject)),
 		nodes: informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields),
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.NodeName).String()
@@ -626,6 +626,14 @@ func stripManagedFields(obj any) (any, error) {
 		m.SetManagedFields(nil)
 	}
 	return obj, nil
+}
+
+// slimObject is the Service and EndpointSlice informers' transform:
+// stripManagedFields, then internStrings.
+func slimObject(obj any) (any, error) {
+	obj, err := stripManagedFields(obj)
+	internStrings(obj)
+	return obj, err
 }
 
 // tombstone unwraps an informer's DeletedFinalStateUnknown.

@@ -62,19 +62,16 @@ type Tracker struct {
 	pods    map[ServiceRef]*v1.Pod
 	nodeIPs []netip.Addr
 	dirty   map[ServiceRef]struct{}
-	// cands: every frontend a Service asks for (before conflicts).
-	cands map[ServiceRef][]Frontend
+	// fronts: every frontend each Service asks for, and which of them it
+	// owns, as last drained: the one copy of the desired state (State and
+	// every Change are built from it).
+	fronts map[ServiceRef]tracked
 	// claims: every Service asking for a key; the first by namespace/name
 	// owns it (as Compute).
-	claims map[FrontendKey][]ServiceRef
-	// owned: the frontends each Service owns, as last drained.
-	owned map[ServiceRef][]Frontend
-	// sorted is the materialized State's frontends; nil when stale.
-	sorted      []Frontend
-	frontends   int
-	endpoints   int
-	withFronts  int
-	everDrained bool
+	claims     map[FrontendKey]claim
+	frontends  int
+	endpoints  int
+	withFronts int
 }
 
 // NewTracker returns an empty tracker for node nodeName. noLoopback leaves
@@ -86,9 +83,8 @@ func NewTracker(nodeName string, noLoopback bool) *Tracker {
 		slices:   map[ServiceRef]map[string]*discoveryv1.EndpointSlice{},
 		pods:     map[ServiceRef]*v1.Pod{},
 		dirty:    map[ServiceRef]struct{}{},
-		cands:    map[ServiceRef][]Frontend{},
-		claims:   map[FrontendKey][]ServiceRef{},
-		owned:    map[ServiceRef][]Frontend{},
+		fronts:   map[ServiceRef]tracked{},
+		claims:   map[FrontendKey]claim{},
 	}
 }
 
@@ -224,7 +220,6 @@ func (t *Tracker) Drain(warn func(Warning)) *Change {
 func (t *Tracker) drain(warn func(Warning)) *Change {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.everDrained = true
 	ch := &Change{}
 	if len(t.dirty) == 0 {
 		return ch
@@ -232,6 +227,9 @@ func (t *Tracker) drain(warn func(Warning)) *Change {
 	// 1. Recompute the dirty Services' candidates and their claims; a key
 	// whose owner changes makes its old and new owners affected too.
 	affected := make(map[ServiceRef]struct{}, len(t.dirty))
+	// before: what each dirty Service owned as last drained (its
+	// frontends are replaced here, its ownership is decided in step 2).
+	before := make(map[ServiceRef]ownedSummary, len(t.dirty))
 	var conflictKeys []FrontendKey
 	for ref := range t.dirty {
 		affected[ref] = struct{}{}
@@ -263,50 +261,59 @@ func (t *Tracker) drain(warn func(Warning)) *Change {
 				}
 			}
 		}
-		prev := t.cands[ref]
+		old := t.fronts[ref]
+		before[ref] = old.summary()
+		prev := old.fs
 		for i := range prev {
 			k := prev[i].FrontendKey
 			if !containsKey(next, k) {
-				old := t.claims[k]
-				t.claims[k] = slices.DeleteFunc(slices.Clone(old), func(r ServiceRef) bool { return r == ref })
-				if len(t.claims[k]) == 0 {
+				cl := t.claims[k]
+				switch {
+				case cl.owner == ref && len(cl.others) == 0:
 					delete(t.claims, k)
-				} else if old[0] == ref {
-					affected[t.claims[k][0]] = struct{}{}
+				case cl.owner == ref:
+					t.claims[k] = claim{cl.others[0], slices.Clone(cl.others[1:])}
+					affected[cl.others[0]] = struct{}{}
+				default:
+					cl.others = slices.DeleteFunc(slices.Clone(cl.others), func(r ServiceRef) bool { return r == ref })
+					t.claims[k] = cl
 				}
 			}
 		}
 		for i := range next {
 			k := next[i].FrontendKey
 			if containsKey(prev, k) {
-				if len(t.claims[k]) > 1 {
+				if len(t.claims[k].others) > 0 {
 					conflictKeys = append(conflictKeys, k)
 				}
 				continue
 			}
-			old := t.claims[k]
-			i, _ := slices.BinarySearchFunc(old, ref, compareRef)
-			cl := slices.Insert(slices.Clone(old), i, ref)
-			t.claims[k] = cl
-			if len(old) > 0 {
-				conflictKeys = append(conflictKeys, k)
-				if cl[0] == ref {
-					affected[old[0]] = struct{}{}
-				}
+			cl, ok := t.claims[k]
+			switch {
+			case !ok:
+				t.claims[k] = claim{owner: ref}
+				continue
+			case compareRef(ref, cl.owner) < 0:
+				t.claims[k] = claim{ref, slices.Insert(slices.Clone(cl.others), 0, cl.owner)}
+				affected[cl.owner] = struct{}{}
+			default:
+				i, _ := slices.BinarySearchFunc(cl.others, ref, compareRef)
+				t.claims[k] = claim{cl.owner, slices.Insert(slices.Clone(cl.others), i, ref)}
 			}
+			conflictKeys = append(conflictKeys, k)
 		}
 		if len(next) == 0 {
-			delete(t.cands, ref)
+			delete(t.fronts, ref)
 		} else {
-			t.cands[ref] = next
+			t.fronts[ref] = tracked{fs: next} // its ownership: step 2
 		}
 	}
 	t.dirty = make(map[ServiceRef]struct{}) // not clear(): that walks every bucket of the old size
 	for _, k := range conflictKeys {
 		cl := t.claims[k]
-		for _, r := range cl[1:] {
+		for _, r := range cl.others {
 			if _, ok := affected[r]; ok {
-				warn(Warning{r, ReasonFrontendConflict, conflictMessage(t.cands[r], t.cands[cl[0]], k)})
+				warn(Warning{r, ReasonFrontendConflict, conflictMessage(t.fronts[r].fs, t.fronts[cl.owner].fs, k)})
 			}
 		}
 	}
@@ -315,21 +322,34 @@ func (t *Tracker) drain(warn func(Warning)) *Change {
 	removed := map[FrontendKey]bool{}
 	upserted := map[FrontendKey]bool{}
 	for ref := range affected {
-		var own []Frontend
-		for _, f := range t.cands[ref] {
-			if cl := t.claims[f.FrontendKey]; len(cl) > 0 && cl[0] == ref {
-				own = append(own, f)
+		tr, ok := t.fronts[ref]
+		prev, dirty := before[ref]
+		if !dirty {
+			prev = tr.summary()
+		}
+		tr.lost = nil
+		for i := range tr.fs {
+			if cl, ok := t.claims[tr.fs[i].FrontendKey]; !ok || cl.owner != ref {
+				if tr.lost == nil {
+					tr.lost = make([]bool, len(tr.fs))
+				}
+				tr.lost[i] = true
 			}
 		}
-		prev := t.owned[ref]
-		if len(prev) > 0 {
+		if ok {
+			t.fronts[ref] = tr
+		}
+		if len(prev.keys) > 0 {
 			t.withFronts--
 		}
-		for i := range prev {
-			t.frontends--
-			t.endpoints -= len(prev[i].Endpoints)
-			if !containsKey(own, prev[i].FrontendKey) {
-				removed[prev[i].FrontendKey] = true
+		t.frontends -= len(prev.keys)
+		t.endpoints -= prev.endpoints
+		n := len(ch.Upsert)
+		ch.Upsert = tr.appendOwned(ch.Upsert)
+		own := ch.Upsert[n:]
+		for _, k := range prev.keys {
+			if !containsKey(own, k) {
+				removed[k] = true
 			}
 		}
 		for i := range own {
@@ -337,13 +357,9 @@ func (t *Tracker) drain(warn func(Warning)) *Change {
 			t.endpoints += len(own[i].Endpoints)
 			upserted[own[i].FrontendKey] = true
 		}
-		if len(own) == 0 {
-			delete(t.owned, ref)
-		} else {
-			t.owned[ref] = own
+		if len(own) > 0 {
 			t.withFronts++
 		}
-		ch.Upsert = append(ch.Upsert, own...)
 		ch.Services = append(ch.Services, ref)
 	}
 	for k := range removed {
@@ -354,25 +370,73 @@ func (t *Tracker) drain(warn func(Warning)) *Change {
 	slices.SortFunc(ch.Upsert, func(a, b Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })
 	slices.SortFunc(ch.Remove, FrontendKey.Compare)
 	slices.SortFunc(ch.Services, compareRef)
-	if len(ch.Upsert) > 0 || len(ch.Remove) > 0 {
-		t.sorted = nil
-	}
 	return ch
 }
 
+// claim is the Services asking for one frontend key: the owner (first by
+// namespace/name) and the others, sorted (nil unless Services conflict: no
+// allocation per key).
+type claim struct {
+	owner  ServiceRef
+	others []ServiceRef
+}
+
+// tracked is one Service's frontends: every one it asks for (its
+// candidates, in Compute's order, its own duplicate keys dropped) and which
+// of them it owns (a key asked for by several Services belongs to the
+// first by namespace/name, as in Compute), as last drained.
+type tracked struct {
+	fs []Frontend
+	// lost[i]: fs[i]'s key belongs to another Service. nil when the
+	// Service owns every frontend it asks for (the usual case).
+	lost []bool
+}
+
+// appendOwned appends the frontends tr owns to dst.
+func (tr tracked) appendOwned(dst []Frontend) []Frontend {
+	if tr.lost == nil {
+		return append(dst, tr.fs...)
+	}
+	for i := range tr.fs {
+		if !tr.lost[i] {
+			dst = append(dst, tr.fs[i])
+		}
+	}
+	return dst
+}
+
+// ownedSummary is what a Service owned: the keys and their endpoints
+// (summed), for the counts and for finding the keys it gave up.
+type ownedSummary struct {
+	keys      []FrontendKey
+	endpoints int
+}
+
+func (tr tracked) summary() ownedSummary {
+	var s ownedSummary
+	for i := range tr.fs {
+		if tr.lost == nil || !tr.lost[i] {
+			s.keys = append(s.keys, tr.fs[i].FrontendKey)
+			s.endpoints += len(tr.fs[i].Endpoints)
+		}
+	}
+	return s
+}
+
 // State returns the whole desired State (Drain first to include pending
-// changes). It is cached between changes; callers must not modify it.
+// changes). It is built on each call from the tracker's one copy of the
+// frontends (full syncs are rare: the first one, the periodic reconcile,
+// after errors); the caller may keep it, but must not modify the
+// frontends' endpoint lists, which the tracker shares.
 func (t *Tracker) State(clusterCIDRs []netip.Prefix) *State {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.sorted == nil {
-		t.sorted = make([]Frontend, 0, t.frontends)
-		for _, fs := range t.owned {
-			t.sorted = append(t.sorted, fs...)
-		}
-		slices.SortFunc(t.sorted, func(a, b Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })
+	fs := make([]Frontend, 0, t.frontends)
+	for _, tr := range t.fronts {
+		fs = tr.appendOwned(fs)
 	}
-	return &State{Frontends: t.sorted, NodeName: t.nodeName, ClusterCIDRs: slices.Clone(clusterCIDRs)}
+	slices.SortFunc(fs, func(a, b Frontend) int { return a.FrontendKey.Compare(b.FrontendKey) })
+	return &State{Frontends: fs, NodeName: t.nodeName, ClusterCIDRs: slices.Clone(clusterCIDRs)}
 }
 
 // Counts returns the Services with frontends, the frontends and the
@@ -387,7 +451,7 @@ func (t *Tracker) Counts() (services, frontends, endpoints int) {
 func (t *Tracker) Frontends(ref ServiceRef) []Frontend {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return slices.Clone(t.owned[ref])
+	return t.fronts[ref].appendOwned(nil)
 }
 
 // ServiceObject returns the Service object recorded for ref (nil if none).

@@ -52,7 +52,7 @@ func runBenchPolicy(ctx context.Context, args []string) error {
 func runBenchDataplane(ctx context.Context, args []string) error {
 	fs := cliflag.NewFlagSet("bench dataplane", "Measure the service dataplanes side by side in network namespaces on this machine (needs root).")
 	var cfg bench.Config
-	var counts, paths, logLevel string
+	var counts, paths, tests, logLevel string
 	fs.DurationVar(&cfg.Duration, "duration", 1e9, "length of one measurement (one test, one path, one round)")
 	fs.DurationVar(&cfg.Warmup, "warmup", 2e8, "warm-up before each measurement counts")
 	fs.IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds (direct, ebpf, iptables, direct, ...)")
@@ -60,6 +60,7 @@ func runBenchDataplane(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Backends, "backends", 4, "backends (echo servers) behind each service")
 	fs.StringVar(&counts, "services", "1,1000,10000", "service counts to measure at, comma-separated")
 	fs.StringVar(&paths, "paths", "ebpf,iptables", "paths to compare with direct: ebpf, iptables")
+	fs.StringVar(&tests, "tests", "TCP_CRR,TCP_RR,UDP_RR", "tests to run, comma-separated")
 	fs.IntVar(&cfg.ProgramServices, "program-services", 10000, "services for the eBPF programming benchmark (0 skips it)")
 	fs.IntVar(&cfg.ProgramBackends, "program-backends", 10, "backends per service for the programming benchmark")
 	fs.IntVar(&cfg.ProgramRounds, "program-rounds", 3, "rounds of the programming benchmark")
@@ -82,6 +83,11 @@ func runBenchDataplane(ctx context.Context, args []string) error {
 			cfg.Paths = append(cfg.Paths, p)
 		}
 	}
+	tl, err := bench.ParseTests(tests)
+	if err != nil {
+		return fmt.Errorf("--tests: %w", err)
+	}
+	cfg.Tests = tl
 	log, err := ops.NewLogger("bench", logLevel)
 	if err != nil {
 		return err

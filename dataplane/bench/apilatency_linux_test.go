@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
@@ -50,25 +51,38 @@ const (
 	envProxyNSNetNS  = "DP_BENCH_PROXY_NS_NETNS"
 	// The proxy answers GET /gc on this unix socket with its gcStats.
 	envProxyStats = "DP_BENCH_PROXY_STATS"
+	// DP_BENCH_PROXY_MEMLIMIT (bytes): a soft memory limit for the proxy
+	// process only (debug.SetMemoryLimit; GOMEMLIMIT would reach the API
+	// server's process too).
+	envProxyMemLimit = "DP_BENCH_PROXY_MEMLIMIT"
 )
 
-// gcStats is what a process's runtime says about its garbage collector.
+// gcStats is what a process's runtime says about its garbage collector
+// and its memory.
 type gcStats struct {
 	Cycles   uint64 `json:"cycles"`
 	LiveHeap uint64 `json:"liveHeap"`
+	// HeapInuse: heap spans in use (objects, live or not yet swept, and
+	// the unused space in their spans), as MemStats.HeapInuse.
+	HeapInuse uint64 `json:"heapInuse"`
+	// HeapFree: heap memory free but not returned to the OS (it counts in
+	// the RSS); Total: everything the Go runtime has mapped.
+	HeapFree uint64 `json:"heapFree"`
+	Total    uint64 `json:"total"`
 }
 
 func readGCStats() gcStats {
-	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/heap/live:bytes"}}
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/heap/live:bytes"},
+		{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/unused:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"}, {Name: "/memory/classes/total:bytes"}}
 	metrics.Read(s)
-	var g gcStats
-	if s[0].Value.Kind() == metrics.KindUint64 {
-		g.Cycles = s[0].Value.Uint64()
+	v := make([]uint64, len(s))
+	for i := range s {
+		if s[i].Value.Kind() == metrics.KindUint64 {
+			v[i] = s[i].Value.Uint64()
+		}
 	}
-	if s[1].Value.Kind() == metrics.KindUint64 {
-		g.LiveHeap = s[1].Value.Uint64()
-	}
-	return g
+	return gcStats{Cycles: v[0], LiveHeap: v[1], HeapInuse: v[2] + v[3], HeapFree: v[4], Total: v[5]}
 }
 
 // serveGCStats answers GET /gc (gcStats) and /heap (a heap profile) on
@@ -143,6 +157,14 @@ func runProxyChild(kubeconfig string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	max, _ := strconv.Atoi(os.Getenv(envProxyMapMax))
+	if s := os.Getenv(envProxyMemLimit); s != "" {
+		limit, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "proxy:", envProxyMemLimit+":", err)
+			return 1
+		}
+		debug.SetMemoryLimit(limit)
+	}
 	if p := os.Getenv(envProxyStats); p != "" {
 		if err := serveGCStats(p); err != nil {
 			fmt.Fprintln(os.Stderr, "proxy: gc stats:", err)
@@ -296,12 +318,16 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	})
 
 	type row struct {
-		services          int
-		setup             time.Duration
-		p50, p99, max     time.Duration
-		cpuPerChange      time.Duration
-		rssMB             float64
-		changesWithErrors int
+		services      int
+		setup         time.Duration
+		p50, p99, max time.Duration
+		cpuPerChange  time.Duration
+		rssMB         float64
+		// The proxy's memory at the end: RSS anonymous and file-backed
+		// (the binary's pages), and its runtime's view.
+		rssAnonMB, rssFileMB float64
+		mem                  gcStats
+		changesWithErrors    int
 		// Where the time goes, p50/p99 of each part: the Update call
 		// (API server and etcd), until a watch of this process saw the
 		// change (about when the proxy's informer gets it), and from
@@ -466,6 +492,10 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		r.p50, r.p99, r.max = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], lat[len(lat)-1]
 		r.cpuPerChange = cpu / time.Duration(changes)
 		r.rssMB = procRSSMB(b, cmd.Process.Pid)
+		r.rssAnonMB, r.rssFileMB = procStatusMB(b, cmd.Process.Pid, "RssAnon:"), procStatusMB(b, cmd.Process.Pid, "RssFile:")
+		if r.mem, err = proxyGC.get(); err != nil {
+			b.Fatalf("proxy memory stats: %v", err)
+		}
 		if dir := os.Getenv("DP_BENCH_HEAP_PROFILES"); dir != "" {
 			// After the RSS: collecting the profile runs a GC.
 			if err := proxyGC.heapProfile(filepath.Join(dir, fmt.Sprintf("proxy-heap-%d.pb.gz", n))); err != nil {
@@ -496,6 +526,11 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 		fmt.Fprintf(&sb, "%9d  apiserver GC %3d: %20s  proxy GC only %3d: %20s  neither %3d: %20s  (proxy GC in %d changes)  live heaps %4.0f / %4.0f MB\n",
 			r.services, r.benchGC, pair(r.withBenchGC), r.proxyOnlyGC, pair(r.withProxyGC), r.noGC, pair(r.withoutGC), r.proxyGC, r.benchHeapMB, r.proxyHeapMB)
 	}
+	fmt.Fprintf(&sb, "the proxy's memory at the end (MB): RSS = anonymous + file-backed (the binary's pages); Go heap in use, live heap (at the last GC), heap free not returned to the OS, all the Go runtime has mapped\n")
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "%9d  RSS %5.0f = %5.0f + %4.0f   heap in use %5.0f  live %5.0f  free %5.0f  runtime total %5.0f\n", r.services, r.rssMB, r.rssAnonMB, r.rssFileMB,
+			mb(r.mem.HeapInuse), mb(r.mem.LiveHeap), mb(r.mem.HeapFree), mb(r.mem.Total))
+	}
 	fmt.Fprintf(&sb, "run-queue wait during a change, summed over each process's threads (p50 / p99): API server+etcd+benchmark process; proxy\n")
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "%9d %22s %22s\n", r.services, pair(r.benchWait), pair(r.proxyWait))
@@ -515,6 +550,7 @@ func BenchmarkEndpointChangeToMap(b *testing.B) {
 	b.ReportMetric(float64(last.p99.Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(last.cpuPerChange.Microseconds())/1000, "proxy-cpu-ms/change")
 	b.ReportMetric(last.rssMB, "proxy-rss-MB")
+	b.ReportMetric(mb(last.mem.HeapInuse), "proxy-heap-inuse-MB")
 }
 
 // changeTimes is one change: the whole, the Update call, until the
@@ -680,13 +716,18 @@ func procCPU(b *testing.B, pid int) time.Duration {
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
-func procRSSMB(b *testing.B, pid int) float64 {
+func procRSSMB(b *testing.B, pid int) float64 { return procStatusMB(b, pid, "VmRSS:") }
+
+func mb(n uint64) float64 { return float64(n) / (1 << 20) }
+
+// procStatusMB reads a kB field of /proc/pid/status in MB.
+func procStatusMB(b *testing.B, pid int, field string) float64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, l := range strings.Split(string(raw), "\n") {
-		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(l, field); ok {
 			kb, _ := strconv.ParseFloat(strings.Fields(rest)[0], 64)
 			return kb / 1024
 		}

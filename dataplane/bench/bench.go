@@ -19,8 +19,11 @@
 package bench
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -38,6 +41,8 @@ type Config struct {
 	Backends int
 	// ServiceCounts to measure at (each path gets this many services).
 	ServiceCounts []int
+	// Tests: TCP_CRR, TCP_RR, UDP_RR (default all three).
+	Tests []string
 	// Paths to measure besides "direct": "ebpf", "iptables".
 	Paths []string
 	// ProgramServices and ProgramBackends size the programming benchmark
@@ -61,6 +66,14 @@ type Stat struct {
 	// Ratio is Median / the direct path's Median (1 for direct).
 	Ratio  float64 `json:"ratioToDirect,omitempty"`
 	Errors int     `json:"errors"`
+	// ErrorKinds: the errors by step and cause ("connect timeout", "read
+	// reset", …); KernelCounters: the TCP counters (client and server
+	// namespace, as nstat names them) that moved during the measurements.
+	ErrorKinds     map[string]int   `json:"errorKinds,omitempty"`
+	KernelCounters map[string]int64 `json:"kernelCounters,omitempty"`
+	// Ops: operations counted (rate × duration, summed over rounds), the
+	// denominator of the error rate.
+	Ops int64 `json:"ops,omitempty"`
 }
 
 // Row is one test at one service count, per path (rates per second).
@@ -117,6 +130,9 @@ func (c Config) withDefaults() Config {
 	if len(c.ServiceCounts) == 0 {
 		c.ServiceCounts = []int{1, 1000, 10000}
 	}
+	if len(c.Tests) == 0 {
+		c.Tests = allTests
+	}
 	if c.Paths == nil {
 		c.Paths = []string{"ebpf", "iptables"}
 	}
@@ -136,4 +152,23 @@ func (c Config) withDefaults() Config {
 		c.Out = io.Discard
 	}
 	return c
+}
+
+// allTests are the tests a dataplane benchmark runs by default.
+var allTests = []string{"TCP_CRR", "TCP_RR", "UDP_RR"}
+
+// ParseTests checks a comma-separated list of tests (empty: every one).
+func ParseTests(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []string
+	for _, t := range strings.Split(s, ",") {
+		t = strings.TrimSpace(t)
+		if !slices.Contains(allTests, t) {
+			return nil, fmt.Errorf("test %q: want one of %s", t, strings.Join(allTests, ", "))
+		}
+		out = append(out, t)
+	}
+	return out, nil
 }

@@ -383,35 +383,47 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 		}
 		rows := map[string]*Row{}
-		for _, test := range []string{"TCP_CRR", "TCP_RR", "UDP_RR"} {
+		for _, test := range cfg.Tests {
 			rows[test] = &Row{Services: n, Test: test, Paths: map[string]*Stat{}}
 		}
 		// One unrecorded pass over every test and path first: the first
 		// measurements of a run (threads, caches, neighbours) run slow.
 		warm := cfg
 		warm.Duration = cfg.Warmup
-		for _, test := range []string{"TCP_CRR", "TCP_RR", "UDP_RR"} {
+		for _, test := range cfg.Tests {
 			for _, p := range active {
 				measure(ctx, t.nsFor(p), test, t.target(p, vips[p], test), warm)
 			}
 		}
 		for round := range cfg.Rounds {
-			for _, test := range []string{"TCP_CRR", "TCP_RR", "UDP_RR"} {
+			for _, test := range cfg.Tests {
 				for _, p := range active {
 					target := t.target(p, vips[p], test)
-					rate, errs := measure(ctx, t.nsFor(p), test, target, cfg)
 					s := rows[test].Paths[p]
 					if s == nil {
-						s = &Stat{}
+						s = &Stat{ErrorKinds: map[string]int{}, KernelCounters: map[string]int64{}}
 						rows[test].Paths[p] = s
+					}
+					takeErrKinds()
+					c0, _ := netCounters(t.nsFor(p))
+					s0, _ := netCounters("/run/netns/" + t.server)
+					rate, errs := measure(ctx, t.nsFor(p), test, target, cfg)
+					c1, _ := netCounters(t.nsFor(p))
+					s1, _ := netCounters("/run/netns/" + t.server)
+					counterDelta(s.KernelCounters, "client", c0, c1)
+					counterDelta(s.KernelCounters, "server", s0, s1)
+					kinds := takeErrKinds()
+					for k, v := range kinds {
+						s.ErrorKinds[k] += v
 					}
 					s.Rounds = append(s.Rounds, rate)
 					s.Errors += errs
-					cfg.Log.Info("measured", "services", n, "test", test, "path", p, "round", round, "rate", int(rate), "errors", errs)
+					s.Ops += int64(rate * cfg.Duration.Seconds())
+					cfg.Log.Info("measured", "services", n, "test", test, "path", p, "round", round, "rate", int(rate), "errors", errs, "kinds", kinds)
 				}
 			}
 		}
-		for _, test := range []string{"TCP_CRR", "TCP_RR", "UDP_RR"} {
+		for _, test := range cfg.Tests {
 			r := rows[test]
 			for _, s := range r.Paths {
 				s.summarize()
@@ -480,6 +492,7 @@ func measure(ctx context.Context, nsPath, test string, target func(int) string, 
 				if now.After(warmEnd) {
 					if err != nil {
 						errs.Add(1)
+						noteErr(err)
 					} else {
 						ops.Add(1)
 					}
@@ -506,17 +519,19 @@ var dialer = net.Dialer{Timeout: time.Second}
 func crr(addr string) error {
 	c, err := dialer.Dial("tcp", addr)
 	if err != nil {
-		return err
+		return &opError{"connect", err}
 	}
 	defer c.Close()
 	c.(*net.TCPConn).SetLinger(0)
 	c.SetDeadline(time.Now().Add(time.Second))
 	b := []byte{'x'}
 	if _, err := c.Write(b); err != nil {
-		return err
+		return &opError{"write", err}
 	}
-	_, err = c.Read(b)
-	return err
+	if _, err = c.Read(b); err != nil {
+		return &opError{"read", err}
+	}
+	return nil
 }
 
 func rrLoop(addr, network string, count func(error) bool) {

@@ -253,6 +253,8 @@ type NorthSouthConfig struct {
 	// ServiceCounts: frontends programmed besides the measured NodePort
 	// (ExternalIP frontends, which the iptables path matches linearly).
 	ServiceCounts []int
+	// Tests: TCP_CRR, TCP_RR, UDP_RR (default all three).
+	Tests []string
 	// IPTables adds the iptables path (a NodePort on the same node).
 	IPTables bool
 	// XDP adds the eBPF path with generic XDP (--bpf-lb-acceleration=generic)
@@ -498,7 +500,10 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		}
 		rows := map[string]*NSRow{}
 		lats := map[string]map[string][]time.Duration{}
-		tests := []string{"TCP_CRR", "TCP_RR", "UDP_RR"}
+		tests := cfg.Tests
+		if len(tests) == 0 {
+			tests = allTests
+		}
 		for _, test := range tests {
 			rows[test] = &NSRow{Services: n, Test: test, Rate: map[string]*Stat{}, Latency: map[string]*Latency{}}
 			lats[test] = map[string][]time.Duration{}
@@ -513,14 +518,27 @@ func RunNorthSouth(ctx context.Context, cfg NorthSouthConfig) (*NorthSouthReport
 		for round := range cfg.Rounds {
 			for _, test := range tests {
 				for _, p := range paths {
-					rate, errs, l := measureLat(ctx, t.path(t.client), test, t.nsTarget(p, test, targets), cfg)
 					s := rows[test].Rate[p]
 					if s == nil {
-						s = &Stat{}
+						s = &Stat{ErrorKinds: map[string]int{}, KernelCounters: map[string]int64{}}
 						rows[test].Rate[p] = s
+					}
+					// Counters of the client and of the namespaces that
+					// terminate the connections (the backends' pod).
+					takeErrKinds()
+					c0, _ := netCounters(t.path(t.client))
+					s0, _ := netCounters(t.path(t.pod))
+					rate, errs, l := measureLat(ctx, t.path(t.client), test, t.nsTarget(p, test, targets), cfg)
+					c1, _ := netCounters(t.path(t.client))
+					s1, _ := netCounters(t.path(t.pod))
+					counterDelta(s.KernelCounters, "client", c0, c1)
+					counterDelta(s.KernelCounters, "server", s0, s1)
+					for k, v := range takeErrKinds() {
+						s.ErrorKinds[k] += v
 					}
 					s.Rounds = append(s.Rounds, rate)
 					s.Errors += errs
+					s.Ops += int64(rate * cfg.Duration.Seconds())
 					lats[test][p] = append(lats[test][p], l...)
 					if cfg.Log != nil {
 						cfg.Log.Info("measured", "services", n, "test", test, "path", p, "round", round, "rate", int(rate), "errors", errs)
@@ -781,6 +799,7 @@ func measureLat(ctx context.Context, nsPath, test string, target func(int) strin
 				if now.After(warmEnd) {
 					if err != nil {
 						myErrs++
+						noteErr(err)
 					} else {
 						myOps++
 						mine = append(mine, now.Sub(last))
@@ -827,6 +846,13 @@ func (r *NorthSouthReport) print(w io.Writer, paths []string) {
 			fmt.Fprintf(w, " | %-34s", cell)
 		}
 		fmt.Fprintln(w)
+	}
+	for _, row := range r.Rows {
+		for _, p := range paths {
+			if s := row.Rate[p]; s != nil {
+				printStatErrors(w, fmt.Sprintf("%s services %s %s", human(float64(row.Services)), row.Test, p), s)
+			}
+		}
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "  - "+strings.TrimSpace(n))

@@ -15,7 +15,8 @@ import (
 // BenchmarkNorthSouth runs RunNorthSouth once (-benchtime 1x), with
 // upstream kube-proxy's iptables and nftables proxiers as peers:
 // DP_NS_SERVICES (default 1), DP_NS_DURATION (default 1s), DP_NS_ROUNDS (3),
-// DP_NS_KUBE_PROXY (iptables,nftables; none), DP_NS_XDP (1 or generic: the
+// DP_NS_KUBE_PROXY (iptables,nftables; none), DP_NS_TESTS (TCP_CRR,TCP_RR,
+// UDP_RR: the default), DP_NS_XDP (1 or generic: the
 // eBPF XDP column, generic XDP on a veth; native: native XDP on a veth whose
 // peer runs an XDP_PASS program; generic,native: both), DP_NS_IPV6 (1: the
 // direct and eBPF tc paths over IPv6 beside), DP_NS_DSR (1: the eBPF tc
@@ -44,6 +45,11 @@ func BenchmarkNorthSouth(b *testing.B) {
 			cfg.ServiceCounts = append(cfg.ServiceCounts, n)
 		}
 	}
+	tests, err := ParseTests(os.Getenv("DP_NS_TESTS"))
+	if err != nil {
+		b.Fatalf("DP_NS_TESTS: %v", err)
+	}
+	cfg.Tests = tests
 	for _, m := range strings.Split(os.Getenv("DP_NS_XDP"), ",") {
 		switch m {
 		case "1", "generic":

@@ -2,6 +2,9 @@ package bench
 
 import (
 	"fmt"
+	"io"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -54,6 +57,7 @@ func (r *Report) print(cfg Config, paths []string) {
 		}
 		fmt.Fprintln(w)
 	}
+	printErrors(w, r.Rows)
 	if r.Program != nil {
 		fmt.Fprintf(w, "\neBPF: programming %s from scratch: median %.3f s [%.3f–%.3f] over %d rounds\n",
 			r.ProgramSize, r.Program.Median, r.Program.Min, r.Program.Max, len(r.Program.Rounds))
@@ -64,4 +68,31 @@ func (r *Report) print(cfg Config, paths []string) {
 		fmt.Fprintf(w, "eBPF: endpoint change to map (full Sync of that state): p50 %.2f ms, p99 %.2f ms, max %.2f ms; CPU %.2f ms per change\n",
 			r.ChangeP50, r.ChangeP99, r.ChangeMax, r.ChangeCPUms)
 	}
+}
+
+// printErrors lists, for every path that had errors, what they were and
+// the kernel's TCP counters over its measurements.
+func printErrors(w io.Writer, rows []Row) {
+	for _, row := range rows {
+		for _, p := range slices.Sorted(maps.Keys(row.Paths)) {
+			printStatErrors(w, fmt.Sprintf("%s services %s %s", human(float64(row.Services)), row.Test, p), row.Paths[p])
+		}
+	}
+}
+
+func printStatErrors(w io.Writer, what string, s *Stat) {
+	if s.Errors == 0 {
+		return
+	}
+	fmt.Fprintf(w, "  errors %s: %d in %s operations (%.1f per 10^5)", what, s.Errors, human(float64(s.Ops)), float64(s.Errors)*1e5/float64(max(s.Ops, 1)))
+	for _, k := range slices.Sorted(maps.Keys(s.ErrorKinds)) {
+		fmt.Fprintf(w, "; %s %d", k, s.ErrorKinds[k])
+	}
+	if len(s.KernelCounters) > 0 {
+		fmt.Fprintf(w, "; kernel:")
+		for _, k := range slices.Sorted(maps.Keys(s.KernelCounters)) {
+			fmt.Fprintf(w, " %s %d", k, s.KernelCounters[k])
+		}
+	}
+	fmt.Fprintln(w)
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 	"slices"
 	"sync"
@@ -39,7 +40,10 @@ type tables struct {
 	parallel bool
 }
 
-// programmed is the reconciler's mirror of one frontend in the maps.
+// programmed is the reconciler's mirror of one frontend in the maps: what
+// was written (IDs, counts, flags) and hashes, enough to tell whether a
+// desired frontend changes anything, not a copy of the frontend (its
+// backends are its slots' IDs, whose keys beByID holds once for all).
 type programmed struct {
 	id        uint32
 	hasMaster bool
@@ -51,13 +55,20 @@ type programmed struct {
 	// entries: slot entries in the map (keys 1..entries): len(slots)
 	// unless inline, where it is 0 but for slot entries left over.
 	entries int
-	keys    []backendKey // the backends of slots, as last synced (nil after restore)
 	flags   uint16
 	timeout uint32
 	kind    dataplane.FrontendKind
-	name    string
-	svc     dataplane.ServicePortName // as last synced (zero after restore)
-	seen    uint64                    // the sync generation that last saw it desired
+	// nameHash: the names-map entry, hashed (hashName), to tell whether
+	// it must be rewritten.
+	nameHash uint64
+	// hash: the desired frontend it was written from (frontendHash).
+	hash uint64
+	seen uint64 // the sync generation that last saw it desired
+	// synced: written by this process from a desired frontend, so hash is
+	// known (false after restore: the next sync compares the frontend with
+	// the maps entry by entry, which also repairs what a hash collision,
+	// 2^-64 per comparison, could have left stale).
+	synced bool
 	// terminateTCP: TCP sockets to a backend it loses are destroyed too.
 	terminateTCP bool
 	// maglev: its Maglev table is written for exactly these slots.
@@ -238,7 +249,9 @@ func (r *reconciler) restore() error {
 	err = r.t.names.Iterate(func(id uint32, v sockLBLbSvcName) bool {
 		r.nextSvc = max(r.nextSvc, id+1)
 		if p := ids[id]; p != nil {
-			p.kind, p.name = nameOf(v)
+			var name string
+			p.kind, name = nameOf(v)
+			p.nameHash = hashName(v.Kind, [5]string{name})
 		} else if !slices.Contains(r.orphanRev, id) {
 			r.orphanRev = append(r.orphanRev, id)
 		}
@@ -260,11 +273,11 @@ type want struct {
 	flags    uint16
 	timeout  uint32
 	kind     dataplane.FrontendKind
-	name     string
 	svc      dataplane.ServicePortName
 	ids      []uint32 // backend IDs, set at admission
 	// terminateTCP, from the frontend.
 	terminateTCP bool
+	hash         uint64 // frontendHash
 	ranges       []netip.Prefix
 }
 
@@ -279,26 +292,78 @@ func frontendFlags(f *dataplane.Frontend) (flags uint16, timeout uint32) {
 	return flags, timeout
 }
 
-// sameAs reports whether p already holds f exactly, without allocating or
-// hashing: an endpoint change among 10,000 services costs one comparison
-// per unchanged frontend.
+// sameAs reports whether p already holds f: an endpoint change among
+// 10,000 services costs one hash of each frontend of the Services it names
+// (a whole-State sync, one of every frontend), without allocating.
 func (p *programmed) sameAs(f *dataplane.Frontend) bool {
-	if p == nil || p.keys == nil || !p.hasMaster || len(p.keys) != len(f.Endpoints) || len(p.slots) != len(p.keys) ||
-		p.count != len(p.keys) || p.kind != f.Kind || p.svc != f.Service || p.terminateTCP != f.TerminateTCP ||
+	if p == nil || !p.synced || !p.hasMaster || len(p.slots) != len(f.Endpoints) || p.count != len(p.slots) ||
 		!slices.Equal(p.ranges, f.SourceRanges) {
 		return false
 	}
 	if flags, timeout := frontendFlags(f); flags != p.flags || timeout != p.timeout {
 		return false
 	}
-	proto := protoNum(f.Protocol)
+	return p.hash == frontendHash(f)
+}
+
+// frontendHash digests what of a frontend the maps hold besides its flags
+// and source ranges: its endpoints in order (address, port, protocol,
+// terminating), its kind, Service port name and TCP termination.
+func frontendHash(f *dataplane.Frontend) uint64 {
+	var h maphash.Hash
+	h.SetSeed(hashSeed)
+	var b [20]byte
+	b[18] = protoNum(f.Protocol)
 	for i := range f.Endpoints {
-		e, k := &f.Endpoints[i], &p.keys[i]
-		if k.port != e.Port || k.proto != proto || k.addr != e.Addr.As16() || k.terminating != e.Terminating {
-			return false
+		e := &f.Endpoints[i]
+		a := e.Addr.As16()
+		copy(b[:16], a[:])
+		b[16], b[17] = byte(e.Port>>8), byte(e.Port)
+		b[19] = 0
+		if e.Terminating {
+			b[19] = 1
 		}
+		h.Write(b[:])
 	}
-	return true
+	b[0] = 0
+	if f.TerminateTCP {
+		b[0] = 1
+	}
+	h.Write(b[:1])
+	for _, s := range [...]string{string(f.Kind), f.Service.Namespace, f.Service.Name, f.Service.Port} {
+		h.WriteString(s)
+		h.WriteByte(0)
+	}
+	return h.Sum64()
+}
+
+// hashSeed seeds the mirror's hashes (they live only in this process).
+var hashSeed = maphash.MakeSeed()
+
+// hashName hashes a names-map entry: its kind and the concatenated parts,
+// cut as nameValue cuts a name, so that the hash of a frontend's name
+// equals the hash of the entry written for it and read back at restore.
+func hashName(kind uint8, parts [5]string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(hashSeed)
+	h.WriteByte(kind)
+	room := len(sockLBLbSvcName{}.Name) - 1
+	for _, s := range parts {
+		s = s[:min(len(s), room)]
+		h.WriteString(s)
+		room -= len(s)
+	}
+	return h.Sum64()
+}
+
+// frontendNameHash is hashName of the entry nameValue(kind, spn.String())
+// writes, without building the string.
+func frontendNameHash(kind dataplane.FrontendKind, spn dataplane.ServicePortName) uint64 {
+	colon := ":"
+	if spn.Port == "" {
+		colon = ""
+	}
+	return hashName(kindNums[kind], [...]string{spn.Namespace, "/", spn.Name, colon, spn.Port})
 }
 
 // wantsOf resolves the frontends of fs that differ from what r holds, and
@@ -327,7 +392,7 @@ func (r *reconciler) wantsOf(fs []dataplane.Frontend) []want {
 		if p.sameAs(f) {
 			continue
 		}
-		w := want{key: f.FrontendKey, kind: f.Kind, name: f.Service.String(), svc: f.Service, terminateTCP: f.TerminateTCP,
+		w := want{key: f.FrontendKey, kind: f.Kind, svc: f.Service, terminateTCP: f.TerminateTCP, hash: frontendHash(f),
 			ranges: f.SourceRanges}
 		if cap(buf)-len(buf) < len(f.Endpoints) {
 			// Room for this frontend and up to 256 more endpoints of the
@@ -596,7 +661,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		old := r.fronts[w.key]
 		p := &next[i]
 		*p = programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
-			name: w.name, keys: w.backends, svc: w.svc, seen: r.gen, terminateTCP: w.terminateTCP, ranges: w.ranges}
+			nameHash: frontendNameHash(w.kind, w.svc), hash: w.hash, seen: r.gen, synced: true, terminateTCP: w.terminateTCP, ranges: w.ranges}
 		if old != nil && old.id != 0 {
 			p.id = old.id
 		} else {
@@ -606,8 +671,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		if old == nil || old.id != p.id {
 			newRevNat.add(p.id, revNatValue(w.key))
 		}
-		if old == nil || old.id != p.id || old.kind != w.kind || old.name != w.name {
-			newNames.add(p.id, nameValue(w.kind, w.name))
+		if old == nil || old.id != p.id || old.kind != w.kind || old.nameHash != p.nameHash {
+			newNames.add(p.id, nameValue(w.kind, w.svc.String()))
 		}
 		p.slots = w.ids
 		p.inline = len(w.ids) <= inlineBackends
