@@ -1,7 +1,8 @@
 // Package procfs reads the two facts Waggle needs about a process from
 // /proc/PID/stat: its state (to tell a zombie from a live process) and its
 // start time (to tell the process Waggle started from a later one that
-// reused its PID). It signals nothing itself.
+// reused its PID, and, as a wall-clock time, when a container a restarted
+// kubelet did not start itself began). It signals nothing itself.
 package procfs
 
 import (

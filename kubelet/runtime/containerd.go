@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/waggle-io/waggle/internal/cgroupfs"
+	"github.com/waggle-io/waggle/internal/procfs"
 	"github.com/waggle-io/waggle/kubelet/containerlog"
 )
 
@@ -830,7 +831,7 @@ func (c *Containerd) startedAt(id string, proc *task.Process) time.Time {
 	if proc == nil || proc.Pid == 0 || proc.Status == task.Status_CREATED {
 		return time.Time{}
 	}
-	t, err := procStartTime(proc.Pid)
+	t, err := procfs.StartedAt(int(proc.Pid))
 	if err != nil {
 		return time.Time{}
 	}

@@ -1,13 +1,13 @@
 //go:build !linux
 
-package runtime
+package procfs
 
 import (
 	"fmt"
 	"time"
 )
 
-// procStartTime is known on Linux only.
-func procStartTime(pid uint32) (time.Time, error) {
+// StartedAt is known on Linux only.
+func StartedAt(pid int) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("process %d: start times are read on Linux only", pid)
 }

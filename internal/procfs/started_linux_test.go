@@ -1,4 +1,4 @@
-package runtime
+package procfs
 
 import (
 	"os"
@@ -8,11 +8,11 @@ import (
 
 var testInitAt = time.Now()
 
-// TestProcStartTimeIsTheProcessStart: the start time a restarted kubelet
-// reports for a container it did not start is its process's, read from
-// /proc: for this test process, a moment before its package initialized.
-func TestProcStartTimeIsTheProcessStart(t *testing.T) {
-	got, err := procStartTime(uint32(os.Getpid()))
+// TestStartedAtIsTheProcessStart: for this test process, a moment before
+// its package initialized (what a restarted kubelet reports as the start of
+// a container it did not start itself).
+func TestStartedAtIsTheProcessStart(t *testing.T) {
+	got, err := StartedAt(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,7 +21,7 @@ func TestProcStartTimeIsTheProcessStart(t *testing.T) {
 	if got.After(testInitAt.Add(20*time.Millisecond)) || got.Before(testInitAt.Add(-time.Minute)) {
 		t.Errorf("start time %s, package init at %s", got.Format(time.RFC3339Nano), testInitAt.Format(time.RFC3339Nano))
 	}
-	if _, err := procStartTime(0); err == nil {
+	if _, err := StartedAt(0); err == nil {
 		t.Error("no error for pid 0")
 	}
 }
