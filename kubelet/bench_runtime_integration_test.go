@@ -44,13 +44,7 @@ import (
 func BenchmarkPodStartupVsContainerd(b *testing.B) {
 	const count = 100
 	n := newNode(b, func(c *kubelet.Config) {
-		// The harness shortens the kubelet's periods so tests finish fast;
-		// a benchmark times what a user runs: the kubelet's defaults (those
-		// of `waggle kubelet` too), here the 1 s resync and runtime relist
-		// (upstream's PLEG relist period) instead of the harness's 200 ms,
-		// and the CrashLoopBackOff bounds.
-		d := kubelet.Config{}.WithDefaults()
-		c.SyncFrequency, c.BackoffBase, c.BackoffMax = d.SyncFrequency, d.BackoffBase, d.BackoffMax
+		userPeriods(c)
 		if v, err := strconv.Atoi(os.Getenv("WAGGLE_BENCH_PARALLEL_STARTS")); err == nil && v > 0 {
 			c.ParallelStarts = v
 		}
