@@ -828,7 +828,9 @@ func (c *Containerd) startedAt(id string, proc *task.Process) time.Time {
 	if t, ok := c.started[id]; ok {
 		return t
 	}
-	if proc == nil || proc.Pid == 0 || proc.Status == task.Status_CREATED {
+	// Only a live process: a stopped task's PID may belong to another
+	// process by now.
+	if proc == nil || proc.Pid == 0 || (proc.Status != task.Status_RUNNING && proc.Status != task.Status_PAUSED && proc.Status != task.Status_PAUSING) {
 		return time.Time{}
 	}
 	t, err := procfs.StartedAt(int(proc.Pid))
