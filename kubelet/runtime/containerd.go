@@ -875,6 +875,12 @@ func (c *Containerd) ListContainers(ctx context.Context) ([]Container, error) {
 		rc := fromLabels(info)
 		if rc.StartedAt.IsZero() {
 			rc.StartedAt = c.startedAt(ctr.ID(), procs[ctr.ID()])
+			if p := procs[ctr.ID()]; rc.StartedAt.IsZero() && p != nil && p.Status == task.Status_STOPPED {
+				// Started and exited while no kubelet ran: its start is
+				// known nowhere; the container was made right before it
+				// (each instance is a container of its own).
+				rc.StartedAt = info.CreatedAt
+			}
 		}
 		c.fillState(ctx, ctr, &info, &rc, procs[ctr.ID()])
 		out = append(out, rc)
