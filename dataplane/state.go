@@ -72,6 +72,8 @@ type Frontend struct {
 	// Endpoints in the order they are to be programmed: ready ones when there
 	// are any, else serving-and-terminating ones (KEP-1669), after traffic
 	// policy was applied. Empty means the frontend refuses connections.
+	// Compute shares one list among a Service port's frontends of the same
+	// family and policy: read-only to every backend.
 	Endpoints []Endpoint
 	// AffinityTimeout is sessionAffinity ClientIP's timeout; 0 means no
 	// affinity.
