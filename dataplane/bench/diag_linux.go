@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 )
 
 // Every failed operation is sorted by kind, so that a benchmark's errors
@@ -41,12 +42,10 @@ func errKind(err error) string {
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():
 		return step + " timeout"
-	case strings.Contains(err.Error(), "connection reset"):
+	case errors.Is(err, unix.ECONNRESET):
 		return step + " reset"
-	case strings.Contains(err.Error(), "connection refused"):
+	case errors.Is(err, unix.ECONNREFUSED):
 		return step + " refused"
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return step + " timeout"
 	}
 	return step + " other"
 }
