@@ -55,18 +55,14 @@ const (
 	LBModeHybrid = "hybrid"
 )
 
-// LBModes lists the valid NorthSouth.LBMode values.
+// LBModes lists the valid NorthSouth.LBMode values, each at its index
+// NP_LB_MODE_* (the map value lbModeValue writes).
 var LBModes = []string{LBModeSNAT, LBModeDSR, LBModeHybrid}
 
-// lbModeValue is the waggle_np_lb_mode value of a mode (NP_LB_MODE_*).
+// lbModeValue is the waggle_np_lb_mode value of a mode (NP_LB_MODE_*:
+// its index in LBModes; snat for an unknown one).
 func lbModeValue(m string) uint32 {
-	switch m {
-	case LBModeDSR:
-		return 1
-	case LBModeHybrid:
-		return 2
-	}
-	return 0
+	return uint32(max(0, slices.Index(LBModes, m)))
 }
 
 // lbModeName is lbModeValue's inverse.
