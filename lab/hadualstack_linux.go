@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/waggle-io/waggle/kubelet/images"
 )
 
 // dsProbe is the dual-stack scenario's application: an echo pod on each
@@ -66,7 +68,7 @@ func startDualStackProbe(ctx context.Context, cs kubernetes.Interface, st *State
 			AutomountServiceAccountToken:  ptr.To(false),
 			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelHostname,
 				WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: labels}}},
-			Containers: []corev1.Container{{Name: "echo", Image: "waggle.local/waggle-echo:dev", ImagePullPolicy: corev1.PullNever,
+			Containers: []corev1.Container{{Name: "echo", Image: images.EchoImage, ImagePullPolicy: corev1.PullNever,
 				Env:            []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
 				Ports:          []corev1.ContainerPort{{Name: "tcp", ContainerPort: 9000}},
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("tcp")}}, PeriodSeconds: 1},

@@ -26,6 +26,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
+
+	"github.com/waggle-io/waggle/kubelet/images"
 )
 
 // nodeWatch records, through one survivor-seeded client, every node whose
@@ -239,7 +241,7 @@ func probeReplicaSet() *appsv1.ReplicaSet {
 		Selector: &metav1.LabelSelector{MatchLabels: labels},
 		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
 			AutomountServiceAccountToken: ptr.To(false),
-			Containers: []corev1.Container{{Name: "echo", Image: "waggle.local/waggle-echo:dev",
+			Containers: []corev1.Container{{Name: "echo", Image: images.EchoImage,
 				ImagePullPolicy: corev1.PullNever}},
 		}},
 	}}
