@@ -1305,7 +1305,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		ct = 0; /* a new flow on a closed flow's tuple */
 	if (ct && ct->expires_ns > now) {
 		struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &ct->backend_id);
-		if (be && be->port == ct->port && addr_eq(be->addr, ct->addr)) {
+		if (be && !backend_free(be) && be->port == ct->port && addr_eq(be->addr, ct->addr)) {
 			const __u8 *baddr = ct->addr, *saddr = p.saddr;
 			__be16 bport = ct->port, sport = p.sport;
 			int opt = (ct->flags & NP_CT_F_DSR) && dsr_needs_opt(&p);
@@ -1400,8 +1400,11 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		addr_copy(ak.client, p.saddr);
 		ak.rev_nat_id = id;
 		struct np_affinity *a = bpf_map_lookup_elem(&waggle_np_affinity, &ak);
-		if (a && now - a->last_used_ns <= (__u64)svc->affinity_timeout * NSEC &&
-		    bpf_map_lookup_elem(&waggle_backends, &a->backend_id)) {
+		struct lb_backend *ab = a ? bpf_map_lookup_elem(&waggle_backends, &a->backend_id) : 0;
+		/* The backend the entry was written for: same ID, same generation
+		 * (IDs are reused). */
+		if (a && ab && now - a->last_used_ns <= (__u64)svc->affinity_timeout * NSEC && !backend_free(ab) &&
+		    ab->gen == a->backend_gen) {
 			be_id = a->backend_id;
 			a->last_used_ns = now;
 			if (xdp)
@@ -1439,7 +1442,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 	}
 	struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &be_id);
 	/* The backend is of the frontend's family (no NAT46/64). */
-	if (!be || is_mapped4(be->addr) == IS6(xdp, &p))
+	if (!be || backend_free(be) || is_mapped4(be->addr) == IS6(xdp, &p))
 		return xdp ? XDP_PASS : TCX_NEXT;
 	const __u8 *baddr = be->addr, *saddr = p.saddr;
 	__u8 snat[16];
@@ -1466,7 +1469,7 @@ static __always_inline int np_ingress(void *ctx, const int xdp)
 		stat(NP_STAT_DSR_MTU);
 	}
 	if (new_affinity) {
-		struct np_affinity av = {.last_used_ns = now, .backend_id = be_id};
+		struct np_affinity av = {.last_used_ns = now, .backend_id = be_id, .backend_gen = be->gen};
 		bpf_map_update_elem(&waggle_np_affinity, &ak, &av, BPF_ANY);
 	}
 	__builtin_memset(&nv, 0, sizeof(nv));

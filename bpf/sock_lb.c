@@ -108,7 +108,11 @@ static __always_inline __u16 pick_slot(struct bpf_sock_addr *ctx, __u16 count)
 	return (__u16)(r % count) + 1;
 }
 
-/* affinity_backend returns the sticky backend of this client, or 0. */
+/*
+ * affinity_backend returns the sticky backend of this client, or 0. The
+ * entry's backend must still be the one it was written for: the same ID
+ * and generation (IDs are reused).
+ */
 static __always_inline __u32 affinity_backend(struct bpf_sock_addr *ctx, const struct lb_service *svc)
 {
 	struct lb_affinity_key k = {
@@ -124,11 +128,17 @@ static __always_inline __u32 affinity_backend(struct bpf_sock_addr *ctx, const s
 		bpf_map_delete_elem(&waggle_affinity, &k);
 		return 0;
 	}
+	__u32 id = a->backend_id;
+	struct lb_backend *be = bpf_map_lookup_elem(&waggle_backends, &id);
+
+	if (!be || backend_free(be) || be->gen != a->backend_gen)
+		return 0; /* rewritten below with the new choice */
 	a->last_used_ns = now;
-	return a->backend_id;
+	return id;
 }
 
-static __always_inline void affinity_update(struct bpf_sock_addr *ctx, const struct lb_service *svc, __u32 backend_id)
+static __always_inline void affinity_update(struct bpf_sock_addr *ctx, const struct lb_service *svc, __u32 backend_id,
+					    __u32 gen)
 {
 	struct lb_affinity_key k = {
 		.netns_cookie = bpf_get_netns_cookie(ctx),
@@ -137,6 +147,7 @@ static __always_inline void affinity_update(struct bpf_sock_addr *ctx, const str
 	struct lb_affinity v = {
 		.last_used_ns = bpf_ktime_get_ns(),
 		.backend_id = backend_id,
+		.backend_gen = gen,
 	};
 
 	bpf_map_update_elem(&waggle_affinity, &k, &v, BPF_ANY);
@@ -174,12 +185,8 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx, int v6, __u32 st
 
 	if (svc->flags & SVC_FLAG_AFFINITY) {
 		backend_id = affinity_backend(ctx, svc);
-		if (backend_id) {
-			if (bpf_map_lookup_elem(&waggle_backends, &backend_id))
-				stat_inc(STAT_AFFINITY_HIT);
-			else
-				backend_id = 0;
-		}
+		if (backend_id)
+			stat_inc(STAT_AFFINITY_HIT);
 	}
 	if (!backend_id) {
 		key.slot = pick_slot(ctx, svc->count);
@@ -194,12 +201,12 @@ static __always_inline int xlate_fwd(struct bpf_sock_addr *ctx, int v6, __u32 st
 		}
 	}
 	be = bpf_map_lookup_elem(&waggle_backends, &backend_id);
-	if (!be)
+	if (!be || backend_free(be))
 		return refuse(STAT_BACKEND_MISSING, ECONNREFUSED);
 	if (!v6 && !addr_is_v4mapped(be->addr))
 		return refuse(STAT_BACKEND_MISSING, ECONNREFUSED);
 	if (svc->flags & SVC_FLAG_AFFINITY)
-		affinity_update(ctx, svc, backend_id);
+		affinity_update(ctx, svc, backend_id, be->gen);
 
 	/* Remember the frontend for recvmsg/getpeername before rewriting. */
 	struct lb_reverse_sk_key rk = {

@@ -11,7 +11,7 @@
 #include <linux/types.h>
 
 /* Version of the map layout below, recorded in the meta map. */
-#define WAGGLE_LB_LAYOUT_VERSION 2
+#define WAGGLE_LB_LAYOUT_VERSION 3
 /* "WGGL" as a little-endian u32. */
 #define WAGGLE_LB_MAGIC 0x4c474757
 
@@ -62,13 +62,24 @@ struct lb_service {
 	__u32 backends[LB_INLINE_BACKENDS];
 };
 
-/* Value of the backends map (key: __u32 backend ID, never 0). */
+/*
+ * Value of the backends map, an ARRAY indexed by backend ID (layout 3; a
+ * hash map before). ID 0 is never used. An unused ID's entry has proto 0
+ * (backend_free): the programs treat it as missing. IDs are reused, lowest
+ * first; gen counts the backends an ID has held, so that an affinity entry
+ * naming the ID matches only the backend it was written for (a stale entry
+ * never follows a reused ID to another Service's backend).
+ */
 struct lb_backend {
 	__u8 addr[16]; /* IPv6 or IPv4-mapped, network order */
 	__be16 port;   /* network order */
-	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 flags;    /* reserved, 0 */
+	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP; 0: the ID is unused */
+	__u8 flags;    /* BACKEND_FLAG_* (user space only) */
+	__u32 gen;     /* generation of the ID (never 0 for a used ID) */
 };
+
+/* backend_free: the entry of an unused backend ID. */
+#define backend_free(be) ((be)->proto == 0)
 
 /* Value of the rev_nat map (key: __u32 service ID): the frontend. */
 struct lb_rev_nat {
@@ -112,7 +123,7 @@ struct lb_affinity_key {
 struct lb_affinity {
 	__u64 last_used_ns; /* bpf_ktime_get_ns() (CLOCK_MONOTONIC) of last use */
 	__u32 backend_id;
-	__u32 pad;
+	__u32 backend_gen;  /* lb_backend.gen when written: must still match */
 };
 
 /* The meta map's one entry: who wrote this pinned state. */

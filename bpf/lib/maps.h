@@ -22,12 +22,13 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } waggle_services SEC(".maps");
 
+/* Indexed by backend ID: max_entries is the backends-map size + 1 (ID 0 is
+ * never used). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct lb_backend);
-	__uint(max_entries, LB_BACKENDS_MAX);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, LB_BACKENDS_MAX + 1);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } waggle_backends SEC(".maps");
 

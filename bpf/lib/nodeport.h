@@ -122,7 +122,8 @@ struct np_affinity_key {
 struct np_affinity {
 	__u64 last_used_ns;
 	__u32 backend_id;
-	__u32 pad;
+	__u32 backend_gen; /* lb_backend.gen when written: must still match
+			    * (socket-LB layout 3; padding, 0, before) */
 };
 
 /* Value of the north-south services map (key: __u32 service ID, the

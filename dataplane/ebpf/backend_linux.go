@@ -110,7 +110,7 @@ func New(cfg Config) (b *Backend, err error) {
 	}
 	sizes := map[string]int{
 		MapServices: cfg.MaxServices, MapRevNat: cfg.MaxServices, MapServiceNames: cfg.MaxServices,
-		MapBackends: cfg.MaxBackends, MapAffinity: cfg.MaxAffinity, MapReverseSockets: cfg.MaxReverseSockets,
+		MapBackends: backendsMapSize(cfg.MaxBackends), MapAffinity: cfg.MaxAffinity, MapReverseSockets: cfg.MaxReverseSockets,
 	}
 	for name, n := range sizes {
 		spec.Maps[name].MaxEntries = uint32(n)
@@ -141,12 +141,12 @@ func New(cfg Config) (b *Backend, err error) {
 	}
 	b.rec = newReconciler(tables{
 		services: mapTable[sockLBLbServiceKey, sockLBLbService]{MapServices, objs.WaggleServices},
-		backends: mapTable[uint32, sockLBLbBackend]{MapBackends, objs.WaggleBackends},
+		backends: arrayTable[sockLBLbBackend]{mapTable[uint32, sockLBLbBackend]{MapBackends, objs.WaggleBackends}},
 		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, objs.WaggleRevNat},
 		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, objs.WaggleSvcNames},
 		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, objs.WaggleAffinity},
 		parallel: true,
-	}, cfg.MaxServices, cfg.MaxBackends)
+	}, cfg.MaxServices, cfg.MaxBackends).withGrace(rcuGracePeriod)
 	if err := b.rec.restore(); err != nil {
 		objs.Close()
 		return nil, fmt.Errorf("restore from pinned maps: %w", err)
@@ -156,6 +156,13 @@ func New(cfg Config) (b *Backend, err error) {
 		return nil, err
 	}
 	if cfg.NorthSouth != nil {
+		if old != 0 && old < 3 {
+			// Layout 3's north-south affinity entries name the backend's
+			// generation too; every migrated backend has generation 1.
+			if err := stampNPAffinityGen(cfg.PinDir); err != nil {
+				b.log.Warn("north-south affinity entries not converted: their clients choose again", "err", err)
+			}
+		}
 		if err := b.loadNorthSouth(); err != nil {
 			objs.Close()
 			return nil, err
@@ -268,9 +275,27 @@ func (b *Backend) writeMeta() error {
 	return nil
 }
 
-// migratableLayout is the older layout a starting proxy converts (layout
-// 1: every backend in a slot entry; see loadResized).
-const migratableLayout = 1
+// migratableLayouts are the older layouts a starting proxy converts (layout
+// 1: every backend in a slot entry; layout 2: the backends map a hash map;
+// see loadResized).
+var migratableLayouts = []uint32{1, 2}
+
+// backendsMapSize is the backends array's max_entries for n backends: ID 0
+// is never used.
+func backendsMapSize(n int) int { return n + 1 }
+
+// membarrierCmdGlobal is MEMBARRIER_CMD_GLOBAL (linux/membarrier.h).
+const membarrierCmdGlobal = 1
+
+// rcuGracePeriod waits until every BPF program run that started before it
+// was called has finished: membarrier(MEMBARRIER_CMD_GLOBAL) returns after
+// synchronize_rcu(), and the programs run under rcu_read_lock. Where
+// membarrier cannot (nohz_full CPUs), a second is far longer than any run.
+func rcuGracePeriod() {
+	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); errno != 0 {
+		time.Sleep(time.Second)
+	}
+}
 
 // checkPinnedMeta refuses pinned state from another layout version
 // before anything is loaded over it, except migratableLayout, which the
@@ -284,7 +309,7 @@ func checkPinnedMeta(dir string) (uint32, error) {
 		return 0, fmt.Errorf("open pinned %s: %w", MapMeta, err)
 	}
 	defer m.Close()
-	return checkMeta(m, dir, migratableLayout)
+	return checkMeta(m, dir, migratableLayouts...)
 }
 
 // checkMeta returns the layout version of the pinned state, refusing any
@@ -305,7 +330,7 @@ func checkMeta(m *ebpf.Map, dir string, migratable ...uint32) (uint32, error) {
 		return ver, nil
 	}
 	if magic != Magic || ver != LayoutVersion {
-		if magic == Magic && ver == migratableLayout {
+		if magic == Magic && slices.Contains(migratableLayouts, ver) {
 			return 0, fmt.Errorf("%s holds map layout %d; this Waggle uses layout %d: "+
 				"a starting proxy converts it: %w", dir, ver, LayoutVersion, ErrLayoutMismatch)
 		}

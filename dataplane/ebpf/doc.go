@@ -29,7 +29,7 @@ import (
 
 // LayoutVersion is the version of the pinned map layout this package
 // reads and writes (WAGGLE_LB_LAYOUT_VERSION in bpf/lib/lb.h).
-const LayoutVersion = 2
+const LayoutVersion = 3
 
 // Magic marks Waggle's meta map ("WGGL" little-endian).
 const Magic = 0x4c474757

@@ -904,7 +904,7 @@ func TestDualStackSocketReachesAnIPv4FrontendThroughItsMappedAddress(t *testing.
 func kernelTables(o *sockLBObjects) tables {
 	return tables{
 		services: mapTable[sockLBLbServiceKey, sockLBLbService]{MapServices, o.WaggleServices},
-		backends: mapTable[uint32, sockLBLbBackend]{MapBackends, o.WaggleBackends},
+		backends: arrayTable[sockLBLbBackend]{mapTable[uint32, sockLBLbBackend]{MapBackends, o.WaggleBackends}},
 		revNat:   mapTable[uint32, sockLBLbRevNat]{MapRevNat, o.WaggleRevNat},
 		names:    mapTable[uint32, sockLBLbSvcName]{MapServiceNames, o.WaggleSvcNames},
 		affinity: mapTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, o.WaggleAffinity},

@@ -19,12 +19,33 @@ type fakeTable[K comparable, V any] struct {
 	m    map[K]V
 	max  int
 	f    *fakeMaps
+	// array: an array map of max+1 entries (keys 0..max): a key beyond
+	// is refused, nothing is deleted, and a value that isFree is an
+	// unused entry, kept in free (m holds the used ones).
+	array  bool
+	isFree func(V) bool
+	free   map[K]V
 }
 
 func (t *fakeTable[K, V]) Put(keys []K, vals []V) error {
 	for i, k := range keys {
 		if err := t.f.step(); err != nil {
 			return err
+		}
+		if t.array {
+			if int(any(k).(uint32)) > t.max {
+				return errMapFull(t.name, errors.New("E2BIG"))
+			}
+			if t.isFree(vals[i]) {
+				delete(t.m, k)
+				t.free[k] = vals[i]
+			} else {
+				delete(t.free, k)
+				t.m[k] = vals[i]
+			}
+			t.f.ops++
+			t.f.checkNow()
+			continue
 		}
 		if _, ok := t.m[k]; !ok && t.max > 0 && len(t.m) >= t.max {
 			return errMapFull(t.name, errors.New("E2BIG"))
@@ -37,6 +58,9 @@ func (t *fakeTable[K, V]) Put(keys []K, vals []V) error {
 }
 
 func (t *fakeTable[K, V]) Delete(keys []K) error {
+	if t.array && len(keys) > 0 {
+		return fmt.Errorf("map %s: delete: an array entry cannot be deleted", t.name)
+	}
 	for _, k := range keys {
 		if err := t.f.step(); err != nil {
 			return err
@@ -51,6 +75,11 @@ func (t *fakeTable[K, V]) Delete(keys []K) error {
 func (t *fakeTable[K, V]) Iterate(fn func(K, V) bool) error {
 	for _, k := range slices.Collect(maps.Keys(t.m)) {
 		if !fn(k, t.m[k]) {
+			return nil
+		}
+	}
+	for _, k := range slices.Collect(maps.Keys(t.free)) {
+		if !fn(k, t.free[k]) {
 			return nil
 		}
 	}
@@ -92,11 +121,12 @@ func (f *fakeMaps) checkNow() {
 
 func newFakeMaps(maxServices, maxBackends int) *fakeMaps {
 	f := &fakeMaps{}
-	f.services = &fakeTable[sockLBLbServiceKey, sockLBLbService]{MapServices, map[sockLBLbServiceKey]sockLBLbService{}, maxServices, f}
-	f.backends = &fakeTable[uint32, sockLBLbBackend]{MapBackends, map[uint32]sockLBLbBackend{}, maxBackends, f}
-	f.revNat = &fakeTable[uint32, sockLBLbRevNat]{MapRevNat, map[uint32]sockLBLbRevNat{}, maxServices, f}
-	f.names = &fakeTable[uint32, sockLBLbSvcName]{MapServiceNames, map[uint32]sockLBLbSvcName{}, maxServices, f}
-	f.affinity = &fakeTable[sockLBLbAffinityKey, sockLBLbAffinity]{MapAffinity, map[sockLBLbAffinityKey]sockLBLbAffinity{}, 0, f}
+	f.services = &fakeTable[sockLBLbServiceKey, sockLBLbService]{name: MapServices, m: map[sockLBLbServiceKey]sockLBLbService{}, max: maxServices, f: f}
+	f.backends = &fakeTable[uint32, sockLBLbBackend]{name: MapBackends, m: map[uint32]sockLBLbBackend{}, max: maxBackends, f: f,
+		array: true, isFree: func(v sockLBLbBackend) bool { return v.Proto == 0 }, free: map[uint32]sockLBLbBackend{}}
+	f.revNat = &fakeTable[uint32, sockLBLbRevNat]{name: MapRevNat, m: map[uint32]sockLBLbRevNat{}, max: maxServices, f: f}
+	f.names = &fakeTable[uint32, sockLBLbSvcName]{name: MapServiceNames, m: map[uint32]sockLBLbSvcName{}, max: maxServices, f: f}
+	f.affinity = &fakeTable[sockLBLbAffinityKey, sockLBLbAffinity]{name: MapAffinity, m: map[sockLBLbAffinityKey]sockLBLbAffinity{}, max: 0, f: f}
 	return f
 }
 
@@ -114,7 +144,7 @@ func consistent(t tables) error {
 	be := map[uint32]bool{}
 	rev := map[uint32]sockLBLbRevNat{}
 	t.services.Iterate(func(k sockLBLbServiceKey, v sockLBLbService) bool { svc[k] = v; return true })
-	t.backends.Iterate(func(k uint32, _ sockLBLbBackend) bool { be[k] = true; return true })
+	t.backends.Iterate(func(k uint32, v sockLBLbBackend) bool { be[k] = v.Proto != 0; return true })
 	t.revNat.Iterate(func(k uint32, v sockLBLbRevNat) bool { rev[k] = v; return true })
 	for k, v := range svc {
 		if k.Slot != 0 {
@@ -177,7 +207,12 @@ func dumpTables(t tables) string {
 		}
 		b.WriteByte('\n')
 	}
-	dumpIDs(&b, MapBackends+": id -> backend", t.backends, func(v sockLBLbBackend) string { return backendKeyOf(v).String() })
+	dumpIDs(&b, MapBackends+": id -> backend", t.backends, func(v sockLBLbBackend) string {
+		if v.Proto == 0 {
+			return "" // unused: not shown
+		}
+		return backendKeyOf(v).String()
+	})
 	dumpIDs(&b, MapRevNat+": id -> frontend", t.revNat, func(v sockLBLbRevNat) string {
 		return fmt.Sprintf("%s/%s", netip.AddrPortFrom(addrFrom16(v.Addr), fromNet16(v.Port)), protoName(v.Proto))
 	})
@@ -195,7 +230,9 @@ func dumpIDs[V any](b *strings.Builder, title string, t table[uint32, V], f func
 	slices.Sort(ids)
 	fmt.Fprintf(b, "# %s\n", title)
 	for _, id := range ids {
-		fmt.Fprintf(b, "%d -> %s\n", id, f(vals[id]))
+		if s := f(vals[id]); s != "" {
+			fmt.Fprintf(b, "%d -> %s\n", id, s)
+		}
 	}
 }
 

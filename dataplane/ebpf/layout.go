@@ -159,8 +159,9 @@ func (b backendKey) String() string {
 	return b.addrPort().String() + "/" + string(protoName(b.proto))
 }
 
-func backendValue(b backendKey) sockLBLbBackend {
-	v := sockLBLbBackend{Addr: b.addr, Port: toNet16(b.port), Proto: b.proto}
+// backendValue is b's backends-map entry, for an ID of generation gen.
+func backendValue(b backendKey, gen uint32) sockLBLbBackend {
+	v := sockLBLbBackend{Addr: b.addr, Port: toNet16(b.port), Proto: b.proto, Gen: gen}
 	if b.terminating {
 		v.Flags |= BackendFlagTerminating
 	}
@@ -226,6 +227,8 @@ type BackendEntry struct {
 	Protocol dataplane.Protocol `json:"protocol"`
 	// Terminating: serving but terminating (BackendFlagTerminating).
 	Terminating bool `json:"terminating,omitempty"`
+	// Gen is the ID's generation (how many backends it has held).
+	Gen uint32 `json:"gen"`
 }
 
 // AffinityEntry is one entry of the affinity LRU.
@@ -233,6 +236,9 @@ type AffinityEntry struct {
 	NetnsCookie uint64 `json:"netnsCookie"`
 	ServiceID   uint32 `json:"serviceID"`
 	BackendID   uint32 `json:"backendID"`
+	// BackendGen is the backend ID's generation when the entry was
+	// written: the programs follow the entry only while the ID has it.
+	BackendGen uint32 `json:"backendGen"`
 	// LastUsed is CLOCK_MONOTONIC time of the entry's last use.
 	LastUsed time.Duration `json:"lastUsedMonotonic"`
 }

@@ -85,3 +85,39 @@ func (t mapTable[K, V]) wrap(err error) error {
 	}
 	return fmt.Errorf("map %s: update: %w", t.name, err)
 }
+
+// arrayTable is the backends array: Iterate reads it in batches (an array
+// of a million entries would be two million syscalls one by one), and
+// Delete is refused (an array entry is overwritten, not deleted).
+type arrayTable[V any] struct {
+	mapTable[uint32, V]
+}
+
+func (t arrayTable[V]) Delete(keys []uint32) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	return fmt.Errorf("map %s: delete: an array entry cannot be deleted", t.name)
+}
+
+func (t arrayTable[V]) Iterate(fn func(uint32, V) bool) error {
+	keys, vals := make([]uint32, batchSize), make([]V, batchSize)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := t.m.BatchLookup(&cursor, keys, vals, nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return t.mapTable.Iterate(fn)
+		}
+		for i := range n {
+			if !fn(keys[i], vals[i]) {
+				return nil
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("map %s: iterate: %w", t.name, err)
+		}
+	}
+}

@@ -17,7 +17,7 @@ type nodePortLbAffinity struct {
 	_          structs.HostLayout
 	LastUsedNs uint64
 	BackendId  uint32
-	Pad        uint32
+	BackendGen uint32
 }
 
 type nodePortLbAffinityKey struct {
@@ -33,6 +33,7 @@ type nodePortLbBackend struct {
 	Port  uint16
 	Proto uint8
 	Flags uint8
+	Gen   uint32
 }
 
 type nodePortLbMeta struct {
@@ -96,7 +97,7 @@ type nodePortNpAffinity struct {
 	_          structs.HostLayout
 	LastUsedNs uint64
 	BackendId  uint32
-	Pad        uint32
+	BackendGen uint32
 }
 
 type nodePortNpAffinityKey struct {

@@ -50,6 +50,11 @@ func loadResized(spec *ebpf.CollectionSpec, cfg Config, layout uint32) (*sockLBO
 			r.names = append(r.names, name)
 			continue
 		}
+		if layout != 0 && layout < 3 && (name == MapBackends && m.Type() == ebpf.Hash && m.KeySize() == 4 &&
+			m.ValueSize() == v2BackendSize || name == MapAffinity) {
+			r.names = append(r.names, name) // converted below
+			continue
+		}
 		if m.Type() != ms.Type || m.KeySize() != ms.KeySize || m.ValueSize() != ms.ValueSize {
 			closeOld()
 			return nil, nil, fmt.Errorf("pinned map %s is %s %d/%d bytes, this Waggle uses %s %d/%d: %w",
@@ -75,8 +80,15 @@ func loadResized(spec *ebpf.CollectionSpec, cfg Config, layout uint32) (*sockLBO
 	}
 	for _, name := range copyOrder {
 		cp := copyMap
-		if o := r.old[name]; name == MapServices && o != nil && o.ValueSize() == v1ServiceSize {
+		switch o := r.old[name]; {
+		case name == MapServices && o != nil && o.ValueSize() == v1ServiceSize:
 			cp = convertServicesV1
+		case name == MapBackends && o != nil && o.Type() == ebpf.Hash:
+			cp = convertBackendsV2
+		case name == MapBackends:
+			cp = copyBackends
+		case name == MapAffinity && layout != 0 && layout < 3:
+			cp = convertAffinityV2
 		}
 		if err := cp(r.old[name], r.fresh[name], name); err != nil {
 			objs.Close()
@@ -90,6 +102,115 @@ func loadResized(spec *ebpf.CollectionSpec, cfg Config, layout uint32) (*sockLBO
 
 // v1ServiceSize is lb_service's size in layout 1 (no inline backends).
 const v1ServiceSize = 16
+
+// v2BackendSize is lb_backend's size in layouts 1 and 2 (no generation),
+// when the backends map was a hash map.
+const v2BackendSize = 20
+
+// convertBackendsV2 copies a hash backends map of layout 1 or 2 into this
+// layout's array: each backend at the index of its ID, generation 1.
+func convertBackendsV2(from, to *ebpf.Map, name string) error {
+	var id uint32
+	var raw [v2BackendSize]byte
+	var ids []uint32
+	var vals []sockLBLbBackend
+	it := from.Iterate()
+	for it.Next(&id, &raw) {
+		v := sockLBLbBackend{Port: uint16(raw[16]) | uint16(raw[17])<<8, Proto: raw[18], Flags: raw[19], Gen: 1}
+		copy(v.Addr[:], raw[:16])
+		ids, vals = append(ids, id), append(vals, v)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read pinned map %s: %w", name, err)
+	}
+	return putBackends(to, name, ids, vals)
+}
+
+// copyBackends copies the backends array into one of another size. An ID
+// beyond the new size must be unused (an ID cannot move: entries name it).
+func copyBackends(from, to *ebpf.Map, name string) error {
+	if from == nil {
+		return nil
+	}
+	var ids []uint32
+	var vals []sockLBLbBackend
+	err := arrayTable[sockLBLbBackend]{mapTable[uint32, sockLBLbBackend]{name, from}}.Iterate(func(id uint32, v sockLBLbBackend) bool {
+		if v.Proto != 0 || v.Gen != 0 && id < to.MaxEntries() {
+			ids, vals = append(ids, id), append(vals, v)
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return putBackends(to, name, ids, vals)
+}
+
+func putBackends(to *ebpf.Map, name string, ids []uint32, vals []sockLBLbBackend) error {
+	for _, id := range ids {
+		if id >= to.MaxEntries() {
+			return fmt.Errorf("map %s holds backend ID %d, beyond the new size %d: %w", name, id, to.MaxEntries()-1, errMapFull(name, errE2BIG))
+		}
+	}
+	if err := (mapTable[uint32, sockLBLbBackend]{name, to}).Put(ids, vals); err != nil {
+		return fmt.Errorf("copy map %s: %w", name, err)
+	}
+	return nil
+}
+
+// convertAffinityV2 copies the affinity LRU of layout 1 or 2, whose entries
+// name no backend generation, giving them generation 1: that of every
+// backend convertBackendsV2 wrote.
+func convertAffinityV2(from, to *ebpf.Map, name string) error {
+	if from == nil {
+		return nil
+	}
+	var k sockLBLbAffinityKey
+	var v sockLBLbAffinity
+	it := from.Iterate()
+	for it.Next(&k, &v) {
+		v.BackendGen = 1
+		to.Update(&k, &v, ebpf.UpdateAny) // an LRU: never full
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read pinned map %s: %w", name, err)
+	}
+	return nil
+}
+
+// stampNPAffinityGen gives the pinned north-south affinity entries of
+// layout 1 or 2 generation 1, as convertAffinityV2 does for the socket
+// LB's: they are kept in place (the north-south maps have a layout of
+// their own), converted before the new programs read them. An entry the
+// old programs write meanwhile keeps 0, and its client chooses again.
+func stampNPAffinityGen(dir string) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, MapNPAffinity), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	var k nodePortNpAffinityKey
+	var v nodePortNpAffinity
+	var keys []nodePortNpAffinityKey
+	var vals []nodePortNpAffinity
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if v.BackendGen == 0 {
+			v.BackendGen = 1
+			keys, vals = append(keys, k), append(vals, v)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for i := range keys {
+		m.Update(&keys[i], &vals[i], ebpf.UpdateExist) // gone meanwhile: fine
+	}
+	return nil
+}
 
 // convertServicesV1 copies a layout-1 services map (a master entry and one
 // slot entry per backend for every frontend) into this layout's: a master

@@ -17,7 +17,7 @@ type sockLBLbAffinity struct {
 	_          structs.HostLayout
 	LastUsedNs uint64
 	BackendId  uint32
-	Pad        uint32
+	BackendGen uint32
 }
 
 type sockLBLbAffinityKey struct {
@@ -33,6 +33,7 @@ type sockLBLbBackend struct {
 	Port  uint16
 	Proto uint8
 	Flags uint8
+	Gen   uint32
 }
 
 type sockLBLbMeta struct {

@@ -104,12 +104,15 @@ type reconciler struct {
 
 	fronts map[dataplane.FrontendKey]*programmed
 	beIDs  map[backendKey]uint32
-	// beByID: every backend ID of the backends map, with its key and the
-	// number of slots naming it (one map, not two: a first sync of 100,000
-	// backends makes 100,000 fewer map insertions).
-	beByID  map[uint32]backendRef
+	// beByID, indexed by backend ID (the backends map is an array): the
+	// ID's key and the number of slots naming it while it is used, and its
+	// generation always. len(beByID) == nextBe; index 0 is never used.
+	beByID  []backendRef
 	nextSvc uint32
-	nextBe  uint32
+	// nextBe: the lowest ID never used (by this mirror or the maps).
+	nextBe uint32
+	// ids: backend IDs freed and waiting to be reused.
+	ids idPool
 	// touched: backend IDs whose reference count dropped (or that are
 	// new), candidates for deletion at the end of a sync.
 	touched []uint32
@@ -125,6 +128,13 @@ type reconciler struct {
 
 func newReconciler(t tables, maxServices, maxBackends int) *reconciler {
 	return &reconciler{t: t, maxServices: maxServices, maxBackends: maxBackends, dirty: true}
+}
+
+// withGrace makes freed backend IDs wait for grace (an RCU grace period:
+// every program run that may have read them is over) before reuse.
+func (r *reconciler) withGrace(grace func()) *reconciler {
+	r.ids.grace = grace
+	return r
 }
 
 // entries returns how many services-map entries the mirror holds.
@@ -143,7 +153,8 @@ func (r *reconciler) entries() int {
 func (r *reconciler) restore() error {
 	r.fronts = map[dataplane.FrontendKey]*programmed{}
 	r.beIDs = map[backendKey]uint32{}
-	r.beByID = map[uint32]backendRef{}
+	r.beByID = make([]backendRef, 1)
+	r.ids.reset()
 	refs := map[uint32]int32{} // slots naming each backend ID, until the backends are read
 	maxSlotID := uint32(0)     // the highest backend ID any entry names
 	inl := map[*programmed][]uint32{}
@@ -200,7 +211,7 @@ func (r *reconciler) restore() error {
 	}
 	// No new backend gets an ID an entry names, even one missing from the
 	// backends map: its reference count would include that slot.
-	r.nextBe = max(r.nextBe, maxSlotID+1)
+	r.growIDs(maxSlotID)
 	ids := map[uint32]*programmed{}
 	for _, p := range r.fronts {
 		if p.id != 0 {
@@ -209,21 +220,42 @@ func (r *reconciler) restore() error {
 		}
 	}
 	err = r.t.backends.Iterate(func(id uint32, v sockLBLbBackend) bool {
-		b := backendKeyOf(v)
-		r.beIDs[b] = id
-		r.beByID[id] = backendRef{key: b, refs: refs[id]}
-		r.nextBe = max(r.nextBe, id+1)
+		if id == 0 || v.Proto == 0 && v.Gen == 0 {
+			return true // never used
+		}
+		r.growIDs(id)
+		e := &r.beByID[id]
+		e.gen = v.Gen
+		if v.Proto != 0 {
+			b := backendKeyOf(v)
+			r.beIDs[b] = id
+			e.key, e.used = b, true
+		}
 		return true
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", MapBackends, err)
 	}
 	r.touched = nil
-	for id, e := range r.beByID {
-		if e.refs == 0 { // left over: deleted by the next sync
-			r.touched = append(r.touched, id)
+	var unused []uint32
+	for id := 1; id < len(r.beByID); id++ {
+		e := &r.beByID[id]
+		e.refs = refs[uint32(id)]
+		switch {
+		case e.refs > 0 && !e.used:
+			// Named by a slot but missing: kept from reuse until no slot
+			// names it.
+			e.used = true
+			r.touched = append(r.touched, uint32(id))
+		case e.used && e.refs == 0: // left over: freed by the next sync
+			r.touched = append(r.touched, uint32(id))
+		case !e.used:
+			unused = append(unused, uint32(id))
 		}
 	}
+	// A program may still be reading the entry of an ID freed just before
+	// this restore: the free IDs wait for a grace period like any other.
+	r.ids.quarantine(unused)
 	hasRev := make(map[uint32]bool, len(ids))
 	err = r.t.revNat.Iterate(func(id uint32, _ sockLBLbRevNat) bool {
 		r.nextSvc = max(r.nextSvc, id+1)
@@ -576,14 +608,15 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	// ones are deleted).
 	used := r.used
 	nfronts := len(r.fronts)
-	if len(r.beIDs) == 0 && len(wants) > 0 { // a first sync: size the mirror once
+	if len(r.beIDs) == 0 && len(wants) > 0 && r.nextBe == 1 { // a first sync: size the mirror once
 		r.beIDs = make(map[backendKey]uint32, nb)
-		r.beByID = make(map[uint32]backendRef, nb)
+		r.beByID = make([]backendRef, 1, nb+1)
 	}
 	// One allocation for every want's backend IDs (which become the
 	// frontends' slots), instead of one per frontend.
 	idBuf := make([]uint32, nb)
 	accepted := make([]want, 0, len(wants))
+	var reusedIDs []uint32 // backend IDs given out again, written below
 	for _, w := range wants {
 		p := r.fronts[w.key]
 		growth := slotEntries(len(w.backends))
@@ -608,8 +641,8 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		switch {
 		case used+growth > r.maxServices:
 			full = fmt.Sprintf("%s needs %d more entries, %d of %d used", MapServices, growth, used, r.maxServices)
-		case len(r.beIDs)+fresh > r.maxBackends:
-			full = fmt.Sprintf("%s needs %d more entries, %d of %d used", MapBackends, fresh, len(r.beIDs), r.maxBackends)
+		case fresh > r.idsLeft():
+			full = fmt.Sprintf("%s needs %d more entries, %d of %d used", MapBackends, fresh, r.maxBackends-r.idsLeft(), r.maxBackends)
 		case p == nil && nfronts+1 > r.maxServices:
 			full = fmt.Sprintf("%s has room for %d frontends", MapRevNat, r.maxServices)
 		}
@@ -630,17 +663,43 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		// orphan).
 		for i, b := range w.backends {
 			if id := w.ids[i]; id != 0 {
-				e := r.beByID[id]
-				e.refs++
-				r.beByID[id] = e
+				r.beByID[id].refs++
 				continue
 			}
-			id := r.nextBe
-			r.nextBe++
-			r.beIDs[b], r.beByID[id], w.ids[i] = id, backendRef{key: b, refs: 1}, id
-			newBackends.add(id, backendValue(b))
+			id, reused := r.allocID()
+			e := &r.beByID[id]
+			e.key, e.refs, e.used = b, 1, true
+			if e.gen++; e.gen == 0 {
+				e.gen = 1
+			}
+			r.beIDs[b], w.ids[i] = id, id
+			if reused {
+				reusedIDs = append(reusedIDs, id)
+			} else {
+				newBackends.add(id, backendValue(b, e.gen))
+			}
 		}
 		accepted = append(accepted, w)
+	}
+
+	// A reused ID's entry gets its new generation first, still free, and
+	// only then the backend: the entry is rewritten in place, and a program
+	// following a stale affinity entry may read it meanwhile, a mix of the
+	// two values. Whatever it reads is free (proto 0) or has the new
+	// generation, never the stale entry's generation with a used proto.
+	if len(reusedIDs) > 0 {
+		pre := make([]sockLBLbBackend, len(reusedIDs))
+		for i, id := range reusedIDs {
+			pre[i].Gen = r.beByID[id].gen
+		}
+		if err := r.t.backends.Put(reusedIDs, pre); err != nil {
+			return res, fmt.Errorf("write generations of reused backend IDs: %w", err)
+		}
+		res.writes += len(reusedIDs)
+		for _, id := range reusedIDs {
+			e := &r.beByID[id]
+			newBackends.add(id, backendValue(e.key, e.gen))
+		}
 	}
 
 	// 3. rev_nat and names of new frontends and the slots of frontends
@@ -787,7 +846,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	// point at a backend their service lost.
 	var unused []uint32
 	for _, id := range r.touched {
-		if e, ok := r.beByID[id]; ok && e.refs == 0 {
+		if e := &r.beByID[id]; e.used && e.refs == 0 {
 			unused = append(unused, id)
 		}
 	}
@@ -810,13 +869,23 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		}
 		res.deletes += len(stale)
 	}
-	if err := r.t.backends.Delete(unused); err != nil {
-		return res, fmt.Errorf("delete unused backends: %w", err)
+	// An array entry is not deleted but marked free, keeping its
+	// generation; the ID is reused only after a grace period.
+	freed := make([]sockLBLbBackend, len(unused))
+	for i, id := range unused {
+		freed[i].Gen = r.beByID[id].gen
+	}
+	if err := r.t.backends.Put(unused, freed); err != nil {
+		return res, fmt.Errorf("free unused backends: %w", err)
 	}
 	for _, id := range unused {
-		delete(r.beIDs, r.beByID[id].key)
-		delete(r.beByID, id)
+		e := &r.beByID[id]
+		if r.beIDs[e.key] == id {
+			delete(r.beIDs, e.key)
+		}
+		*e = backendRef{gen: e.gen}
 	}
+	r.ids.quarantine(unused)
 	res.deletes += len(unused)
 	slices.SortFunc(res.lost, func(a, b lostBackend) int {
 		return cmp.Or(a.frontend.Compare(b.frontend), a.backend.Compare(b.backend))
@@ -1037,17 +1106,141 @@ func (r *reconciler) release(id uint32) {
 	if id == 0 {
 		return
 	}
-	if e, ok := r.beByID[id]; ok {
+	if e := &r.beByID[id]; e.used {
 		e.refs--
-		r.beByID[id] = e
 	}
 	r.touched = append(r.touched, id)
 }
 
-// backendRef is a backend ID's key and the number of slots naming it.
+// backendRef is a backend ID's key and the number of slots naming it, and
+// the ID's generation (lb_backend.gen: how many backends it has held).
 type backendRef struct {
 	key  backendKey
 	refs int32
+	gen  uint32
+	// used: the ID holds a backend, or a slot names it.
+	used bool
+}
+
+// growIDs makes IDs up to id known to the mirror (none of them free).
+func (r *reconciler) growIDs(id uint32) {
+	for uint32(len(r.beByID)) <= id {
+		r.beByID = append(r.beByID, backendRef{})
+	}
+	r.nextBe = max(r.nextBe, id+1)
+}
+
+// idsLeft is how many backend IDs can still be given out: free ones,
+// waiting ones and those never used below the map's size.
+func (r *reconciler) idsLeft() int {
+	return r.ids.len() + max(0, r.maxBackends-int(r.nextBe)+1)
+}
+
+// allocID gives out the lowest free backend ID whose grace period is
+// over, else a new one, else (the map is full up to its size) waits for
+// the grace periods under way. The caller checked idsLeft. reused: the ID
+// held a backend before.
+func (r *reconciler) allocID() (id uint32, reused bool) {
+	if id, ok := r.ids.take(false); ok {
+		return id, true
+	}
+	if int(r.nextBe) <= r.maxBackends {
+		id := r.nextBe
+		r.growIDs(id)
+		return id, r.beByID[id].gen != 0
+	}
+	id, _ = r.ids.take(true)
+	return id, true
+}
+
+// idPool holds freed backend IDs. An ID freed by a sync may still be in
+// use by a program that read a master entry naming it before that entry
+// changed (and an array entry is rewritten in place, not replaced): it is
+// given out again only after an RCU grace period that started after it
+// was freed, when no such program run is left.
+type idPool struct {
+	// free: IDs past their grace period, highest first (taken from the
+	// end: the lowest, so the array stays dense).
+	free []uint32
+	// waiting: IDs freed, each batch with its grace period under way.
+	waiting []graceBatch
+	// grace waits for an RCU grace period; nil: none is needed (no
+	// program reads the tables, as in the unit tests).
+	grace func()
+}
+
+type graceBatch struct {
+	ids  []uint32
+	done chan struct{}
+}
+
+func (p *idPool) reset() {
+	p.free, p.waiting = nil, nil
+}
+
+func (p *idPool) len() int {
+	n := len(p.free)
+	for _, b := range p.waiting {
+		n += len(b.ids)
+	}
+	return n
+}
+
+// quarantine starts a grace period for ids (already freed in the maps).
+func (p *idPool) quarantine(ids []uint32) {
+	if len(ids) == 0 {
+		return
+	}
+	b := graceBatch{ids: slices.Clone(ids), done: make(chan struct{})}
+	if p.grace == nil {
+		close(b.done)
+	} else {
+		go func() {
+			p.grace()
+			close(b.done)
+		}()
+	}
+	p.waiting = append(p.waiting, b)
+}
+
+// take returns the lowest free ID, moving the batches whose grace period
+// is over (all of them, waiting for them, if wait) to the free list first.
+func (p *idPool) take(wait bool) (uint32, bool) {
+	p.collect(wait)
+	n := len(p.free)
+	if n == 0 {
+		return 0, false
+	}
+	id := p.free[n-1]
+	p.free = p.free[:n-1]
+	return id, true
+}
+
+// collect moves the batches whose grace period is over (all, waiting for
+// them, if wait) to the free list.
+func (p *idPool) collect(wait bool) {
+	if len(p.waiting) == 0 {
+		return
+	}
+	moved := false
+	kept := p.waiting[:0]
+	for _, b := range p.waiting {
+		if wait {
+			<-b.done
+		}
+		select {
+		case <-b.done:
+			p.free = append(p.free, b.ids...)
+			moved = true
+		default:
+			kept = append(kept, b)
+		}
+	}
+	clear(p.waiting[len(kept):])
+	p.waiting = kept
+	if moved {
+		slices.SortFunc(p.free, func(a, b uint32) int { return cmp.Compare(b, a) })
+	}
 }
 
 func (r *reconciler) lost(p *programmed, k dataplane.FrontendKey, beID uint32) lostBackend {

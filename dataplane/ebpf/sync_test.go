@@ -89,7 +89,9 @@ func TestGeneratedStructsMatchTheCLayout(t *testing.T) {
 	}{
 		{"lb_service_key", unsafe.Sizeof(sockLBLbServiceKey{}), 24},
 		{"lb_service", unsafe.Sizeof(sockLBLbService{}), 80},
-		{"lb_backend", unsafe.Sizeof(sockLBLbBackend{}), 20},
+		{"lb_backend", unsafe.Sizeof(sockLBLbBackend{}), 24},
+		{"lb_backend.gen offset", unsafe.Offsetof(sockLBLbBackend{}.Gen), 20},
+		{"lb_affinity.backend_gen offset", unsafe.Offsetof(sockLBLbAffinity{}.BackendGen), 12},
 		{"lb_rev_nat", unsafe.Sizeof(sockLBLbRevNat{}), 20},
 		{"lb_reverse_sk_key", unsafe.Sizeof(sockLBLbReverseSkKey{}), 32},
 		{"lb_reverse_sk", unsafe.Sizeof(sockLBLbReverseSk{}), 24},
@@ -566,24 +568,30 @@ func TestTerminatingBackendsAreMarkedAndNotLost(t *testing.T) {
 // be deleted while a frontend names it.
 func TestARestoredSlotNamingAMissingBackendKeepsItsIDUnused(t *testing.T) {
 	r, f := newFakeReconciler(t, 1024, 1024)
-	web := fe("10.96.0.10:80", dataplane.TCP, "10.244.1.5:8080")
+	many := func(prefix string) []string { // slot entries, not inline
+		var out []string
+		for i := range inlineBackends + 1 {
+			out = append(out, fmt.Sprintf("%s.%d:8080", prefix, i+1))
+		}
+		return out
+	}
+	web := fe("10.96.0.10:80", dataplane.TCP, many("10.244.1")...)
 	if _, err := r.sync(sorted(web)); err != nil {
 		t.Fatal(err)
 	}
 	f.check = nil // the maps are broken on purpose: checked at the end
 	k := serviceKey(web.FrontendKey, 1)
 	v := f.services.m[k]
-	v.BackendId = 7 // missing, above every backend ID
+	v.BackendId = 40 // missing, above every backend ID
 	f.services.m[k] = v
 	restarted := newReconciler(f.tables(), 1024, 1024)
-	web = fe("10.96.0.10:80", dataplane.TCP, "10.244.1.6:8080")
-	other := fe("10.96.0.11:80", dataplane.TCP, "10.244.2.1:80", "10.244.2.2:80", "10.244.2.3:80", "10.244.2.4:80",
-		"10.244.2.5:80", "10.244.2.6:80")
+	web = fe("10.96.0.10:80", dataplane.TCP, many("10.244.3")...)
+	other := fe("10.96.0.11:80", dataplane.TCP, many("10.244.2")...)
 	if _, err := restarted.sync(sorted(web, other)); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := f.backends.m[7]; ok {
-		t.Errorf("backend ID 7, named by a restored slot, was given to a new backend")
+	if _, ok := f.backends.m[40]; ok {
+		t.Errorf("backend ID 40, named by a restored slot, was given to a new backend")
 	}
 	if err := consistent(f.tables()); err != nil {
 		t.Fatal(err)

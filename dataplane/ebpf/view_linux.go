@@ -113,9 +113,12 @@ func iterate[K, V any](m *ebpf.Map, name string, fn func(K, V)) error {
 // Backends returns the backends map, by ID.
 func (v *View) Backends() ([]BackendEntry, error) {
 	var out []BackendEntry
-	err := iterate(v.maps[MapBackends], MapBackends, func(id uint32, b sockLBLbBackend) {
-		k := backendKeyOf(b)
-		out = append(out, BackendEntry{ID: id, Backend: k.addrPort(), Protocol: protoName(k.proto), Terminating: k.terminating})
+	err := arrayTable[sockLBLbBackend]{mapTable[uint32, sockLBLbBackend]{MapBackends, v.maps[MapBackends]}}.Iterate(func(id uint32, b sockLBLbBackend) bool {
+		if b.Proto != 0 { // else the ID is unused
+			k := backendKeyOf(b)
+			out = append(out, BackendEntry{ID: id, Backend: k.addrPort(), Protocol: protoName(k.proto), Terminating: k.terminating, Gen: b.Gen})
+		}
+		return true
 	})
 	slices.SortFunc(out, func(a, b BackendEntry) int { return cmp.Compare(a.ID, b.ID) })
 	return out, err
@@ -178,7 +181,7 @@ func (v *View) Affinity() ([]AffinityEntry, error) {
 	var out []AffinityEntry
 	err := iterate(v.maps[MapAffinity], MapAffinity, func(k sockLBLbAffinityKey, a sockLBLbAffinity) {
 		out = append(out, AffinityEntry{NetnsCookie: k.NetnsCookie, ServiceID: k.RevNatId, BackendID: a.BackendId,
-			LastUsed: time.Duration(a.LastUsedNs)})
+			BackendGen: a.BackendGen, LastUsed: time.Duration(a.LastUsedNs)})
 	})
 	slices.SortFunc(out, func(a, b AffinityEntry) int {
 		return cmp.Or(cmp.Compare(a.ServiceID, b.ServiceID), cmp.Compare(a.NetnsCookie, b.NetnsCookie))
@@ -248,8 +251,16 @@ func (v *View) Maps() ([]MapInfo, error) {
 		if err != nil {
 			return nil, fmt.Errorf("count %s: %w", name, err)
 		}
+		maxEntries := int(m.MaxEntries())
+		if name == MapBackends { // the used IDs of 1..--bpf-lb-backends-max
+			bes, err := v.Backends()
+			if err != nil {
+				return nil, err
+			}
+			n, maxEntries = len(bes), maxEntries-1
+		}
 		out = append(out, MapInfo{Name: name, Type: m.Type().String(), KeySize: int(m.KeySize()),
-			ValueSize: int(m.ValueSize()), Entries: n, MaxEntries: int(m.MaxEntries()),
+			ValueSize: int(m.ValueSize()), Entries: n, MaxEntries: maxEntries,
 			Path: filepath.Join(v.dir, name)})
 	}
 	return out, nil
@@ -267,6 +278,9 @@ func (v *View) RawEntries(name string) (keys, values [][]byte, err error) {
 	var k, val []byte
 	it := m.Iterate()
 	for it.Next(&k, &val) {
+		if name == MapBackends && val[18] == 0 {
+			continue // a free ID (lb_backend.proto 0)
+		}
 		keys, values = append(keys, slices.Clone(k)), append(values, slices.Clone(val))
 	}
 	return keys, values, it.Err()
@@ -440,7 +454,7 @@ func (v *View) Frontend(k dataplane.FrontendKey) (svc Service, ok bool, err erro
 		bes := map[uint32]BackendEntry{}
 		for _, id := range m.Backends[:svc.Count] {
 			var b sockLBLbBackend
-			if err := v.maps[MapBackends].Lookup(id, &b); err == nil {
+			if err := v.maps[MapBackends].Lookup(id, &b); err == nil && b.Proto != 0 {
 				bk := backendKeyOf(b)
 				bes[id] = BackendEntry{ID: id, Backend: bk.addrPort(), Protocol: protoName(bk.proto), Terminating: bk.terminating}
 			}
@@ -454,7 +468,7 @@ func (v *View) Frontend(k dataplane.FrontendKey) (svc Service, ok bool, err erro
 		if err := v.maps[MapServices].Lookup(serviceKey(k, uint16(i)), &s); err == nil {
 			slot.BackendID = s.BackendId
 			var b sockLBLbBackend
-			if err := v.maps[MapBackends].Lookup(s.BackendId, &b); err == nil {
+			if err := v.maps[MapBackends].Lookup(s.BackendId, &b); err == nil && b.Proto != 0 {
 				bk := backendKeyOf(b)
 				slot.Backend, slot.Terminating = bk.addrPort(), bk.terminating
 			}

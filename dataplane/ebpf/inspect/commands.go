@@ -121,7 +121,8 @@ func (in *inspector) mapRows() ([]MapRow, error) {
 	for _, m := range maps {
 		r := MapRow{Name: m.Name, Type: m.Type, KeySize: m.KeySize, ValueSize: m.ValueSize, Entries: m.Entries,
 			MaxEntries: m.MaxEntries, Path: m.Path}
-		r.FixedSize = m.Type == cebpf.Array.String() || m.Type == cebpf.PerCPUArray.String()
+		// The backends array counts its used IDs (View.Maps): it fills.
+		r.FixedSize = (m.Type == cebpf.Array.String() || m.Type == cebpf.PerCPUArray.String()) && m.Name != ebpf.MapBackends
 		if m.MaxEntries > 0 && !r.FixedSize {
 			r.Pressure = float64(int(float64(m.Entries)*10000/float64(m.MaxEntries))) / 100
 		}

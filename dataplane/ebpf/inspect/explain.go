@@ -170,6 +170,14 @@ func (in *inspector) explainAffinity(e *Explanation, f *Frontend, haveClient boo
 			n, ebpf.MapAffinity)
 		return nil
 	}
+	all, err := in.src.Backends()
+	if err != nil {
+		return err
+	}
+	gens := map[uint32]uint32{}
+	for _, b := range all {
+		gens[b.ID] = b.Gen
+	}
 	now := in.sys.Monotonic()
 	for _, a := range entries {
 		if a.ServiceID != f.ID || a.NetnsCookie != cookie {
@@ -183,6 +191,9 @@ func (in *inspector) explainAffinity(e *Explanation, f *Frontend, haveClient boo
 		case !ok:
 			e.step("%s has an entry for this client -> backend %d, which %s lacks: a fresh slot is chosen",
 				ebpf.MapAffinity, a.BackendID, ebpf.MapBackends)
+		case gens[a.BackendID] != a.BackendGen:
+			e.step("%s has an entry for this client -> backend %d generation %d, but the ID now holds generation %d (another backend): a fresh slot is chosen",
+				ebpf.MapAffinity, a.BackendID, a.BackendGen, gens[a.BackendID])
 		case f.key.Addr.Is4() && !isV4(addr):
 			e.step("%s pins this client to backend %d (%s), an IPv6 backend: IPv4 sockets are refused", ebpf.MapAffinity, a.BackendID, addr)
 			e.Verdict, e.Errno = VerdictRefused, "ECONNREFUSED"

@@ -88,7 +88,8 @@ type MapRow struct {
 	Entries    int     `json:"entries"`
 	MaxEntries int     `json:"maxEntries"`
 	Pressure   float64 `json:"pressurePercent"`
-	// FixedSize maps (arrays) always hold MaxEntries entries: no pressure.
+	// FixedSize maps (arrays but the backends array, whose Entries are its
+	// used IDs) always hold MaxEntries entries: no pressure.
 	FixedSize bool   `json:"fixedSize,omitempty"`
 	Path      string `json:"path"`
 }
