@@ -612,10 +612,16 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 		r.beIDs = make(map[backendKey]uint32, nb)
 		r.beByID = make([]backendRef, 1, nb+1)
 	}
+	if len(r.fronts) == 0 && len(wants) > 0 {
+		r.fronts = make(map[dataplane.FrontendKey]*programmed, len(wants))
+	}
 	// One allocation for every want's backend IDs (which become the
 	// frontends' slots), instead of one per frontend.
 	idBuf := make([]uint32, nb)
 	accepted := make([]want, 0, len(wants))
+	// olds[i]: what the mirror held for accepted[i] (nil: new), looked up
+	// once.
+	olds := make([]*programmed, 0, len(wants))
 	var reusedIDs []uint32 // backend IDs given out again, written below
 	for _, w := range wants {
 		p := r.fronts[w.key]
@@ -680,6 +686,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 			}
 		}
 		accepted = append(accepted, w)
+		olds = append(olds, p)
 	}
 
 	// A reused ID's entry gets its new generation first, still free, and
@@ -717,7 +724,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	// all of them.
 	next := make([]programmed, na)
 	for i, w := range accepted {
-		old := r.fronts[w.key]
+		old := olds[i]
 		p := &next[i]
 		*p = programmed{hasMaster: true, count: len(w.backends), flags: w.flags, timeout: w.timeout, kind: w.kind,
 			nameHash: frontendNameHash(w.kind, w.svc), hash: w.hash, seen: r.gen, synced: true, terminateTCP: w.terminateTCP, ranges: w.ranges}
@@ -809,8 +816,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	// replaced never names a missing one).
 	if r.t.maglev != nil {
 		for i := range next {
-			k, p := accepted[i].key, &next[i]
-			old := r.fronts[k]
+			k, p, old := accepted[i].key, &next[i], olds[i]
 			same := old != nil && old.maglev && old.id == p.id && slices.Equal(old.slots, p.slots) &&
 				slices.Equal(old.ranges, p.ranges)
 			switch {
@@ -832,7 +838,7 @@ func (r *reconciler) apply(wants []want, gone []dataplane.FrontendKey) (syncResu
 	}
 	for i := range next {
 		k, p := accepted[i].key, &next[i]
-		if old := r.fronts[k]; old != nil {
+		if old := olds[i]; old != nil {
 			r.used -= old.entries
 			if old.hasMaster {
 				r.used--
