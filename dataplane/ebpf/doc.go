@@ -72,8 +72,9 @@ type Config struct {
 	// plus one per backend slot (as Cilium's bpf-lb-map-max). It also bounds
 	// the number of frontends (rev_nat and names maps).
 	MaxServices int
-	// MaxBackends is the size of the backends map: distinct backend
-	// address, port and protocol triples.
+	// MaxBackends is the number of distinct backends (address, port,
+	// protocol) the backends map holds: IDs 1..MaxBackends of an array of
+	// MaxBackends+1 entries (ID 0 is never used). Freed IDs are reused.
 	MaxBackends int
 	// MaxAffinity is the size of the session-affinity LRU.
 	MaxAffinity int
