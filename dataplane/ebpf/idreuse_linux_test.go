@@ -58,3 +58,55 @@ func TestAStaleAffinityEntryNeverFollowsAReusedBackendID(t *testing.T) {
 		t.Errorf("affinity entry %+v, %v: still the stale one", now, err)
 	}
 }
+
+// TestNorthSouthStaleAffinityNeverFollowsAReusedBackendID: the same guard
+// in nodeport.c — a north-south affinity entry (by client address) naming
+// a freed backend ID is not followed to the backend of another NodePort
+// that took the ID, but to a fresh choice among its own Service's. (With
+// the generation check taken out it failed in 2 of 4 runs: the first
+// connection does not always take the new-flow path.)
+func TestNorthSouthStaleAffinityNeverFollowsAReusedBackendID(t *testing.T) {
+	tp := newNSTopo(t)
+	tp.start()
+	f := nodePortFrontend("10.27.0.1", 30095, dataplane.TCP, false, "10.27.1.10:8080")
+	f.AffinityTimeout = time.Hour
+	tp.sync(f)
+	c, pod, _, err := tp.dial("10.27.0.1:30095")
+	if err != nil || pod != "10.27.1.10" {
+		t.Fatalf("first connection: %s, %v", pod, err)
+	}
+	c.Close()
+	aff := tp.backend.np.objs.WaggleNpAffinity
+	var k nodePortNpAffinityKey
+	var stale nodePortNpAffinity
+	n := 0
+	for it := aff.Iterate(); it.Next(&k, &stale); n++ {
+	}
+	if n != 1 || stale.BackendGen != 1 {
+		t.Fatalf("%d north-south affinity entries, the last %+v; want one naming generation 1", n, stale)
+	}
+	// The Service moves to 10.27.1.11; the entry, swept or not, is put back.
+	f2 := nodePortFrontend("10.27.0.1", 30095, dataplane.TCP, false, "10.27.1.11:8080")
+	f2.AffinityTimeout = time.Hour
+	tp.sync(f2)
+	if err := aff.Put(&k, &stale); err != nil {
+		t.Fatal(err)
+	}
+	tp.backend.rec.ids.settle()
+	tp.sync(f2, nodePortFrontend("10.27.0.1", 30096, dataplane.TCP, false, "10.27.2.10:8080"))
+	var be sockLBLbBackend
+	if err := tp.backend.objs.WaggleBackends.Lookup(stale.BackendId, &be); err != nil ||
+		backendKeyOf(be).addrPort().String() != "10.27.2.10:8080" || be.Gen != 2 {
+		t.Fatalf("backend ID %d holds %+v, %v; want 10.27.2.10:8080 at generation 2 (the test needs the ID reused)", stale.BackendId, be, err)
+	}
+	for i := range 5 {
+		c, pod, _, err := tp.dial("10.27.0.1:30095")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		if pod != "10.27.1.11" {
+			t.Fatalf("connection %d to NodePort 30095 reached %s, want its own backend 10.27.1.11, not another Service's", i, pod)
+		}
+	}
+}
