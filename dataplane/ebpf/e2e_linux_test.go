@@ -763,6 +763,13 @@ func TestRestartWithOtherMapSizesResizesWithoutAGap(t *testing.T) {
 	if _, err := New(small); !errors.Is(err, dataplane.ErrMapFull) {
 		t.Fatalf("New with a services map smaller than its entries: %v, want ErrMapFull", err)
 	}
+	// The backends array cannot shrink below its highest used ID (IDs 1..4
+	// here: two backends, TCP and UDP).
+	small = e.cfg
+	small.MaxBackends = 3
+	if _, err := New(small); !errors.Is(err, dataplane.ErrMapFull) {
+		t.Fatalf("New with a backends array below its highest used ID: %v, want ErrMapFull", err)
+	}
 	// Growing copies the entries into new maps the new programs use.
 	big := e.cfg
 	big.MaxServices, big.MaxBackends = e.cfg.MaxServices*2, e.cfg.MaxBackends*2
