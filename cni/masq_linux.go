@@ -122,26 +122,44 @@ type nfgenmsg struct{ family uint8 }
 func (m nfgenmsg) Len() int          { return 4 }
 func (m nfgenmsg) Serialize() []byte { return []byte{m.family, 0 /* NFNETLINK_V0 */, 0, 0} }
 
+// nfDump runs an nf_tables dump of the inet family (request get, replies
+// of type reply, filter attributes attrs) and returns each reply's
+// attributes.
+func nfDump(get, reply int, attrs ...*nl.RtAttr) ([]map[uint16][]byte, error) {
+	req := nl.NewNetlinkRequest(nfnlSubsysNFTables<<8|get, unix.NLM_F_DUMP)
+	req.AddData(nfgenmsg{family: nfprotoInet})
+	for _, a := range attrs {
+		req.AddData(a)
+	}
+	msgs, err := req.Execute(unix.NETLINK_NETFILTER, uint16(nfnlSubsysNFTables<<8|reply))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]map[uint16][]byte, 0, len(msgs))
+	for _, m := range msgs {
+		a, err := nfAttrs(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+func nfString(b []byte) string { return string(trimNUL(b)) }
+
 // nftRuleComments returns the comment of every rule of an inet chain.
 func nftRuleComments(table, chain string) ([]string, error) {
-	req := nl.NewNetlinkRequest(nfnlSubsysNFTables<<8|nftMsgGetRule, unix.NLM_F_DUMP)
-	req.AddData(nfgenmsg{family: nfprotoInet})
-	req.AddData(nl.NewRtAttr(nftaRuleTable, nl.ZeroTerminated(table)))
-	req.AddData(nl.NewRtAttr(nftaRuleChain, nl.ZeroTerminated(chain)))
-	msgs, err := req.Execute(unix.NETLINK_NETFILTER, nfnlSubsysNFTables<<8|nftMsgNewRule)
+	rules, err := nfDump(nftMsgGetRule, nftMsgNewRule,
+		nl.NewRtAttr(nftaRuleTable, nl.ZeroTerminated(table)), nl.NewRtAttr(nftaRuleChain, nl.ZeroTerminated(chain)))
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for _, m := range msgs {
-		attrs, err := nfAttrs(m)
-		if err != nil {
-			return nil, err
+	for _, r := range rules {
+		if nfString(r[nftaRuleTable]) == table && nfString(r[nftaRuleChain]) == chain {
+			out = append(out, udataComment(r[nftaRuleUserdata]))
 		}
-		if string(trimNUL(attrs[nftaRuleTable])) != table || string(trimNUL(attrs[nftaRuleChain])) != chain {
-			continue
-		}
-		out = append(out, udataComment(attrs[nftaRuleUserdata]))
 	}
 	return out, nil
 }
@@ -179,18 +197,12 @@ func udataComment(b []byte) string {
 
 // nftTableExists reports whether the inet table exists.
 func nftTableExists(table string) (bool, error) {
-	req := nl.NewNetlinkRequest(nfnlSubsysNFTables<<8|nftMsgGetTable, unix.NLM_F_DUMP)
-	req.AddData(nfgenmsg{family: nfprotoInet})
-	msgs, err := req.Execute(unix.NETLINK_NETFILTER, nfnlSubsysNFTables<<8|nftMsgNewTable)
+	tables, err := nfDump(nftMsgGetTable, nftMsgNewTable)
 	if err != nil {
 		return false, err
 	}
-	for _, m := range msgs {
-		attrs, err := nfAttrs(m)
-		if err != nil {
-			return false, err
-		}
-		if string(trimNUL(attrs[nftaTableName])) == table {
+	for _, t := range tables {
+		if nfString(t[nftaTableName]) == table {
 			return true, nil
 		}
 	}
@@ -199,20 +211,14 @@ func nftTableExists(table string) (bool, error) {
 
 // nftChains lists the chains of an inet table.
 func nftChains(table string) ([]string, error) {
-	req := nl.NewNetlinkRequest(nfnlSubsysNFTables<<8|nftMsgGetChain, unix.NLM_F_DUMP)
-	req.AddData(nfgenmsg{family: nfprotoInet})
-	msgs, err := req.Execute(unix.NETLINK_NETFILTER, nfnlSubsysNFTables<<8|nftMsgNewChain)
+	chains, err := nfDump(nftMsgGetChain, nftMsgNewChain)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	for _, m := range msgs {
-		attrs, err := nfAttrs(m)
-		if err != nil {
-			return nil, err
-		}
-		if string(trimNUL(attrs[nftaChainTable])) == table {
-			out = append(out, string(trimNUL(attrs[nftaChainName])))
+	for _, c := range chains {
+		if nfString(c[nftaChainTable]) == table {
+			out = append(out, nfString(c[nftaChainName]))
 		}
 	}
 	return out, nil

@@ -10,6 +10,8 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/cni/ipam"
 )
 
 // rtnl is one rtnetlink socket in one network namespace, for the requests
@@ -245,7 +247,7 @@ func (r *rtnl) addAddr(index int, p netip.Prefix) error {
 		nl.NewRtAttr(unix.IFA_ADDRESS, a.AsSlice()),
 	}
 	if a.Is4() && p.Bits() < 31 {
-		data = append(data, nl.NewRtAttr(unix.IFA_BROADCAST, lastAddrOf(p).AsSlice()))
+		data = append(data, nl.NewRtAttr(unix.IFA_BROADCAST, ipam.LastAddr(p).AsSlice()))
 	}
 	if a.Is6() {
 		data = append(data, nl.NewRtAttr(unix.IFA_FLAGS, nl.Uint32Attr(unix.IFA_F_NODAD)))
@@ -267,15 +269,6 @@ func (r *rtnl) addDefaultRoute(index int, gw netip.Addr) error {
 		msg,
 		nl.NewRtAttr(unix.RTA_GATEWAY, gw.AsSlice()),
 		nl.NewRtAttr(unix.RTA_OIF, nl.Uint32Attr(uint32(index))))
-}
-
-func lastAddrOf(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 const (

@@ -170,7 +170,7 @@ func Usable(r netip.Prefix) (first, last netip.Addr, err error) {
 	}
 	gw := r.Addr().Next()
 	first = gw.Next()
-	last = lastAddr(r)
+	last = LastAddr(r)
 	if r.Addr().Is4() {
 		last = last.Prev() // broadcast
 	}
@@ -183,7 +183,8 @@ func Usable(r netip.Prefix) (first, last netip.Addr, err error) {
 // Gateway is the gateway address of r: its first host address.
 func Gateway(r netip.Prefix) netip.Addr { return r.Masked().Addr().Next() }
 
-func lastAddr(r netip.Prefix) netip.Addr {
+// LastAddr is the last address of r (for IPv4, its broadcast address).
+func LastAddr(r netip.Prefix) netip.Addr {
 	b := r.Masked().Addr().AsSlice()
 	for i := r.Bits(); i < len(b)*8; i++ {
 		b[i/8] |= 0x80 >> (i % 8)
