@@ -292,6 +292,42 @@ func TestPodTrafficLeavingTheClusterIsMasqueraded(t *testing.T) {
 	}
 }
 
+// TestRemoveMasqueradeKeepsOtherNetworksChains: with two networks on a
+// node, removing one's chain leaves the table and the other's chain; the
+// table goes with the last chain.
+func TestRemoveMasqueradeKeepsOtherNetworksChains(t *testing.T) {
+	a := newNode(t, "10.78.2.0/24", "10.78.0.0/16", nil)
+	b := &node{ns: a.ns, dataDir: t.TempDir(), name: "wgtest2", bridge: "waggle1"}
+	b.conf, _ = json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": b.name, "type": "waggle",
+		"podCIDR": "10.78.3.0/24", "clusterCIDR": "10.78.0.0/16", "bridge": b.bridge, "dataDir": b.dataDir})
+	pod := testutil.NewNetNS(t)
+	for _, n := range []*node{a, b} {
+		n.mustAdd(t, "c1", "eth1", pod)
+		if err := n.del("c1", "eth1", pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.ns.Do(func(ns.NetNS) error { return RemoveMasquerade(a.name) }); err != nil {
+		t.Fatal(err)
+	}
+	out, err := execIn(a.ns, "nft", "list", "table", "inet", MasqueradeTable)
+	if err != nil || strings.Contains(out, "masq-"+a.name+" ") || !strings.Contains(out, "masq-"+b.name+" ") {
+		t.Fatalf("after removing %s's chain (%v):\n%s", a.name, err, out)
+	}
+	if err := a.ns.Do(func(ns.NetNS) error { return RemoveMasquerade(a.name) }); err != nil {
+		t.Fatalf("removing a removed chain: %v", err)
+	}
+	if err := a.ns.Do(func(ns.NetNS) error { return RemoveMasquerade(b.name) }); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn(a.ns, "nft", "list", "table", "inet", MasqueradeTable); err == nil {
+		t.Fatalf("table survived its last chain:\n%s", out)
+	}
+	if err := a.ns.Do(func(ns.NetNS) error { return RemoveMasquerade(b.name) }); err != nil {
+		t.Fatalf("removing from a missing table: %v", err)
+	}
+}
+
 func execIn(n *testutil.NetNS, name string, args ...string) (string, error) {
 	var out []byte
 	err := n.Do(func(ns.NetNS) error {
