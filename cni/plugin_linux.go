@@ -1,27 +1,24 @@
 package cni
 
 import (
-	"context"
+	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os/exec"
+	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	"github.com/containernetworking/plugins/pkg/ip"
-	plipam "github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-	"sigs.k8s.io/knftables"
 
 	"github.com/waggle-io/waggle/cni/ipam"
 	"github.com/waggle-io/waggle/internal/netlinkdump"
@@ -46,6 +43,13 @@ func internalError(format string, args ...any) *types.Error {
 // creates the bridge if needed, the veth pair, configures the pod's end and
 // masquerading, and returns the result. On any error everything it did for
 // this container is undone (the node-wide bridge and rules stay).
+//
+// It is a node's most frequent network operation (one per pod), so it costs
+// as few kernel round trips as it can: every request names its link, none
+// lists the node's links or addresses (which grow with its pods); the veth
+// pair is created from the host's side, up, on the bridge and with its
+// peer in the pod, in one request; and nft runs only when the masquerade
+// chain is not already as it should be.
 func Attach(args *skel.CmdArgs) (_ *current.Result, _ *Config, err error) {
 	cfg, err := ParseConfig(args.StdinData)
 	if err != nil {
@@ -62,11 +66,11 @@ func Attach(args *skel.CmdArgs) (_ *current.Result, _ *Config, err error) {
 		return nil, nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("open pod netns %q: %v", args.Netns, err), "")
 	}
 	defer podNS.Close()
-	hostNS, err := ns.GetCurrentNS()
+	host, err := openRtnl()
 	if err != nil {
-		return nil, nil, internalError("open host netns: %v", err)
+		return nil, nil, ioError("open a netlink socket: %v", err)
 	}
-	defer hostNS.Close()
+	defer host.Close()
 
 	var undo []func()
 	defer func() {
@@ -83,63 +87,50 @@ func Attach(args *skel.CmdArgs) (_ *current.Result, _ *Config, err error) {
 		return nil, nil, err
 	}
 	undo = append(undo, func() { _ = release(cfg, args.ContainerID, args.IfName) })
+	v6 := slices.ContainsFunc(addrs, netip.Addr.Is6)
 
 	// 2. The node's bridge.
-	br, err := ensureBridge(cfg)
+	br, err := ensureBridge(host, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
 
-	// 3. The veth pair; leftovers of an earlier attempt go first.
+	// 3. The veth pair, host end on the bridge, pod end in the pod.
 	hostName := HostVethName(cfg.Name, args.ContainerID, args.IfName)
-	if err := deleteLink(hostName); err != nil {
-		return nil, nil, ioError("remove stale veth %s: %v", hostName, err)
-	}
-	var podIface net.Interface
-	err = podNS.Do(func(ns.NetNS) error {
-		if l, err := netlink.LinkByName(args.IfName); err == nil {
-			return types.NewError(types.ErrInvalidEnvironmentVariables,
-				fmt.Sprintf("interface %s already exists in the pod's netns (type %s) and is not Waggle's", args.IfName, l.Type()), "")
-		}
+	v := veth{name: hostName, mac: hostVethMAC(hostName), master: br.index, mtu: cfg.MTU,
 		// The pod's MAC follows from its address, so a reused address keeps
 		// its MAC and neighbours' cached entries stay right.
-		_, cont, err := ip.SetupVethWithName(args.IfName, hostName, cfg.MTU, macFor(addrs[0]).String(), hostNS)
-		if err != nil {
-			return ioError("create veth pair %s/%s: %v", args.IfName, hostName, err)
-		}
-		podIface = cont
-		return nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	undo = append(undo, func() { _ = deleteLink(hostName) })
-	host, err := netlink.LinkByName(hostName)
-	if err != nil {
-		return nil, nil, ioError("find host veth %s: %v", hostName, err)
-	}
-	if err := netlink.LinkSetMaster(host, br); err != nil {
-		return nil, nil, ioError("attach %s to bridge %s: %v", hostName, cfg.Bridge, err)
-	}
-	if cfg.Hairpin {
-		if err := netlink.LinkSetHairpin(host, true); err != nil {
-			return nil, nil, ioError("hairpin mode on %s: %v", hostName, err)
+		peerName: args.IfName, peerMAC: macFor(addrs[0]), peerNS: int(podNS.Fd())}
+	err = host.addVeth(v)
+	if errors.Is(err, unix.EEXIST) {
+		// A leftover of an earlier attempt (the name is this attachment's)
+		// goes, or the pod already has an interface of that name.
+		if _, lerr := host.linkByName(hostName); lerr == nil {
+			if err := host.delLink(hostName); err != nil {
+				return nil, nil, ioError("remove stale veth %s: %v", hostName, err)
+			}
+			err = host.addVeth(v)
 		}
 	}
-	if err := netlink.LinkSetAlias(host, HostVethAlias(addrs)); err != nil {
-		return nil, nil, ioError("set the alias of %s: %v", hostName, err)
+	if errors.Is(err, unix.EEXIST) {
+		return nil, nil, types.NewError(types.ErrInvalidEnvironmentVariables,
+			fmt.Sprintf("interface %s already exists in the pod's netns and is not Waggle's", args.IfName), "")
 	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		return nil, nil, ioError("set %s up: %v", hostName, err)
+	if err != nil {
+		return nil, nil, ioError("create veth pair %s/%s: %v", args.IfName, hostName, err)
+	}
+	undo = append(undo, func() { _ = host.delLink(hostName) })
+	if err := host.setPort(hostName, HostVethAlias(addrs), cfg.Hairpin); err != nil {
+		return nil, nil, ioError("set the alias and hairpin mode of %s: %v", hostName, err)
 	}
 
 	// 4. The pod's end: addresses, routes.
 	res := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
-			ifBridge: {Name: cfg.Bridge, Mac: br.Attrs().HardwareAddr.String()},
-			ifHost:   {Name: hostName, Mac: host.Attrs().HardwareAddr.String()},
-			ifPod:    {Name: args.IfName, Mac: podIface.HardwareAddr.String(), Sandbox: args.Netns},
+			ifBridge: {Name: cfg.Bridge, Mac: br.mac.String()},
+			ifHost:   {Name: hostName, Mac: v.mac.String()},
+			ifPod:    {Name: args.IfName, Mac: v.peerMAC.String(), Sandbox: args.Netns},
 		},
 	}
 	for i, a := range addrs {
@@ -159,23 +150,12 @@ func Attach(args *skel.CmdArgs) (_ *current.Result, _ *Config, err error) {
 			GW:  gw.AsSlice(),
 		})
 	}
-	err = podNS.Do(func(ns.NetNS) error {
-		if slices.ContainsFunc(addrs, netip.Addr.Is6) {
-			// The IPAM lock already guarantees uniqueness: skip duplicate
-			// address detection, which would hold ADD for a second or two.
-			_, _ = sysctl.Sysctl("net/ipv6/conf/"+args.IfName+"/accept_dad", "0")
-		}
-		if err := plipam.ConfigureIface(args.IfName, res); err != nil {
-			return ioError("configure %s in the pod: %v", args.IfName, err)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := configurePod(host, podNS, cfg, args.IfName, addrs, v6); err != nil {
 		return nil, nil, err
 	}
 
 	// 5. Node-wide forwarding and masquerading.
-	if err := ip.EnableForward(res.IPs); err != nil {
+	if err := enableForwarding(addrs); err != nil {
 		return nil, nil, ioError("enable IP forwarding: %v", err)
 	}
 	if cfg.Masquerade {
@@ -184,6 +164,81 @@ func Attach(args *skel.CmdArgs) (_ *current.Result, _ *Config, err error) {
 		}
 	}
 	return res, cfg, nil
+}
+
+// configurePod gives the pod's interface its addresses, brings it up and
+// adds the default routes via the gateways.
+func configurePod(host *rtnl, podNS ns.NetNS, cfg *Config, ifName string, addrs []netip.Addr, v6 bool) error {
+	pod, err := host.openIn(netns.NsHandle(podNS.Fd()))
+	if err != nil {
+		return ioError("open a netlink socket in the pod: %v", err)
+	}
+	defer pod.Close()
+	l, err := pod.linkByName(ifName)
+	if err != nil {
+		return ioError("find %s in the pod: %v", ifName, err)
+	}
+	if v6 {
+		// IPv6 on, and no duplicate address detection (also for the
+		// link-local address): the IPAM lock already guarantees uniqueness,
+		// and DAD would hold the pod's traffic for a second or two.
+		err := host.doIn(netns.NsHandle(podNS.Fd()), func() error {
+			for _, s := range []struct{ key, val string }{
+				{"net/ipv6/conf/lo/disable_ipv6", "0"},
+				{"net/ipv6/conf/" + ifName + "/disable_ipv6", "0"},
+				{"net/ipv6/conf/" + ifName + "/accept_dad", "0"},
+			} {
+				if err := ensureSysctl(s.key, s.val); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return ioError("enable IPv6 on %s in the pod: %v", ifName, err)
+		}
+	}
+	for i, a := range addrs {
+		if err := pod.addAddr(l.index, netip.PrefixFrom(a, cfg.PodCIDRs[i].Bits())); err != nil {
+			return ioError("add %s/%d to %s in the pod: %v", a, cfg.PodCIDRs[i].Bits(), ifName, err)
+		}
+	}
+	if err := pod.setUp(l.index); err != nil {
+		return ioError("set %s up in the pod: %v", ifName, err)
+	}
+	for i := range addrs {
+		gw := ipam.Gateway(cfg.PodCIDRs[i])
+		if err := pod.addDefaultRoute(l.index, gw); err != nil {
+			return ioError("add the default route via %s in the pod: %v", gw, err)
+		}
+	}
+	return nil
+}
+
+// ensureSysctl sets a sysctl (a path under /proc/sys, of the calling
+// thread's network namespace) unless it already has the value.
+func ensureSysctl(key, val string) error {
+	p := "/proc/sys/" + key
+	if b, err := os.ReadFile(p); err == nil && string(bytes.TrimSpace(b)) == val {
+		return nil
+	}
+	return os.WriteFile(p, []byte(val), 0o644)
+}
+
+// enableForwarding turns on IP forwarding for the families of addrs (the
+// node routes its pods' traffic); it reads before it writes.
+func enableForwarding(addrs []netip.Addr) error {
+	if slices.ContainsFunc(addrs, netip.Addr.Is4) {
+		if err := ensureSysctl("net/ipv4/ip_forward", "1"); err != nil {
+			return err
+		}
+	}
+	if slices.ContainsFunc(addrs, netip.Addr.Is6) {
+		if err := ensureSysctl("net/ipv6/conf/all/forwarding", "1"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // allocate takes one address per pod CIDR under the store's lock.
@@ -242,47 +297,47 @@ func macFor(a netip.Addr) net.HardwareAddr {
 	return net.HardwareAddr{0x0a, 0x58, b[0], b[1], b[2], b[3]}
 }
 
-func ensureBridge(cfg *Config) (netlink.Link, error) {
-	l, err := netlink.LinkByName(cfg.Bridge)
-	if err != nil {
-		if !errors.As(err, new(netlink.LinkNotFoundError)) {
-			return nil, ioError("look up bridge %s: %v", cfg.Bridge, err)
-		}
+// hostVethMAC is the MAC of a host veth: locally administered 0a:57 and
+// four bytes of its (hashed) name, so that ADD knows it without asking.
+func hostVethMAC(name string) net.HardwareAddr {
+	h := sha256.Sum256([]byte(name))
+	return net.HardwareAddr{0x0a, 0x57, h[0], h[1], h[2], h[3]}
+}
+
+// ensureBridge returns the node's bridge, creating it if missing (fixed MAC
+// derived from the gateway), setting it up and adding the gateway addresses
+// it lacks (an address already there is EEXIST: no listing needed).
+func ensureBridge(host *rtnl, cfg *Config) (link, error) {
+	l, err := host.linkByName(cfg.Bridge)
+	if isNoLink(err) {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{
 			Name: cfg.Bridge, MTU: cfg.MTU, TxQLen: -1,
 			HardwareAddr: macFor(ipam.Gateway(cfg.PodCIDRs[0])),
 		}}
 		if err := netlink.LinkAdd(br); err != nil && !errors.Is(err, unix.EEXIST) {
-			return nil, ioError("create bridge %s: %v", cfg.Bridge, err)
+			return link{}, ioError("create bridge %s: %v", cfg.Bridge, err)
 		}
-		if l, err = netlink.LinkByName(cfg.Bridge); err != nil {
-			return nil, ioError("look up bridge %s: %v", cfg.Bridge, err)
-		}
+		l, err = host.linkByName(cfg.Bridge)
 	}
-	if _, ok := l.(*netlink.Bridge); !ok {
-		return nil, invalidConfig("%s exists and is a %s, not a bridge: choose another \"bridge\" name", cfg.Bridge, l.Type())
-	}
-	if l.Attrs().Flags&net.FlagUp == 0 {
-		if err := netlink.LinkSetUp(l); err != nil {
-			return nil, ioError("set bridge %s up: %v", cfg.Bridge, err)
-		}
-	}
-	have, err := netlinkdump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
-		return nil, ioError("list addresses of %s: %v", cfg.Bridge, err)
+		return link{}, ioError("look up bridge %s: %v", cfg.Bridge, err)
+	}
+	if l.kind != "bridge" {
+		kind := l.kind
+		if kind == "" {
+			kind = "device"
+		}
+		return link{}, invalidConfig("%s exists and is a %s, not a bridge: choose another \"bridge\" name", cfg.Bridge, kind)
+	}
+	if !l.up {
+		if err := host.setUp(l.index); err != nil {
+			return link{}, ioError("set bridge %s up: %v", cfg.Bridge, err)
+		}
 	}
 	for _, p := range cfg.PodCIDRs {
-		gw := ipam.Gateway(p)
-		want := &net.IPNet{IP: gw.AsSlice(), Mask: net.CIDRMask(p.Bits(), gw.BitLen())}
-		if slices.ContainsFunc(have, func(a netlink.Addr) bool { return a.IPNet.String() == want.String() }) {
-			continue
-		}
-		a := &netlink.Addr{IPNet: want}
-		if gw.Is6() {
-			a.Flags = unix.IFA_F_NODAD
-		}
-		if err := netlink.AddrAdd(l, a); err != nil && !errors.Is(err, unix.EEXIST) {
-			return nil, ioError("add gateway %s to %s: %v", want, cfg.Bridge, err)
+		gw := netip.PrefixFrom(ipam.Gateway(p), p.Bits())
+		if err := host.addAddr(l.index, gw); err != nil && !errors.Is(err, unix.EEXIST) {
+			return link{}, ioError("add gateway %s to %s: %v", gw, cfg.Bridge, err)
 		}
 	}
 	return l, nil
@@ -303,86 +358,6 @@ func deleteLink(name string) error {
 	return nil
 }
 
-func masqChain(network string) string { return "masq-" + network }
-
-// masqueradeRules are the rules of the network's chain.
-func masqueradeRules(cfg *Config) []string {
-	var out []string
-	for _, p := range cfg.PodCIDRs {
-		fam, mcast := "ip", "224.0.0.0/4"
-		if p.Addr().Is6() {
-			fam, mcast = "ip6", "ff00::/8"
-		}
-		inside := p
-		if cc, ok := cfg.ClusterCIDRFor(p); ok {
-			inside = cc
-		}
-		out = append(out, knftables.Concat(fam, "saddr", p, fam, "daddr", "!=", inside, fam, "daddr", "!=", mcast, "masquerade"))
-	}
-	return out
-}
-
-// ensureMasquerade writes the network's chain in Waggle's table with one
-// `nft -f -` transaction: idempotent and atomic (the chain is flushed and
-// refilled in the same transaction). One exec per ADD: knftables.New would
-// add two probing execs, tripling the cost of an ADD.
-func ensureMasquerade(cfg *Config) error {
-	chain := masqChain(cfg.Name)
-	var b strings.Builder
-	fmt.Fprintf(&b, "add table inet %s { comment \"pod masquerading of waggle-cni\" ; }\n", MasqueradeTable)
-	fmt.Fprintf(&b, "add chain inet %s %s { type nat hook postrouting priority srcnat ; comment \"masquerade pods of network %s leaving the cluster CIDR\" ; }\n",
-		MasqueradeTable, chain, cfg.Name)
-	fmt.Fprintf(&b, "flush chain inet %s %s\n", MasqueradeTable, chain)
-	for _, r := range masqueradeRules(cfg) {
-		fmt.Fprintf(&b, "add rule inet %s %s %s\n", MasqueradeTable, chain, r)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	nft, err := exec.LookPath("nft")
-	if err != nil {
-		return types.NewError(ErrPluginNotAvailable, "nft is not installed: masquerading needs nftables 1.0.1 or later",
-			"install nftables or set \"masquerade\": false")
-	}
-	cmd := exec.CommandContext(ctx, nft, "-f", "-")
-	cmd.Stdin = strings.NewReader(b.String())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return ioError("write masquerade rules (nft table inet %s): %v: %s", MasqueradeTable, err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// RemoveMasquerade deletes the network's chain from Waggle's table (and the
-// table once it is empty). A missing chain is success.
-func RemoveMasquerade(network string) error {
-	nft, err := knftables.New(knftables.InetFamily, MasqueradeTable)
-	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	chains, err := nft.List(ctx, "chains")
-	if err != nil {
-		if knftables.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("list chains of %s: %w", MasqueradeTable, err)
-	}
-	tx := nft.NewTransaction()
-	if slices.Contains(chains, masqChain(network)) {
-		tx.Delete(&knftables.Chain{Name: masqChain(network)})
-	}
-	if len(chains) == 0 || (len(chains) == 1 && chains[0] == masqChain(network)) {
-		tx.Delete(&knftables.Table{})
-	}
-	if tx.NumOperations() == 0 {
-		return nil
-	}
-	if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
-		return fmt.Errorf("remove masquerade chain of %s: %w", network, err)
-	}
-	return nil
-}
-
 // Del detaches the container: its veth pair goes (both ends) and its
 // addresses are released. Anything already gone is success, so DEL may be
 // repeated and cleans up after a crashed ADD.
@@ -394,33 +369,47 @@ func Del(args *skel.CmdArgs) error {
 	if err := ValidateArgs(args.ContainerID, args.IfName); err != nil {
 		return err
 	}
+	host, err := openRtnl()
+	if err != nil {
+		return ioError("open a netlink socket: %v", err)
+	}
+	defer host.Close()
 	hostName := HostVethName(cfg.Name, args.ContainerID, args.IfName)
-	if err := deleteLink(hostName); err != nil {
+	if err := host.delLink(hostName); err != nil {
 		return ioError("delete veth %s: %v", hostName, err)
 	}
 	if args.Netns != "" {
-		err := ns.WithNetNSPath(args.Netns, func(ns.NetNS) error {
-			l, err := netlink.LinkByName(args.IfName)
-			if err != nil {
-				return nil // gone with its peer
-			}
-			if _, ok := l.(*netlink.Veth); !ok {
-				return nil // not ours
-			}
-			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-				return ioError("delete %s in the pod: %v", args.IfName, err)
-			}
-			return nil
-		})
-		if err != nil && !errors.As(err, new(ns.NSPathNotExistErr)) && !errors.As(err, new(ns.NSPathNotNSErr)) {
-			var te *types.Error
-			if errors.As(err, &te) {
-				return te
-			}
-			return ioError("enter pod netns %s: %v", args.Netns, err)
+		if err := delPodLink(host, args.Netns, args.IfName); err != nil {
+			return err
 		}
 	}
 	return release(cfg, args.ContainerID, args.IfName)
+}
+
+// delPodLink deletes the pod's interface if it is still there and a veth
+// (its peer normally took it along); a netns that is gone is success.
+func delPodLink(host *rtnl, path, ifName string) error {
+	podNS, err := ns.GetNS(path)
+	if err != nil {
+		if errors.As(err, new(ns.NSPathNotExistErr)) || errors.As(err, new(ns.NSPathNotNSErr)) {
+			return nil
+		}
+		return ioError("enter pod netns %s: %v", path, err)
+	}
+	defer podNS.Close()
+	pod, err := host.openIn(netns.NsHandle(podNS.Fd()))
+	if err != nil {
+		return ioError("enter pod netns %s: %v", path, err)
+	}
+	defer pod.Close()
+	l, err := pod.linkByName(ifName)
+	if err != nil || l.kind != "veth" {
+		return nil // gone with its peer, or not ours
+	}
+	if err := pod.delLink(ifName); err != nil {
+		return ioError("delete %s in the pod: %v", ifName, err)
+	}
+	return nil
 }
 
 // Check verifies that an earlier ADD's result still holds: the addresses are
@@ -504,10 +493,10 @@ func Check(args *skel.CmdArgs) error {
 		if l.Attrs().MTU != cfg.MTU {
 			return internalError("interface %s has MTU %d, the network wants %d", args.IfName, l.Attrs().MTU, cfg.MTU)
 		}
-		if err := ip.ValidateExpectedInterfaceIPs(args.IfName, podIPs); err != nil {
+		if err := checkPodAddrs(l, podIPs); err != nil {
 			return internalError("pod interface %s: %v", args.IfName, err)
 		}
-		if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
+		if err := checkRoutes(prev.Routes); err != nil {
 			return internalError("pod routes: %v", err)
 		}
 		return nil
@@ -599,6 +588,62 @@ func Status(args *skel.CmdArgs) error {
 		}
 		if free == 0 {
 			return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("podCIDR %s has no free address", p), "")
+		}
+	}
+	return nil
+}
+
+// checkPodAddrs verifies that l carries each address of ips and that a
+// route to its prefix exists.
+func checkPodAddrs(l netlink.Link, ips []*current.IPConfig) error {
+	have, err := netlinkdump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_ALL) })
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	for _, ipc := range ips {
+		want := netlink.Addr{IPNet: &ipc.Address}
+		if !slices.ContainsFunc(have, func(a netlink.Addr) bool { return a.Equal(want) }) {
+			return fmt.Errorf("address %s is missing", ipc.Address.String())
+		}
+		family := netlink.FAMILY_V6
+		if ipc.Address.IP.To4() != nil {
+			family = netlink.FAMILY_V4
+		}
+		dst := &net.IPNet{IP: ipc.Address.IP.Mask(ipc.Address.Mask), Mask: ipc.Address.Mask}
+		rs, err := netlinkdump.Retry(func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(family, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+		})
+		if err != nil {
+			return fmt.Errorf("list routes to %s: %w", dst, err)
+		}
+		if len(rs) == 0 {
+			return fmt.Errorf("no route to %s", dst)
+		}
+	}
+	return nil
+}
+
+// checkRoutes verifies that each route of an ADD result is in the routing
+// table, with its gateway.
+func checkRoutes(routes []*types.Route) error {
+	for _, r := range routes {
+		family := netlink.FAMILY_V6
+		if r.Dst.IP.To4() != nil {
+			family = netlink.FAMILY_V4
+		}
+		find, filter := &netlink.Route{Dst: &r.Dst, Gw: r.GW}, netlink.RT_FILTER_DST
+		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
+			find.Dst = nil // the kernel reports a default route without a destination
+		}
+		if r.GW != nil {
+			filter |= netlink.RT_FILTER_GW
+		}
+		rs, err := netlinkdump.Retry(func() ([]netlink.Route, error) { return netlink.RouteListFiltered(family, find, filter) })
+		if err != nil {
+			return fmt.Errorf("list routes: %w", err)
+		}
+		if len(rs) == 0 {
+			return fmt.Errorf("route %s via %s is missing", r.Dst.String(), r.GW)
 		}
 	}
 	return nil

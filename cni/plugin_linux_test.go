@@ -292,6 +292,42 @@ func TestPodTrafficLeavingTheClusterIsMasqueraded(t *testing.T) {
 	}
 }
 
+// TestRemoveMasqueradeKeepsOtherNetworksChains: with two networks on a
+// node, removing one's chain leaves the table and the other's chain; the
+// table goes with the last chain.
+func TestRemoveMasqueradeKeepsOtherNetworksChains(t *testing.T) {
+	a := newNode(t, "10.78.2.0/24", "10.78.0.0/16", nil)
+	b := &node{ns: a.ns, dataDir: t.TempDir(), name: "wgtest2", bridge: "waggle1"}
+	b.conf, _ = json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": b.name, "type": "waggle",
+		"podCIDR": "10.78.3.0/24", "clusterCIDR": "10.78.0.0/16", "bridge": b.bridge, "dataDir": b.dataDir})
+	pod := testutil.NewNetNS(t)
+	for _, n := range []*node{a, b} {
+		n.mustAdd(t, "c1", "eth1", pod)
+		if err := n.del("c1", "eth1", pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.ns.Do(func(ns.NetNS) error { return RemoveMasquerade(a.name) }); err != nil {
+		t.Fatal(err)
+	}
+	out, err := execIn(a.ns, "nft", "list", "table", "inet", MasqueradeTable)
+	if err != nil || strings.Contains(out, "masq-"+a.name+" ") || !strings.Contains(out, "masq-"+b.name+" ") {
+		t.Fatalf("after removing %s's chain (%v):\n%s", a.name, err, out)
+	}
+	if err := a.ns.Do(func(ns.NetNS) error { return RemoveMasquerade(a.name) }); err != nil {
+		t.Fatalf("removing a removed chain: %v", err)
+	}
+	if err := a.ns.Do(func(ns.NetNS) error { return RemoveMasquerade(b.name) }); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := execIn(a.ns, "nft", "list", "table", "inet", MasqueradeTable); err == nil {
+		t.Fatalf("table survived its last chain:\n%s", out)
+	}
+	if err := a.ns.Do(func(ns.NetNS) error { return RemoveMasquerade(b.name) }); err != nil {
+		t.Fatalf("removing from a missing table: %v", err)
+	}
+}
+
 func execIn(n *testutil.NetNS, name string, args ...string) (string, error) {
 	var out []byte
 	err := n.Do(func(ns.NetNS) error {
@@ -315,6 +351,105 @@ func TestRepeatedAddReturnsTheSameAddress(t *testing.T) {
 	}
 	if err := n.del("c1", "eth0", pod); err != nil {
 		t.Fatalf("second DEL: %v (must be idempotent)", err)
+	}
+	assertNothingLeft(t, n, pod)
+}
+
+// TestRepeatedAddKeepsTheHostVethMAC: the host end's MAC follows from its
+// name (ADD reports it without asking the kernel), so a pod set up again
+// gets the same MAC on the bridge, and the result and the link agree.
+func TestRepeatedAddKeepsTheHostVethMAC(t *testing.T) {
+	n := newNode(t, "10.79.2.0/24", "", nil)
+	pod := testutil.NewNetNS(t)
+	var macs []string
+	for i := range 2 {
+		res := n.mustAdd(t, "c1", "eth0", pod)
+		err := n.ns.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName(res.Interfaces[ifHost].Name)
+			if err != nil {
+				return err
+			}
+			if got := l.Attrs().HardwareAddr.String(); got != res.Interfaces[ifHost].Mac {
+				return fmt.Errorf("host veth MAC %s, the result says %s", got, res.Interfaces[ifHost].Mac)
+			}
+			if want := HostVethAlias([]netip.Addr{podAddr(t, res)}); l.Attrs().Alias != want {
+				return fmt.Errorf("host veth alias %q, want %q", l.Attrs().Alias, want)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("ADD %d: %v", i, err)
+		}
+		macs = append(macs, res.Interfaces[ifHost].Mac)
+		if err := n.del("c1", "eth0", pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if macs[0] != macs[1] {
+		t.Fatalf("the host veth of the same attachment got MAC %s, then %s", macs[0], macs[1])
+	}
+	assertNothingLeft(t, n, pod)
+}
+
+// ruleHandles returns the handles of the rules of the network's masquerade
+// chain ("" when the chain is missing) and the chain's listing.
+func ruleHandles(t *testing.T, n *node) (string, string) {
+	t.Helper()
+	out, err := execIn(n.ns, "nft", "-a", "list", "chain", "inet", MasqueradeTable, "masq-"+n.name)
+	if err != nil {
+		return "", out
+	}
+	var hs []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "masquerade") && strings.Contains(l, "# handle ") {
+			hs = append(hs, l[strings.LastIndex(l, "# handle ")+9:])
+		}
+	}
+	return strings.Join(hs, ","), out
+}
+
+// TestMasqueradeChainIsWrittenOnlyWhenItDiffers: an ADD reads the chain
+// back (cheaply, over netlink) and runs nft only when the chain is not as
+// it would write it, so the rules of a healthy chain keep their handles
+// across ADDs; a rule removed or added by hand, or a table deleted, is
+// repaired by the next ADD.
+func TestMasqueradeChainIsWrittenOnlyWhenItDiffers(t *testing.T) {
+	n := newNode(t, "10.79.3.0/24", "10.79.0.0/16", nil)
+	pod := testutil.NewNetNS(t)
+	add := func(id string) {
+		t.Helper()
+		n.mustAdd(t, id, "eth0", pod)
+		if err := n.del(id, "eth0", pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("c1")
+	first, listing := ruleHandles(t, n)
+	if first == "" || !strings.Contains(listing, "ip saddr 10.79.3.0/24 ip daddr != 10.79.0.0/16") {
+		t.Fatalf("no masquerade rule after the first ADD:\n%s", listing)
+	}
+	add("c2")
+	if again, listing := ruleHandles(t, n); again != first {
+		t.Fatalf("a second ADD rewrote a healthy chain (rule handles %s, then %s):\n%s", first, again, listing)
+	}
+
+	for _, tc := range []struct{ name, script string }{
+		{"rule removed", "delete rule inet " + MasqueradeTable + " masq-" + n.name + " handle " + first},
+		{"rule added", "add rule inet " + MasqueradeTable + " masq-" + n.name + " counter"},
+		{"table deleted", "delete table inet " + MasqueradeTable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, _ := ruleHandles(t, n)
+			if out, err := execIn(n.ns, "nft", tc.script); err != nil {
+				t.Fatalf("nft %s: %v: %s", tc.script, err, out)
+			}
+			add("c3")
+			after, listing := ruleHandles(t, n)
+			if after == "" || after == before || strings.Contains(listing, "counter") ||
+				strings.Count(listing, "masquerade comment") != 1 {
+				t.Fatalf("the next ADD did not restore the chain (handles %s, then %s):\n%s", before, after, listing)
+			}
+		})
 	}
 	assertNothingLeft(t, n, pod)
 }

@@ -108,9 +108,17 @@ func (s *Store) removeTemporaries() {
 	}
 }
 
-// List returns every allocation of the store, ordered by address.
+// List returns every allocation of the store, ordered by address. Every
+// ADD and DEL calls it (through Get), so it reads each allocation with as
+// few system calls as it can: the directory is opened once and each file
+// opened relative to it (see readAt).
 func (s *Store) List() ([]Allocation, error) {
-	ents, err := os.ReadDir(s.dir)
+	d, err := os.Open(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list IPAM store: %w", err)
+	}
+	defer d.Close()
+	ents, err := d.ReadDir(-1)
 	if err != nil {
 		return nil, fmt.Errorf("list IPAM store: %w", err)
 	}
@@ -120,7 +128,7 @@ func (s *Store) List() ([]Allocation, error) {
 		if err != nil || !e.Type().IsRegular() {
 			continue // lock, last_reserved_ip.*, foreign files
 		}
-		data, err := os.ReadFile(filepath.Join(s.dir, e.Name()))
+		data, err := readAt(d, e.Name())
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				continue
@@ -162,7 +170,7 @@ func Usable(r netip.Prefix) (first, last netip.Addr, err error) {
 	}
 	gw := r.Addr().Next()
 	first = gw.Next()
-	last = lastAddr(r)
+	last = LastAddr(r)
 	if r.Addr().Is4() {
 		last = last.Prev() // broadcast
 	}
@@ -175,7 +183,8 @@ func Usable(r netip.Prefix) (first, last netip.Addr, err error) {
 // Gateway is the gateway address of r: its first host address.
 func Gateway(r netip.Prefix) netip.Addr { return r.Masked().Addr().Next() }
 
-func lastAddr(r netip.Prefix) netip.Addr {
+// LastAddr is the last address of r (for IPv4, its broadcast address).
+func LastAddr(r netip.Prefix) netip.Addr {
 	b := r.Masked().Addr().AsSlice()
 	for i := r.Bits(); i < len(b)*8; i++ {
 		b[i/8] |= 0x80 >> (i % 8)

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -266,4 +267,31 @@ func FuzzUsableAndAllocate(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestLongContainerIDsReadBack: allocations are read with a fixed buffer
+// and read on while it comes back full, so a container ID longer than it
+// is still found.
+func TestLongContainerIDsReadBack(t *testing.T) {
+	s, err := Open(t.TempDir(), "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Unlock()
+	r := netip.MustParsePrefix("10.1.0.0/24")
+	for _, n := range []int{1, 510, 512, 1024, 5000} {
+		id := strings.Repeat("c", n)
+		a, err := s.Allocate(id, "eth0", r, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, err := s.Get(id, "eth0")
+		if err != nil || len(held) != 1 || held[0] != a {
+			t.Fatalf("container ID of %d bytes: Get = %v, %v; want [%s]", n, held, err, a)
+		}
+	}
 }
