@@ -43,6 +43,12 @@ const (
 	RuntimeHollow     = "hollow"
 )
 
+// The media types of Config.KubeAPIContentType.
+const (
+	ContentTypeProtobuf = "application/vnd.kubernetes.protobuf"
+	ContentTypeJSON     = "application/json"
+)
+
 // Config is everything the kubelet runs with.
 type Config struct {
 	// NodeName is the Node's name (default: the hostname).
@@ -168,6 +174,12 @@ type Config struct {
 	// slot and started at a third of the rate containerd + runc reach with
 	// all 100 in flight. --max-parallel-container-starts sets it.
 	ParallelStarts int
+	// KubeAPIContentType is the media type of the kubelet's requests to
+	// the API server and the one it asks for first (kubelet
+	// --kube-api-content-type): protobuf by default, as upstream's
+	// kubelet, with JSON accepted too; "application/json" for JSON only.
+	// A client given in Deps keeps its own.
+	KubeAPIContentType string
 	// StartNetwork starts the cross-node route controller (default true
 	// with the containerd runtime).
 	DisableRouteController bool
@@ -246,6 +258,9 @@ func (c Config) WithDefaults() Config {
 	if c.LeaseDuration == 0 {
 		c.LeaseDuration = 40 * time.Second
 	}
+	if c.KubeAPIContentType == "" {
+		c.KubeAPIContentType = ContentTypeProtobuf
+	}
 	if c.SyncFrequency == 0 {
 		c.SyncFrequency = time.Second
 	}
@@ -301,6 +316,9 @@ func (c Config) Validate() error {
 	}
 	if c.ParallelStarts < 0 {
 		return fmt.Errorf("%w: --max-parallel-container-starts=%d (want 0, no cap, or more)", ErrInvalidConfig, c.ParallelStarts)
+	}
+	if c.KubeAPIContentType != ContentTypeProtobuf && c.KubeAPIContentType != ContentTypeJSON {
+		return fmt.Errorf("%w: --kube-api-content-type=%q (want %s or %s)", ErrInvalidConfig, c.KubeAPIContentType, ContentTypeProtobuf, ContentTypeJSON)
 	}
 	if c.Kubeconfig == "" && c.RestConfig == nil {
 		return fmt.Errorf("%w: no kubeconfig given (--kubeconfig)", ErrInvalidConfig)
