@@ -54,8 +54,12 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 		if v, err := strconv.Atoi(os.Getenv("WAGGLE_BENCH_PARALLEL_STARTS")); err == nil && v > 0 {
 			c.ParallelStarts = v
 		}
+		// application/json: the kubelet's client as it was before it
+		// spoke protobuf (an old/new comparison with one binary).
+		c.KubeAPIContentType = os.Getenv("WAGGLE_BENCH_KUBE_API_CONTENT_TYPE")
 	})
 	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: no cap, the default)", n.cfg.ParallelStarts)
+	b.Logf("kubelet API content type: %s (WAGGLE_BENCH_KUBE_API_CONTENT_TYPE)", n.cfg.WithDefaults().KubeAPIContentType)
 	b.Logf("kubelet SyncFrequency %v, BackoffBase %v, BackoffMax %v (the kubelet's defaults)", n.cfg.SyncFrequency, n.cfg.BackoffBase, n.cfg.BackoffMax)
 	// Each phase's CLOCK_MONOTONIC span, to cut a machine-wide profile
 	// (perf record -a -k mono) to one side: perf report --time from,to.
@@ -352,7 +356,8 @@ func monotonic() float64 {
 }
 
 // gatherHistograms reads the kubelet's histograms (count and sum by name
-// and labels) from its metrics registry: what /metrics serves.
+// and labels) and counters (value, sum -1) from its metrics registry: what
+// /metrics serves.
 func gatherHistograms(b *testing.B, n *node) map[string][2]float64 {
 	mfs, err := n.kubelet.Health().Registry.Gather()
 	if err != nil {
@@ -361,15 +366,17 @@ func gatherHistograms(b *testing.B, n *node) map[string][2]float64 {
 	out := map[string][2]float64{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
-			h := m.GetHistogram()
-			if h == nil {
-				continue
-			}
 			key := mf.GetName()
 			for _, l := range m.GetLabel() {
 				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
 			}
-			out[key] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
+			if h := m.GetHistogram(); h != nil {
+				out[key] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
+			} else if c := m.GetCounter(); c != nil {
+				// A counter (pod syncs, container starts): its count,
+				// no time.
+				out[key] = [2]float64{c.GetValue(), -1}
+			}
 		}
 	}
 	return out
@@ -388,6 +395,10 @@ func logHistogramDeltas(b *testing.B, before, after map[string][2]float64) {
 	for _, k := range keys {
 		c, sum := after[k][0]-before[k][0], after[k][1]-before[k][1]
 		if c == 0 {
+			continue
+		}
+		if after[k][1] < 0 {
+			fmt.Fprintf(&sb, "%-80s %6.0f\n", k, c)
 			continue
 		}
 		fmt.Fprintf(&sb, "%-80s %6.0f %8.3fs %8.1fs\n", k, c, sum/c, sum)
