@@ -25,6 +25,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	"github.com/waggle-io/waggle/internal/apiclient"
 	"github.com/waggle-io/waggle/kubelet/internal/eviction"
 )
 
@@ -45,8 +46,8 @@ const (
 
 // The media types of Config.KubeAPIContentType.
 const (
-	ContentTypeProtobuf = "application/vnd.kubernetes.protobuf"
-	ContentTypeJSON     = "application/json"
+	ContentTypeProtobuf = apiclient.Protobuf
+	ContentTypeJSON     = apiclient.JSON
 )
 
 // Config is everything the kubelet runs with.

@@ -30,6 +30,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/podcertificate"
 	"k8s.io/kubernetes/pkg/kubelet/token"
 
+	"github.com/waggle-io/waggle/internal/apiclient"
 	"github.com/waggle-io/waggle/internal/apilb"
 	"github.com/waggle-io/waggle/internal/ops"
 	"github.com/waggle-io/waggle/kubelet/internal/eviction"
@@ -232,7 +233,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 			rc.QPS, rc.Burst = 100, 200
 		}
 		rc.UserAgent = "waggle-kubelet/" + cfg.NodeName
-		setContentType(rc, cfg.KubeAPIContentType)
+		apiclient.SetContentType(rc, cfg.KubeAPIContentType)
 		cs, err := kubernetes.NewForConfig(rc)
 		if err != nil {
 			return nil, fmt.Errorf("API client: %w", err)
@@ -243,16 +244,6 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 	k.probes = newProbeManager(k)
 	k.registerMetrics()
 	return k, nil
-}
-
-// setContentType makes rc send contentType, and with protobuf ask for
-// protobuf first and JSON after it (what the server answers for kinds it
-// has no protobuf of), as upstream's kubelet does (setContentTypeForClient).
-func setContentType(rc *rest.Config, contentType string) {
-	rc.ContentType = contentType
-	if contentType == ContentTypeProtobuf {
-		rc.AcceptContentTypes = ContentTypeProtobuf + "," + ContentTypeJSON
-	}
 }
 
 // trustBundles returns the ClusterTrustBundle manager, started on first use
