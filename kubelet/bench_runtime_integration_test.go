@@ -290,6 +290,7 @@ func waggleBurst(b *testing.B, n *node, count int) burst {
 	writes := 0
 	reqs0 := countRequests(b, n)
 	stopProfile := startCPUProfile(b)
+	writeAllocProfile(b, ".before")
 	cpu0 := cgroupCPU()
 	self0, ctrd0 := processCPU()
 	start := time.Now()
@@ -336,6 +337,7 @@ func waggleBurst(b *testing.B, n *node, count int) burst {
 	self1, ctrd1 := processCPU()
 	out.self, out.containerd = self1-self0, ctrd1-ctrd0
 	stopProfile()
+	writeAllocProfile(b, "")
 	out.requests = countRequests(b, n)
 	for k, v := range reqs0 {
 		out.requests[k] -= v
@@ -535,4 +537,27 @@ func processCPU() (self, ctrd time.Duration) {
 		ctrd += time.Duration(ut+st) * 10 * time.Millisecond
 	}
 	return self, ctrd
+}
+
+// writeAllocProfile writes this process's allocations so far (pprof's
+// allocs profile) to WAGGLE_BENCH_ALLOCPROFILE plus suffix, if set: the
+// profiles before and after the Waggle burst, told apart with go tool
+// pprof -sample_index=alloc_space -base <file>.before <file>. Unlike CPU
+// time, what a burst allocates does not move with the machine's load.
+func writeAllocProfile(b *testing.B, suffix string) {
+	path := os.Getenv("WAGGLE_BENCH_ALLOCPROFILE")
+	if path == "" {
+		return
+	}
+	// The profile is as of the last GC: one now, so that it holds every
+	// allocation until here.
+	runtime.GC()
+	f, err := os.Create(path + suffix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		b.Error(err)
+	}
 }
