@@ -1,10 +1,13 @@
 package kubelet_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -17,6 +20,9 @@ import (
 	"github.com/containerd/containerd/cio"
 	"github.com/containerd/containerd/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,8 +54,12 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 		if v, err := strconv.Atoi(os.Getenv("WAGGLE_BENCH_PARALLEL_STARTS")); err == nil && v > 0 {
 			c.ParallelStarts = v
 		}
+		// application/json: the kubelet's client as it was before it
+		// spoke protobuf (an old/new comparison with one binary).
+		c.KubeAPIContentType = os.Getenv("WAGGLE_BENCH_KUBE_API_CONTENT_TYPE")
 	})
 	b.Logf("kubelet ParallelStarts: %d (WAGGLE_BENCH_PARALLEL_STARTS; 0: no cap, the default)", n.cfg.ParallelStarts)
+	b.Logf("kubelet API content type: %s (WAGGLE_BENCH_KUBE_API_CONTENT_TYPE)", n.cfg.WithDefaults().KubeAPIContentType)
 	b.Logf("kubelet SyncFrequency %v, BackoffBase %v, BackoffMax %v (the kubelet's defaults)", n.cfg.SyncFrequency, n.cfg.BackoffBase, n.cfg.BackoffMax)
 	// Each phase's CLOCK_MONOTONIC span, to cut a machine-wide profile
 	// (perf record -a -k mono) to one side: perf report --time from,to.
@@ -64,6 +74,7 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 	before := gatherHistograms(b, n)
 	pods := phase("waggle", func() burst { return waggleBurst(b, n, count) })
 	logHistogramDeltas(b, before, gatherHistograms(b, n))
+	logRequestDeltas(b, pods.requests, count)
 	raw2 := phase("raw2", func() burst { return rawContainerdBurst(b, n, count, "raw2", false) })
 	raw := raw1
 	if raw2.total < raw1.total {
@@ -77,6 +88,7 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 	if pods.cpu >= 0 && raw.cpu >= 0 {
 		b.ReportMetric(pods.cpu.Seconds(), "waggle-cpu-s")
 		b.ReportMetric(raw.cpu.Seconds(), "direct-cpu-s")
+		b.ReportMetric(pods.self.Seconds(), "waggle-process-cpu-s")
 	}
 	b.ReportMetric(pods.p(99).Seconds(), "pod-p99-s")
 	b.ReportMetric(raw.p(99).Seconds(), "container-p99-s")
@@ -86,13 +98,13 @@ func BenchmarkPodStartupVsContainerd(b *testing.B) {
 		}
 		return fmt.Sprintf("%.1fs", r.cpu.Seconds())
 	}
-	row := "%-38s %10.1f %10s %10s %10s\n"
-	b.Logf("\n%-38s %10s %10s %10s %10s\n"+row+row+row+row+"%-38s %10.2f×\n%-38s %10.2f×",
-		fmt.Sprintf("%d at once", count), "per s", "p50", "p99", "CPU",
-		"containerd+runc direct (run 1)", rate(raw1), raw1.p(50).Round(time.Millisecond), raw1.p(99).Round(time.Millisecond), cpu(raw1),
-		"containerd+runc direct + CNI ADD each", rate(rawNet), rawNet.p(50).Round(time.Millisecond), rawNet.p(99).Round(time.Millisecond), cpu(rawNet),
-		"Waggle: API create → Running", rate(pods), pods.p(50).Round(time.Millisecond), pods.p(99).Round(time.Millisecond), cpu(pods),
-		"containerd+runc direct (run 2)", rate(raw2), raw2.p(50).Round(time.Millisecond), raw2.p(99).Round(time.Millisecond), cpu(raw2),
+	row := "%-38s %10.1f %10s %10s %10s %12.2fs %10.2fs\n"
+	b.Logf("\n%-38s %10s %10s %10s %10s %13s %11s\n"+row+row+row+row+"%-38s %10.2f×\n%-38s %10.2f×",
+		fmt.Sprintf("%d at once", count), "per s", "p50", "p99", "CPU", "this process", "containerd",
+		"containerd+runc direct (run 1)", rate(raw1), raw1.p(50).Round(time.Millisecond), raw1.p(99).Round(time.Millisecond), cpu(raw1), raw1.self.Seconds(), raw1.containerd.Seconds(),
+		"containerd+runc direct + CNI ADD each", rate(rawNet), rawNet.p(50).Round(time.Millisecond), rawNet.p(99).Round(time.Millisecond), cpu(rawNet), rawNet.self.Seconds(), rawNet.containerd.Seconds(),
+		"Waggle: API create → Running", rate(pods), pods.p(50).Round(time.Millisecond), pods.p(99).Round(time.Millisecond), cpu(pods), pods.self.Seconds(), pods.containerd.Seconds(),
+		"containerd+runc direct (run 2)", rate(raw2), raw2.p(50).Round(time.Millisecond), raw2.p(99).Round(time.Millisecond), cpu(raw2), raw2.self.Seconds(), raw2.containerd.Seconds(),
 		"Waggle ÷ best direct", rate(pods)/rate(raw),
 		"Waggle ÷ direct + CNI ADD", rate(pods)/rate(rawNet))
 }
@@ -103,6 +115,12 @@ type burst struct {
 	// cpu is the CPU time the benchmark's cgroup used from the burst's
 	// start to its last start (-1: unknown), see cgroupCPU.
 	cpu time.Duration
+	// self and containerd are what this process (API server, etcd,
+	// kubelet or the direct side's client) and its containerd used of it.
+	self, containerd time.Duration
+	// requests is what the Waggle burst cost in API requests and etcd
+	// operations (counter deltas, see countRequests).
+	requests map[string]float64
 }
 
 // cgroupCPU is the CPU time used so far by this process's cgroup (cgroup v1
@@ -190,6 +208,7 @@ func rawContainerdBurst(b *testing.B, n *node, count int, prefix string, withCNI
 	out := burst{}
 	var errs []error
 	cpu0 := cgroupCPU()
+	self0, ctrd0 := processCPU()
 	start := time.Now()
 	for i := 0; i < count; i++ {
 		id := fmt.Sprintf("bench-%s-%03d", prefix, i)
@@ -230,6 +249,8 @@ func rawContainerdBurst(b *testing.B, n *node, count int, prefix string, withCNI
 	wg.Wait()
 	out.total = time.Since(start)
 	out.cpu = cpuSince(cpu0)
+	self1, ctrd1 := processCPU()
+	out.self, out.containerd = self1-self0, ctrd1-ctrd0
 	b.StopTimer()
 	for i := 0; i < count; i++ {
 		id := fmt.Sprintf("bench-%s-%03d", prefix, i)
@@ -267,7 +288,11 @@ func waggleBurst(b *testing.B, n *node, count int) burst {
 	// (the kubelet's status writes; every one a GET and a PUT, stored and
 	// sent to every watcher).
 	writes := 0
+	reqs0 := countRequests(b, n)
+	stopProfile := startCPUProfile(b)
+	writeAllocProfile(b, ".before")
 	cpu0 := cgroupCPU()
+	self0, ctrd0 := processCPU()
 	start := time.Now()
 	// All created at once, each by a goroutine of its own as the direct
 	// side starts each container (one client creating them one after
@@ -309,6 +334,14 @@ func waggleBurst(b *testing.B, n *node, count int) burst {
 	}
 	out.total = time.Since(start)
 	out.cpu = cpuSince(cpu0)
+	self1, ctrd1 := processCPU()
+	out.self, out.containerd = self1-self0, ctrd1-ctrd0
+	stopProfile()
+	writeAllocProfile(b, "")
+	out.requests = countRequests(b, n)
+	for k, v := range reqs0 {
+		out.requests[k] -= v
+	}
 	b.Logf("pod updates until Running: %.2f per pod; the last of the %d creates returned after %v",
 		float64(writes)/float64(count), count, (<-created).Round(time.Millisecond))
 	n.client.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
@@ -325,7 +358,8 @@ func monotonic() float64 {
 }
 
 // gatherHistograms reads the kubelet's histograms (count and sum by name
-// and labels) from its metrics registry: what /metrics serves.
+// and labels) and counters (value, sum -1) from its metrics registry: what
+// /metrics serves.
 func gatherHistograms(b *testing.B, n *node) map[string][2]float64 {
 	mfs, err := n.kubelet.Health().Registry.Gather()
 	if err != nil {
@@ -334,15 +368,17 @@ func gatherHistograms(b *testing.B, n *node) map[string][2]float64 {
 	out := map[string][2]float64{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
-			h := m.GetHistogram()
-			if h == nil {
-				continue
-			}
 			key := mf.GetName()
 			for _, l := range m.GetLabel() {
 				key += "{" + l.GetName() + "=" + l.GetValue() + "}"
 			}
-			out[key] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
+			if h := m.GetHistogram(); h != nil {
+				out[key] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
+			} else if c := m.GetCounter(); c != nil {
+				// A counter (pod syncs, container starts): its count,
+				// no time.
+				out[key] = [2]float64{c.GetValue(), -1}
+			}
 		}
 	}
 	return out
@@ -363,7 +399,165 @@ func logHistogramDeltas(b *testing.B, before, after map[string][2]float64) {
 		if c == 0 {
 			continue
 		}
+		if after[k][1] < 0 {
+			fmt.Fprintf(&sb, "%-80s %6.0f\n", k, c)
+			continue
+		}
 		fmt.Fprintf(&sb, "%-80s %6.0f %8.3fs %8.1fs\n", k, c, sum/c, sum)
 	}
 	b.Log(sb.String())
+}
+
+// startCPUProfile writes a CPU profile of this process (API server, etcd,
+// kubelet and the benchmark's client) over the Waggle burst to the file
+// WAGGLE_BENCH_CPUPROFILE names (go tool pprof); without it, nothing. The
+// returned func stops it.
+func startCPUProfile(b *testing.B) func() {
+	path := os.Getenv("WAGGLE_BENCH_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// 500 Hz rather than pprof's 100: a burst is a few CPU-seconds of
+	// this process.
+	runtime.SetCPUProfileRate(500)
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
+		b.Logf("CPU profile of the Waggle burst: %s", path)
+	}
+}
+
+// countRequests reads the API server's request counters (its /metrics,
+// apiserver_request_total by verb, resource and subresource, every code)
+// and the embedded etcd's (this process's default registry: puts, deletes,
+// txns and ranges of its MVCC store), keyed "api <verb> <resource>[/<sub>]"
+// "api→etcd <operation> <resource>" (the API server's etcd requests) and
+// "etcd <counter>".
+func countRequests(b *testing.B, n *node) map[string]float64 {
+	out := map[string]float64{}
+	raw, err := n.client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		b.Fatalf("API server metrics: %v", err)
+	}
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	mfs, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		b.Fatalf("API server metrics: %v", err)
+	}
+	for _, m := range mfs["apiserver_request_total"].GetMetric() {
+		l := map[string]string{}
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		key := "api " + l["verb"] + " " + l["resource"]
+		if l["subresource"] != "" {
+			key += "/" + l["subresource"]
+		}
+		out[key] += m.GetCounter().GetValue()
+	}
+	for _, m := range mfs["etcd_request_duration_seconds"].GetMetric() {
+		key := "api→etcd"
+		for _, p := range m.GetLabel() {
+			key += " " + p.GetValue()
+		}
+		out[key] += float64(m.GetHistogram().GetSampleCount())
+	}
+	local, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		b.Fatalf("etcd metrics: %v", err)
+	}
+	for _, mf := range local {
+		switch mf.GetName() {
+		case "etcd_mvcc_put_total", "etcd_mvcc_delete_total", "etcd_mvcc_txn_total", "etcd_mvcc_range_total":
+			for _, m := range mf.GetMetric() {
+				out["etcd "+strings.TrimPrefix(mf.GetName(), "etcd_mvcc_")] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// logRequestDeltas prints what the Waggle burst (create to the last pod
+// Running) cost in API requests and etcd operations, in all and per pod.
+func logRequestDeltas(b *testing.B, d map[string]float64, pods int) {
+	var keys []string
+	for k, v := range d {
+		if v != 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "requests during the Waggle burst (create → last Running):\n%-50s %7s %8s\n", "request", "count", "per pod")
+	for _, k := range keys {
+		fmt.Fprintf(&sb, "%-50s %7.0f %8.2f\n", k, d[k], d[k]/float64(pods))
+	}
+	b.Log(sb.String())
+}
+
+// processCPU is the CPU time used so far by this process (all its
+// threads) and by its containerd (a child named containerd).
+func processCPU() (self, ctrd time.Duration) {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
+		self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	ents, _ := os.ReadDir("/proc")
+	me := os.Getpid()
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ... utime stime (fields 14, 15), in
+		// clock ticks (100 per second on Linux).
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || !bytes.HasSuffix(b[:i], []byte("(containerd")) {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 13 || f[1] != strconv.Itoa(me) {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ctrd += time.Duration(ut+st) * 10 * time.Millisecond
+	}
+	return self, ctrd
+}
+
+// writeAllocProfile writes this process's allocations so far (pprof's
+// allocs profile) to WAGGLE_BENCH_ALLOCPROFILE plus suffix, if set: the
+// profiles before and after the Waggle burst, told apart with go tool
+// pprof -sample_index=alloc_space -base <file>.before <file>. Unlike CPU
+// time, what a burst allocates does not move with the machine's load.
+func writeAllocProfile(b *testing.B, suffix string) {
+	path := os.Getenv("WAGGLE_BENCH_ALLOCPROFILE")
+	if path == "" {
+		return
+	}
+	// The profile is as of the last GC: one now, so that it holds every
+	// allocation until here.
+	runtime.GC()
+	f, err := os.Create(path + suffix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		b.Error(err)
+	}
 }

@@ -25,6 +25,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	"github.com/waggle-io/waggle/internal/apiclient"
 	"github.com/waggle-io/waggle/kubelet/internal/eviction"
 )
 
@@ -41,6 +42,12 @@ const (
 const (
 	RuntimeContainerd = "containerd"
 	RuntimeHollow     = "hollow"
+)
+
+// The media types of Config.KubeAPIContentType.
+const (
+	ContentTypeProtobuf = apiclient.Protobuf
+	ContentTypeJSON     = apiclient.JSON
 )
 
 // Config is everything the kubelet runs with.
@@ -168,6 +175,12 @@ type Config struct {
 	// slot and started at a third of the rate containerd + runc reach with
 	// all 100 in flight. --max-parallel-container-starts sets it.
 	ParallelStarts int
+	// KubeAPIContentType is the media type of the kubelet's requests to
+	// the API server and the one it asks for first (kubelet
+	// --kube-api-content-type): protobuf by default, as upstream's
+	// kubelet, with JSON accepted too; "application/json" for JSON only.
+	// A client given in Deps keeps its own.
+	KubeAPIContentType string
 	// StartNetwork starts the cross-node route controller (default true
 	// with the containerd runtime).
 	DisableRouteController bool
@@ -246,6 +259,9 @@ func (c Config) WithDefaults() Config {
 	if c.LeaseDuration == 0 {
 		c.LeaseDuration = 40 * time.Second
 	}
+	if c.KubeAPIContentType == "" {
+		c.KubeAPIContentType = ContentTypeProtobuf
+	}
 	if c.SyncFrequency == 0 {
 		c.SyncFrequency = time.Second
 	}
@@ -301,6 +317,9 @@ func (c Config) Validate() error {
 	}
 	if c.ParallelStarts < 0 {
 		return fmt.Errorf("%w: --max-parallel-container-starts=%d (want 0, no cap, or more)", ErrInvalidConfig, c.ParallelStarts)
+	}
+	if c.KubeAPIContentType != ContentTypeProtobuf && c.KubeAPIContentType != ContentTypeJSON {
+		return fmt.Errorf("%w: --kube-api-content-type=%q (want %s or %s)", ErrInvalidConfig, c.KubeAPIContentType, ContentTypeProtobuf, ContentTypeJSON)
 	}
 	if c.Kubeconfig == "" && c.RestConfig == nil {
 		return fmt.Errorf("%w: no kubeconfig given (--kubeconfig)", ErrInvalidConfig)

@@ -30,6 +30,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/podcertificate"
 	"k8s.io/kubernetes/pkg/kubelet/token"
 
+	"github.com/waggle-io/waggle/internal/apiclient"
 	"github.com/waggle-io/waggle/internal/apilb"
 	"github.com/waggle-io/waggle/internal/ops"
 	"github.com/waggle-io/waggle/kubelet/internal/eviction"
@@ -232,6 +233,7 @@ func New(cfg Config, d Deps) (*Kubelet, error) {
 			rc.QPS, rc.Burst = 100, 200
 		}
 		rc.UserAgent = "waggle-kubelet/" + cfg.NodeName
+		apiclient.SetContentType(rc, cfg.KubeAPIContentType)
 		cs, err := kubernetes.NewForConfig(rc)
 		if err != nil {
 			return nil, fmt.Errorf("API client: %w", err)

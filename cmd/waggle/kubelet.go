@@ -66,6 +66,7 @@ func runKubelet(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.NodeStatusUpdateFrequency, "node-status-update-frequency", 10*time.Second, "node status update period")
 	fs.DurationVar(&cfg.LeaseDuration, "node-lease-duration", 40*time.Second, "duration of the node's Lease (kubelet config nodeLeaseDurationSeconds); it is renewed every quarter of it, so keep it at the controller-manager's --node-monitor-grace-period")
 	fs.IntVar(&cfg.ParallelStarts, "max-parallel-container-starts", 0, "cap on container starts in flight on the node (0: none, as upstream's kubelet, which bounds only image pulls)")
+	fs.StringVar(&cfg.KubeAPIContentType, "kube-api-content-type", kubelet.ContentTypeProtobuf, "media type of the requests to the API server: "+kubelet.ContentTypeProtobuf+" (JSON accepted too, as upstream's default) or "+kubelet.ContentTypeJSON)
 	fs.DurationVar(&cfg.SyncFrequency, "sync-frequency", time.Second, "pod resync and runtime relist period")
 	fs.Var(&clusterDNS, "cluster-dns", "nameserver(s) of ClusterFirst pods, comma-separated: the kube-dns Service's ClusterIP (empty: pods use the node's resolvers)")
 	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain, for pods' search path")

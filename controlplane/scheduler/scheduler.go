@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/waggle-io/waggle/internal/apiclient"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
 	"github.com/waggle-io/waggle/internal/secureserving"
@@ -81,6 +82,9 @@ func (c Config) restConfig() (*rest.Config, error) {
 		if c.Burst > 0 {
 			rc.Burst = c.Burst
 		}
+		if rc.ContentType == "" {
+			apiclient.SetContentType(rc, apiclient.Protobuf)
+		}
 		return rc, nil
 	}
 	if c.Kubeconfig == "" && c.Master == "" {
@@ -97,6 +101,8 @@ func (c Config) restConfig() (*rest.Config, error) {
 		rc.Burst = c.Burst
 	}
 	rc.UserAgent = "waggle-scheduler"
+	// Protobuf, as kube-scheduler's clientConnection.contentType.
+	apiclient.SetContentType(rc, apiclient.Protobuf)
 	return rc, nil
 }
 
