@@ -44,6 +44,7 @@ type nsTopo struct {
 	node1Addr           netip.Addr
 	node2Addr, clientIP netip.Addr
 	backend             *Backend
+	node2Backend        *Backend // startNode2's
 	cfg                 Config
 	pinDir              string
 	cgroup              string

@@ -88,39 +88,8 @@ func BenchmarkNorthSouthProgram(b *testing.B) {
 	tp.sync(nodePortFrontend("10.27.0.1", 30080, dataplane.TCP, false, bes...),
 		nodePortFrontend("10.27.0.1", 30080, dataplane.UDP, false, bes...))
 	// node1 resolves node2's and the client's MACs (the FIB needs them).
-	for _, a := range []string{"10.27.0.2", "10.27.0.100"} {
-		testutil.WaitFor(b, 10*time.Second, "node1's neighbour entry of "+a, func() bool {
-			return tp.node1.do(func() error {
-				c, err := net.Dial("udp", a+":9")
-				if err != nil {
-					return err
-				}
-				c.Write([]byte("x"))
-				c.Close()
-				ns, err := netlink.NeighList(0, unix.AF_INET)
-				for _, n := range ns {
-					if n.IP.String() == a && n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY) != 0 {
-						return nil
-					}
-				}
-				if err == nil {
-					err = errors.New("not resolved")
-				}
-				return err
-			}) == nil
-		})
-	}
-	var ifindex uint32
-	var mac net.HardwareAddr
-	if err := tp.node1.do(func() error {
-		l, err := netlink.LinkByName("eth0")
-		if err == nil {
-			ifindex, mac = uint32(l.Attrs().Index), l.Attrs().HardwareAddr
-		}
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
+	resolveNeigh(b, tp.node1, "10.27.0.2", "10.27.0.100")
+	ifindex, mac := linkOf(b, tp.node1, "eth0")
 	front := netip.MustParseAddrPort("10.27.0.1:30080")
 	objs := tp.backend.np.objs
 	tcCtx := skbCtx{Ifindex: ifindex}
@@ -147,26 +116,7 @@ func BenchmarkNorthSouthProgram(b *testing.B) {
 	reply := frame(mac, backend, snat, false, "full")
 
 	run := func(name string, prog *ebpf.Program, want uint32, pkt func(i int) []byte, ctx func(n int) any) {
-		b.Run(name, func(b *testing.B) {
-			var total uint64
-			out := make([]byte, 256)
-			if err := tp.node1.do(func() error {
-				i := 0
-				for b.Loop() {
-					in := pkt(i)
-					ret, ns := runOnce(b, prog, in, out, ctx(len(in)))
-					if ret != want {
-						b.Fatalf("run %d: verdict %d, want %d", i, ret, want)
-					}
-					total += uint64(ns)
-					i++
-				}
-				return nil
-			}); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(total)/float64(b.N), "prog-ns/pkt")
-		})
+		progCase(b, tp.node1, name, prog, want, pkt, ctx)
 	}
 	tc := func(int) any { return tcCtx }
 	xdp := func(n int) any { return xdpCtx(n) }
@@ -184,10 +134,7 @@ func BenchmarkNorthSouthProgram(b *testing.B) {
 		}
 		return f
 	}
-	newSYN := func(i int) []byte {
-		src := netip.AddrFrom4([4]byte{10, 27, 0, byte(100 + i/60000%100)})
-		return frame(mac, netip.AddrPortFrom(src, uint16(1024+i%60000)), front, true, "full")
-	}
+	newSYN := newSYNs(mac, front)
 	ack := setTCPFlags(frame(mac, netip.AddrPortFrom(tp.clientIP, 40001), front, true, "full"), 0x10)
 	if err := tp.node1.do(func() error { // the TCP flow, made by its SYN
 		runOnce(b, objs.WaggleNpIngress, frame(mac, netip.AddrPortFrom(tp.clientIP, 40001), front, true, "full"), make([]byte, 256), tcCtx)
@@ -206,4 +153,110 @@ func BenchmarkNorthSouthProgram(b *testing.B) {
 	run("xdp/udp-established", objs.WaggleNpXdp, xdpTX, same(est), xdp)
 	run("xdp/udp-reply", objs.WaggleNpXdp, xdpTX, same(reply), xdp)
 	run("xdp/udp-new-flow", objs.WaggleNpXdp, xdpTX, func(i int) []byte { return newUDP(i + 1<<22) }, xdp)
+
+	// DSR (--bpf-lb-mode=dsr): node1 puts the option into each new flow's
+	// SYN; node2 records the flow and strips the option, and its egress
+	// gives the backend's reply the NodePort's address.
+	dp := newNSTopo(b)
+	dp.start(func(c *Config) { c.NorthSouth.LBMode = LBModeDSR })
+	dp.startNode2(LBModeDSR)
+	dp.sync(nodePortFrontend("10.27.0.1", 30080, dataplane.TCP, false, bes...))
+	resolveNeigh(b, dp.node1, "10.27.0.2")
+	if1, mac1 := linkOf(b, dp.node1, "eth0")
+	if2, _ := linkOf(b, dp.node2, "eth0")
+	pod, _ := linkOf(b, dp.node2, "p210")
+	client := netip.AddrPortFrom(dp.clientIP, 40002)
+	syn := frame(mac1, client, front, true, "full")
+	opt := make([]byte, len(syn)+8)
+	if err := dp.node1.do(func() error {
+		if ret, _ := runOnce(b, dp.backend.np.objs.WaggleNpIngress, syn, opt, skbCtx{Ifindex: if1}); ret != tcRedirect || opt[14] != 0x47 {
+			b.Fatalf("DSR SYN: verdict %d, IP header %#x, want redirect with the option (0x47)", ret, opt[14])
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	be := netip.AddrPortFrom(netip.AddrFrom4([4]byte(opt[14+16:14+20])), binary.BigEndian.Uint16(opt[14+28+2:]))
+	synAck := setTCPFlags(frame(mac1, be, client, true, "full"), 0x12)
+	progCase(b, dp.node1, "tc-dsr/tcp-syn-new-flow", dp.backend.np.objs.WaggleNpIngress, tcRedirect, newSYNs(mac1, front),
+		func(int) any { return skbCtx{Ifindex: if1} })
+	progCase(b, dp.node2, "tc-dsr-backend-node/tcp-syn-with-option", dp.node2Backend.np.objs.WaggleNpIngress, uint32(1<<32-1),
+		func(int) []byte { return opt }, func(int) any { return skbCtx{Ifindex: if2} })
+	progCase(b, dp.node2, "tc-dsr-backend-node/egress-reply", dp.node2Backend.np.objs.WaggleNpEgress, uint32(1<<32-1),
+		func(int) []byte { return synAck }, func(int) any { return skbCtx{Ifindex: if2, IngressIfindex: pod} })
+}
+
+// newSYNs makes run i's TCP SYN of a new flow to front: client ports and
+// addresses not seen before.
+func newSYNs(mac net.HardwareAddr, front netip.AddrPort) func(i int) []byte {
+	return func(i int) []byte {
+		src := netip.AddrFrom4([4]byte{10, 27, 0, byte(100 + i/60000%100)})
+		return frame(mac, netip.AddrPortFrom(src, uint16(1024+i%60000)), front, true, "full")
+	}
+}
+
+// progCase runs prog once per benchmark iteration in namespace n on pkt(i)
+// with ctx, checks each verdict and reports the kernel's run time.
+func progCase(b *testing.B, n *nsNS, name string, prog *ebpf.Program, want uint32, pkt func(i int) []byte, ctx func(n int) any) {
+	b.Run(name, func(b *testing.B) {
+		var total uint64
+		out := make([]byte, 256)
+		if err := n.do(func() error {
+			i := 0
+			for b.Loop() {
+				in := pkt(i)
+				ret, ns := runOnce(b, prog, in, out, ctx(len(in)))
+				if ret != want {
+					b.Fatalf("run %d: verdict %d, want %d", i, ret, want)
+				}
+				total += uint64(ns)
+				i++
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(total)/float64(b.N), "prog-ns/pkt")
+	})
+}
+
+// resolveNeigh makes namespace n resolve the MACs of addrs (the FIB of a
+// program run there needs them).
+func resolveNeigh(tb testing.TB, n *nsNS, addrs ...string) {
+	for _, a := range addrs {
+		testutil.WaitFor(tb, 10*time.Second, n.name+"'s neighbour entry of "+a, func() bool {
+			return n.do(func() error {
+				c, err := net.Dial("udp", a+":9")
+				if err != nil {
+					return err
+				}
+				c.Write([]byte("x"))
+				c.Close()
+				ns, err := netlink.NeighList(0, unix.AF_INET)
+				for _, e := range ns {
+					if e.IP.String() == a && e.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY) != 0 {
+						return nil
+					}
+				}
+				if err == nil {
+					err = errors.New("not resolved")
+				}
+				return err
+			}) == nil
+		})
+	}
+}
+
+// linkOf returns the ifindex and MAC of device name in namespace n.
+func linkOf(tb testing.TB, n *nsNS, name string) (ifindex uint32, mac net.HardwareAddr) {
+	if err := n.do(func() error {
+		l, err := netlink.LinkByName(name)
+		if err == nil {
+			ifindex, mac = uint32(l.Attrs().Index), l.Attrs().HardwareAddr
+		}
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	return ifindex, mac
 }
