@@ -563,32 +563,34 @@ static __always_inline __s64 csum_diff16(const __u8 *old, const __u8 *new)
 }
 
 /* rewrite translates the packet to saddr:sport -> daddr:dport, in as few
- * helper calls as the checksum rules allow: both addresses (adjacent in the
- * IP header) in one store, their change summed once (bpf_csum_diff) and
- * applied once to the IPv4 header checksum and once, as pseudo-header, to
- * the L4 checksum (IPv6 has no header checksum); both ports in one store,
- * their change applied once to the L4 checksum, not as pseudo-header (an
- * offloaded checksum covers them when it is completed). A later fragment
- * has no L4 header: the first fragment's checksum update covered the
- * datagram's pseudo-header change. A first fragment's ports are noted for
- * the rest of its datagram, whose fragments then take the same path. */
+ * helper calls as the checksum rules allow. When both addresses change
+ * (SNAT + DNAT, and its reply), they are stored at once (adjacent in the
+ * IP header) and their change summed once (bpf_csum_diff) and applied once
+ * to the IPv4 header checksum and once, as pseudo-header, to the L4
+ * checksum (IPv6 has no header checksum); when both ports change, one
+ * store and one L4 update, not as pseudo-header (an offloaded checksum
+ * covers them when it is completed). A lone address or port (DNAT only,
+ * its reverse) is replaced by itself, which takes fewer calls. A later
+ * fragment has no L4 header: the first fragment's checksum update covered
+ * the datagram's pseudo-header change. A first fragment's ports are noted
+ * for the rest of its datagram, whose fragments then take the same path. */
 static __always_inline int rewrite(void *ctx, const int xdp, const struct pkt *p, const __u8 *saddr, __be16 sport,
 				   const __u8 *daddr, __be16 dport)
 {
 	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	int l4 = p->frag != FRAG_LATER;
 	__s64 d;
 
 	if (!xdp && p->frag == FRAG_FIRST)
 		frag_note(p);
 	if (!xdp && p->frag == FRAG_LATER)
 		stat(NP_STAT_FRAG_XLATE);
+	int ds = !addr_eq(p->saddr, saddr), dd = !addr_eq(p->daddr, daddr);
 	if (IS6(xdp, p)) {
-		int ds = !addr_eq(p->saddr, saddr), dd = !addr_eq(p->daddr, daddr);
 		if (ds || dd) {
-			if (p->frag != FRAG_LATER) {
-				/* one sum of both addresses' change (the seed chains them) */
-				d = bpf_csum_diff((__be32 *)p->saddr, 16, (__be32 *)saddr, 16, 0);
-				if (d >= 0)
+			if (l4) {
+				d = ds ? csum_diff16(p->saddr, saddr) : 0;
+				if (dd && d >= 0)
 					d = bpf_csum_diff((__be32 *)p->daddr, 16, (__be32 *)daddr, 16, d);
 				if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, BPF_F_PSEUDO_HDR | mangled) < 0)
 					return -1;
@@ -597,24 +599,33 @@ static __always_inline int rewrite(void *ctx, const int xdp, const struct pkt *p
 			    (dd && ctx_store(ctx, xdp, IP6_DST_OFF, (void *)daddr, 16) < 0))
 				return -1;
 		}
-	} else {
+	} else if (ds && dd) {
 		__u32 o[2] = {W(p->saddr, 3), W(p->daddr, 3)}, n[2] = {W(saddr, 3), W(daddr, 3)};
-		if (o[0] != n[0] || o[1] != n[1]) {
-			d = bpf_csum_diff(o, sizeof(o), n, sizeof(n), 0);
-			if (d < 0 ||
-			    (p->frag != FRAG_LATER &&
-			     ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, BPF_F_PSEUDO_HDR | mangled) < 0) ||
-			    ctx_l3_csum_diff(ctx, xdp, IP_CSUM_OFF, d) < 0 || ctx_store(ctx, xdp, IP_SRC_OFF, n, sizeof(n)) < 0)
-				return -1;
-		}
+		d = bpf_csum_diff(o, sizeof(o), n, sizeof(n), 0);
+		if (d < 0 || (l4 && ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, BPF_F_PSEUDO_HDR | mangled) < 0) ||
+		    ctx_l3_csum_diff(ctx, xdp, IP_CSUM_OFF, d) < 0 || ctx_store(ctx, xdp, IP_SRC_OFF, n, sizeof(n)) < 0)
+			return -1;
+	} else if (ds || dd) {
+		__be32 o = ds ? W(p->saddr, 3) : W(p->daddr, 3), n = ds ? W(saddr, 3) : W(daddr, 3);
+		if ((l4 && ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, BPF_F_PSEUDO_HDR | sizeof(n) | mangled) < 0) ||
+		    ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, o, n, sizeof(n)) < 0 ||
+		    ctx_store(ctx, xdp, ds ? IP_SRC_OFF : IP_DST_OFF, &n, sizeof(n)) < 0)
+			return -1;
 	}
-	if (p->frag == FRAG_LATER || (p->sport == sport && p->dport == dport))
+	int ps = p->sport != sport, pd = p->dport != dport;
+	if (!l4 || !(ps || pd))
 		return 0;
-	__be16 op[2] = {p->sport, p->dport}, np[2] = {sport, dport};
-	d = bpf_csum_diff((__be32 *)op, sizeof(op), (__be32 *)np, sizeof(np), 0);
-	if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, mangled) < 0)
+	if (ps && pd) {
+		__be16 op[2] = {p->sport, p->dport}, np[2] = {sport, dport};
+		d = bpf_csum_diff((__be32 *)op, sizeof(op), (__be32 *)np, sizeof(np), 0);
+		if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, mangled) < 0)
+			return -1;
+		return ctx_store(ctx, xdp, p->l4_off, np, sizeof(np));
+	}
+	__be16 o = ps ? p->sport : p->dport, n = ps ? sport : dport;
+	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, sizeof(n) | mangled) < 0)
 		return -1;
-	return ctx_store(ctx, xdp, p->l4_off, np, sizeof(np));
+	return ctx_store(ctx, xdp, p->l4_off + (ps ? 0 : 2), &n, sizeof(n));
 }
 
 static __always_inline int fib(void *ctx, const int xdp, const struct pkt *p, const __u8 *saddr, const __u8 *daddr,
@@ -1581,13 +1592,16 @@ int waggle_np_egress(struct __sk_buff *skb)
 	__u32 iif = skb->ingress_ifindex;
 	int r;
 
-	/* A packet that arrived on an external device — one the ingress
-	 * program forwarded (a request to a remote backend, a reply going back
-	 * to its client), or one the stack routes through this node — is no
-	 * reply or ICMP error of a backend on this node: those come from a
-	 * pod's device or from the node itself (ingress_ifindex 0). Leave it
-	 * without a parse or a conntrack lookup. */
-	if (iif && (iif == skb->ifindex || ext_dev(iif)))
+	/* A packet leaving the device it arrived on — one the ingress program
+	 * forwarded (a request to a remote backend, a reply going back to its
+	 * client), or one the stack routes back out — is no reply or ICMP
+	 * error of a backend on this node: those come from a pod's device or
+	 * from the node itself (ingress_ifindex 0). Leave it without a parse
+	 * or a conntrack lookup. (Only the same device is checked: a lookup of
+	 * the arrival device in waggle_np_devices would cost every local
+	 * backend's reply what it saves the rare packet crossing from one
+	 * external device to another.) */
+	if (iif && iif == skb->ifindex)
 		return TCX_NEXT;
 	r = parse(skb, CTX_TC, &p);
 
