@@ -41,19 +41,19 @@ type progRunAttr struct {
 // skb or xdp_buff each call) with ctx, and returns its verdict and the
 // kernel's own measure of the run in ns (cilium/ebpf's Run does not return
 // it, and its Benchmark takes no context).
-func runOnce(tb testing.TB, prog *ebpf.Program, in, out []byte, ctx any) (ret, ns uint32) {
+func runOnce(prog *ebpf.Program, in, out []byte, ctx any) (ret, ns uint32, err error) {
 	c, err := binary.Append(nil, binary.NativeEndian, ctx)
 	if err != nil {
-		tb.Fatal(err)
+		return 0, 0, err
 	}
 	attr := progRunAttr{ProgFD: uint32(prog.FD()), DataSizeIn: uint32(len(in)), DataSizeOut: uint32(len(out)),
 		DataIn: uint64(uintptr(unsafe.Pointer(&in[0]))), DataOut: uint64(uintptr(unsafe.Pointer(&out[0]))),
 		Repeat: 1, CtxSizeIn: uint32(len(c)), CtxIn: uint64(uintptr(unsafe.Pointer(&c[0])))}
 	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
 	if errno != 0 {
-		tb.Fatalf("BPF_PROG_TEST_RUN: %v", errno)
+		return 0, 0, fmt.Errorf("BPF_PROG_TEST_RUN: %w", errno)
 	}
-	return attr.Retval, attr.Duration
+	return attr.Retval, attr.Duration, nil
 }
 
 // setTCPFlags turns a frame of frame() into a TCP segment with flags,
@@ -103,8 +103,8 @@ func BenchmarkNorthSouthProgram(b *testing.B) {
 	fwd := make([]byte, len(est)+64)
 	var snat netip.AddrPort
 	if err := tp.node1.do(func() error {
-		if ret, _ := runOnce(b, objs.WaggleNpIngress, est, fwd, tcCtx); ret != tcRedirect {
-			b.Fatalf("first packet: verdict %d, want redirect", ret)
+		if ret, _, err := runOnce(objs.WaggleNpIngress, est, fwd, tcCtx); err != nil || ret != tcRedirect {
+			return fmt.Errorf("first packet: verdict %d (%v), want redirect", ret, err)
 		}
 		return nil
 	}); err != nil {
@@ -137,8 +137,8 @@ func BenchmarkNorthSouthProgram(b *testing.B) {
 	newSYN := newSYNs(mac, front)
 	ack := setTCPFlags(frame(mac, netip.AddrPortFrom(tp.clientIP, 40001), front, true, "full"), 0x10)
 	if err := tp.node1.do(func() error { // the TCP flow, made by its SYN
-		runOnce(b, objs.WaggleNpIngress, frame(mac, netip.AddrPortFrom(tp.clientIP, 40001), front, true, "full"), make([]byte, 256), tcCtx)
-		return nil
+		_, _, err := runOnce(objs.WaggleNpIngress, frame(mac, netip.AddrPortFrom(tp.clientIP, 40001), front, true, "full"), make([]byte, 256), tcCtx)
+		return err
 	}); err != nil {
 		b.Fatal(err)
 	}
@@ -169,8 +169,8 @@ func BenchmarkNorthSouthProgram(b *testing.B) {
 	syn := frame(mac1, client, front, true, "full")
 	opt := make([]byte, len(syn)+8)
 	if err := dp.node1.do(func() error {
-		if ret, _ := runOnce(b, dp.backend.np.objs.WaggleNpIngress, syn, opt, skbCtx{Ifindex: if1}); ret != tcRedirect || opt[14] != 0x47 {
-			b.Fatalf("DSR SYN: verdict %d, IP header %#x, want redirect with the option (0x47)", ret, opt[14])
+		if ret, _, err := runOnce(dp.backend.np.objs.WaggleNpIngress, syn, opt, skbCtx{Ifindex: if1}); err != nil || ret != tcRedirect || opt[14] != 0x47 {
+			return fmt.Errorf("DSR SYN: verdict %d (%v), IP header %#x, want redirect with the option (0x47)", ret, err, opt[14])
 		}
 		return nil
 	}); err != nil {
@@ -205,9 +205,12 @@ func progCase(b *testing.B, n *nsNS, name string, prog *ebpf.Program, want uint3
 			i := 0
 			for b.Loop() {
 				in := pkt(i)
-				ret, ns := runOnce(b, prog, in, out, ctx(len(in)))
+				ret, ns, err := runOnce(prog, in, out, ctx(len(in)))
+				if err != nil {
+					return err
+				}
 				if ret != want {
-					b.Fatalf("run %d: verdict %d, want %d", i, ret, want)
+					return fmt.Errorf("run %d: verdict %d, want %d", i, ret, want)
 				}
 				total += uint64(ns)
 				i++
