@@ -562,57 +562,70 @@ static __always_inline __s64 csum_diff16(const __u8 *old, const __u8 *new)
 	return bpf_csum_diff((__be32 *)old, 16, (__be32 *)new, 16, 0);
 }
 
-/* set_addr rewrites the source (src) or destination address. IPv4: the IP
- * header checksum and the L4 pseudo-header; IPv6: only the L4 checksum's
- * pseudo-header (no IP header checksum). A later fragment has no L4
- * header: the first fragment's checksum update covered the datagram's
- * pseudo-header change. */
-static __always_inline int set_addr(void *ctx, const int xdp, const struct pkt *p, int src, const __u8 *old,
-				    const __u8 *new)
-{
-	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-	if (addr_eq(old, new))
-		return 0;
-	if (IS6(xdp, p)) {
-		if (p->frag != FRAG_LATER) {
-			__s64 d = csum_diff16(old, new);
-			if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, mangled) < 0)
-				return -1;
-		}
-		return ctx_store(ctx, xdp, src ? IP6_SRC_OFF : IP6_DST_OFF, (void *)new, 16);
-	}
-	__be32 o = W(old, 3), n = W(new, 3);
-	if (p->frag != FRAG_LATER &&
-	    ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, BPF_F_PSEUDO_HDR | sizeof(n) | mangled) < 0)
-		return -1;
-	if (ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, o, n, sizeof(n)) < 0)
-		return -1;
-	return ctx_store(ctx, xdp, src ? IP_SRC_OFF : IP_DST_OFF, &n, sizeof(n));
-}
-
-static __always_inline int set_port(void *ctx, const int xdp, const struct pkt *p, int off, __be16 old, __be16 new)
-{
-	__u64 l4 = sizeof(new) | (p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0);
-	if (old == new || p->frag == FRAG_LATER)
-		return 0;
-	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), old, new, l4) < 0)
-		return -1;
-	return ctx_store(ctx, xdp, p->l4_off + off, &new, sizeof(new));
-}
-
-/* rewrite translates the packet; a first fragment's ports are noted for
- * the rest of its datagram, whose fragments then take the same path. */
+/* rewrite translates the packet to saddr:sport -> daddr:dport, in as few
+ * helper calls as the checksum rules allow. When both addresses change
+ * (SNAT + DNAT, and its reply), they are stored at once (adjacent in the
+ * IP header) and their change summed once (bpf_csum_diff) and applied once
+ * to the IPv4 header checksum and once, as pseudo-header, to the L4
+ * checksum (IPv6 has no header checksum); when both ports change, one
+ * store and one L4 update, not as pseudo-header (an offloaded checksum
+ * covers them when it is completed). A lone address or port (DNAT only,
+ * its reverse) is replaced by itself, which takes fewer calls. A later
+ * fragment has no L4 header: the first fragment's checksum update covered
+ * the datagram's pseudo-header change. A first fragment's ports are noted
+ * for the rest of its datagram, whose fragments then take the same path. */
 static __always_inline int rewrite(void *ctx, const int xdp, const struct pkt *p, const __u8 *saddr, __be16 sport,
 				   const __u8 *daddr, __be16 dport)
 {
+	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	int l4 = p->frag != FRAG_LATER;
+	__s64 d;
+
 	if (!xdp && p->frag == FRAG_FIRST)
 		frag_note(p);
 	if (!xdp && p->frag == FRAG_LATER)
 		stat(NP_STAT_FRAG_XLATE);
-	if (set_addr(ctx, xdp, p, 1, p->saddr, saddr) < 0 || set_addr(ctx, xdp, p, 0, p->daddr, daddr) < 0 ||
-	    set_port(ctx, xdp, p, 0, p->sport, sport) < 0 || set_port(ctx, xdp, p, 2, p->dport, dport) < 0)
+	int ds = !addr_eq(p->saddr, saddr), dd = !addr_eq(p->daddr, daddr);
+	if (IS6(xdp, p)) {
+		if (ds || dd) {
+			if (l4) {
+				d = ds ? csum_diff16(p->saddr, saddr) : 0;
+				if (dd && d >= 0)
+					d = bpf_csum_diff((__be32 *)p->daddr, 16, (__be32 *)daddr, 16, d);
+				if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, BPF_F_PSEUDO_HDR | mangled) < 0)
+					return -1;
+			}
+			if ((ds && ctx_store(ctx, xdp, IP6_SRC_OFF, (void *)saddr, 16) < 0) ||
+			    (dd && ctx_store(ctx, xdp, IP6_DST_OFF, (void *)daddr, 16) < 0))
+				return -1;
+		}
+	} else if (ds && dd) {
+		__u32 o[2] = {W(p->saddr, 3), W(p->daddr, 3)}, n[2] = {W(saddr, 3), W(daddr, 3)};
+		d = bpf_csum_diff(o, sizeof(o), n, sizeof(n), 0);
+		if (d < 0 || (l4 && ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, BPF_F_PSEUDO_HDR | mangled) < 0) ||
+		    ctx_l3_csum_diff(ctx, xdp, IP_CSUM_OFF, d) < 0 || ctx_store(ctx, xdp, IP_SRC_OFF, n, sizeof(n)) < 0)
+			return -1;
+	} else if (ds || dd) {
+		__be32 o = ds ? W(p->saddr, 3) : W(p->daddr, 3), n = ds ? W(saddr, 3) : W(daddr, 3);
+		if ((l4 && ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, BPF_F_PSEUDO_HDR | sizeof(n) | mangled) < 0) ||
+		    ctx_l3_csum_replace(ctx, xdp, IP_CSUM_OFF, o, n, sizeof(n)) < 0 ||
+		    ctx_store(ctx, xdp, ds ? IP_SRC_OFF : IP_DST_OFF, &n, sizeof(n)) < 0)
+			return -1;
+	}
+	int ps = p->sport != sport, pd = p->dport != dport;
+	if (!l4 || !(ps || pd))
+		return 0;
+	if (ps && pd) {
+		__be16 op[2] = {p->sport, p->dport}, np[2] = {sport, dport};
+		d = bpf_csum_diff((__be32 *)op, sizeof(op), (__be32 *)np, sizeof(np), 0);
+		if (d < 0 || ctx_l4_csum_diff(ctx, xdp, csum_off(p), d, mangled) < 0)
+			return -1;
+		return ctx_store(ctx, xdp, p->l4_off, np, sizeof(np));
+	}
+	__be16 o = ps ? p->sport : p->dport, n = ps ? sport : dport;
+	if (ctx_l4_csum_replace(ctx, xdp, csum_off(p), o, n, sizeof(n) | mangled) < 0)
 		return -1;
-	return 0;
+	return ctx_store(ctx, xdp, p->l4_off + (ps ? 0 : 2), &n, sizeof(n));
 }
 
 static __always_inline int fib(void *ctx, const int xdp, const struct pkt *p, const __u8 *saddr, const __u8 *daddr,
@@ -816,7 +829,10 @@ static __always_inline int reply_snat(void *ctx, const int xdp, const struct pkt
 
 	if (xdp && !xdp_fwd_ok(rc, &f))
 		return XDP_PASS;
-	mark_replied(client, cport, front, fport, p->proto, closing(p));
+	/* The original entry learns of the answer once (with this entry: they
+	 * gain and lose REPLIED together, reopen clears both), and of a close. */
+	if (!(ct->flags & NP_CT_F_REPLIED) || closing(p))
+		mark_replied(client, cport, front, fport, p->proto, closing(p));
 	if (closing(p))
 		close_other(client, cport, front, fport, NP_CT_ORIGINAL, p, now);
 	ct->flags |= closing(p) | NP_CT_F_REPLIED;
@@ -1573,7 +1589,21 @@ int waggle_np_egress(struct __sk_buff *skb)
 	struct pkt p = {};
 	struct np_ct_key k;
 	__u64 now;
-	int r = parse(skb, CTX_TC, &p);
+	__u32 iif = skb->ingress_ifindex;
+	int r;
+
+	/* A packet leaving the device it arrived on — one the ingress program
+	 * forwarded (a request to a remote backend, a reply going back to its
+	 * client), or one the stack routes back out — is no reply or ICMP
+	 * error of a backend on this node: those come from a pod's device or
+	 * from the node itself (ingress_ifindex 0). Leave it without a parse
+	 * or a conntrack lookup. (Only the same device is checked: a lookup of
+	 * the arrival device in waggle_np_devices would cost every local
+	 * backend's reply what it saves the rare packet crossing from one
+	 * external device to another.) */
+	if (iif && iif == skb->ifindex)
+		return TCX_NEXT;
+	r = parse(skb, CTX_TC, &p);
 
 	if (r == 2) {
 		if (p.v6)
@@ -1595,10 +1625,11 @@ int waggle_np_egress(struct __sk_buff *skb)
 	now = bpf_ktime_get_ns();
 	if (ct->expires_ns <= now)
 		return TCX_NEXT;
+	if (!(ct->flags & NP_CT_F_REPLIED) || closing(&p))
+		mark_replied(ct->addr, ct->port, ct->nat, ct->nat_port, p.proto, closing(&p));
 	ct->flags |= closing(&p) | NP_CT_F_REPLIED;
 	ct->expires_ns = now + lifetime(&p, ct->flags);
 	ct->packets++;
-	mark_replied(ct->addr, ct->port, ct->nat, ct->nat_port, p.proto, closing(&p));
 	if (closing(&p))
 		close_other(ct->addr, ct->port, ct->nat, ct->nat_port, NP_CT_ORIGINAL, &p, now);
 	stat(NP_STAT_REPLY);

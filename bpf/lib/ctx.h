@@ -118,22 +118,39 @@ static __always_inline int ctx_l4_csum_replace(void *ctx, const int xdp, __u32 o
 }
 
 /* ctx_l4_csum_diff applies diff — bpf_csum_diff's sum of the difference
- * between old and new words of the pseudo-header (IPv6 addresses) — to a
- * TCP/UDP checksum at off, as bpf_l4_csum_replace(from 0, to diff,
- * BPF_F_PSEUDO_HDR) does in tc: HC' = ~(~HC + diff). mangled is
- * BPF_F_MARK_MANGLED_0 or 0, as for ctx_l4_csum_replace. */
-static __always_inline int ctx_l4_csum_diff(void *ctx, const int xdp, __u32 off, __u32 diff, __u64 mangled)
+ * between old and new words — to a TCP/UDP checksum at off, as
+ * bpf_l4_csum_replace(from 0, to diff) does in tc: HC' = ~(~HC + diff).
+ * flags: BPF_F_PSEUDO_HDR when the words are pseudo-header words (the
+ * addresses: a checksum left to offload (CHECKSUM_PARTIAL) takes them, and
+ * a CHECKSUM_COMPLETE skb's csum follows), not for words of the L4 header
+ * itself (the ports: an offloaded checksum covers them when it is
+ * completed); BPF_F_MARK_MANGLED_0 as for ctx_l4_csum_replace. XDP sees
+ * only full checksums: both kinds of words change it alike. */
+static __always_inline int ctx_l4_csum_diff(void *ctx, const int xdp, __u32 off, __u32 diff, __u64 flags)
 {
 	__u16 check;
 	if (!xdp)
-		return bpf_l4_csum_replace(ctx, off, 0, diff, BPF_F_PSEUDO_HDR | mangled);
+		return bpf_l4_csum_replace(ctx, off, 0, diff, flags & (BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0));
 	if (ctx_load(ctx, xdp, off, &check, 2) < 0)
 		return -1;
-	if (mangled && check == 0)
+	if ((flags & BPF_F_MARK_MANGLED_0) && check == 0)
 		return 0;
 	check = (__u16)~csum_fold16((__u32)(__u16)~check + (diff & 0xffff) + (diff >> 16));
-	if (mangled && check == 0)
+	if ((flags & BPF_F_MARK_MANGLED_0) && check == 0)
 		check = 0xffff;
+	return ctx_store(ctx, xdp, off, &check, 2);
+}
+
+/* ctx_l3_csum_diff applies diff (as ctx_l4_csum_diff) to the IPv4 header
+ * checksum at off: bpf_l3_csum_replace(from 0, to diff) in tc. */
+static __always_inline int ctx_l3_csum_diff(void *ctx, const int xdp, __u32 off, __u32 diff)
+{
+	__u16 check;
+	if (!xdp)
+		return bpf_l3_csum_replace(ctx, off, 0, diff, 0);
+	if (ctx_load(ctx, xdp, off, &check, 2) < 0)
+		return -1;
+	check = (__u16)~csum_fold16((__u32)(__u16)~check + (diff & 0xffff) + (diff >> 16));
 	return ctx_store(ctx, xdp, off, &check, 2);
 }
 

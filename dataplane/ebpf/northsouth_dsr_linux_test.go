@@ -39,6 +39,7 @@ func (tp *nsTopo) startNode2(mode string) string {
 		t.Fatalf("New (node2): %v", err)
 	}
 	t.Cleanup(func() { b.Close() })
+	tp.node2Backend = b
 	return cfg.PinDir
 }
 

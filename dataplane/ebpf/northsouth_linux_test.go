@@ -36,7 +36,7 @@ import (
 // with an IPv6 prefix P (wire P::/64, node1's pods P:1::/64, node2's
 // P:2::/64, the same host numbers: client P::100, node1 P::1, pod P:1::10).
 type nsTopo struct {
-	t                   *testing.T
+	t                   testing.TB
 	net                 nsTopoNet
 	wire, client        *nsNS
 	node1, node2        *nsNS
@@ -44,6 +44,7 @@ type nsTopo struct {
 	node1Addr           netip.Addr
 	node2Addr, clientIP netip.Addr
 	backend             *Backend
+	node2Backend        *Backend // startNode2's
 	cfg                 Config
 	pinDir              string
 	cgroup              string
@@ -75,16 +76,16 @@ type nsNS struct {
 
 func (n *nsNS) path() string { return filepath.Join("/run/netns", n.name) }
 
-func newNSNetNS(t *testing.T, role string) *nsNS { return newNSNetNSNamed(t, "nsx", role) }
+func newNSNetNS(t testing.TB, role string) *nsNS { return newNSNetNSNamed(t, "nsx", role) }
 
 // newNSNetNSNamed makes a namespace named <prefix>-<role>-<random>.
-func newNSNetNSNamed(t *testing.T, prefix, role string) *nsNS {
+func newNSNetNSNamed(t testing.TB, prefix, role string) *nsNS {
 	t.Helper()
 	n := testutil.NewNetNSNamed(t, prefix+"-"+role+"-")
 	return &nsNS{NetNS: n, name: n.Name}
 }
 
-func (n *nsNS) run(t *testing.T, args ...string) string {
+func (n *nsNS) run(t testing.TB, args ...string) string {
 	t.Helper()
 	return n.Run(t, args[0], args[1:]...)
 }
@@ -92,7 +93,7 @@ func (n *nsNS) run(t *testing.T, args ...string) string {
 func (n *nsNS) do(fn func() error) error { return n.Do(func(ns.NetNS) error { return fn() }) }
 
 // plug connects a veth from `from` (named fromName) to `to` (named toName).
-func plug(t *testing.T, from *nsNS, fromName string, to *nsNS, toName string) {
+func plug(t testing.TB, from *nsNS, fromName string, to *nsNS, toName string) {
 	t.Helper()
 	tmp := "nsv" + hex.EncodeToString([]byte(toName))[:6]
 	from.run(t, "ip", "link", "add", fromName, "type", "veth", "peer", "name", tmp)
@@ -102,14 +103,14 @@ func plug(t *testing.T, from *nsNS, fromName string, to *nsNS, toName string) {
 	to.run(t, "ip", "link", "set", toName, "up")
 }
 
-func newNSTopo(t *testing.T) *nsTopo { return newNSTopoNet(t, nsTopoNet{prefix: "nsx", v4: "10.27"}) }
+func newNSTopo(t testing.TB) *nsTopo { return newNSTopoNet(t, nsTopoNet{prefix: "nsx", v4: "10.27"}) }
 
 // newNSTopo6 is the dual-stack topology (10.66.0.0/16, fd06::/16).
-func newNSTopo6(t *testing.T) *nsTopo {
+func newNSTopo6(t testing.TB) *nsTopo {
 	return newNSTopoNet(t, nsTopoNet{prefix: "ns6", v4: "10.66", v6: "fd06"})
 }
 
-func newNSTopoNet(t *testing.T, n nsTopoNet) *nsTopo {
+func newNSTopoNet(t testing.TB, n nsTopoNet) *nsTopo {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	testutil.RequiresKernelFeature(t, testutil.CgroupSockAddr)
@@ -392,7 +393,7 @@ func (tp *nsTopo) udp(to string) (pod, seen string, err error) {
 // subtest each.
 type nsFamily struct {
 	name, nft string
-	topo      func(*testing.T) *nsTopo
+	topo      func(testing.TB) *nsTopo
 	ip        func(nsTopoNet) func(sub, h int) string
 	pfx, host string // the wire's prefix length, a host's
 	doc       string // a documentation range (RFC 5737, RFC 3849): no host of the topology
