@@ -215,6 +215,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil || len(svcCIDRs) == 0 {
 		return fmt.Errorf("--service-cluster-ip-range %q: want a CIDR, or one IPv4 and one IPv6 comma-separated (%v)", cfg.ServiceClusterIPRange, err)
 	}
+	if err := apiserver.ValidateEventTTL(cfg.EventTTL); err != nil {
+		return err
+	}
 	// The cluster DNS Service is single-stack in the primary family, as
 	// kubeadm's kube-dns of a dual-stack cluster.
 	dnsIP := clusterdns.ServiceIP(svcCIDRs[0])

@@ -186,10 +186,10 @@ type Config struct {
 	MetricsResolution time.Duration
 }
 
-// validateEventTTL refuses an --event-ttl etcd cannot keep: leases count
+// ValidateEventTTL refuses an --event-ttl etcd cannot keep: leases count
 // whole seconds, and kube-apiserver truncates, so that anything under a
 // second would silently never expire there.
-func validateEventTTL(ttl time.Duration) error {
+func ValidateEventTTL(ttl time.Duration) error {
 	if ttl < 0 || (ttl > 0 && ttl < time.Second) {
 		return fmt.Errorf("apiserver: --event-ttl %v: 0 (Events never expire) or at least 1s", ttl)
 	}
@@ -315,7 +315,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("apiserver: --data-dir is required")
 	}
-	if err := validateEventTTL(cfg.EventTTL); err != nil {
+	if err := ValidateEventTTL(cfg.EventTTL); err != nil {
 		return nil, err
 	}
 	switch cfg.StorageMediaType {
