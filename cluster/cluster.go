@@ -137,6 +137,9 @@ type Config struct {
 	// (default native) and --metrics-resolution (default 15 s).
 	MetricsAPI        string
 	MetricsResolution time.Duration
+	// EventTTL is the API server's --event-ttl (default 1h; 0: Events
+	// never expire).
+	EventTTL time.Duration
 	// ClusterInit starts the first server of an HA control plane: its
 	// embedded etcd member serves peers and clients on AdvertiseAddress so
 	// that further servers can join (see ha.go).
@@ -173,6 +176,7 @@ func Defaults() Config {
 		AnonymousAuth:          true,
 		MetricsAPI:             "native",
 		MetricsResolution:      15 * time.Second,
+		EventTTL:               time.Hour,
 		BindAddress:            "0.0.0.0",
 		SecurePort:             6443,
 		ComponentsBindAddress:  "127.0.0.1",
@@ -210,6 +214,9 @@ func Run(ctx context.Context, cfg Config) error {
 	svcCIDRs, err := kubelet.ParseDualStackPrefixes(cfg.ServiceClusterIPRange)
 	if err != nil || len(svcCIDRs) == 0 {
 		return fmt.Errorf("--service-cluster-ip-range %q: want a CIDR, or one IPv4 and one IPv6 comma-separated (%v)", cfg.ServiceClusterIPRange, err)
+	}
+	if err := apiserver.ValidateEventTTL(cfg.EventTTL); err != nil {
+		return err
 	}
 	// The cluster DNS Service is single-stack in the primary family, as
 	// kubeadm's kube-dns of a dual-stack cluster.
@@ -264,6 +271,7 @@ func Run(ctx context.Context, cfg Config) error {
 		EnableBootstrapTokenAuth:            true,
 		MetricsAPI:                          cfg.MetricsAPI,
 		MetricsResolution:                   cfg.MetricsResolution,
+		EventTTL:                            cfg.EventTTL,
 		EncryptionProviderConfig:            encConfig,
 		StorageMediaType:                    cfg.StorageMediaType,
 		Audit:                               cfg.Audit,

@@ -18,6 +18,7 @@ func TestRunRefusesBadConfigBeforeStartingAnything(t *testing.T) {
 		"no data dir":      {func(c *Config) { c.DataDir = "" }, "--data-dir"},
 		"bad cluster CIDR": {func(c *Config) { c.ClusterCIDR = "10.244.0.0" }, "--cluster-cidr"},
 		"bad log level":    {func(c *Config) { c.LogLevel = "loud" }, "loud"},
+		"bad event TTL":    {func(c *Config) { c.EventTTL = -1 }, "--event-ttl"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := Defaults()

@@ -42,6 +42,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log level: debug, info, warn or error")
 	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", cfg.AnonymousAuth, "requests without credentials run as system:anonymous (authorized like any user); false: 401")
 	fs.StringVar(&cfg.MetricsAPI, "metrics-api", cfg.MetricsAPI, "metrics.k8s.io (kubectl top, HPA): native or off")
+	fs.DurationVar(&cfg.EventTTL, "event-ttl", cfg.EventTTL, "how long the API server keeps Events after their last write (etcd then deletes them; 0: never)")
 	fs.DurationVar(&cfg.MetricsResolution, "metrics-resolution", cfg.MetricsResolution, "how often the native metrics API scrapes each kubelet")
 	var pools cliflag.StringList
 	fs.Var(&pools, "loadbalancer-ip-pool", "addresses for Services of type LoadBalancer: CIDRs or first-last ranges, comma-separated (empty: they stay pending)")

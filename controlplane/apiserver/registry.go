@@ -64,6 +64,18 @@ func (r *registry) prefix(ns string) string {
 	return r.res.EtcdPrefix()
 }
 
+// putOpts are the options of every write of an object: its lifetime when
+// the resource has one (Events), as upstream's TTLFunc on create and update.
+func (r *registry) putOpts() []storage.PutOption {
+	if r.st.ttl == nil {
+		return nil
+	}
+	if ttl := r.st.ttl(&r.srv.cfg); ttl > 0 {
+		return []storage.PutOption{storage.WithTTL(ttl)}
+	}
+	return nil
+}
+
 func (r *registry) notFound(name string) error { return apierrors.NewNotFound(r.gr, name) }
 
 // get reads one object: from the watch cache for resourceVersion=0, from
@@ -475,7 +487,7 @@ func (r *registry) create(ctx context.Context, ns string, obj runtime.Object, wo
 		return obj, nil
 	}
 	for attempt := 0; ; attempt++ {
-		rev, err := r.store.Create(ctx, r.key(ns, m.GetName()), data)
+		rev, err := r.store.Create(ctx, r.key(ns, m.GetName()), data, r.putOpts()...)
 		if err == nil {
 			m.SetResourceVersion(strconv.FormatInt(rev, 10))
 			return obj, nil
@@ -665,7 +677,7 @@ func (r *registry) finishUpdate(ctx context.Context, ns, name, sub string, old, 
 		}
 		return obj, nil
 	}
-	nrev, _, err := r.store.OptimisticPut(ctx, r.key(ns, name), data, rev)
+	nrev, _, err := r.store.OptimisticPut(ctx, r.key(ns, name), data, rev, r.putOpts()...)
 	if err != nil {
 		if release != nil {
 			release()
@@ -777,7 +789,7 @@ func (r *registry) deleteObject(ctx context.Context, ns, name string, opts *meta
 			if err != nil {
 				return nil, false, err
 			}
-			rev, _, err := r.store.OptimisticPut(ctx, key, data, kv.ModRevision)
+			rev, _, err := r.store.OptimisticPut(ctx, key, data, kv.ModRevision, r.putOpts()...)
 			if errors.Is(err, storage.ErrConflict) && attempt < 20 {
 				continue
 			}

@@ -139,6 +139,14 @@ type Config struct {
 	// name (ServiceAccount, DefaultTolerationSeconds; NamespaceLifecycle and
 	// NodeRestriction cannot be turned off here).
 	DisableAdmissionPlugins []string
+	// EventTTL is --event-ttl: how long an Event (core/v1 and
+	// events.k8s.io/v1, one store) lives after its last write; etcd then
+	// deletes it (a lease) and watchers see DELETED, as kube-apiserver's.
+	// Whole seconds, rounded up; a shared lease may keep an Event up to
+	// 5 % (at most storage.DefaultLeaseReuse, 60 s) longer. Zero: Events
+	// never expire (what upstream does with 0); the commands default it to
+	// 1h, as kube-apiserver.
+	EventTTL time.Duration
 	// TLSCertFile, TLSPrivateKeyFile and ClientCAFile replace the generated
 	// PKI when given.
 	TLSCertFile, TLSPrivateKeyFile, ClientCAFile string
@@ -176,6 +184,16 @@ type Config struct {
 	MetricsAPI string
 	// MetricsResolution is how often kubelets are scraped (default 15 s).
 	MetricsResolution time.Duration
+}
+
+// ValidateEventTTL refuses an --event-ttl etcd cannot keep: leases count
+// whole seconds, and kube-apiserver truncates, so that anything under a
+// second would silently never expire there.
+func ValidateEventTTL(ttl time.Duration) error {
+	if ttl < 0 || (ttl > 0 && ttl < time.Second) {
+		return fmt.Errorf("apiserver: --event-ttl %v: 0 (Events never expire) or at least 1s", ttl)
+	}
+	return nil
 }
 
 func (c *Config) setDefaults() {
@@ -296,6 +314,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg.setDefaults()
 	if cfg.DataDir == "" {
 		return nil, errors.New("apiserver: --data-dir is required")
+	}
+	if err := ValidateEventTTL(cfg.EventTTL); err != nil {
+		return nil, err
 	}
 	switch cfg.StorageMediaType {
 	case "", protobufType, "application/json":

@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"time"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/apiserver/registry/upstream"
@@ -72,7 +73,14 @@ type strategy struct {
 	// admitCreate refuses creates the resource cannot take now (custom
 	// resources of a CRD being deleted).
 	admitCreate func() error
+	// ttl is how long an object lives after each write (upstream's
+	// TTLFunc): etcd deletes it then, and watchers see DELETED. Zero or
+	// nil: for good. Only Events have one (Config.EventTTL).
+	ttl func(cfg *Config) time.Duration
 }
+
+// eventTTL is the lifetime of Events, kube-apiserver's --event-ttl.
+func eventTTL(cfg *Config) time.Duration { return cfg.EventTTL }
 
 func (s *strategy) removable(obj runtime.Object) bool {
 	return s.canRemove == nil || s.canRemove(obj)
@@ -209,6 +217,7 @@ func strategyFor(res *catalog.Resource) *strategy {
 	}
 	if key == "events.k8s.io/events" {
 		eventsV1Fields(s)
+		s.ttl = eventTTL // the core/v1 events' store, and their lifetime
 	}
 	return s
 }

@@ -182,8 +182,9 @@ func nodeStrategy(s *strategy) {
 }
 
 // eventStrategy adds core/v1 Events and the field selectors kubectl describe
-// uses.
+// uses, and their lifetime (--event-ttl).
 func eventStrategy(s *strategy) {
+	s.ttl = eventTTL
 	s.fieldLabels = labelsOf("involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
 		"involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type")
 	s.fieldSet = func(o runtime.Object) fields.Set {

@@ -53,6 +53,10 @@ type Config struct {
 	// authenticated data as upstream); nil, or a nil result, stores values
 	// as they are.
 	Transformer func(key string) value.Transformer
+	// LeaseReuse is the longest a lease of keys written with a TTL is
+	// shared by later writes (kube-apiserver's
+	// --lease-reuse-duration-seconds; DefaultLeaseReuse when zero).
+	LeaseReuse time.Duration
 	// Log receives storage logs; Registerer the etcd latency metrics (both
 	// optional).
 	Log        *slog.Logger
@@ -68,6 +72,8 @@ type Store struct {
 	embedded  *Embedded
 	log       *slog.Logger
 	latency   *prometheus.HistogramVec
+	// leases grants the leases of writes with a TTL (lease.go).
+	leases *leaseManager
 	// lastProgress is when a progress notification was last asked for
 	// (unix nanoseconds).
 	lastProgress atomic.Int64
@@ -120,6 +126,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("etcd client for %v: %w", endpoints, err)
 	}
 	s.kc = kc
+	s.leases = newLeaseManager(kc.Client.Lease, cfg.LeaseReuse)
 	// Prove the connection now rather than on the first request.
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -368,16 +375,61 @@ func (s *Store) Count(ctx context.Context, prefix string) (int64, error) {
 	return n, nil
 }
 
+// PutOption modifies one write (Create, OptimisticPut).
+type PutOption func(*putOptions)
+
+type putOptions struct {
+	ttl time.Duration
+}
+
+// WithTTL makes etcd delete the key ttl after the write (in whole seconds,
+// rounded up; a shared lease may keep it up to 5 % or the lease reuse
+// window longer, as kube-apiserver's): watchers see a deletion. Each write
+// sets the key's lifetime anew, and a write without WithTTL keeps it for
+// good. Zero or less is no TTL.
+func WithTTL(ttl time.Duration) PutOption {
+	return func(o *putOptions) { o.ttl = ttl }
+}
+
+// put is the transaction of Create (expected 0) and OptimisticPut, with the
+// lease of a TTL attached.
+func (s *Store) put(ctx context.Context, key string, value []byte, expected int64, getOnFailure bool, opts []PutOption) (*kubernetes.PutResponse, error) {
+	var o putOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	po := kubernetes.PutOptions{GetOnFailure: getOnFailure}
+	if o.ttl <= 0 {
+		resp, err := s.kc.OptimisticPut(ctx, key, value, expected, po)
+		return &resp, err
+	}
+	for attempt := 0; ; attempt++ {
+		id, err := s.leases.get(ctx, ttlSeconds(o.ttl))
+		if err != nil {
+			return nil, fmt.Errorf("lease: %w", err)
+		}
+		po.LeaseID = id
+		resp, err := s.kc.OptimisticPut(ctx, key, value, expected, po)
+		if attempt == 0 && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)) {
+			// The shared lease went (revoked by hand, or its expiry
+			// came earlier than this side counted): a fresh one.
+			s.leases.forget(id)
+			continue
+		}
+		return &resp, err
+	}
+}
+
 // Create writes key only if it does not exist (ErrExists otherwise) and
 // returns the new revision.
-func (s *Store) Create(ctx context.Context, key string, value []byte) (int64, error) {
+func (s *Store) Create(ctx context.Context, key string, value []byte, opts ...PutOption) (int64, error) {
 	ctx, done := s.call(ctx, "create", key)
 	defer done()
 	value, err := s.toStorage(ctx, key, value)
 	if err != nil {
 		return 0, fmt.Errorf("create %s: %w", key, err)
 	}
-	resp, err := s.kc.OptimisticPut(ctx, key, value, 0, kubernetes.PutOptions{})
+	resp, err := s.put(ctx, key, value, 0, false, opts)
 	if err != nil {
 		return 0, fmt.Errorf("create %s: %w", key, mapErr(err))
 	}
@@ -390,14 +442,14 @@ func (s *Store) Create(ctx context.Context, key string, value []byte) (int64, er
 // OptimisticPut replaces key only if its modification revision is still
 // expected. A key that vanished meanwhile gives ErrNotFound, one modified
 // since gives ErrConflict (with the current pair).
-func (s *Store) OptimisticPut(ctx context.Context, key string, value []byte, expected int64) (int64, *KV, error) {
+func (s *Store) OptimisticPut(ctx context.Context, key string, value []byte, expected int64, opts ...PutOption) (int64, *KV, error) {
 	ctx, done := s.call(ctx, "update", key)
 	defer done()
 	value, err := s.toStorage(ctx, key, value)
 	if err != nil {
 		return 0, nil, fmt.Errorf("update %s: %w", key, err)
 	}
-	resp, err := s.kc.OptimisticPut(ctx, key, value, expected, kubernetes.PutOptions{GetOnFailure: true})
+	resp, err := s.put(ctx, key, value, expected, true, opts)
 	if err != nil {
 		return 0, nil, fmt.Errorf("update %s: %w", key, mapErr(err))
 	}
