@@ -72,7 +72,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// addAddrs puts addresses on the namespace's loopback.
+// addAddrs puts addresses on the namespace's loopback and waits until the
+// namespace routes them to itself (for IPv6 the kernel adds that route after
+// `ip addr add` returns, nodad or not: see testutil.WaitLocalAddrs).
 func (e *env) addAddrs(addrs ...netip.Addr) {
 	e.t.Helper()
 	for _, a := range addrs {
@@ -82,6 +84,7 @@ func (e *env) addAddrs(addrs ...netip.Addr) {
 		}
 		e.ns.Run(e.t, "ip", "addr", "add", fmt.Sprintf("%s/%d", a, bits), "dev", "lo", "nodad")
 	}
+	e.ns.WaitLocalAddrs(e.t, addrs...)
 }
 
 // in runs fn in the test namespace (on a locked OS thread).

@@ -134,6 +134,7 @@ func newNSTopoNet(t testing.TB, n nsTopoNet) *nsTopo {
 		x.n.run(t, "ip", "addr", "add", n.ip4(0, x.host)+"/24", "dev", "eth0")
 		if n.v6 != "" {
 			x.n.run(t, "ip", "addr", "add", n.ip6(0, x.host)+"/64", "dev", "eth0", "nodad")
+			x.n.WaitLocalAddrs(t, netip.MustParseAddr(n.ip6(0, x.host)))
 		}
 	}
 	for _, node := range []*nsNS{tp.node1, tp.node2} {
@@ -191,6 +192,7 @@ func (tp *nsTopo) addPod(ip string, node *nsNS, gw string) {
 	ip6 := tp.net.ip6(int(a[2]), int(a[3]))
 	node.run(t, "ip", "addr", "add", "fe80::1/64", "dev", host, "nodad")
 	p.run(t, "ip", "addr", "add", ip6+"/128", "dev", "eth0", "nodad")
+	p.WaitLocalAddrs(t, netip.MustParseAddr(ip6))
 	p.run(t, "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0")
 	node.run(t, "ip", "-6", "route", "add", ip6+"/128", "dev", host)
 	tp.pods[ip6] = p
@@ -411,6 +413,7 @@ func (tp *nsTopo) addClientAddr(fam nsFamily, addr string) {
 		args = append(args, "nodad")
 	}
 	tp.client.run(tp.t, args...)
+	tp.client.WaitLocalAddrs(tp.t, netip.MustParseAddr(addr))
 }
 
 // hp is addr:port, bracketed for an IPv6 address.
