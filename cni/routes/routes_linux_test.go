@@ -277,7 +277,18 @@ func TestDualStackPodsOnTwoNodesReachEachOtherOverIPv6WithHostGW(t *testing.T) {
 	}
 	podA, _ := nodes[0].addPod(t, "a")
 	podB, _ := nodes[1].addPod(t, "b")
+	ipA := netip.MustParseAddr("fd00:244:1::2") // the first pod address of node1's IPv6 range
 	ipB := netip.MustParseAddr("fd00:244:2::2") // the first pod address of node2's IPv6 range
+	// Every IPv6 address here is added without duplicate address detection,
+	// and the kernel routes it locally only after `ip addr add` (or the
+	// plugin's RTM_NEWADDR) returns: until then the node does not answer
+	// neighbour solicitations for it and a packet to it is not taken in.
+	// The single dial below must not meet that gap.
+	for i, n := range nodes {
+		n.ns.WaitLocalAddrs(t, all[i].InternalIPs[1], netip.MustParseAddr(fmt.Sprintf("fd00:244:%d::1", i+1)))
+	}
+	podA.WaitLocalAddrs(t, ipA)
+	podB.WaitLocalAddrs(t, ipB)
 	port := echoServer(t, podB, ipB)
 	for _, n := range nodes {
 		c, _ := New(Config{NodeName: n.name, Mode: ModeHostGW, Dataplane: NewNetlink()})

@@ -456,13 +456,18 @@ func TestRestartKeepsEnforcing(t *testing.T) {
 func TestIPv6(t *testing.T) { eachDatapath(t, testIPv6) }
 
 func testIPv6(t *testing.T, e *env) {
+	// The kernel routes a nodad IPv6 address locally only after `ip addr
+	// add` returns (testutil.NetNS.WaitLocalAddrs): each probe below is a
+	// single dial, and a denied one must not be denied by that gap.
 	e.node.Run(t, "ip", "addr", "add", "fd77::1/64", "dev", e.bridge, "nodad")
+	e.node.WaitLocalAddrs(t, netip.MustParseAddr("fd77::1"))
 	e.c.SetHostIPs([]netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("fd77::1")})
 	var pods []*tpod
 	for i, name := range []string{"a", "b", "c"} {
 		p := e.addPod("x", name, map[string]string{"app": name})
 		v6 := netip.MustParseAddr(fmt.Sprintf("fd77::%d", 20+i))
 		p.netns.Run(t, "ip", "addr", "add", v6.String()+"/64", "dev", "eth0", "nodad")
+		p.netns.WaitLocalAddrs(t, v6)
 		serveTCP(t, p.netns, netip.AddrPortFrom(v6, 80).String())
 		p.obj.Status.PodIPs = append(p.obj.Status.PodIPs, v1.PodIP{IP: v6.String()})
 		e.c.SetPod(p.obj, p.ifindex)
