@@ -697,7 +697,16 @@ func TestDualStackPodGetsOneAddressPerFamily(t *testing.T) {
 	if len(ra.IPs) != 2 || len(ra.Routes) != 2 {
 		t.Fatalf("dual-stack result: %v", ra)
 	}
+	v6a, _ := netip.AddrFromSlice(ra.IPs[1].Address.IP)
 	v6b, _ := netip.AddrFromSlice(rb.IPs[1].Address.IP)
+	gw6, _ := netip.AddrFromSlice(ra.IPs[1].Gateway)
+	// The plugin adds IPv6 addresses without duplicate address detection,
+	// and the kernel routes them locally only after the RTM_NEWADDR returns
+	// (testutil.NetNS.WaitLocalAddrs): the single dial below must not meet
+	// that gap.
+	a.WaitLocalAddrs(t, v6a)
+	b.WaitLocalAddrs(t, v6b)
+	n.ns.WaitLocalAddrs(t, gw6)
 	port := serve(t, b, v6b)
 	if _, err := dial(a, v6b, port); err != nil {
 		t.Fatalf("pod a -> pod b over IPv6 %s: %v", v6b, err)
