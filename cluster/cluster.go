@@ -140,6 +140,9 @@ type Config struct {
 	// EventTTL is the API server's --event-ttl (default 1h; 0: Events
 	// never expire).
 	EventTTL time.Duration
+	// LeaseReuse is the API server's --lease-reuse-duration-seconds
+	// (default 60 s; at least a second).
+	LeaseReuse time.Duration
 	// ClusterInit starts the first server of an HA control plane: its
 	// embedded etcd member serves peers and clients on AdvertiseAddress so
 	// that further servers can join (see ha.go).
@@ -177,6 +180,7 @@ func Defaults() Config {
 		MetricsAPI:             "native",
 		MetricsResolution:      15 * time.Second,
 		EventTTL:               time.Hour,
+		LeaseReuse:             time.Minute,
 		BindAddress:            "0.0.0.0",
 		SecurePort:             6443,
 		ComponentsBindAddress:  "127.0.0.1",
@@ -216,6 +220,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("--service-cluster-ip-range %q: want a CIDR, or one IPv4 and one IPv6 comma-separated (%v)", cfg.ServiceClusterIPRange, err)
 	}
 	if err := apiserver.ValidateEventTTL(cfg.EventTTL); err != nil {
+		return err
+	}
+	if err := apiserver.ValidateLeaseReuse(cfg.LeaseReuse); err != nil {
 		return err
 	}
 	// The cluster DNS Service is single-stack in the primary family, as
@@ -272,6 +279,7 @@ func Run(ctx context.Context, cfg Config) error {
 		MetricsAPI:                          cfg.MetricsAPI,
 		MetricsResolution:                   cfg.MetricsResolution,
 		EventTTL:                            cfg.EventTTL,
+		LeaseReuse:                          cfg.LeaseReuse,
 		EncryptionProviderConfig:            encConfig,
 		StorageMediaType:                    cfg.StorageMediaType,
 		Audit:                               cfg.Audit,

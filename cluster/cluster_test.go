@@ -19,6 +19,7 @@ func TestRunRefusesBadConfigBeforeStartingAnything(t *testing.T) {
 		"bad cluster CIDR": {func(c *Config) { c.ClusterCIDR = "10.244.0.0" }, "--cluster-cidr"},
 		"bad log level":    {func(c *Config) { c.LogLevel = "loud" }, "loud"},
 		"bad event TTL":    {func(c *Config) { c.EventTTL = -1 }, "--event-ttl"},
+		"bad lease reuse":  {func(c *Config) { c.LeaseReuse = 0 }, "--lease-reuse-duration-seconds"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := Defaults()

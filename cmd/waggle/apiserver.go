@@ -42,6 +42,7 @@ func runAPIServer(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", true, "requests without credentials run as system:anonymous (authorized like any user; RBAC grants only health and version); false: 401")
 	fs.StringVar(&cfg.MetricsAPI, "metrics-api", "native", "metrics.k8s.io (kubectl top, HPA): native (scraped from the kubelets by this server) or off (left to an aggregated metrics server)")
 	fs.DurationVar(&cfg.EventTTL, "event-ttl", time.Hour, "how long Events are kept after their last write (etcd then deletes them; 0: never)")
+	leaseReuse := fs.Int64("lease-reuse-duration-seconds", 60, "longest time (seconds, at least 1) an etcd lease of keys written with a TTL (Events) is reused for, bounded by 5% of the TTL")
 	fs.DurationVar(&cfg.MetricsResolution, "metrics-resolution", 15*time.Second, "how often the native metrics API scrapes each kubelet's /metrics/resource")
 	var issuers, auds, saKeys, disabled cliflag.StringList
 	fs.Var(&issuers, "service-account-issuer", "issuer (iss) of service-account tokens; several, comma-separated: the first signs, all are accepted (default https://kubernetes.default.svc.cluster.local)")
@@ -55,6 +56,10 @@ func runAPIServer(ctx context.Context, args []string) error {
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.LeaseReuse, err = apiserver.LeaseReuseSeconds(*leaseReuse); err != nil {
 		return err
 	}
 	cfg.AuthorizationModes = modes

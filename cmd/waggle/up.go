@@ -6,6 +6,7 @@ import (
 	k8sflag "k8s.io/component-base/cli/flag"
 
 	"github.com/waggle-io/waggle/cluster"
+	"github.com/waggle-io/waggle/controlplane/apiserver"
 	"github.com/waggle-io/waggle/internal/cliflag"
 )
 
@@ -43,6 +44,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.AnonymousAuth, "anonymous-auth", cfg.AnonymousAuth, "requests without credentials run as system:anonymous (authorized like any user); false: 401")
 	fs.StringVar(&cfg.MetricsAPI, "metrics-api", cfg.MetricsAPI, "metrics.k8s.io (kubectl top, HPA): native or off")
 	fs.DurationVar(&cfg.EventTTL, "event-ttl", cfg.EventTTL, "how long the API server keeps Events after their last write (etcd then deletes them; 0: never)")
+	leaseReuse := fs.Int64("lease-reuse-duration-seconds", int64(cfg.LeaseReuse.Seconds()), "longest time (seconds, at least 1) the API server reuses an etcd lease of keys written with a TTL (Events) for, bounded by 5% of the TTL")
 	fs.DurationVar(&cfg.MetricsResolution, "metrics-resolution", cfg.MetricsResolution, "how often the native metrics API scrapes each kubelet")
 	var pools cliflag.StringList
 	fs.Var(&pools, "loadbalancer-ip-pool", "addresses for Services of type LoadBalancer: CIDRs or first-last ranges, comma-separated (empty: they stay pending)")
@@ -70,6 +72,10 @@ func runUp(ctx context.Context, args []string) error {
 	var modes cliflag.StringList
 	fs.Var(&modes, "authorization-mode", "authorizers, in order, comma-separated: Node, RBAC, AlwaysAllow, AlwaysDeny (default Node,RBAC)")
 	if err := cliflag.Parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.LeaseReuse, err = apiserver.LeaseReuseSeconds(*leaseReuse); err != nil {
 		return err
 	}
 	cfg.AuthorizationModes = modes

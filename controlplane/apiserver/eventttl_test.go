@@ -2,6 +2,7 @@ package apiserver_test
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -167,6 +168,25 @@ func TestEventTTLRefusesWhatEtcdCannotKeep(t *testing.T) {
 		_, err := apiserver.New(context.Background(), apiserver.Config{DataDir: t.TempDir(), EventTTL: ttl})
 		if err == nil || !strings.Contains(err.Error(), "--event-ttl") {
 			t.Fatalf("EventTTL %v: %v, want an --event-ttl error", ttl, err)
+		}
+	}
+}
+
+// --lease-reuse-duration-seconds must be a positive number of seconds, as
+// kube-apiserver requires; Config's zero is the 60 s default.
+func TestLeaseReuseRefusesUnderASecond(t *testing.T) {
+	for _, s := range []int64{0, -1, math.MaxInt64} {
+		if _, err := apiserver.LeaseReuseSeconds(s); err == nil || !strings.Contains(err.Error(), "--lease-reuse-duration-seconds") {
+			t.Errorf("LeaseReuseSeconds(%d): %v, want a --lease-reuse-duration-seconds error", s, err)
+		}
+	}
+	if d, err := apiserver.LeaseReuseSeconds(60); d != time.Minute || err != nil {
+		t.Errorf("LeaseReuseSeconds(60) = %v, %v; want 1m0s", d, err)
+	}
+	for _, d := range []time.Duration{-time.Second, 500 * time.Millisecond} {
+		_, err := apiserver.New(context.Background(), apiserver.Config{DataDir: t.TempDir(), LeaseReuse: d})
+		if err == nil || !strings.Contains(err.Error(), "--lease-reuse-duration-seconds") {
+			t.Errorf("LeaseReuse %v: %v, want a --lease-reuse-duration-seconds error", d, err)
 		}
 	}
 }

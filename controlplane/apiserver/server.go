@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"k8s.io/kubernetes/pkg/capabilities"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -147,6 +148,12 @@ type Config struct {
 	// never expire (what upstream does with 0); the commands default it to
 	// 1h, as kube-apiserver.
 	EventTTL time.Duration
+	// LeaseReuse is --lease-reuse-duration-seconds: the longest window an
+	// etcd lease of keys written with a TTL (Events) is shared for
+	// (storage.Config.LeaseReuse; the window is also at most 5 % of the
+	// TTL). Zero: storage.DefaultLeaseReuse (60 s, kube-apiserver's
+	// default); otherwise at least a second.
+	LeaseReuse time.Duration
 	// TLSCertFile, TLSPrivateKeyFile and ClientCAFile replace the generated
 	// PKI when given.
 	TLSCertFile, TLSPrivateKeyFile, ClientCAFile string
@@ -194,6 +201,26 @@ func ValidateEventTTL(ttl time.Duration) error {
 		return fmt.Errorf("apiserver: --event-ttl %v: 0 (Events never expire) or at least 1s", ttl)
 	}
 	return nil
+}
+
+// ValidateLeaseReuse refuses a --lease-reuse-duration-seconds under a
+// second, as kube-apiserver refuses anything but a positive number of
+// seconds.
+func ValidateLeaseReuse(d time.Duration) error {
+	if d < time.Second {
+		return fmt.Errorf("apiserver: --lease-reuse-duration-seconds %v: must be at least 1 (second)", d.Seconds())
+	}
+	return nil
+}
+
+// LeaseReuseSeconds is the LeaseReuse of the flag's whole seconds, refused
+// under 1 (and beyond what a time.Duration holds).
+func LeaseReuseSeconds(s int64) (time.Duration, error) {
+	if s > int64(math.MaxInt64/time.Second) {
+		return 0, fmt.Errorf("apiserver: --lease-reuse-duration-seconds %d: too large", s)
+	}
+	d := time.Duration(s) * time.Second
+	return d, ValidateLeaseReuse(d)
 }
 
 func (c *Config) setDefaults() {
@@ -318,6 +345,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := ValidateEventTTL(cfg.EventTTL); err != nil {
 		return nil, err
 	}
+	if cfg.LeaseReuse != 0 {
+		if err := ValidateLeaseReuse(cfg.LeaseReuse); err != nil {
+			return nil, err
+		}
+	}
 	switch cfg.StorageMediaType {
 	case "", protobufType, "application/json":
 	default:
@@ -407,7 +439,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	scfg := storage.Config{
 		Servers: cfg.EtcdServers, DataDir: cfg.DataDir, UnsafeNoFsync: cfg.EtcdUnsafeNoFsync, Timeout: cfg.EtcdTimeout,
 		CAFile: cfg.EtcdCAFile, CertFile: cfg.EtcdCertFile, KeyFile: cfg.EtcdKeyFile,
-		Log: log.With("subsystem", "storage"), Registerer: s.health.Registry,
+		Log: log.With("subsystem", "storage"), Registerer: s.health.Registry, LeaseReuse: cfg.LeaseReuse,
 	}
 	if len(cfg.EtcdServers) == 0 {
 		var etcdHosts []string
