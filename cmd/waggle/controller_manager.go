@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/waggle-io/waggle/controlplane/controllers"
+	"github.com/waggle-io/waggle/internal/apiclient"
 	"github.com/waggle-io/waggle/internal/cliflag"
 )
 
@@ -13,6 +14,7 @@ func runControllerManager(ctx context.Context, args []string) error {
 	cfg := controllers.DefaultConfig()
 	fs := cliflag.NewFlagSet("controller-manager", "Run the controllers (ReplicaSet, Deployment, DaemonSet, EndpointSlice, HorizontalPodAutoscaler, garbage collector, node and namespace controllers) under leader election.")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (empty: in-cluster)")
+	fs.StringVar(&cfg.KubeAPIContentType, "kube-api-content-type", cfg.KubeAPIContentType, "media type of the typed clients' requests to the API server: "+apiclient.Protobuf+" (JSON accepted too, as upstream's default) or "+apiclient.JSON+" (custom resources are always JSON)")
 	cfg.SecureServing.AddFlags(fs)
 	fs.IntVar(&cfg.SecureServing.SecurePort, "port", cfg.SecureServing.SecurePort, "deprecated: the same as --secure-port (the port now serves HTTPS)")
 	ctrls := cliflag.StringList{}

@@ -3,9 +3,7 @@ package controllers
 import (
 	"fmt"
 
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/controller-manager/pkg/clientbuilder"
 )
@@ -38,17 +36,9 @@ func (d Deps) forController(sa string) (Deps, error) {
 	if err != nil {
 		return d, fmt.Errorf("credentials of ServiceAccount %s/%s: %w", ServiceAccountNamespace, sa, err)
 	}
-	d.RestConfig = rc
-	if d.Client, err = kubernetes.NewForConfig(rc); err != nil {
-		return d, err
-	}
-	if d.Dynamic, err = dynamic.NewForConfig(rc); err != nil {
-		return d, err
-	}
-	if d.Metadata, err = metadata.NewForConfig(rc); err != nil {
-		return d, err
-	}
-	return d, nil
+	// rc is a copy of the controller-manager's own (content type included)
+	// with the ServiceAccount's token.
+	return d, d.useConfig(rc)
 }
 
 // serviceAccountClients is upstream's DynamicControllerClientBuilder over

@@ -75,6 +75,7 @@ import (
 	"github.com/waggle-io/waggle/controlplane/controllers/serviceaccount"
 	"github.com/waggle-io/waggle/controlplane/controllers/statefulset"
 	"github.com/waggle-io/waggle/controlplane/controllers/ttlafterfinished"
+	"github.com/waggle-io/waggle/internal/apiclient"
 	"github.com/waggle-io/waggle/internal/leaderelect"
 	"github.com/waggle-io/waggle/internal/ops"
 	"github.com/waggle-io/waggle/internal/secureserving"
@@ -95,6 +96,15 @@ type Config struct {
 	// up`), is used instead.
 	Kubeconfig string
 	RestConfig *rest.Config
+	// KubeAPIContentType is --kube-api-content-type: the media type of the
+	// clients' requests, asked for first in responses. Protobuf by
+	// default, as kube-controller-manager's, with JSON accepted after it;
+	// "application/json" for JSON only (empty: protobuf). It applies to
+	// RestConfig too. The dynamic clients (custom resources: the garbage
+	// collector, namespace deletion) always speak JSON and the metadata
+	// clients protobuf, as client-go sets them whatever the base config
+	// (see the README's "Wire format").
+	KubeAPIContentType string
 
 	// SecureServing is where /healthz, /livez, /readyz and /metrics are
 	// served: HTTPS with delegated authentication and authorization, as
@@ -227,6 +237,7 @@ func DefaultConfig() Config {
 	return Config{
 		SecureServing:                      secureserving.Defaults(DefaultPort),
 		Controllers:                        []string{"*"},
+		KubeAPIContentType:                 apiclient.Protobuf,
 		LocalPathDir:                       localpath.DefaultDir,
 		ConcurrentReplicaSetSyncs:          5,
 		ConcurrentDeploymentSyncs:          5,
@@ -351,6 +362,11 @@ func (c *Config) validate() error {
 	if err := c.SecureServing.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	switch c.KubeAPIContentType {
+	case "", apiclient.Protobuf, apiclient.JSON:
+	default:
+		errs = append(errs, fmt.Errorf("--kube-api-content-type %q: want %s or %s", c.KubeAPIContentType, apiclient.Protobuf, apiclient.JSON))
+	}
 	if c.ClusterDNSIP != "" {
 		if _, err := netip.ParseAddr(c.ClusterDNSIP); err != nil {
 			errs = append(errs, fmt.Errorf("--cluster-dns-ip %q: %w", c.ClusterDNSIP, err))
@@ -397,6 +413,53 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// restConfig is the controllers' client configuration: RestConfig, or
+// Kubeconfig's (in-cluster without one), speaking KubeAPIContentType.
+func (c *Config) restConfig() (*rest.Config, error) {
+	rc := c.RestConfig
+	if rc == nil {
+		var err error
+		if c.Kubeconfig == "" {
+			rc, err = rest.InClusterConfig()
+		} else {
+			rc, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("client config (--kubeconfig %q): %w", c.Kubeconfig, err)
+		}
+	}
+	rc = rest.CopyConfig(rc)
+	if rc.QPS == 0 {
+		rc.QPS, rc.Burst = 200, 400
+	}
+	rc.UserAgent = "waggle-controller-manager"
+	contentType := c.KubeAPIContentType
+	if contentType == "" {
+		contentType = apiclient.Protobuf
+	}
+	// Protobuf by default, as kube-controller-manager's
+	// --kube-api-content-type.
+	apiclient.SetContentType(rc, contentType)
+	return rc, nil
+}
+
+// useConfig gives d the clients of rc: typed (rc's content type), dynamic
+// (JSON, whatever rc says: client-go sets it) and metadata-only.
+func (d *Deps) useConfig(rc *rest.Config) error {
+	var err error
+	d.RestConfig = rc
+	if d.Client, err = kubernetes.NewForConfig(rc); err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	if d.Dynamic, err = dynamic.NewForConfig(rc); err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	if d.Metadata, err = metadata.NewForConfig(rc); err != nil {
+		return fmt.Errorf("metadata client: %w", err)
+	}
+	return nil
+}
+
 // Run runs the controller-manager until ctx ends (or it loses the lease).
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
@@ -410,39 +473,19 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		log = l
 	}
-	rc := cfg.RestConfig
-	if rc == nil {
-		var err error
-		if cfg.Kubeconfig == "" {
-			rc, err = rest.InClusterConfig()
-		} else {
-			rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-		}
-		if err != nil {
-			return fmt.Errorf("client config (--kubeconfig %q): %w", cfg.Kubeconfig, err)
-		}
+	rc, err := cfg.restConfig()
+	if err != nil {
+		return err
 	}
-	rc = rest.CopyConfig(rc)
-	if rc.QPS == 0 {
-		rc.QPS, rc.Burst = 200, 400
-	}
-	rc.UserAgent = "waggle-controller-manager"
 	rootCA, err := rootCABundle(cfg.RootCAFile, rc)
 	if err != nil {
 		return err
 	}
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("client: %w", err)
+	var own Deps
+	if err := own.useConfig(rc); err != nil {
+		return err
 	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
-	}
-	meta, err := metadata.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("metadata client: %w", err)
-	}
+	cs := own.Client
 
 	health := ops.NewHealth()
 	// The work queue metrics (workqueue_depth{name=<controller>}, ...) and
@@ -477,7 +520,8 @@ func Run(ctx context.Context, cfg Config) error {
 	leErr := leaderelect.Run(ctx, log, cs, cfg.LeaderElection, func(ctx context.Context) {
 		leading.Store(true)
 		defer leading.Store(false)
-		d := Deps{Client: cs, RestConfig: rc, Dynamic: dyn, Metadata: meta, Log: log, Config: &cfg, RootCA: rootCA}
+		d := own
+		d.Log, d.Config, d.RootCA = log, &cfg, rootCA
 		if cfg.UseServiceAccountCredentials {
 			d.serviceAccounts = serviceAccountClients(rc, cs)
 		}
