@@ -37,6 +37,7 @@ import (
 	"github.com/go-logr/logr"
 	validatingpolicy "k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	"k8s.io/apiserver/pkg/cel/openapi/resolver"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
@@ -681,7 +682,10 @@ func coreStarters() []starter {
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentServiceAccountTokenSyncs) }, nil
 		}},
 		{name: namespace.Name, serviceAccount: "namespace-controller", build: func(d Deps) (func(context.Context), error) {
-			c := namespace.New(d.Client, d.Factory, d.Log, namespace.Options{Dynamic: d.Dynamic})
+			// Discovery on each namespace deleted, as upstream: a CRD or an
+			// aggregated API added since is emptied too.
+			c := namespace.New(d.Client, d.Factory, d.Log, namespace.Options{Dynamic: d.Dynamic,
+				Discovery: discovery.ToDiscoveryInterfaceWithContext(d.Client.Discovery())})
 			return func(ctx context.Context) { c.Run(ctx, d.Config.ConcurrentNamespaceSyncs) }, nil
 		}},
 		{name: nodeipam.Name, serviceAccount: "node-controller", build: func(d Deps) (func(context.Context), error) {

@@ -2,14 +2,21 @@ package namespace
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -17,6 +24,20 @@ import (
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
+
+// runController runs the controller as the controller-manager does: the
+// namespaced resources found by discovery on each namespace deleted.
+func runController(t *testing.T, cs kubernetes.Interface, dyn dynamic.Interface) {
+	t.Helper()
+	f := informers.NewSharedInformerFactory(cs, 0)
+	c := New(cs, f, slog.New(slog.DiscardHandler), Options{Dynamic: dyn,
+		Discovery: discovery.ToDiscoveryInterfaceWithContext(cs.Discovery()), RecheckPeriod: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	f.Start(ctx.Done())
+	done := make(chan struct{})
+	go func() { c.Run(ctx, 2); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
+}
 
 func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 	testutil.Privileged(t)
@@ -54,13 +75,7 @@ func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 			Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}, metav1.CreateOptions{}))
 	}
 
-	f := informers.NewSharedInformerFactory(cs, 0)
-	c := New(cs, f, slog.New(slog.DiscardHandler), Options{Dynamic: dyn, RecheckPeriod: 200 * time.Millisecond})
-	cctx, cancel := context.WithCancel(ctx)
-	f.Start(cctx.Done())
-	done := make(chan struct{})
-	go func() { c.Run(cctx, 2); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
+	runController(t, cs, dyn)
 
 	if err := cs.CoreV1().Namespaces().Delete(ctx, "team", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -137,5 +152,92 @@ func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 		if err := check(); err != nil {
 			t.Fatalf("object in another namespace: %v", err)
 		}
+	}
+}
+
+// gadgetGVR is a namespaced custom resource the tests define.
+var gadgetGVR = schema.GroupVersionResource{Group: "nscrd.waggle.io", Version: "v1", Resource: "gadgets"}
+
+// TestRealAPIServerNamespaceDeletionRemovesCustomResources: a deleted
+// namespace's custom resources are deleted with it (found by discovery),
+// those of other namespaces kept.
+func TestRealAPIServerNamespaceDeletionRemovesCustomResources(t *testing.T) {
+	testutil.Privileged(t)
+	rc, _, _ := apiservertest.StartTestServer(t)
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac, err := apiextensionsclient.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: gadgetGVR.GroupResource().String()},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: gadgetGVR.Group, Scope: apiextensionsv1.NamespaceScoped,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "gadgets", Singular: "gadget", Kind: "Gadget", ListKind: "GadgetList"},
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object"}}}},
+		},
+	}
+	if _, err := ac.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		c, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range c.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("CRD not established: %+v", c.Status.Conditions)
+	})
+	for _, ns := range []string{"crd-team", "crd-other"} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		g := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "nscrd.waggle.io/v1", "kind": "Gadget",
+			"metadata": map[string]any{"name": "g"}}}
+		if _, err := dyn.Resource(gadgetGVR).Namespace(ns).Create(ctx, g, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	runController(t, cs, dyn)
+
+	if err := cs.CoreV1().Namespaces().Delete(ctx, "crd-team", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		ns, err := cs.CoreV1().Namespaces().Get(ctx, "crd-team", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("namespace still there: phase %s, conditions %+v", ns.Status.Phase, ns.Status.Conditions)
+	})
+	// Listed across namespaces: what etcd still holds, whatever the
+	// namespace's fate.
+	all, err := dyn.Resource(gadgetGVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, g := range all.Items {
+		left = append(left, g.GetNamespace()+"/"+g.GetName())
+	}
+	if !slices.Equal(left, []string{"crd-other/g"}) {
+		t.Fatalf("gadgets after the namespace went: %v, want only crd-other/g", left)
 	}
 }

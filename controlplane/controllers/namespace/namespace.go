@@ -1,7 +1,8 @@
 // Package namespace is the controller-manager's namespace controller: when a
 // namespace is deleted (the API server marks it Terminating and keeps it
 // while its spec.finalizers hold "kubernetes"), it deletes every namespaced
-// object of every served resource in it, waits until they are gone, then
+// object of every served resource in it (found by discovery on each pass,
+// custom resources and aggregated APIs included), waits until they are gone, then
 // removes the "kubernetes" finalizer through namespaces/{name}/finalize, after
 // which the API server removes the namespace.
 //
@@ -22,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -29,7 +31,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
-	"github.com/waggle-io/waggle/controlplane/apiserver/catalog"
 	"github.com/waggle-io/waggle/controlplane/controllers/internal/ctrlutil"
 )
 
@@ -48,30 +49,27 @@ type Resource struct {
 	DeleteCollection bool
 }
 
+// Discovery finds the namespaced resources the API server serves
+// (client-go's discovery client, through
+// discovery.ToDiscoveryInterfaceWithContext). On a partial failure it
+// returns what it found with a *discovery.ErrGroupDiscoveryFailed.
+type Discovery interface {
+	ServerPreferredNamespacedResourcesWithContext(ctx context.Context) ([]*metav1.APIResourceList, error)
+}
+
 // Options configure the controller.
 type Options struct {
 	// Dynamic is the client used to list and delete objects of any resource.
 	// Required.
 	Dynamic dynamic.Interface
-	// Resources to empty; nil means every namespaced resource of the API
-	// server's catalog that can be deleted.
+	// Resources to empty; nil means every namespaced resource Discovery
+	// finds, on each namespace processed, that serves list and delete.
 	Resources []Resource
+	// Discovery is required when Resources is nil.
+	Discovery Discovery
 	// RecheckPeriod is how long to wait before checking again a namespace
 	// whose objects are still going (default 2 s).
 	RecheckPeriod time.Duration
-}
-
-// CatalogResources lists the namespaced, deletable resources the API server
-// serves (catalog.All()).
-func CatalogResources() []Resource {
-	var out []Resource
-	for _, r := range catalog.All() {
-		if !r.Namespaced || r.StoredAs != nil || !slices.Contains(r.Verbs, "delete") || !slices.Contains(r.Verbs, "list") {
-			continue
-		}
-		out = append(out, Resource{GVR: r.GroupVersionResource, DeleteCollection: slices.Contains(r.Verbs, "deletecollection")})
-	}
-	return out
 }
 
 // Controller empties and finalizes deleted namespaces.
@@ -80,6 +78,7 @@ type Controller struct {
 	dyn       dynamic.Interface
 	log       *slog.Logger
 	resources []Resource
+	disco     Discovery
 	recheck   time.Duration
 	nsList    corelisters.NamespaceLister
 	queue     workqueue.TypedRateLimitingInterface[string]
@@ -89,16 +88,13 @@ type Controller struct {
 // New builds the controller on factory's namespace informer; the caller
 // starts factory.
 func New(client kubernetes.Interface, factory informers.SharedInformerFactory, log *slog.Logger, opts Options) *Controller {
-	if opts.Resources == nil {
-		opts.Resources = CatalogResources()
-	}
 	if opts.RecheckPeriod <= 0 {
 		opts.RecheckPeriod = 2 * time.Second
 	}
 	inf := factory.Core().V1().Namespaces()
 	c := &Controller{
 		client: client, dyn: opts.Dynamic, log: log.With("controller", Name),
-		resources: opts.Resources, recheck: opts.RecheckPeriod,
+		resources: opts.Resources, disco: opts.Discovery, recheck: opts.RecheckPeriod,
 		nsList: inf.Lister(), queue: ctrlutil.NewQueue(Name), synced: inf.Informer().HasSynced,
 	}
 	enqueue := func(obj any) {
@@ -117,6 +113,11 @@ func New(client kubernetes.Interface, factory informers.SharedInformerFactory, l
 func (c *Controller) Run(ctx context.Context, workers int) {
 	if c.dyn == nil {
 		c.log.Error("namespace controller needs a dynamic client (Options.Dynamic)")
+		c.queue.ShutDown()
+		return
+	}
+	if c.resources == nil && c.disco == nil {
+		c.log.Error("namespace controller needs a discovery client (Options.Discovery) or a list of resources")
 		c.queue.ShutDown()
 		return
 	}
@@ -181,14 +182,59 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 // runs without the secrets, config maps and service account it uses.
 var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
+// served is what one discovery found: the resources to empty (those it
+// could discover) and what failed.
+type served struct {
+	resources []Resource
+	// discoveryErr: some groups could not be discovered (their resources
+	// are missing from resources).
+	discoveryErr error
+	// parseErr: some discovered group versions could not be parsed.
+	parseErr error
+}
+
+// discover returns Options.Resources, or else the namespaced resources the
+// API server serves now that can be listed and deleted, as upstream's
+// namespace controller (deletecollection when served). A failed discovery
+// still returns what was found: that is deleted, and the namespace is kept
+// until a pass discovers everything.
+func (c *Controller) discover(ctx context.Context) served {
+	if c.resources != nil {
+		return served{resources: c.resources}
+	}
+	lists, err := c.disco.ServerPreferredNamespacedResourcesWithContext(ctx)
+	out := served{discoveryErr: err}
+	var parseErrs []error
+	for _, l := range lists {
+		if l == nil {
+			continue
+		}
+		gv, err := schema.ParseGroupVersion(l.GroupVersion)
+		if err != nil {
+			parseErrs = append(parseErrs, err)
+			continue
+		}
+		for _, r := range l.APIResources {
+			if strings.Contains(r.Name, "/") || !slices.Contains(r.Verbs, "list") || !slices.Contains(r.Verbs, "delete") {
+				continue // a subresource, or objects that cannot be listed and deleted
+			}
+			out.resources = append(out.resources, Resource{GVR: gv.WithResource(r.Name), DeleteCollection: slices.Contains(r.Verbs, "deletecollection")})
+		}
+	}
+	out.parseErr = errors.Join(parseErrs...)
+	return out
+}
+
 // deleteContent deletes the namespace's pods and, once none is left, every
 // other object; it records the outcome in the namespace's deletion
 // conditions, as upstream's namespace controller, and returns the resources
 // that still have objects ("pods: 3"), such as pods in graceful termination
-// or objects held by finalizers.
+// or objects held by finalizers. A discovery failure is returned after what
+// could be discovered was deleted, so the namespace is not finalized.
 func (c *Controller) deleteContent(ctx context.Context, ns *corev1.Namespace) (*corev1.Namespace, []string, error) {
+	found := c.discover(ctx)
 	var pods, others []Resource
-	for _, r := range c.resources {
+	for _, r := range found.resources {
 		if r.GVR == podsGVR {
 			pods = append(pods, r)
 		} else {
@@ -201,7 +247,13 @@ func (c *Controller) deleteContent(ctx context.Context, ns *corev1.Namespace) (*
 		errs = c.deleteAll(ctx, ns.Name, others)
 		left, err = c.remaining(ctx, ns.Name, others)
 	}
-	ns = c.setConditions(ctx, ns, errs, left)
+	ns = c.setConditions(ctx, ns, found, errs, left)
+	if found.discoveryErr != nil {
+		errs = append(errs, fmt.Errorf("discover the namespaced resources: %w", found.discoveryErr))
+	}
+	if found.parseErr != nil {
+		errs = append(errs, fmt.Errorf("discover the namespaced resources: %w", found.parseErr))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return ns, nil, err
 	}
@@ -209,7 +261,7 @@ func (c *Controller) deleteContent(ctx context.Context, ns *corev1.Namespace) (*
 		return ns, nil, err
 	}
 	var out []string
-	for _, r := range c.resources {
+	for _, r := range found.resources {
 		if n := left.counts[r.GVR]; n > 0 {
 			out = append(out, fmt.Sprintf("%s: %d", r.GVR.Resource, n))
 		}
@@ -300,8 +352,20 @@ var conditionTypes = []struct {
 
 // setConditions writes the outcome of a deletion pass into the namespace's
 // conditions (only when they change) and returns the namespace as stored.
-func (c *Controller) setConditions(ctx context.Context, ns *corev1.Namespace, errs []error, left leftover) *corev1.Namespace {
+func (c *Controller) setConditions(ctx context.Context, ns *corev1.Namespace, disco served, errs []error, left leftover) *corev1.Namespace {
 	found := map[corev1.NamespaceConditionType]corev1.NamespaceCondition{}
+	if err := disco.discoveryErr; err != nil {
+		msg := err.Error()
+		var groups *discovery.ErrGroupDiscoveryFailed
+		if errors.As(err, &groups) {
+			msg = fmt.Sprintf("Discovery failed for some groups, %d failing: %v", len(groups.Groups), err)
+		}
+		found[corev1.NamespaceDeletionDiscoveryFailure] = corev1.NamespaceCondition{Status: corev1.ConditionTrue, Reason: "DiscoveryFailed", Message: msg}
+	}
+	if err := disco.parseErr; err != nil {
+		found[corev1.NamespaceDeletionGVParsingFailure] = corev1.NamespaceCondition{Status: corev1.ConditionTrue, Reason: "GroupVersionParsingFailed",
+			Message: strings.ReplaceAll(err.Error(), "\n", ", ")}
+	}
 	if len(errs) > 0 {
 		msgs := make([]string, 0, len(errs))
 		for _, e := range errs {
