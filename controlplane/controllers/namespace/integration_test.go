@@ -18,26 +18,17 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/waggle-io/waggle/controlplane/apiserver/apiservertest"
 	"github.com/waggle-io/waggle/internal/testutil"
 )
 
-// runController runs the controller as the controller-manager does: the
-// namespaced resources found by discovery on each namespace deleted.
-func runController(t *testing.T, cs kubernetes.Interface, dyn dynamic.Interface) {
+// startCluster starts an API server and the controller as the
+// controller-manager runs it (the namespaced resources found by discovery
+// on each namespace deleted).
+func startCluster(t *testing.T) (*rest.Config, kubernetes.Interface, dynamic.Interface) {
 	t.Helper()
-	f := informers.NewSharedInformerFactory(cs, 0)
-	c := New(cs, f, slog.New(slog.DiscardHandler), Options{Dynamic: dyn,
-		Discovery: discovery.ToDiscoveryInterfaceWithContext(cs.Discovery()), RecheckPeriod: 200 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	f.Start(ctx.Done())
-	done := make(chan struct{})
-	go func() { c.Run(ctx, 2); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
-}
-
-func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 	testutil.Privileged(t)
 	rc, _, _ := apiservertest.StartTestServer(t)
 	cs, err := kubernetes.NewForConfig(rc)
@@ -48,6 +39,19 @@ func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f := informers.NewSharedInformerFactory(cs, 0)
+	c := New(cs, f, slog.New(slog.DiscardHandler), Options{Dynamic: dyn,
+		Discovery: discovery.ToDiscoveryInterfaceWithContext(cs.Discovery()), RecheckPeriod: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	f.Start(ctx.Done())
+	done := make(chan struct{})
+	go func() { c.Run(ctx, 2); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; f.Shutdown() })
+	return rc, cs, dyn
+}
+
+func TestRealAPIServerNamespaceDeletion(t *testing.T) {
+	_, cs, _ := startCluster(t)
 	ctx := context.Background()
 	must := func(_ any, err error) {
 		t.Helper()
@@ -72,8 +76,6 @@ func TestRealAPIServerNamespaceDeletion(t *testing.T) {
 		must(cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "running"},
 			Spec: corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}, metav1.CreateOptions{}))
 	}
-
-	runController(t, cs, dyn)
 
 	if err := cs.CoreV1().Namespaces().Delete(ctx, "team", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -160,16 +162,7 @@ var gadgetGVR = schema.GroupVersionResource{Group: "nscrd.waggle.io", Version: "
 // namespace's custom resources are deleted with it (found by discovery),
 // those of other namespaces kept.
 func TestRealAPIServerNamespaceDeletionRemovesCustomResources(t *testing.T) {
-	testutil.Privileged(t)
-	rc, _, _ := apiservertest.StartTestServer(t)
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, cs, dyn := startCluster(t)
 	ctx := context.Background()
 	apiservertest.CreateNamespacedCRD(t, rc, gadgetGVR, "Gadget")
 	for _, ns := range []string{"crd-team", "crd-other"} {
@@ -182,8 +175,6 @@ func TestRealAPIServerNamespaceDeletionRemovesCustomResources(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-
-	runController(t, cs, dyn)
 
 	if err := cs.CoreV1().Namespaces().Delete(ctx, "crd-team", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

@@ -111,6 +111,21 @@ func (e env) podLists(ns string) int {
 	return n
 }
 
+// condition returns namespace name's condition typ, nil if it has none.
+func (e env) condition(t *testing.T, name string, typ corev1.NamespaceConditionType) *corev1.NamespaceCondition {
+	t.Helper()
+	ns, err := e.cs.CoreV1().Namespaces().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ns.Status.Conditions {
+		if ns.Status.Conditions[i].Type == typ {
+			return &ns.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
 func (e env) finalized(t *testing.T, name string) bool {
 	t.Helper()
 	ns, err := e.cs.CoreV1().Namespaces().Get(context.Background(), name, metav1.GetOptions{})
@@ -169,18 +184,7 @@ func TestNamespaceDeletesPodsFirst(t *testing.T) {
 	going.DeletionTimestamp = &now // a kubelet is still stopping it
 	going.Finalizers = []string{"example.com/hold"}
 	e := start(t, deletedNS("slow"), going, configMap("slow", "c"))
-	cond := func(typ corev1.NamespaceConditionType) *corev1.NamespaceCondition {
-		ns, err := e.cs.CoreV1().Namespaces().Get(context.Background(), "slow", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range ns.Status.Conditions {
-			if ns.Status.Conditions[i].Type == typ {
-				return &ns.Status.Conditions[i]
-			}
-		}
-		return nil
-	}
+	cond := func(typ corev1.NamespaceConditionType) *corev1.NamespaceCondition { return e.condition(t, "slow", typ) }
 	waitFor(t, "conditions say the pod remains", func() bool {
 		c := cond(corev1.NamespaceContentRemaining)
 		return c != nil && c.Status == corev1.ConditionTrue
@@ -282,16 +286,7 @@ func TestDiscoveryFailureIsRecordedAndHoldsTheNamespace(t *testing.T) {
 	e := startWith(t, Options{Discovery: disco}, deletedNS("partial"),
 		pod("partial", "a"), configMap("partial", "c"), widget("partial", "w"), widget("other", "keep"))
 	cond := func(typ corev1.NamespaceConditionType) *corev1.NamespaceCondition {
-		ns, err := e.cs.CoreV1().Namespaces().Get(context.Background(), "partial", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range ns.Status.Conditions {
-			if ns.Status.Conditions[i].Type == typ {
-				return &ns.Status.Conditions[i]
-			}
-		}
-		return nil
+		return e.condition(t, "partial", typ)
 	}
 	waitFor(t, "the discovery failure recorded", func() bool {
 		c := cond(corev1.NamespaceDeletionDiscoveryFailure)
