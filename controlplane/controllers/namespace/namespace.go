@@ -2,9 +2,10 @@
 // namespace is deleted (the API server marks it Terminating and keeps it
 // while its spec.finalizers hold "kubernetes"), it deletes every namespaced
 // object of every served resource in it (found by discovery on each pass,
-// custom resources and aggregated APIs included), waits until they are gone, then
-// removes the "kubernetes" finalizer through namespaces/{name}/finalize, after
-// which the API server removes the namespace.
+// custom resources and aggregated APIs included), waits until they are
+// gone, then removes the "kubernetes" finalizer through
+// namespaces/{name}/finalize, after which the API server removes the
+// namespace.
 //
 // It does not refuse new objects in a Terminating namespace: that is the API
 // server's NamespaceLifecycle admission.
