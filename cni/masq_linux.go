@@ -14,6 +14,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/waggle-io/waggle/internal/netlinkdump"
 )
 
 // nf_tables over nfnetlink: only what reading a chain's rules and the
@@ -85,17 +87,25 @@ func ensureMasquerade(cfg *Config) error {
 	for _, r := range rules {
 		fmt.Fprintf(&b, "add rule inet %s %s %s comment %q\n", MasqueradeTable, chain, r, tag)
 	}
-	nft, err := exec.LookPath("nft")
-	if err != nil {
+	if _, err := exec.LookPath("nft"); err != nil {
 		return types.NewError(ErrPluginNotAvailable, "nft is not installed: masquerading needs nftables 1.0.1 or later",
 			"install nftables or set \"masquerade\": false")
 	}
+	if err := nftApply(b.String()); err != nil {
+		return ioError("write masquerade rules (nft table inet %s): %v", MasqueradeTable, err)
+	}
+	return nil
+}
+
+// nftApply runs script as one `nft -f -` transaction; the error carries
+// nft's output.
+func nftApply(script string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, nft, "-f", "-")
-	cmd.Stdin = strings.NewReader(b.String())
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return ioError("write masquerade rules (nft table inet %s): %v: %s", MasqueradeTable, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -124,14 +134,17 @@ func (m nfgenmsg) Serialize() []byte { return []byte{m.family, 0 /* NFNETLINK_V0
 
 // nfDump runs an nf_tables dump of the inet family (request get, replies
 // of type reply, filter attributes attrs) and returns each reply's
-// attributes.
+// attributes. An interrupted dump (the ruleset changed meanwhile) is run
+// again, as every other dump of this package.
 func nfDump(get, reply int, attrs ...*nl.RtAttr) ([]map[uint16][]byte, error) {
-	req := nl.NewNetlinkRequest(nfnlSubsysNFTables<<8|get, unix.NLM_F_DUMP)
-	req.AddData(nfgenmsg{family: nfprotoInet})
-	for _, a := range attrs {
-		req.AddData(a)
-	}
-	msgs, err := req.Execute(unix.NETLINK_NETFILTER, uint16(nfnlSubsysNFTables<<8|reply))
+	msgs, err := netlinkdump.Retry(func() ([][]byte, error) {
+		req := nl.NewNetlinkRequest(nfnlSubsysNFTables<<8|get, unix.NLM_F_DUMP)
+		req.AddData(nfgenmsg{family: nfprotoInet})
+		for _, a := range attrs {
+			req.AddData(a)
+		}
+		return req.Execute(unix.NETLINK_NETFILTER, uint16(nfnlSubsysNFTables<<8|reply))
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -247,12 +260,8 @@ func RemoveMasquerade(network string) error {
 	default:
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(script)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("remove masquerade chain of %s: %v: %s", network, err, strings.TrimSpace(string(out)))
+	if err := nftApply(script); err != nil {
+		return fmt.Errorf("remove masquerade chain of %s: %w", network, err)
 	}
 	return nil
 }
