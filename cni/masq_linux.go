@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -159,7 +160,7 @@ func nfDump(get, reply int, attrs ...*nl.RtAttr) ([]map[uint16][]byte, error) {
 	return out, nil
 }
 
-func nfString(b []byte) string { return string(trimNUL(b)) }
+func nfString(b []byte) string { return string(bytes.TrimRight(b, "\x00")) }
 
 // nftRuleComments returns the comment of every rule of an inet chain.
 func nftRuleComments(table, chain string) ([]string, error) {
@@ -201,7 +202,7 @@ func udataComment(b []byte) string {
 			break
 		}
 		if typ == udataRuleComment {
-			return string(trimNUL(b[2 : 2+n]))
+			return nfString(b[2 : 2+n])
 		}
 		b = b[2+n:]
 	}

@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -142,7 +143,7 @@ func (r *rtnl) linkByName(name string) (link, error) {
 			info, _ := nl.ParseRouteAttr(a.Value)
 			for _, i := range info {
 				if i.Attr.Type&nlaTypeMask == nl.IFLA_INFO_KIND {
-					l.kind = string(trimNUL(i.Value))
+					l.kind = string(bytes.TrimRight(i.Value, "\x00"))
 				}
 			}
 		}
@@ -151,13 +152,6 @@ func (r *rtnl) linkByName(name string) (link, error) {
 }
 
 var native = nl.NativeEndian()
-
-func trimNUL(b []byte) []byte {
-	for len(b) > 0 && b[len(b)-1] == 0 {
-		b = b[:len(b)-1]
-	}
-	return b
-}
 
 // veth is a veth pair to create from the host's side: the host end up and
 // on the bridge, the peer moved into the pod's namespace (down: a veth
