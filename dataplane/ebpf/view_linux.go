@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -278,7 +279,7 @@ func (v *View) RawEntries(name string) (keys, values [][]byte, err error) {
 	var k, val []byte
 	it := m.Iterate()
 	for it.Next(&k, &val) {
-		if name == MapBackends && val[18] == 0 {
+		if name == MapBackends && val[unsafe.Offsetof(sockLBLbBackend{}.Proto)] == 0 {
 			continue // a free ID (lb_backend.proto 0)
 		}
 		keys, values = append(keys, slices.Clone(k)), append(values, slices.Clone(val))
